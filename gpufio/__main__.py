@@ -1,0 +1,5 @@
+"""Allows ``python -m gpufio`` where the console script is not on PATH."""
+
+from gpufio.cli import main
+
+main()

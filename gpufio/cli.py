@@ -1,0 +1,182 @@
+"""The gpufio command line: parse, call, render, map failures to exit codes. Nothing else.
+
+Exit codes: 0 success, 1 a run failed (I/O errors, bad data, engine failure), 2 bad input,
+130 interrupted by Ctrl-C (results so far are still written).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpufio import hostinfo, profile, report, runner
+from gpufio.errors import BadInput, RunFailed
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="fio for the path from storage into GPU memory.")
+
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
+
+
+@contextmanager
+def _exit_codes() -> Iterator[None]:
+    """One line on stderr and the right exit code for each kind of failure; no traceback."""
+    try:
+        yield
+    except BadInput as e:
+        typer.echo(f"gpufio: error: {e}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    except RunFailed as e:
+        typer.echo(f"gpufio: run failed: {e}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except KeyboardInterrupt:
+        typer.echo("gpufio: interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def _stdout_console() -> Console:
+    """A console for the final table; wide when stdout is a file or pipe, not 80 columns."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _write(text: str, doc: dict, fmt: str, output: Optional[Path]) -> None:
+    if output is None:
+        if fmt == "table":
+            report.render(doc, fmt, _stdout_console())
+        else:
+            sys.stdout.write(text)
+        return
+    try:
+        with open(output, "w") as f:
+            if fmt == "table":
+                report.render(doc, fmt, Console(file=f, width=200))
+            else:
+                f.write(text)
+    except OSError as e:
+        raise BadInput(f"--output {output}: {e.strerror}") from None
+
+
+@app.command()
+def run(
+    profile_path: Path = typer.Argument(..., metavar="PROFILE", help="job profile (TOML)"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json, csv or markdown"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the result here"),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
+                                   help="override a profile key in every job (repeatable)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display"),
+) -> None:
+    """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
+    with _exit_codes():
+        if fmt not in report.FORMATS:
+            raise BadInput(f"--format: {fmt!r} is not one of {', '.join(report.FORMATS)}")
+        prof = profile.load(str(profile_path), profile.parse_set(set_))
+        if quiet:
+            outcome = runner.run_profile(prof, quiet=True)
+        else:
+            from gpufio.live import LiveDisplay
+
+            with LiveDisplay() as live:
+                outcome = runner.run_profile(prof, on_tick=live.update)
+        doc = report.build_document(outcome, str(profile_path), prof.concurrent)
+        text = "" if fmt == "table" else report.render(doc, fmt)
+        _write(text, doc, fmt, output)
+        if fmt != "table" or output is not None:
+            for job in doc["jobs"]:
+                for line in report.problem_lines(job):
+                    typer.echo(f"gpufio: {line}", err=True)
+        if outcome.interrupted:
+            typer.echo("gpufio: interrupted; results so far were written", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED)
+        if any(job["error"] for job in doc["jobs"]):
+            raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def prepare(
+    profile_path: Path = typer.Argument(..., metavar="PROFILE", help="job profile (TOML)"),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
+                                   help="override a profile key in every job (repeatable)"),
+) -> None:
+    """Create and fill the profile's missing target files with gpufio's data pattern."""
+    with _exit_codes():
+        prof = profile.load(str(profile_path), profile.parse_set(set_))
+        seen: set[str] = set()
+        for job in prof.jobs:
+            for path in runner.job_targets(job, quiet=False):
+                if path not in seen:
+                    seen.add(path)
+                    typer.echo(f"{path}: ready")
+
+
+@app.command()
+def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or json")) -> None:
+    """List the data paths, whether each can run on this host, and why not."""
+    from gpufio.engines import all_engines
+
+    rows = []
+    for name, cls in all_engines().items():
+        why = cls.unavailable()
+        rows.append({"engine": name, "available": why is None, "why not": why or "",
+                     "path": cls.summary, "peer": cls.peer,
+                     "options": ", ".join(o.name for o in cls.options)})
+    if fmt == "json":
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="gpufio engines")
+    for col in rows[0]:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*[("yes" if v else "no") if isinstance(v, bool) else str(v) for v in r.values()])
+    Console().print(table)
+
+
+@app.command()
+def info(
+    profile_path: Optional[Path] = typer.Argument(None, metavar="[PROFILE]",
+                                                  help="also describe this profile's targets"),
+    target: list[str] = typer.Option([], "--target", "-t", help="describe this file or device"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+) -> None:
+    """Describe this host as a storage + GPU benchmark sees it (like gdscheck -p)."""
+    from gpufio import devinfo, gpu
+    from gpufio.engines import all_engines
+
+    with _exit_codes():
+        paths = list(target)
+        if profile_path is not None:
+            for job in profile.load(str(profile_path)).jobs:
+                paths.extend(p for p in runner.job_target_paths(job)[0] if p not in paths)
+        facts = {"host": hostinfo.host_facts(), "io_uring": hostinfo.io_uring_facts(),
+                 "gpus": gpu.gpu_facts(), "gpu_status": gpu.probe()[1] or "ok",
+                 "engines": {n: c.unavailable() or "available" for n, c in all_engines().items()},
+                 "targets": {}}
+        for p in paths:
+            try:
+                facts["targets"][p] = devinfo.path_facts(p)
+            except OSError as e:
+                facts["targets"][p] = {"error": e.strerror}
+        if fmt == "json":
+            typer.echo(json.dumps(facts, indent=2))
+            return
+        console = Console()
+        for section, value in facts.items():
+            table = Table(title=section, show_header=False)
+            table.add_column("key")
+            table.add_column("value")
+            items = value.items() if isinstance(value, dict) else enumerate(value) \
+                if isinstance(value, list) else [("status", value)]
+            for k, v in items:
+                table.add_row(str(k), json.dumps(v) if isinstance(v, (dict, list)) else str(v))
+            console.print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

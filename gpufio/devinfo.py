@@ -1,0 +1,118 @@
+"""Facts about the storage behind a path, read from sysfs and mountinfo.
+
+A benchmark number is only meaningful next to what produced it: drive model, logical block
+size, scheduler, and for NVMe the PCIe link actually negotiated (a Gen5 drive in a Gen4 slot
+is a Gen4 drive). Everything here is best effort: a missing sysfs file yields no key rather
+than an error, since containers and virtual disks expose less.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+_STATX_DIOALIGN = 0x2000
+_AT_FDCWD = -100
+
+
+class _Statx(ctypes.Structure):
+    """struct statx up to the direct-I/O alignment fields (Linux 6.1+), padded to 256 bytes."""
+
+    _fields_ = [("mask", ctypes.c_uint32), ("blksize", ctypes.c_uint32),
+                ("pad0", ctypes.c_uint8 * 144), ("dio_mem_align", ctypes.c_uint32),
+                ("dio_offset_align", ctypes.c_uint32), ("pad1", ctypes.c_uint8 * 96)]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def dio_alignment(path: str) -> tuple[int, int] | None:
+    """(memory, offset) alignment O_DIRECT needs on ``path``, from statx; None if unknown."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "statx"):
+        return None
+    buf = _Statx()
+    rc = libc.statx(_AT_FDCWD, os.fsencode(path), 0, _STATX_DIOALIGN, ctypes.byref(buf))
+    if rc != 0 or not buf.mask & _STATX_DIOALIGN or buf.dio_offset_align == 0:
+        return None
+    return buf.dio_mem_align, buf.dio_offset_align
+
+
+def _fs_type(dev: int) -> tuple[str, str] | None:
+    """(filesystem type, mount point) of the mount whose device number is ``dev``."""
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    text = _read(Path("/proc/self/mountinfo")) or ""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) > 4 and fields[2] == want and " - " in line:
+            return line.split(" - ", 1)[1].split()[0], fields[4]
+    return None
+
+
+def _disk_dir(dev: int) -> Path | None:
+    """The sysfs directory of the whole disk holding block device ``dev``."""
+    node = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if not node.exists():
+        return None
+    node = node.resolve()
+    return node.parent if (node / "partition").exists() else node
+
+
+def _pci_link(disk: Path) -> dict[str, Any]:
+    """PCIe link of an NVMe namespace's controller (current and maximum speed, width)."""
+    facts: dict[str, Any] = {}
+    pci = (disk / "device" / "device").resolve()
+    for key in ("current_link_speed", "current_link_width", "max_link_speed",
+                "max_link_width", "numa_node"):
+        value = _read(pci / key)
+        if value is not None:
+            facts[key] = value
+    return facts
+
+
+def block_facts(disk: Path) -> dict[str, Any]:
+    """Model, size and queue settings of one disk's sysfs directory."""
+    facts: dict[str, Any] = {"device": disk.name}
+    model = _read(disk / "device" / "model")
+    if model:
+        facts["model"] = model
+    sectors = _read(disk / "size")
+    if sectors:
+        facts["device_size"] = int(sectors) * 512
+    for key in ("logical_block_size", "physical_block_size", "rotational"):
+        value = _read(disk / "queue" / key)
+        if value is not None:
+            facts[key] = int(value)
+    sched = _read(disk / "queue" / "scheduler")
+    if sched:
+        chosen = [w[1:-1] for w in sched.split() if w.startswith("[")]
+        facts["scheduler"] = chosen[0] if chosen else sched
+    if disk.name.startswith("nvme"):
+        facts.update(_pci_link(disk))
+    return facts
+
+
+def path_facts(path: str) -> dict[str, Any]:
+    """What gpufio reports about a target: its kind, backing device and filesystem."""
+    st = os.stat(path)
+    is_block = stat.S_ISBLK(st.st_mode)
+    facts: dict[str, Any] = {"kind": "block" if is_block else "file"}
+    dev = st.st_rdev if is_block else st.st_dev
+    if not is_block:
+        fs = _fs_type(dev)
+        if fs:
+            facts["filesystem"], facts["mountpoint"] = fs
+    disk = _disk_dir(dev)
+    if disk is not None:
+        facts.update(block_facts(disk))
+    align = dio_alignment(path)
+    if align:
+        facts["dio_mem_align"], facts["dio_offset_align"] = align
+    return facts

@@ -1,0 +1,58 @@
+"""The one interface every data path implements.
+
+As in fio, an engine is one module that fills in a small table of operations and registers
+itself by name; the runner never names an engine. Construction does all setup (rings,
+buffers, kernel compilation) and happens before the clock starts; ``run`` only moves data.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gpufio.options import Option
+
+if TYPE_CHECKING:
+    from gpufio.profile import Job
+    from gpufio.targets import Target
+    from gpufio.worker import WorkerContext
+
+
+class Engine(ABC):
+    """A data path. One instance per worker thread of a job."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    peer: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()
+    uses_gpu: ClassVar[bool] = False
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this engine cannot run on this host, or None if it can."""
+        if cls.uses_gpu:
+            from gpufio.gpu import probe
+
+            return probe()[1]
+        return None
+
+    @classmethod
+    def check_job(cls, job: "Job") -> None:
+        """Raise BadInput for settings this engine cannot honour (checked before any I/O)."""
+
+    @classmethod
+    def describe(cls, job: "Job") -> dict[str, Any]:
+        """Facts about how this engine ran the job, for the result (e.g. page cache use)."""
+        return {"page_cache": not job.direct}
+
+    def __init__(self, job: "Job", targets: list["Target"], ctx: "WorkerContext") -> None:
+        self.job = job
+        self.targets = targets
+        self.ctx = ctx
+
+    @abstractmethod
+    def run(self) -> None:
+        """Issue I/O until ``ctx`` hands out no more work; record every completion."""
+
+    def close(self) -> None:
+        """Release what the constructor set up; called even when ``run`` failed."""

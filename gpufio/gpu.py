@@ -1,0 +1,70 @@
+"""GPU discovery through CuPy, imported only when a GPU question is asked.
+
+Every CPU-only command must work on a host without CUDA, so nothing at module level here
+touches CuPy; ``probe`` turns every way of having no usable GPU into a one-line reason.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+@lru_cache(maxsize=1)
+def probe() -> tuple[int, str | None]:
+    """(number of GPUs, None) or (0, why there is no usable GPU)."""
+    try:
+        import cupy
+    except ImportError:
+        return 0, "CuPy is not installed (pip install cupy-cuda13x)"
+    except Exception as e:  # a broken CUDA install surfaces as many exception types
+        return 0, f"CuPy cannot load: {e}"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDARuntimeError without a driver, among others
+        return 0, f"no usable GPU ({str(e).splitlines()[0]})"
+    if count == 0:
+        return 0, "no GPU found"
+    return count, None
+
+
+def require(index: int) -> None:
+    """Raise BadInput unless GPU ``index`` exists."""
+    from gpufio.errors import BadInput
+
+    count, why = probe()
+    if why:
+        raise BadInput(f"gpu {index}: {why}")
+    if index >= count:
+        raise BadInput(f"gpu {index}: out of range, this host has {count} GPU(s)")
+
+
+def _pci_facts(bus_id: str) -> dict[str, Any]:
+    node = Path("/sys/bus/pci/devices") / bus_id.lower()
+    facts: dict[str, Any] = {}
+    for key in ("current_link_speed", "current_link_width", "max_link_speed",
+                "max_link_width", "numa_node"):
+        try:
+            facts[key] = (node / key).read_text().strip()
+        except OSError:
+            pass
+    return facts
+
+
+def gpu_facts() -> list[dict[str, Any]]:
+    """Name, memory, PCIe link and NUMA node of each GPU; empty without a usable GPU."""
+    count, why = probe()
+    if why:
+        return []
+    import cupy
+
+    out = []
+    for i in range(count):
+        props = cupy.cuda.runtime.getDeviceProperties(i)
+        bus = cupy.cuda.runtime.deviceGetPCIBusId(i)
+        out.append({"index": i, "name": props["name"].decode(errors="replace"),
+                    "memory_bytes": int(props["totalGlobalMem"]), "pci_bus_id": bus,
+                    "compute_capability": f"{props['major']}.{props['minor']}",
+                    **_pci_facts(bus)})
+    return out

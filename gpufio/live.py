@@ -1,0 +1,71 @@
+"""Live progress while jobs run: a Rich table on a terminal, plain lines in CI logs.
+
+It only renders the runner's Snapshots; it never touches measurement state. Output goes to
+stderr so that ``--format json`` on stdout stays machine-readable.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from gpufio.runner import Snapshot
+
+PLAIN_EVERY_S = 2.0
+
+
+def _eta(s: Snapshot) -> str:
+    return f"{s.eta_s:.0f}s" if s.eta_s is not None and s.state != "done" else "-"
+
+
+def _table(snaps: list[Snapshot]) -> Table:
+    table = Table(title="gpufio: running", expand=False)
+    for col in ("job", "engine", "state", "IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA"):
+        table.add_column(col, justify="left" if col in ("job", "engine", "state") else "right")
+    for s in snaps:
+        progress = f"{100 * s.progress:.0f}%" if s.progress is not None else "-"
+        table.add_row(s.name, s.engine, s.state, f"{s.iops:,.0f}", f"{s.bw_bytes / 1e6:,.1f}",
+                      f"{s.p50_ns / 1e3:,.1f}", f"{s.p99_ns / 1e3:,.1f}", progress, _eta(s))
+    return table
+
+
+class LiveDisplay:
+    """Context manager; pass ``update`` to the runner as its on_tick callback."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream or sys.stderr
+        self._tty = self._stream.isatty()
+        self._live: Live | None = None
+        self._last_plain = 0.0
+
+    def __enter__(self) -> "LiveDisplay":
+        if self._tty:
+            self._live = Live(_table([]), console=Console(file=self._stream),
+                              refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def update(self, snaps: list[Snapshot]) -> None:
+        """Show the latest snapshots (throttled to one plain line set per 2 s off a TTY)."""
+        if self._live is not None:
+            self._live.update(_table(snaps))
+            return
+        now = time.monotonic()
+        running = [s for s in snaps if s.state in ("ramp", "run")]
+        if not running or now - self._last_plain < PLAIN_EVERY_S:
+            return
+        self._last_plain = now
+        for s in running:
+            progress = f"{100 * s.progress:.0f}%" if s.progress is not None else "-"
+            print(f"gpufio: {s.name} [{s.engine}] {s.state} {progress} iops={s.iops:,.0f} "
+                  f"MB/s={s.bw_bytes / 1e6:,.1f} p50={s.p50_ns / 1e3:,.1f}us "
+                  f"p99={s.p99_ns / 1e3:,.1f}us eta={_eta(s)}", file=self._stream, flush=True)

@@ -1,0 +1,229 @@
+"""Job profiles: TOML with [global] defaults, [[job]] entries and a [sweep] cross product.
+
+Key names and meanings follow fio wherever fio has the key. Every value is validated here,
+before any target is touched, and every error names the file, the job and the key, with a
+suggestion when the key looks like a typo of a real one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from gpufio.engines import all_engines
+from gpufio.errors import BadInput
+from gpufio.options import Option
+from gpufio.workload import Distribution
+
+COMMON_OPTIONS: tuple[Option, ...] = (
+    Option("name", "str", None, "job name (default: the profile's file name, then job index)"),
+    Option("engine", "str", "psync", "data path; see 'gpufio engines'"),
+    Option("rw", "str", "randread", "read (sequential) or randread", choices=("read", "randread")),
+    Option("bs", "size", 4096, "block size of each I/O", minimum=512),
+    Option("size", "size", None, "bytes of each target the job may touch, from offset "
+           "(default: the rest of the target); also the size of files gpufio creates"),
+    Option("offset", "size", 0, "first byte of each target the job may touch", minimum=0),
+    Option("io_size", "size", None, "bytes each worker reads before it is done (default: size "
+           "times the number of targets); ignored when time_based", minimum=1),
+    Option("direct", "bool", True, "O_DIRECT: bypass the page cache"),
+    Option("iodepth", "int", 1, "I/Os in flight per worker (engines with a queue)", minimum=1),
+    Option("numjobs", "int", 1, "worker threads for this job", minimum=1),
+    Option("runtime", "time", None, "measured time limit (e.g. 10s, 500ms, 2m)", minimum=1),
+    Option("ramp_time", "time", 0, "run this long before measuring", minimum=0),
+    Option("time_based", "bool", False, "run for the whole runtime, wrapping over the region"),
+    Option("targets", "strlist", (), "the SSD list: files or block devices (default: a file "
+           "gpufio creates in 'directory')"),
+    Option("directory", "str", None, "where gpufio creates target files when no targets are "
+           "given (default: $GPUFIO_SCRATCH or ~/.cache/gpufio)"),
+    Option("file_service", "str", "roundrobin", "how I/Os spread over targets",
+           choices=("roundrobin", "random")),
+    Option("random_distribution", "str", "random", "random, zipf:THETA, pareto:H, normal:SIGMA"),
+    Option("randseed", "int", 0x89, "seed of the offset streams and of created files", minimum=0),
+    Option("gpu", "int", 0, "GPU index for GPU engines", minimum=0),
+    Option("verify", "bool", False, "check every block read against the data pattern"),
+    Option("continue_on_error", "bool", False, "keep going after I/O errors (they are counted "
+           "either way)"),
+    Option("sample_interval", "time", 500_000_000, "interval of the IOPS/bandwidth samples",
+           minimum=1_000_000),
+)
+GLOBAL_ONLY: tuple[Option, ...] = (
+    Option("concurrent", "bool", False, "run all jobs at once and report a group total"),
+)
+_COMMON = {o.name: o for o in COMMON_OPTIONS}
+_ALIASES = {"round-robin": "roundrobin"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One fully resolved job: typed common keys plus the engine's own options."""
+
+    name: str
+    engine: str
+    rw: str
+    bs: int
+    size: int | None
+    offset: int
+    io_size: int | None
+    direct: bool
+    iodepth: int
+    numjobs: int
+    runtime: int | None
+    ramp_time: int
+    time_based: bool
+    targets: tuple[str, ...]
+    directory: str | None
+    file_service: str
+    random_distribution: Distribution
+    randseed: int
+    gpu: int
+    verify: bool
+    continue_on_error: bool
+    sample_interval: int
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
+    options_as_given: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def random(self) -> bool:
+        """True for random-offset jobs."""
+        return self.rw == "randread"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A loaded profile: where it came from and its jobs, sweeps expanded."""
+
+    path: str
+    jobs: list[Job]
+    concurrent: bool
+
+
+def _engine_options() -> dict[str, dict[str, Option]]:
+    return {name: {o.name: o for o in cls.options} for name, cls in all_engines().items()}
+
+
+def _unknown_key(key: str, where: str, known: list[str]) -> BadInput:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return BadInput(f"{where}unknown key '{key}'{hint}")
+
+
+def _build_job(raw: dict[str, Any], where: str) -> Job:
+    engines = _engine_options()
+    engine_name = _COMMON["engine"].convert(raw.get("engine", "psync"), where)
+    if engine_name not in engines:
+        close = difflib.get_close_matches(engine_name, list(engines), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise BadInput(f"{where}key 'engine': unknown engine '{engine_name}'{hint}; "
+                       f"known: {', '.join(engines)}")
+    own = engines[engine_name]
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _COMMON:
+            values[key] = _COMMON[key].convert(value, where)
+        elif key in own:
+            extra[key] = own[key].convert(value, where)
+        else:
+            owners = [e for e, opts in engines.items() if key in opts]
+            if owners:
+                raise BadInput(f"{where}key '{key}' is an option of engine "
+                               f"'{owners[0]}', not of '{engine_name}'")
+            known = list(_COMMON) + [k for opts in engines.values() for k in opts]
+            raise _unknown_key(key, where, known)
+    for opt in COMMON_OPTIONS:
+        values.setdefault(opt.name, opt.default)
+    for opt in own.values():
+        extra.setdefault(opt.name, opt.default)
+    values["file_service"] = _ALIASES.get(values["file_service"], values["file_service"])
+    values["random_distribution"] = Distribution.parse(
+        values["random_distribution"], f"{where}key 'random_distribution'")
+    for key in ("size", "io_size"):
+        if values[key] is not None and values[key] <= 0:
+            raise BadInput(f"{where}key '{key}': must be greater than 0, got {raw[key]!r}")
+    if values["bs"] % 512:
+        raise BadInput(f"{where}key 'bs': {values['bs']} is not a multiple of 512")
+    if values["time_based"] and values["runtime"] is None:
+        raise BadInput(f"{where}key 'time_based': needs a runtime")
+    job = Job(**values, engine_options=extra, options_as_given=dict(raw))
+    all_engines()[engine_name].check_job(job)
+    return job
+
+
+def _sweep_combinations(sweep: dict[str, Any], where: str, known: list[str],
+                        fixed: set[str]) -> list[dict[str, Any]]:
+    axes = []
+    for key, values in sweep.items():
+        if key not in known:
+            raise _unknown_key(key, f"{where}[sweep]: ", known)
+        if not isinstance(values, list) or not values:
+            raise BadInput(f"{where}[sweep] key '{key}': expected a non-empty list of values")
+        if key not in fixed:
+            axes.append([(key, v) for v in values])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    """--set KEY=VALUE pairs as a dict; the values are converted like profile values."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise BadInput(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def load(path: str, overrides: dict[str, str] | None = None) -> Profile:
+    """Read, merge and validate a profile; BadInput for anything wrong with it."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such profile") from None
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not a profile") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"{path}: malformed TOML: {e}") from None
+    return from_dict(data, path, overrides or {})
+
+
+def from_dict(data: dict[str, Any], path: str, overrides: dict[str, str]) -> Profile:
+    """Build a Profile from parsed TOML; separate from ``load`` so tests need no files."""
+    for key in data:
+        if key not in ("global", "job", "sweep"):
+            raise _unknown_key(key, f"{path}: top level: ", ["global", "job", "sweep"])
+    glob = data.get("global", {})
+    jobs_raw = data.get("job", [{}])
+    sweep = data.get("sweep", {})
+    if not isinstance(glob, dict) or not isinstance(sweep, dict):
+        raise BadInput(f"{path}: [global] and [sweep] must be tables")
+    if not isinstance(jobs_raw, list) or not all(isinstance(j, dict) for j in jobs_raw):
+        raise BadInput(f"{path}: jobs must be [[job]] tables")
+    glob = dict(glob)
+    concurrent = GLOBAL_ONLY[0].convert(glob.pop("concurrent", False), f"{path}: [global] ")
+    known = list(_COMMON) + sorted({k for opts in _engine_options().values() for k in opts})
+    for key in overrides:
+        if key not in known and key != "concurrent":
+            raise _unknown_key(key, "--set: ", known)
+    if "concurrent" in overrides:
+        concurrent = GLOBAL_ONLY[0].convert(overrides["concurrent"], "--set ")
+    set_values = {k: v for k, v in overrides.items() if k != "concurrent"}
+    stem = os.path.splitext(os.path.basename(path))[0]
+    combos = _sweep_combinations(sweep, f"{path}: ", known, set(set_values))
+    jobs: list[Job] = []
+    for index, job_raw in enumerate(jobs_raw):
+        base = {**glob, **job_raw, **set_values}
+        default_name = stem if len(jobs_raw) == 1 else f"{stem}.{index}"
+        base_name = str(base.get("name") or default_name)
+        for combo in combos:
+            raw = {**base, **combo}
+            label = ",".join(f"{k}={v}" for k, v in combo.items())
+            raw["name"] = f"{base_name}[{label}]" if label else base_name
+            jobs.append(_build_job(raw, f"{path}: job '{raw['name']}': "))
+    return Profile(path=path, jobs=jobs, concurrent=concurrent)

@@ -1,0 +1,334 @@
+"""Runs a profile: opens targets, starts workers, times phases, samples, collects results.
+
+The clock starts only when every worker has finished its engine's setup, so ring creation,
+buffer registration and kernel compilation never land inside a measurement. Phases follow
+fio: ramp_time first (not recorded), then the measured runtime or I/O budget.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gpufio import targets as tg
+from gpufio.engines import all_engines
+from gpufio.engines.base import Engine
+from gpufio.errors import BadInput
+from gpufio.profile import Job, Profile
+from gpufio.stats import CpuTimes, LatencyStats
+from gpufio.worker import JobControl, WorkerContext
+from gpufio.workload import OffsetStream
+
+TICK_S = 0.02
+
+
+@dataclass
+class JobResult:
+    """Everything measured for one job, as plain data for the report layer."""
+
+    job: Job
+    engine_facts: dict[str, Any]
+    targets: list[dict[str, Any]]
+    lat: LatencyStats
+    ios: int
+    bytes: int
+    runtime_ns: int
+    cpu: CpuTimes
+    samples: list[dict[str, float]]
+    per_target: list[dict[str, Any]]
+    errors: list[dict[str, Any]]
+    short_ios: int
+    verify_failures: int
+    bad_offsets: list[dict[str, Any]]
+    interrupted: bool
+    failure: str | None
+
+    @property
+    def ok(self) -> bool:
+        """True when the numbers can be trusted: no errors, short reads or bad data."""
+        return not (self.errors or self.short_ios or self.verify_failures or self.failure)
+
+
+@dataclass
+class Snapshot:
+    """A job's state for the live display: plain numbers, no rendering."""
+
+    name: str
+    engine: str
+    state: str
+    iops: float
+    bw_bytes: float
+    p50_ns: int
+    p99_ns: int
+    progress: float | None
+    eta_s: float | None
+
+
+def job_target_paths(job: Job) -> tuple[list[str], int | None]:
+    """The job's target paths and the size gpufio creates missing ones with (None: never)."""
+    if job.targets:
+        return tg.resolve(job.targets), None if job.size is None else job.offset + job.size
+    if job.size is None:
+        raise BadInput(f"job '{job.name}': no targets and no size: give targets, or a size "
+                       "for gpufio to create a scratch file of")
+    create_size = job.offset + job.size
+    return [tg.auto_target_path(job.directory, create_size, job.randseed)], create_size
+
+
+def job_targets(job: Job, quiet: bool) -> list[str]:
+    """The job's target paths, creating missing files that the job gives a size for."""
+    paths, create_size = job_target_paths(job)
+    for path in paths:
+        tg.ensure_exists(path, create_size, job.randseed, quiet=quiet)
+    return paths
+
+
+class JobRun:
+    """One job in flight: its workers, phases and samples."""
+
+    def __init__(self, job: Job, engine: type[Engine], targets: list[tg.Target],
+                 regions: list[tuple[int, int]]) -> None:
+        self.job = job
+        self.engine = engine
+        self.targets = targets
+        self.control = JobControl()
+        budget = None
+        if not job.time_based:
+            io_size = job.io_size or sum(n * job.bs for _, n in regions)
+            budget = max(io_size // job.bs, 1)
+        self.budget = budget
+        seeds = [t.pattern_seed for t in targets] if job.verify else None
+        self.contexts = [
+            WorkerContext(bs=job.bs, stream=OffsetStream(
+                random=job.random, bs=job.bs, regions=regions, dist=job.random_distribution,
+                file_service=job.file_service, seed=(job.randseed, w), budget=budget),
+                control=self.control, ntargets=len(targets), verify_seeds=seeds,
+                continue_on_error=job.continue_on_error)
+            for w in range(job.numjobs)]
+        self._ready = threading.Semaphore(0)
+        self._go = threading.Event()
+        self._finished_ns = [0] * job.numjobs
+        self._failures: list[str] = []
+        self._threads = [threading.Thread(target=self._work, args=(w,), daemon=True,
+                                          name=f"{job.name}/{w}") for w in range(job.numjobs)]
+        self.state = "setup"
+        self.t_start = self.t_measure = 0
+        self.cpu0 = CpuTimes.now()
+        self.samples: list[dict[str, float]] = []
+        self._last_sample = (0, 0, 0)
+        self.interrupted = False
+
+    def _work(self, w: int) -> None:
+        ctx = self.contexts[w]
+        engine = None
+        try:
+            engine = self.engine(self.job, self.targets, ctx)
+        except Exception as e:  # reported in the result; the run exits 1
+            self._failures.append(f"worker {w} setup: {type(e).__name__}: {e}")
+            self.control.stop.set()
+        self._ready.release()
+        self._go.wait()
+        try:
+            if engine is not None:
+                engine.run()
+        except Exception as e:  # reported in the result; the run exits 1
+            self._failures.append(f"worker {w}: {type(e).__name__}: {e}")
+        finally:
+            self._finished_ns[w] = time.monotonic_ns()
+            if engine is not None:
+                engine.close()
+
+    def start(self) -> None:
+        """Start the workers; they set up their engines and wait for the clock."""
+        for t in self._threads:
+            t.start()
+
+    def _begin_measure(self, now: int) -> None:
+        self.control.measuring = True
+        self.cpu0 = CpuTimes.now()
+        self.t_measure = now
+        self._last_sample = (now, 0, 0)
+        self.state = "run"
+
+    def tick(self, now: int) -> None:
+        """Advance phases; called by the runner's loop every TICK_S."""
+        job = self.job
+        if self.state == "setup":
+            for _ in range(job.numjobs):
+                self._ready.acquire()
+            self.t_start = time.monotonic_ns()
+            self.state = "ramp"
+            self._go.set()
+            if job.ramp_time == 0:
+                self._begin_measure(self.t_start)
+            return
+        if self.state == "ramp" and now >= self.t_start + job.ramp_time:
+            self._begin_measure(now)
+        if self.state == "run":
+            if job.runtime is not None and now >= self.t_measure + job.runtime:
+                self.control.stop.set()
+            if now >= self._last_sample[0] + job.sample_interval:
+                self._sample(now)
+
+    def _sample(self, now: int) -> None:
+        t0, ios0, bytes0 = self._last_sample
+        ios = sum(c.rec.ios for c in self.contexts)
+        nbytes = sum(c.rec.bytes for c in self.contexts)
+        dt = (now - t0) / 1e9
+        self.samples.append({"t_ms": (now - self.t_measure) / 1e6, "iops": (ios - ios0) / dt,
+                             "bw_bytes": (nbytes - bytes0) / dt})
+        self._last_sample = (now, ios, nbytes)
+
+    @property
+    def done(self) -> bool:
+        """True once every worker thread has returned."""
+        return self.state != "setup" and not any(t.is_alive() for t in self._threads)
+
+    def stop(self) -> None:
+        """Ask the workers to stop (Ctrl-C); results so far are kept."""
+        self.interrupted = True
+        self.control.stop.set()
+        self._go.set()
+
+    def join(self) -> None:
+        """Wait for the workers to return."""
+        for t in self._threads:
+            t.join()
+
+    def snapshot(self, now: int) -> Snapshot:
+        """Where this job stands, for the live display."""
+        lat = LatencyStats()
+        for c in self.contexts:
+            lat.merge(c.rec.lat)
+        pct = lat.percentiles((50.0, 99.0))
+        iops = self.samples[-1]["iops"] if self.samples else 0.0
+        bw = self.samples[-1]["bw_bytes"] if self.samples else 0.0
+        progress = None
+        if self.state != "setup":
+            fractions = []
+            if self.job.runtime is not None:
+                total = self.job.ramp_time + self.job.runtime
+                fractions.append(max(now - self.t_start, 0) / total)
+            if self.budget is not None:
+                done = sum(c.rec.completed for c in self.contexts)
+                fractions.append(done / (self.budget * self.job.numjobs))
+            progress = min(max(fractions), 1.0) if fractions else None
+        elapsed = (now - self.t_start) / 1e9 if self.t_start else 0.0
+        eta = elapsed * (1 - progress) / progress if progress else None
+        state = "done" if self.done else self.state
+        return Snapshot(self.job.name, self.job.engine, state, iops, bw,
+                        pct[50.0], pct[99.0], progress, eta)
+
+    def result(self) -> JobResult:
+        """Merge the workers' records into one JobResult (call after join)."""
+        end = max(self._finished_ns) if self.control.measuring else self.t_measure
+        runtime = max(end - self.t_measure, 0) if self.control.measuring else 0
+        cpu = CpuTimes.now() - self.cpu0
+        lat = LatencyStats()
+        recs = [c.rec for c in self.contexts]
+        for r in recs:
+            lat.merge(r.lat)
+        per_target, errors, bad = [], [], []
+        for i, t in enumerate(self.targets):
+            per_target.append({
+                "path": t.path, "ios": int(sum(r.target_ios[i] for r in recs)),
+                "bytes": int(sum(r.target_bytes[i] for r in recs)),
+                "short_ios": int(sum(r.short[i] for r in recs)),
+                "verify_failures": int(sum(r.verify_failures[i] for r in recs))})
+        merged: dict[tuple[int, int], int] = {}
+        for r in recs:
+            for key, count in r.errors.items():
+                merged[key] = merged.get(key, 0) + count
+            bad.extend({"target": self.targets[t].path, "offset": off} for t, off in r.bad_offsets)
+        for (t, err), count in sorted(merged.items()):
+            errors.append({"target": self.targets[t].path, "errno": err, "count": count})
+        facts = [{"path": t.path, "size": t.size, "pattern_seed": t.pattern_seed, **t.facts}
+                 for t in self.targets]
+        return JobResult(
+            job=self.job, engine_facts=self.engine.describe(self.job), targets=facts, lat=lat,
+            ios=sum(r.ios for r in recs), bytes=sum(r.bytes for r in recs), runtime_ns=runtime,
+            cpu=cpu, samples=self.samples, per_target=per_target, errors=errors,
+            short_ios=sum(p["short_ios"] for p in per_target),
+            verify_failures=sum(p["verify_failures"] for p in per_target),
+            bad_offsets=bad[:8], interrupted=self.interrupted,
+            failure="; ".join(self._failures) or None)
+
+
+@dataclass
+class Outcome:
+    """The results of the jobs that ran, and whether Ctrl-C cut the run short."""
+
+    results: list[JobResult] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def _open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], list[tuple[int, int]]]:
+    engine = all_engines()[job.engine]
+    why = engine.unavailable()
+    if why:
+        raise BadInput(f"job '{job.name}': engine '{job.engine}' cannot run here: {why}")
+    opened: list[tg.Target] = []
+    try:
+        for path in job_targets(job, quiet):
+            opened.append(tg.open_target(path, job.direct))
+        regions = [tg.check_region(t, offset=job.offset, size=job.size, bs=job.bs,
+                                   direct=job.direct, need_pattern=job.verify) for t in opened]
+    except BaseException:
+        for t in opened:
+            t.close()
+        raise
+    return engine, opened, regions
+
+
+def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | None = None,
+                quiet: bool = False, tick_every_s: float = 0.25) -> Outcome:
+    """Run every job of ``profile`` (sequentially, or all at once if concurrent)."""
+    prepared = []
+    try:
+        for job in profile.jobs:
+            prepared.append((job, *_open_job(job, quiet)))
+        batches = [prepared] if profile.concurrent else [[p] for p in prepared]
+        outcome = Outcome()
+        finished: list[JobRun] = []
+        for batch in batches:
+            runs = [JobRun(job, engine, tgts, regions) for job, engine, tgts, regions in batch]
+            try:
+                _drive(runs, finished, on_tick, tick_every_s)
+            except KeyboardInterrupt:
+                for r in runs:
+                    r.stop()
+                for r in runs:
+                    r.join()
+                outcome.interrupted = True
+                finished.extend(runs)
+                break
+            finished.extend(runs)
+        outcome.results = [r.result() for r in finished]
+        return outcome
+    finally:
+        for _, _, tgts, _ in prepared:
+            for t in tgts:
+                t.close()
+
+
+def _drive(runs: list[JobRun], finished: list[JobRun],
+           on_tick: Callable[[list[Snapshot]], None] | None, tick_every_s: float) -> None:
+    for r in runs:
+        r.start()
+    next_show = 0.0
+    while True:
+        now = time.monotonic_ns()
+        for r in runs:
+            r.tick(now)
+        if on_tick and time.monotonic() >= next_show:
+            next_show = time.monotonic() + tick_every_s
+            on_tick([r.snapshot(now) for r in finished + runs])
+        if all(r.done for r in runs):
+            break
+        time.sleep(TICK_S)
+    for r in runs:
+        r.join()
+    if on_tick:
+        on_tick([r.snapshot(time.monotonic_ns()) for r in finished + runs])

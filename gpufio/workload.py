@@ -1,0 +1,133 @@
+"""Seeded, vectorised offset streams: which target and which offset each I/O goes to.
+
+Offsets are produced in numpy batches so that engines never pay a Python object per I/O
+for addressing. Skewed distributions follow fio's definitions (zipf theta, pareto h,
+normal sigma as a percentage of the range) and, as fio does by default, hot ranks are
+scattered over the region with a hash so that the hot set is not one contiguous extent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpufio.errors import BadInput
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """fio's random_distribution: 'random', 'zipf:THETA', 'pareto:H' or 'normal:SIGMA'."""
+
+    kind: str
+    param: float | None = None
+
+    @classmethod
+    def parse(cls, text: str, what: str) -> "Distribution":
+        """Validate the text a profile gives; errors name ``what`` (file, job, key)."""
+        kind, _, arg = text.partition(":")
+        kind = "normal" if kind == "gauss" else kind
+        if kind == "random" and not arg:
+            return cls("random")
+        if kind not in ("zipf", "pareto", "normal"):
+            raise BadInput(f"{what}: unknown distribution {text!r} "
+                           "(use random, zipf:THETA, pareto:H, normal:SIGMA)")
+        try:
+            value = float(arg)
+        except ValueError:
+            raise BadInput(f"{what}: {kind} needs a number, as in {kind}:"
+                           f"{ {'zipf': '1.2', 'pareto': '0.2', 'normal': '10'}[kind] }") from None
+        ok = {"zipf": value > 0, "pareto": 0 < value < 1, "normal": 0 < value <= 100}[kind]
+        if not ok:
+            rule = {"zipf": "theta > 0", "pareto": "0 < h < 1", "normal": "0 < sigma <= 100 (%)"}
+            raise BadInput(f"{what}: {text!r} is out of range ({rule[kind]})")
+        return cls(kind, value)
+
+    def __str__(self) -> str:
+        return self.kind if self.param is None else f"{self.kind}:{self.param:g}"
+
+
+def _hash(values: np.ndarray, salt: int) -> np.ndarray:
+    """splitmix64 of values ^ salt: scatters hot ranks over the region (fio's __hash_u64)."""
+    z = values ^ np.uint64(salt & ((1 << 64) - 1))
+    z = z + _MIX
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def sample_ranks(dist: Distribution, rng: np.random.Generator, nblocks: int, n: int) -> np.ndarray:
+    """``n`` block ranks in [0, nblocks) drawn from ``dist``; rank 0 is the hottest."""
+    if dist.kind == "random":
+        return rng.integers(0, nblocks, n, dtype=np.uint64)
+    u = rng.random(n)
+    if dist.kind == "zipf":
+        theta = dist.param
+        if math.isclose(theta, 1.0):
+            ranks = np.floor(np.power(float(nblocks), u)) - 1
+        else:
+            e = 1.0 - theta
+            ranks = np.floor(np.power((math.pow(nblocks, e) - 1.0) * u + 1.0, 1.0 / e)) - 1
+    elif dist.kind == "pareto":
+        h = dist.param
+        ranks = np.floor((nblocks - 1) * np.power(u, math.log(h) / math.log(1.0 - h)))
+    else:
+        sigma = dist.param / 100.0 * nblocks
+        ranks = np.rint(nblocks / 2 + rng.standard_normal(n) * sigma)
+    return np.clip(ranks, 0, nblocks - 1).astype(np.uint64)
+
+
+class OffsetStream:
+    """One worker's stream of (target index, byte offset) batches for one job.
+
+    ``regions`` gives, per target, the first byte and the number of ``bs`` blocks the job may
+    touch. ``budget`` is the number of I/Os this worker issues before it is done (None: no
+    limit, for time-based jobs).
+    """
+
+    def __init__(self, *, random: bool, bs: int, regions: list[tuple[int, int]],
+                 dist: Distribution, file_service: str, seed: tuple[int, ...],
+                 budget: int | None) -> None:
+        self._random = random
+        self._bs = bs
+        self._starts = np.array([r[0] for r in regions], dtype=np.uint64)
+        self._nblocks = [r[1] for r in regions]
+        self._dist = dist
+        self._file_random = file_service == "random"
+        self._rng = np.random.default_rng(list(seed))
+        self._salt = int(self._rng.integers(0, 1 << 63))
+        self._cursor = [0] * len(regions)
+        self._rr = 0
+        self.remaining = budget
+
+    def next(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n`` I/Os as (target indices int32, offsets uint64); empty when done."""
+        if self.remaining is not None:
+            n = min(n, self.remaining)
+            self.remaining -= n
+        ntargets = len(self._nblocks)
+        if self._file_random:
+            tgt = self._rng.integers(0, ntargets, n, dtype=np.int32)
+        else:
+            tgt = ((self._rr + np.arange(n)) % ntargets).astype(np.int32)
+            self._rr = (self._rr + n) % ntargets
+        blocks = np.empty(n, dtype=np.uint64)
+        for t in range(ntargets):
+            mask = tgt == t if ntargets > 1 else slice(None)
+            k = int(np.count_nonzero(mask)) if ntargets > 1 else n
+            blocks[mask] = self._blocks_for(t, k)
+        return tgt, self._starts[tgt] + blocks * np.uint64(self._bs)
+
+    def _blocks_for(self, t: int, k: int) -> np.ndarray:
+        nblocks = self._nblocks[t]
+        if not self._random:
+            blocks = (self._cursor[t] + np.arange(k, dtype=np.uint64)) % np.uint64(nblocks)
+            self._cursor[t] = (self._cursor[t] + k) % nblocks
+            return blocks
+        ranks = sample_ranks(self._dist, self._rng, nblocks, k)
+        if self._dist.kind == "random":
+            return ranks
+        return _hash(ranks, self._salt + t) % np.uint64(nblocks)
