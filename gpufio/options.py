@@ -81,11 +81,13 @@ class Option:
     help: str
     choices: tuple[str, ...] = ()
     minimum: int | None = None
+    aliases: tuple[tuple[str, str], ...] = ()
 
     def convert(self, value: Any, where: str) -> Any:
         """The typed value, or BadInput naming ``where`` (file, job) and this key."""
         what = f"{where}key '{self.name}'"
         result = _CONVERTERS[self.kind](value, what)
+        result = dict(self.aliases).get(result, result) if self.aliases else result
         if self.choices and result not in self.choices:
             raise BadInput(f"{what}: {result!r} is not one of {', '.join(self.choices)}")
         if self.minimum is not None and result < self.minimum:

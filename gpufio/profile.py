@@ -40,7 +40,7 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option("directory", "str", None, "where gpufio creates target files when no targets are "
            "given (default: $GPUFIO_SCRATCH or ~/.cache/gpufio)"),
     Option("file_service", "str", "roundrobin", "how I/Os spread over targets",
-           choices=("roundrobin", "random")),
+           choices=("roundrobin", "random"), aliases=(("round-robin", "roundrobin"),)),
     Option("random_distribution", "str", "random", "random, zipf:THETA, pareto:H, normal:SIGMA"),
     Option("randseed", "int", 0x89, "seed of the offset streams and of created files", minimum=0),
     Option("gpu", "int", 0, "GPU index for GPU engines", minimum=0),
@@ -54,7 +54,6 @@ GLOBAL_ONLY: tuple[Option, ...] = (
     Option("concurrent", "bool", False, "run all jobs at once and report a group total"),
 )
 _COMMON = {o.name: o for o in COMMON_OPTIONS}
-_ALIASES = {"round-robin": "roundrobin"}
 
 
 @dataclass(frozen=True)
@@ -138,7 +137,6 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
         values.setdefault(opt.name, opt.default)
     for opt in own.values():
         extra.setdefault(opt.name, opt.default)
-    values["file_service"] = _ALIASES.get(values["file_service"], values["file_service"])
     values["random_distribution"] = Distribution.parse(
         values["random_distribution"], f"{where}key 'random_distribution'")
     for key in ("size", "io_size"):

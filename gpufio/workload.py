@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -59,18 +60,49 @@ def _hash(values: np.ndarray, salt: int) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+_ZIPF_EXACT_RANKS = 1 << 16
+
+
+@lru_cache(maxsize=16)
+def _zipf_head(theta: float, nblocks: int) -> tuple[np.ndarray, float]:
+    """Exact CDF of the hottest ranks and the normalising sum (tail by integral)."""
+    k = min(nblocks, _ZIPF_EXACT_RANKS)
+    head = np.arange(1, k + 1, dtype=np.float64) ** -theta
+    tail = _power_integral(theta, k + 0.5, nblocks + 0.5) if nblocks > k else 0.0
+    total = float(head.sum()) + tail
+    return np.cumsum(head) / total, total
+
+
+def _power_integral(theta: float, a: float, b: float) -> float:
+    """Integral of x**-theta from a to b."""
+    if math.isclose(theta, 1.0):
+        return math.log(b / a)
+    return (b ** (1 - theta) - a ** (1 - theta)) / (1 - theta)
+
+
+def _zipf_ranks(theta: float, nblocks: int, u: np.ndarray) -> np.ndarray:
+    """Zipf ranks: exact for the hottest 64 Ki ranks, continuous inverse for the tail."""
+    cdf, total = _zipf_head(theta, nblocks)
+    ranks = np.searchsorted(cdf, u, side="right").astype(np.float64)
+    tail = ranks >= len(cdf)
+    if tail.any():
+        mass = (u[tail] - cdf[-1]) * total
+        a = len(cdf) + 0.5
+        if math.isclose(theta, 1.0):
+            x = a * np.exp(mass)
+        else:
+            x = np.power(a ** (1 - theta) + mass * (1 - theta), 1 / (1 - theta))
+        ranks[tail] = np.floor(x - 0.5)
+    return ranks
+
+
 def sample_ranks(dist: Distribution, rng: np.random.Generator, nblocks: int, n: int) -> np.ndarray:
     """``n`` block ranks in [0, nblocks) drawn from ``dist``; rank 0 is the hottest."""
     if dist.kind == "random":
         return rng.integers(0, nblocks, n, dtype=np.uint64)
     u = rng.random(n)
     if dist.kind == "zipf":
-        theta = dist.param
-        if math.isclose(theta, 1.0):
-            ranks = np.floor(np.power(float(nblocks), u)) - 1
-        else:
-            e = 1.0 - theta
-            ranks = np.floor(np.power((math.pow(nblocks, e) - 1.0) * u + 1.0, 1.0 / e)) - 1
+        ranks = _zipf_ranks(dist.param, nblocks, u)
     elif dist.kind == "pareto":
         h = dist.param
         ranks = np.floor((nblocks - 1) * np.power(u, math.log(h) / math.log(1.0 - h)))

@@ -26,6 +26,11 @@ class Psync(Engine):
     summary = "CPU threads, pread into host memory, one I/O in flight per thread"
     peer = "fio psync, gdsio -x 1"
 
+    @classmethod
+    def describe(cls, job) -> dict:
+        """psync keeps one I/O in flight whatever iodepth says; the result says so."""
+        return {**super().describe(job), "effective_iodepth": 1}
+
     def __init__(self, job, targets, ctx) -> None:
         super().__init__(job, targets, ctx)
         self._mem = aligned_buffer(BATCH * job.bs)

@@ -1,0 +1,35 @@
+"""Shared fixtures: a private scratch directory and small pattern-filled targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufio import targets
+
+
+@pytest.fixture(autouse=True)
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep auto-created target files inside the test's own temporary directory."""
+    d = tmp_path / "scratch"
+    monkeypatch.setenv("GPUFIO_SCRATCH", str(d))
+    return d
+
+
+@pytest.fixture
+def pattern_file(tmp_path: Path) -> Path:
+    """A 4 MiB target carrying the data pattern with seed 1234."""
+    path = tmp_path / "target.dat"
+    targets.create_file(str(path), 4 << 20, 1234)
+    return path
+
+
+@pytest.fixture
+def write_profile(tmp_path: Path):
+    """Write TOML text to a profile file and return its path."""
+    def write(text: str, name: str = "job.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+    return write

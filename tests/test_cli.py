@@ -1,0 +1,200 @@
+"""The CLI as a user meets it: exit codes, one-line errors, result fields."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from gpufio import gpu
+from gpufio.cli import app
+from gpufio.engines import all_engines, register
+from gpufio.engines.base import Engine
+
+cli = CliRunner()
+
+FAST = """
+[global]
+size = "1m"
+runtime = "400ms"
+time_based = true
+sample_interval = "100ms"
+[[job]]
+name = "rand"
+numjobs = 2
+[[job]]
+name = "seq"
+rw = "read"
+bs = "64k"
+"""
+
+
+def test_run_json_is_fio_shaped_and_consistent(write_profile):
+    res = cli.invoke(app, ["run", str(write_profile(FAST)), "--format", "json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["gpufio version"] and doc["host"]["cpus"] >= 1 and not doc["interrupted"]
+    assert [j["jobname"] for j in doc["jobs"]] == ["rand", "seq"]
+    for job in doc["jobs"]:
+        rd = job["read"]
+        assert rd["iops"] > 0 and rd["total_ios"] > 0 and job["error"] == 0
+        assert rd["iops"] * rd["runtime"] / 1000 == pytest.approx(rd["total_ios"], rel=1e-6)
+        assert rd["bw_bytes"] == pytest.approx(rd["iops"] * job["resolved options"]["bs"])
+        assert rd["io_kbytes"] == rd["io_bytes"] // 1024
+        lat = rd["lat_ns"]
+        assert lat["N"] == rd["total_ios"]
+        assert 0 < lat["min"] <= lat["percentile"]["50.000000"] <= lat["percentile"]["99.000000"]
+        assert lat["percentile"]["99.990000"] <= lat["max"] * 1.01
+        assert len(lat["percentile"]) == 17
+        assert job["usr_cpu"] >= 0 and job["sys_cpu"] >= 0 and job["cpu_us_per_io"] > 0
+        assert job["targets"][0]["kind"] == "file" and job["targets"][0]["ios"] == rd["total_ios"]
+        assert job["samples"] and job["engine_facts"]["page_cache"] is False
+        assert job["resolved options"]["direct"] is True
+
+
+@pytest.mark.parametrize("fmt,marker", [("csv", "job,engine,IOPS"), ("markdown", "| job "),
+                                        ("table", "IOPS")])
+def test_table_formats(fmt, marker, write_profile):
+    res = cli.invoke(app, ["run", str(write_profile(FAST)), "-f", fmt, "-q", "--set", "runtime=200ms"])
+    assert res.exit_code == 0, res.output
+    assert marker in res.stdout and "rand" in res.stdout and "seq" in res.stdout
+
+
+def test_output_file_and_concurrent_group_total(write_profile, tmp_path):
+    out = tmp_path / "result.json"
+    res = cli.invoke(app, ["run", str(write_profile(FAST)), "-f", "json", "-q", "-o", str(out),
+                           "--set", "concurrent=true"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    total = doc["group_total"]["read"]
+    assert total["total_ios"] == sum(j["read"]["total_ios"] for j in doc["jobs"])
+    assert total["lat_ns"]["N"] == total["total_ios"]
+
+
+def test_prepare_creates_targets_once(write_profile, scratch):
+    path = write_profile('[global]\nsize = "256k"\nrandseed = 9\n')
+    res = cli.invoke(app, ["prepare", str(path)])
+    assert res.exit_code == 0, res.output
+    made = scratch / "gpufio-262144-seed9.dat"
+    assert made.stat().st_size == 262144 and str(made) in res.stdout
+    mtime = made.stat().st_mtime_ns
+    assert cli.invoke(app, ["prepare", str(path)]).exit_code == 0
+    assert made.stat().st_mtime_ns == mtime
+
+
+def test_engines_lists_psync_as_available():
+    res = cli.invoke(app, ["engines", "--format", "json"])
+    rows = {r["engine"]: r for r in json.loads(res.stdout)}
+    assert rows["psync"]["available"] is True and rows["psync"]["why not"] == ""
+
+
+def test_info_reports_host_io_uring_and_targets(pattern_file):
+    res = cli.invoke(app, ["info", "--target", str(pattern_file), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    facts = json.loads(res.stdout)
+    assert facts["host"]["kernel"] and "available" in facts["io_uring"]
+    assert facts["targets"][str(pattern_file)]["kind"] == "file"
+    assert isinstance(facts["gpus"], list)
+
+
+@pytest.fixture
+def fake_gpu_engine(monkeypatch):
+    class FakeGpu(Engine):
+        name = "fake-gpu"
+        summary = "test double"
+        uses_gpu = True
+
+        def run(self) -> None:
+            raise AssertionError("must never run without a GPU")
+
+    all_engines()
+    monkeypatch.setattr(gpu, "probe", lambda: (0, "no GPU found"))
+    register(FakeGpu)
+    yield
+    from gpufio import engines
+    engines._REGISTRY.pop("fake-gpu")
+
+
+BAD_INPUTS = [
+    ("[global]\nsize = 1\nbs = 4k\n", "malformed TOML"),
+    ("[global]\nsize = \"1m\"\nqueue_depth = 4\n", "unknown key 'queue_depth'"),
+    ("[global]\nengine = \"nvme\"\nsize = \"1m\"\n", "unknown engine 'nvme'"),
+    ("[global]\nsize = \"1m\"\nnumjobs = \"two\"\n", "key 'numjobs': expected a whole number"),
+    ("[global]\nsize = \"-1m\"\n", "key 'size': cannot read size"),
+    ("[global]\nsize = 0\n", "key 'size': must be greater than 0"),
+    ("[global]\nsize = \"1m\"\nbs = 1000\n", "key 'bs': 1000 is not a multiple of 512"),
+    ("[global]\ntargets = [\"{tmp}/none.dat\"]\n", "does not exist, and the job gives no size"),
+    ("[global]\ntargets = [\"{tmp}\"]\n", "is a directory"),
+    ("[global]\ntargets = [\"{small}\"]\nsize = \"8m\"\n", "smaller than offset+size"),
+    ("[global]\ntargets = [\"{small}\"]\noffset = 100\n", "offset 100 is not a multiple"),
+    ("[global]\nsize = \"1m\"\n[sweep]\ndepth = [1, 2]\n", "[sweep]: unknown key 'depth'"),
+    ("[global]\nengine = \"fake-gpu\"\nsize = \"1m\"\n",
+     "engine 'fake-gpu' cannot run here: no GPU found"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_INPUTS)
+def test_bad_input_is_one_line_exit_2(text, message, write_profile, tmp_path, pattern_file,
+                                      fake_gpu_engine):
+    path = write_profile(text.format(tmp=tmp_path, small=pattern_file))
+    res = cli.invoke(app, ["run", str(path), "-q"])
+    assert res.exit_code == 2, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpufio: error: ")
+    assert message in lines[0]
+
+
+def test_bad_cli_values_exit_2(write_profile):
+    path = str(write_profile(FAST))
+    for args, message in [(["-f", "xml"], "--format: 'xml'"),
+                          (["--set", "iodepth"], "expected KEY=VALUE"),
+                          (["-o", "/nonexistent/dir/r.json"], "--output /nonexistent/dir/r.json")]:
+        res = cli.invoke(app, ["run", path, "-q", "--set", "runtime=100ms", *args])
+        assert res.exit_code == 2, (args, res.output)
+        assert message in res.stderr
+    assert cli.invoke(app, ["run", "/no/such.toml"]).exit_code == 2
+
+
+def test_failed_verify_exits_1(pattern_file, write_profile):
+    with open(pattern_file, "r+b") as f:
+        f.seek(8192 + 5)
+        f.write(b"\0\0\0")
+    path = write_profile(f'[global]\ntargets = ["{pattern_file}"]\nverify = true\nrw = "read"\n'
+                         'size = "64k"\n')
+    res = cli.invoke(app, ["run", str(path), "-q", "-f", "json"])
+    assert res.exit_code == 1
+    job = json.loads(res.stdout)["jobs"][0]
+    assert job["error"] == 1 and job["verify"]["failures"] == 1
+    assert f"{pattern_file}@8192" in res.stderr
+
+
+def test_ctrl_c_keeps_results_and_exits_130(write_profile, scratch):
+    path = write_profile('[global]\nsize = "1m"\nruntime = "60s"\ntime_based = true\n')
+    env = {**os.environ, "GPUFIO_SCRATCH": str(scratch)}
+    proc = subprocess.Popen([sys.executable, "-m", "gpufio", "run", str(path), "-f", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    deadline = time.monotonic() + 30
+    while not list(scratch.glob("*.dat")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    doc = json.loads(out)
+    assert doc["interrupted"] is True
+    job = doc["jobs"][0]
+    assert job["interrupted"] is True and job["read"]["total_ios"] > 0
+    assert job["read"]["runtime"] < 30_000
+    assert "interrupted" in err
+
+
+def test_module_entry_point_help():
+    res = subprocess.run([sys.executable, "-m", "gpufio", "--help"], capture_output=True, text=True)
+    assert res.returncode == 0
+    for command in ("run", "engines", "info", "prepare"):
+        assert command in res.stdout

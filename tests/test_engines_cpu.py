@@ -1,0 +1,108 @@
+"""End-to-end checks every CPU engine must pass: right bytes, honest counts, errors reported."""
+
+import errno
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gpufio import runner, targets
+from gpufio.profile import from_dict
+
+CPU_ENGINES = ["psync"]
+
+
+def run(engine, path, **opts):
+    glob = {"engine": engine, "targets": [str(path)], **opts}
+    return runner.run_profile(from_dict({"global": glob}, "t.toml", {}), quiet=True)
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES)
+@pytest.mark.parametrize("rw,bs", [("randread", "4k"), ("read", "64k"), ("randread", "16k")])
+def test_every_byte_read_matches_the_pattern(engine, rw, bs, pattern_file):
+    out = run(engine, pattern_file, rw=rw, bs=bs, verify=True, numjobs=2, io_size="2m")
+    (r,) = out.results
+    ios_expected = 2 * (2 << 20) // r.job.bs
+    assert r.ok and r.verify_failures == 0
+    assert r.ios == ios_expected
+    assert r.bytes == r.ios * r.job.bs
+    assert r.per_target[0]["ios"] == r.ios and r.per_target[0]["bytes"] == r.bytes
+    assert r.lat.n == r.ios and r.lat.min > 0
+    assert r.runtime_ns > 0
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES)
+def test_corrupted_block_is_caught_at_its_offset(engine, pattern_file):
+    bad = 3 * 4096 + 77
+    with open(pattern_file, "r+b") as f:
+        f.seek(bad)
+        byte = f.read(1)
+        f.seek(bad)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    out = run(engine, pattern_file, rw="read", bs="4k", verify=True, size="64k")
+    (r,) = out.results
+    assert r.verify_failures == 1 and not r.ok
+    assert r.bad_offsets == [{"target": str(pattern_file), "offset": 3 * 4096}]
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES)
+def test_two_targets_round_robin_with_per_target_counts(engine, tmp_path):
+    a, b = tmp_path / "a.dat", tmp_path / "b.dat"
+    targets.create_file(str(a), 1 << 20, 1)
+    targets.create_file(str(b), 1 << 20, 2)
+    out = runner.run_profile(from_dict({"global": {
+        "engine": engine, "targets": [str(a), str(b)], "verify": True, "rw": "randread",
+        "io_size": "1m"}}, "t.toml", {}), quiet=True)
+    (r,) = out.results
+    assert r.ok and r.ios == 256
+    assert [p["ios"] for p in r.per_target] == [128, 128]
+    assert [t["pattern_seed"] for t in r.targets] == [1, 2]
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES)
+def test_time_based_run_honours_runtime_and_ramp(engine, pattern_file):
+    t0 = time.monotonic()
+    out = run(engine, pattern_file, runtime="600ms", ramp_time="300ms", time_based=True,
+              sample_interval="100ms")
+    elapsed = time.monotonic() - t0
+    (r,) = out.results
+    assert 0.55e9 < r.runtime_ns < 0.9e9
+    assert 0.85 < elapsed < 3.0
+    assert r.ios > 0 and len(r.samples) >= 4
+    assert all(s["iops"] >= 0 for s in r.samples)
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES)
+def test_file_truncated_during_run_reports_short_reads(engine, tmp_path):
+    path = tmp_path / "shrinks.dat"
+    targets.create_file(str(path), 8 << 20, 1)
+    box = {}
+    t = threading.Thread(target=lambda: box.update(out=run(
+        engine, path, direct=False, runtime="5s", time_based=True, rw="read", bs="64k")))
+    t.start()
+    time.sleep(0.5)
+    os.truncate(path, 4096)
+    t.join(timeout=20)
+    assert not t.is_alive()
+    (r,) = box["out"].results
+    assert r.short_ios > 0 and not r.ok
+    assert r.runtime_ns < 4.5e9  # the job stops at the first failure (continue_on_error false)
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES)
+def test_errno_from_the_kernel_is_reported(engine, pattern_file, monkeypatch):
+    real_open = targets.open_target
+
+    def write_only(path, direct):
+        t = real_open(path, direct)
+        os.close(t.fd)
+        t.fd = os.open(path, os.O_WRONLY)
+        return t
+
+    monkeypatch.setattr(targets, "open_target", write_only)
+    out = run(engine, pattern_file, continue_on_error=True, io_size="64k")
+    (r,) = out.results
+    assert r.errors == [{"target": str(pattern_file), "errno": errno.EBADF, "count": 16}]
+    assert r.ios == 0 and not r.ok

@@ -1,0 +1,51 @@
+import zlib
+
+import numpy as np
+import pytest
+
+from gpufio import pattern
+
+
+def test_each_block_header_names_its_offset_and_seed():
+    data = np.frombuffer(pattern.fill(99, 0, 3 * pattern.BLOCK), dtype="<u8").reshape(3, -1)
+    for i, block in enumerate(data):
+        magic, off, seed, check = block[:4].tolist()
+        assert (magic, off, seed) == (pattern.MAGIC, i * pattern.BLOCK, 99)
+        assert check == off ^ seed ^ pattern.MAGIC
+
+
+def test_any_range_matches_the_whole():
+    whole = np.frombuffer(pattern.fill(5, 0, 64 << 10), dtype="<u8")
+    for start, length in [(8, 16), (4088, 24), (12288, 4096), (1000, 8000), (0, 64 << 10)]:
+        assert np.array_equal(pattern.expected_words(5, start, length),
+                              whole[start // 8:(start + length) // 8])
+
+
+def test_pattern_is_incompressible_and_seed_dependent():
+    a = pattern.fill(1, 0, 1 << 20)
+    assert len(zlib.compress(a)) > 0.99 * len(a)
+    assert a[64:4096] != pattern.fill(2, 0, 1 << 20)[64:4096]
+
+
+def test_read_seed_recognises_only_our_pattern():
+    assert pattern.read_seed(pattern.fill(77, 0, 4096)) == 77
+    assert pattern.read_seed(pattern.fill(77, 4096, 4096)) is None  # block 1 is not offset 0
+    assert pattern.read_seed(b"\0" * 4096) is None
+    assert pattern.read_seed(b"short") is None
+
+
+def test_mismatched_ios_finds_a_single_flipped_bit():
+    offsets = np.array([0, 8192, 65536, 4096], dtype=np.uint64)
+    buf = np.concatenate([np.frombuffer(pattern.fill(3, int(o), 4096), np.uint8) for o in offsets])
+    assert len(pattern.mismatched_ios(buf, offsets, 4096, 3)) == 0
+    buf[2 * 4096 + 1000] ^= 0x10
+    assert pattern.mismatched_ios(buf, offsets, 4096, 3).tolist() == [2]
+    # a block read from the wrong offset is caught too
+    swapped = offsets[[1, 0, 2, 3]]
+    buf[2 * 4096 + 1000] ^= 0x10
+    assert pattern.mismatched_ios(buf, swapped, 4096, 3).tolist() == [0, 1]
+
+
+def test_unaligned_ranges_are_refused():
+    with pytest.raises(ValueError):
+        pattern.expected_words(1, 4, 8)
