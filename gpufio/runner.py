@@ -137,6 +137,7 @@ class JobRun:
             self._failures.append(f"worker {w}: {type(e).__name__}: {e}")
         finally:
             self._finished_ns[w] = time.monotonic_ns()
+            ctx.rec.flush()
             if engine is not None:
                 engine.close()
 

@@ -9,6 +9,7 @@ never one Python object per I/O.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -18,6 +19,8 @@ from gpufio import pattern
 from gpufio.stats import LatencyStats
 
 MAX_BAD_OFFSETS = 8
+PENDING = 8192
+FLUSH_NS = 100_000_000
 
 
 class JobControl:
@@ -30,7 +33,11 @@ class JobControl:
 
 @dataclass
 class Recorder:
-    """One worker's counts. Measured fields cover the measured phase only (ramp excluded)."""
+    """One worker's counts. Measured fields cover the measured phase only (ramp excluded).
+
+    Latencies are buffered and binned PENDING at a time (or every FLUSH_NS): binning costs
+    a dozen numpy calls, which per small batch would dominate a fast engine's loop.
+    """
 
     ntargets: int
     lat: LatencyStats = field(default_factory=LatencyStats)
@@ -49,6 +56,29 @@ class Recorder:
         self.target_ios = np.zeros(self.ntargets, dtype=np.int64)
         self.target_bytes = np.zeros(self.ntargets, dtype=np.int64)
         self.verify_failures = np.zeros(self.ntargets, dtype=np.int64)
+        self._pending = np.empty(PENDING, dtype=np.int64)
+        self._npending = 0
+        self._flushed_at = time.monotonic_ns()
+
+    def add_latencies(self, lat_ns: np.ndarray) -> None:
+        """Buffer latencies; bin them when the buffer fills or FLUSH_NS has passed."""
+        k = len(lat_ns)
+        if self._npending + k > PENDING:
+            self.flush()
+            if k > PENDING:
+                self.lat.add(lat_ns)
+                return
+        self._pending[self._npending:self._npending + k] = lat_ns
+        self._npending += k
+        now = time.monotonic_ns()
+        if now - self._flushed_at > FLUSH_NS:
+            self.flush(now)
+
+    def flush(self, now: int | None = None) -> None:
+        """Bin the buffered latencies into ``lat`` (the worker calls it; so does the end)."""
+        self.lat.add(self._pending[:self._npending])
+        self._npending = 0
+        self._flushed_at = now or time.monotonic_ns()
 
 
 class WorkerContext:
@@ -78,39 +108,57 @@ class WorkerContext:
     def complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray) -> None:
         """Record finished I/Os: latency (ns), target index, result (bytes, or -errno)."""
         rec = self.rec
-        res = np.asarray(res, dtype=np.int64)
-        ok = res == self.bs
-        rec.completed += len(res)
-        nt = rec.ntargets
-        bad = ~ok
-        if bad.any():
-            short = bad & (res >= 0)
-            rec.short += np.bincount(tgt[short], minlength=nt)
-            failed = res < 0
-            for t, err in zip(tgt[failed].tolist(), (-res[failed]).tolist()):
-                rec.errors[(t, err)] += 1
-            if not self._continue:
-                self._halted = True
+        n = len(res)
+        rec.completed += n
+        all_ok = int(res.min()) == self.bs  # a read never returns more than it asked for
+        if not all_ok:
+            self._record_failures(tgt, np.asarray(res, dtype=np.int64))
         if not self.control.measuring:
             return
-        nok = int(np.count_nonzero(ok))
-        rec.lat.add(np.asarray(lat_ns)[ok])
-        rec.ios += nok
+        if all_ok:
+            rec.add_latencies(lat_ns)
+            rec.ios += n
+            rec.bytes += n * self.bs
+            if rec.ntargets == 1:
+                rec.target_ios[0] += n
+                rec.target_bytes[0] += n * self.bs
+            else:
+                counts = np.bincount(tgt, minlength=rec.ntargets)
+                rec.target_ios += counts
+                rec.target_bytes += counts * self.bs
+            return
+        res = np.asarray(res, dtype=np.int64)
+        ok = res == self.bs
+        rec.add_latencies(np.asarray(lat_ns)[ok])
+        rec.ios += int(np.count_nonzero(ok))
         nbytes = np.where(res > 0, res, 0)
         rec.bytes += int(nbytes.sum())
-        rec.target_ios += np.bincount(tgt[ok], minlength=nt)
-        rec.target_bytes += np.bincount(tgt, weights=nbytes, minlength=nt).astype(np.int64)
+        rec.target_ios += np.bincount(tgt[ok], minlength=rec.ntargets)
+        rec.target_bytes += np.bincount(tgt, weights=nbytes, minlength=rec.ntargets).astype(np.int64)
 
-    def verify(self, buf: np.ndarray, tgt: np.ndarray, offs: np.ndarray, res: np.ndarray) -> None:
-        """Check the I/Os held in ``buf`` (consecutive bs-sized slots) against the pattern."""
+    def _record_failures(self, tgt: np.ndarray, res: np.ndarray) -> None:
+        """Count short reads and errnos per target; halt unless continue_on_error."""
+        rec = self.rec
+        short = (res != self.bs) & (res >= 0)
+        rec.short += np.bincount(tgt[short], minlength=rec.ntargets)
+        failed = res < 0
+        for t, err in zip(tgt[failed].tolist(), (-res[failed]).tolist()):
+            rec.errors[(t, err)] += 1
+        if not self._continue:
+            self._halted = True
+
+    @property
+    def verifying(self) -> bool:
+        """True when completed buffers must be passed to ``verify``."""
+        return self._verify_seeds is not None
+
+    def verify(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray, res: np.ndarray) -> None:
+        """Check completed I/Os against the pattern; ``slots`` is (n, bs) bytes, one row each."""
         if self._verify_seeds is None:
             return
-        ok = np.flatnonzero(np.asarray(res) == self.bs)
-        for i in ok.tolist():
+        for i in np.flatnonzero(np.asarray(res) == self.bs).tolist():
             t = int(tgt[i])
-            seed = self._verify_seeds[t]
-            slot = buf[i * self.bs:(i + 1) * self.bs]
-            if len(pattern.mismatched_ios(slot, offs[i:i + 1], self.bs, seed)):
+            if len(pattern.mismatched_ios(slots[i], offs[i:i + 1], self.bs, self._verify_seeds[t])):
                 self.rec.verify_failures[t] += 1
                 if len(self.rec.bad_offsets) < MAX_BAD_OFFSETS:
                     self.rec.bad_offsets.append((t, int(offs[i])))

@@ -17,6 +17,7 @@ import numpy as np
 from gpufio.errors import BadInput
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+CHUNK = 16384
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,28 @@ class OffsetStream:
         self._cursor = [0] * len(regions)
         self._rr = 0
         self.remaining = budget
+        self._tgt = np.empty(0, np.int32)
+        self._offs = np.empty(0, np.uint64)
+        self._pos = 0
 
     def next(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Up to ``n`` I/Os as (target indices int32, offsets uint64); empty when done."""
+        """Up to ``n`` I/Os as (target indices int32, offsets uint64); empty when done.
+
+        Offsets are generated CHUNK at a time and handed out as slices, so a worker that asks
+        for a few I/Os at a time does not pay numpy's per-call cost for each small batch.
+        """
         if self.remaining is not None:
             n = min(n, self.remaining)
             self.remaining -= n
+        if self._pos + n > len(self._offs):
+            tail_t, tail_o = self._tgt[self._pos:], self._offs[self._pos:]
+            new_t, new_o = self._generate(max(CHUNK, n))
+            self._tgt, self._offs = np.concatenate((tail_t, new_t)), np.concatenate((tail_o, new_o))
+            self._pos = 0
+        lo, self._pos = self._pos, self._pos + n
+        return self._tgt[lo:self._pos], self._offs[lo:self._pos]
+
+    def _generate(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         ntargets = len(self._nblocks)
         if self._file_random:
             tgt = self._rng.integers(0, ntargets, n, dtype=np.int32)

@@ -34,7 +34,7 @@ class Psync(Engine):
     def __init__(self, job, targets, ctx) -> None:
         super().__init__(job, targets, ctx)
         self._mem = aligned_buffer(BATCH * job.bs)
-        self._buf = np.frombuffer(self._mem, dtype=np.uint8)
+        self._buf = np.frombuffer(self._mem, dtype=np.uint8).reshape(BATCH, job.bs)
         self._slots = [memoryview(self._mem)[i * job.bs:(i + 1) * job.bs] for i in range(BATCH)]
 
     def run(self) -> None:
@@ -54,7 +54,7 @@ class Psync(Engine):
                 except OSError as e:
                     res[i] = -e.errno
                 lat[i] = clock() - t0
-            self.ctx.verify(self._buf, tgt, offs, res[:n])
+            self.ctx.verify(self._buf[:n], tgt, offs, res[:n])
             self.ctx.complete(lat[:n], tgt, res[:n])
 
     def close(self) -> None:

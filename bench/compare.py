@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""gpufio against its peers, in one run, on targets this script sets up itself.
+
+For each target (a tmpfs file with O_DIRECT, and zram when this host has it) and each CPU
+path, run gpufio and fio with the same settings, interleaved and repeated, and print the
+median of each with their ratio: IOPS, p50/p99 latency, CPU per I/O. The speed targets live
+here (``TARGETS``), never in the unit tests: ``--check`` exits 1 if a ratio misses its target.
+
+    python3 bench/compare.py                       # this machine: 1 job, iodepth 32
+    python3 bench/compare.py --numjobs 8 16 --fio .peers/fio --check
+
+CPU per I/O is each tool's own figure: fio counts its job threads (RUSAGE_THREAD); gpufio
+counts its whole process over the measured time, io_uring's io-wq and SQPOLL kernel threads
+included, so gpufio's figure also carries the kernel workers' share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tabulate import tabulate  # noqa: E402
+
+from gpufio import pattern, targets  # noqa: E402
+
+# (gpufio engine options, fio options, minimum gpufio/fio IOPS ratio)
+PATHS = {
+    "psync": ({"engine": "psync"}, ["--ioengine=psync"], None),
+    "uring": ({"engine": "uring"}, ["--ioengine=io_uring"], 0.9),
+    "uring-sqpoll": ({"engine": "uring", "sqpoll": True},
+                     ["--ioengine=io_uring", "--sqthread_poll=1"], 0.9),
+}
+TARGETS = {1: 0.9, 8: 0.8, 16: 0.8}  # numjobs -> minimum ratio for the io_uring paths
+SIZE = 1 << 30
+
+
+def setup_tmpfs() -> tuple[str, callable]:
+    """A pattern file on tmpfs (/dev/shm), which honours O_DIRECT."""
+    base = Path("/dev/shm")
+    if not base.is_dir():
+        raise SystemExit("bench: no /dev/shm tmpfs here")
+    path = base / f"gpufio-bench-{os.getpid()}.dat"
+    targets.create_file(str(path), SIZE, 7)
+    return str(path), lambda: path.unlink(missing_ok=True)
+
+
+def setup_zram() -> tuple[str, callable] | None:
+    """zram0 sized and filled with the (incompressible) pattern, if it is free to use."""
+    dev = Path("/sys/block/zram0")
+    if not dev.exists():
+        subprocess.run(["modprobe", "zram"], capture_output=True)
+    if not dev.exists() or (dev / "disksize").read_text().strip() != "0":
+        return None
+    try:
+        (dev / "disksize").write_text(str(SIZE))
+        fd = os.open("/dev/zram0", os.O_WRONLY)
+        try:
+            for off in range(0, SIZE, targets.FILL_CHUNK):
+                os.pwrite(fd, pattern.fill(7, off, targets.FILL_CHUNK), off)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        print(f"bench: zram skipped: {e}", file=sys.stderr)
+        return None
+    return "/dev/zram0", lambda: (dev / "reset").write_text("1")
+
+
+def run_gpufio(target: str, opts: dict, numjobs: int, iodepth: int, runtime: int) -> dict:
+    prof = {"rw": "randread", "bs": "4k", "targets": [target], "numjobs": numjobs,
+            "iodepth": iodepth, "runtime": f"{runtime}s", "time_based": True,
+            "ramp_time": "1s", "concurrent": False, **opts}
+    lines = ["[global]"] + [f"{k} = {json.dumps(v)}" for k, v in prof.items()]
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        out = subprocess.run([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json", "-q"],
+                             capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent.parent).stdout
+    finally:
+        os.unlink(f.name)
+    job = json.loads(out)["jobs"][0]
+    rd = job["read"]
+    return {"iops": rd["iops"], "p50": rd["lat_ns"]["percentile"]["50.000000"],
+            "p99": rd["lat_ns"]["percentile"]["99.000000"], "cpu_us": job["cpu_us_per_io"]}
+
+
+def run_fio(fio: str, target: str, opts: list[str], numjobs: int, iodepth: int,
+            runtime: int) -> dict:
+    cmd = [fio, "--name=bench", f"--filename={target}", "--rw=randread", "--bs=4k",
+           "--direct=1", f"--numjobs={numjobs}", f"--iodepth={iodepth}", f"--runtime={runtime}",
+           "--time_based", "--ramp_time=1", "--group_reporting", "--output-format=json",
+           "--lat_percentiles=1", *opts]
+    job = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["jobs"][0]
+    rd = job["read"]
+    pct = rd["lat_ns"]["percentile"]
+    cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rd["runtime"] / 1000
+    return {"iops": rd["iops"], "p50": pct["50.000000"], "p99": pct["99.000000"],
+            "cpu_us": 1e6 * cpu_s / rd["total_ios"] if rd["total_ios"] else 0.0}
+
+
+def median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fio", default=shutil.which("fio"), help="fio binary (default: on PATH)")
+    ap.add_argument("--numjobs", type=int, nargs="+", default=[1])
+    ap.add_argument("--iodepth", type=int, default=32)
+    ap.add_argument("--runtime", type=int, default=5, help="measured seconds per run")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per tool; medians are reported")
+    ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
+    ap.add_argument("--no-zram", action="store_true")
+    ap.add_argument("--json", help="also write every run's numbers here")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a ratio misses its target")
+    args = ap.parse_args()
+    if not args.fio:
+        raise SystemExit("bench: fio not found (apt-get install fio, or pass --fio PATH)")
+    fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
+    cleanups = []
+    tgts = {}
+    try:
+        path, clean = setup_tmpfs()
+        cleanups.append(clean)
+        tgts["tmpfs"] = path
+        if not args.no_zram and (z := setup_zram()):
+            tgts["zram"] = z[0]
+            cleanups.append(z[1])
+        rows, raw, missed = [], [], []
+        for tname, target in tgts.items():
+            for numjobs in args.numjobs:
+                for pname in args.paths:
+                    g_opts, f_opts, _ = PATHS[pname]
+                    depth = 1 if pname == "psync" else args.iodepth
+                    g_runs, f_runs = [], []
+                    for _ in range(args.repeat):  # interleaved, so drift hits both tools alike
+                        g_runs.append(run_gpufio(target, g_opts, numjobs, depth, args.runtime))
+                        f_runs.append(run_fio(args.fio, target, f_opts, numjobs, depth, args.runtime))
+                    g, f = ({k: median(r, k) for k in ("iops", "p50", "p99", "cpu_us")}
+                            for r in (g_runs, f_runs))
+                    ratio = g["iops"] / f["iops"] if f["iops"] else 0.0
+                    goal = TARGETS.get(numjobs) if PATHS[pname][2] else None
+                    verdict = "" if goal is None else ("ok" if ratio >= goal else f"MISS (<{goal})")
+                    if verdict.startswith("MISS"):
+                        missed.append(f"{tname} {pname} numjobs={numjobs}: {ratio:.2f}")
+                    rows.append([tname, pname, numjobs, depth, round(g["iops"]), round(f["iops"]),
+                                 f"{ratio:.2f}", f"{g['p50'] / 1e3:.1f}/{f['p50'] / 1e3:.1f}",
+                                 f"{g['p99'] / 1e3:.1f}/{f['p99'] / 1e3:.1f}",
+                                 f"{g['cpu_us']:.2f}/{f['cpu_us']:.2f}", verdict])
+                    raw.append({"target": tname, "path": pname, "numjobs": numjobs,
+                                "iodepth": depth, "gpufio": g_runs, "fio": f_runs})
+                    print(f"bench: {tname} {pname} numjobs={numjobs}: gpufio {g['iops']:.0f} "
+                          f"fio {f['iops']:.0f} IOPS ratio {ratio:.2f}", file=sys.stderr, flush=True)
+    finally:
+        for clean in cleanups:
+            clean()
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} · {platform.node()} · {os.cpu_count()} cores · "
+          f"kernel {platform.release()} · {fio_version} · 4 KiB randread, O_DIRECT, "
+          f"{args.runtime}s runs, median of {args.repeat}")
+    print(tabulate(rows, headers=["target", "path", "jobs", "qd", "gpufio IOPS", "fio IOPS",
+                                  "ratio", "p50 us g/f", "p99 us g/f", "CPU us/IO g/f", "target"],
+                   tablefmt="github"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"fio": fio_version, "runs": raw}, indent=2))
+    if missed and args.check:
+        print("bench: below target: " + "; ".join(missed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
