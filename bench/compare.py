@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -128,6 +129,7 @@ def main() -> int:
     args = ap.parse_args()
     if not args.fio:
         raise SystemExit("bench: fio not found (apt-get install fio, or pass --fio PATH)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanups below
     fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
     cleanups = []
     tgts = {}

@@ -295,7 +295,8 @@ class Ring:
     def push(self, words: np.ndarray) -> None:
         """Write SQEs (rows of 8 little-endian u64 words, see ``read_sqes``) and publish them."""
         k = len(words)
-        if k > self.space():
+        if k > self.cq_entries - self.inflight or k > self.sq_entries - (
+                (self._tail - self._sq_head.value) & 0xFFFFFFFF):
             raise UringError(f"push of {k} SQEs exceeds the ring's space ({self.space()}): "
                              "more in flight than the CQ holds would overflow it")
         start = self._tail & self._sq_mask

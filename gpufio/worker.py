@@ -45,20 +45,30 @@ class Recorder:
     bytes: int = 0
     completed: int = 0
     short: np.ndarray = field(init=False)
-    target_ios: np.ndarray = field(init=False)
-    target_bytes: np.ndarray = field(init=False)
+    multi_ios: np.ndarray = field(init=False)
+    multi_bytes: np.ndarray = field(init=False)
     errors: Counter = field(default_factory=Counter)
     verify_failures: np.ndarray = field(init=False)
     bad_offsets: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.short = np.zeros(self.ntargets, dtype=np.int64)
-        self.target_ios = np.zeros(self.ntargets, dtype=np.int64)
-        self.target_bytes = np.zeros(self.ntargets, dtype=np.int64)
+        self.multi_ios = np.zeros(self.ntargets, dtype=np.int64)
+        self.multi_bytes = np.zeros(self.ntargets, dtype=np.int64)
         self.verify_failures = np.zeros(self.ntargets, dtype=np.int64)
         self._pending = np.empty(PENDING, dtype=np.int64)
         self._npending = 0
         self._flushed_at = time.monotonic_ns()
+
+    @property
+    def target_ios(self) -> np.ndarray:
+        """Measured I/Os per target (kept per target only when there are several)."""
+        return self.multi_ios if self.ntargets > 1 else np.array([self.ios])
+
+    @property
+    def target_bytes(self) -> np.ndarray:
+        """Measured bytes per target (kept per target only when there are several)."""
+        return self.multi_bytes if self.ntargets > 1 else np.array([self.bytes])
 
     def add_latencies(self, lat_ns: np.ndarray) -> None:
         """Buffer latencies; bin them when the buffer fills or FLUSH_NS has passed."""
@@ -119,13 +129,10 @@ class WorkerContext:
             rec.add_latencies(lat_ns)
             rec.ios += n
             rec.bytes += n * self.bs
-            if rec.ntargets == 1:
-                rec.target_ios[0] += n
-                rec.target_bytes[0] += n * self.bs
-            else:
+            if rec.ntargets > 1:
                 counts = np.bincount(tgt, minlength=rec.ntargets)
-                rec.target_ios += counts
-                rec.target_bytes += counts * self.bs
+                rec.multi_ios += counts
+                rec.multi_bytes += counts * self.bs
             return
         res = np.asarray(res, dtype=np.int64)
         ok = res == self.bs
@@ -133,8 +140,8 @@ class WorkerContext:
         rec.ios += int(np.count_nonzero(ok))
         nbytes = np.where(res > 0, res, 0)
         rec.bytes += int(nbytes.sum())
-        rec.target_ios += np.bincount(tgt[ok], minlength=rec.ntargets)
-        rec.target_bytes += np.bincount(tgt, weights=nbytes, minlength=rec.ntargets).astype(np.int64)
+        rec.multi_ios += np.bincount(tgt[ok], minlength=rec.ntargets)
+        rec.multi_bytes += np.bincount(tgt, weights=nbytes, minlength=rec.ntargets).astype(np.int64)
 
     def _record_failures(self, tgt: np.ndarray, res: np.ndarray) -> None:
         """Count short reads and errnos per target; halt unless continue_on_error."""

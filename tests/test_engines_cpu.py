@@ -2,6 +2,8 @@
 
 import errno
 import os
+import shutil
+import subprocess
 import threading
 import time
 
@@ -11,15 +13,21 @@ import pytest
 from gpufio import runner, targets
 from gpufio.profile import from_dict
 
-CPU_ENGINES = ["psync"]
+CPU_ENGINES = [
+    {"engine": "psync"},
+    {"engine": "uring", "iodepth": 32},
+    {"engine": "uring", "iodepth": 16, "sqpoll": True},
+    {"engine": "uring", "iodepth": 8, "fixedbufs": True, "registerfiles": True},
+]
+IDS = ["psync", "uring", "uring-sqpoll", "uring-fixed"]
 
 
 def run(engine, path, **opts):
-    glob = {"engine": engine, "targets": [str(path)], **opts}
+    glob = {**engine, "targets": [str(path)], **opts}
     return runner.run_profile(from_dict({"global": glob}, "t.toml", {}), quiet=True)
 
 
-@pytest.mark.parametrize("engine", CPU_ENGINES)
+@pytest.mark.parametrize("engine", CPU_ENGINES, ids=IDS)
 @pytest.mark.parametrize("rw,bs", [("randread", "4k"), ("read", "64k"), ("randread", "16k")])
 def test_every_byte_read_matches_the_pattern(engine, rw, bs, pattern_file):
     out = run(engine, pattern_file, rw=rw, bs=bs, verify=True, numjobs=2, io_size="2m")
@@ -33,7 +41,7 @@ def test_every_byte_read_matches_the_pattern(engine, rw, bs, pattern_file):
     assert r.runtime_ns > 0
 
 
-@pytest.mark.parametrize("engine", CPU_ENGINES)
+@pytest.mark.parametrize("engine", CPU_ENGINES, ids=IDS)
 def test_corrupted_block_is_caught_at_its_offset(engine, pattern_file):
     bad = 3 * 4096 + 77
     with open(pattern_file, "r+b") as f:
@@ -47,13 +55,13 @@ def test_corrupted_block_is_caught_at_its_offset(engine, pattern_file):
     assert r.bad_offsets == [{"target": str(pattern_file), "offset": 3 * 4096}]
 
 
-@pytest.mark.parametrize("engine", CPU_ENGINES)
+@pytest.mark.parametrize("engine", CPU_ENGINES, ids=IDS)
 def test_two_targets_round_robin_with_per_target_counts(engine, tmp_path):
     a, b = tmp_path / "a.dat", tmp_path / "b.dat"
     targets.create_file(str(a), 1 << 20, 1)
     targets.create_file(str(b), 1 << 20, 2)
     out = runner.run_profile(from_dict({"global": {
-        "engine": engine, "targets": [str(a), str(b)], "verify": True, "rw": "randread",
+        **engine, "targets": [str(a), str(b)], "verify": True, "rw": "randread",
         "io_size": "1m"}}, "t.toml", {}), quiet=True)
     (r,) = out.results
     assert r.ok and r.ios == 256
@@ -61,7 +69,7 @@ def test_two_targets_round_robin_with_per_target_counts(engine, tmp_path):
     assert [t["pattern_seed"] for t in r.targets] == [1, 2]
 
 
-@pytest.mark.parametrize("engine", CPU_ENGINES)
+@pytest.mark.parametrize("engine", CPU_ENGINES, ids=IDS)
 def test_time_based_run_honours_runtime_and_ramp(engine, pattern_file):
     t0 = time.monotonic()
     out = run(engine, pattern_file, runtime="600ms", ramp_time="300ms", time_based=True,
@@ -74,7 +82,7 @@ def test_time_based_run_honours_runtime_and_ramp(engine, pattern_file):
     assert all(s["iops"] >= 0 for s in r.samples)
 
 
-@pytest.mark.parametrize("engine", CPU_ENGINES)
+@pytest.mark.parametrize("engine", CPU_ENGINES, ids=IDS)
 def test_file_truncated_during_run_reports_short_reads(engine, tmp_path):
     path = tmp_path / "shrinks.dat"
     targets.create_file(str(path), 8 << 20, 1)
@@ -91,7 +99,7 @@ def test_file_truncated_during_run_reports_short_reads(engine, tmp_path):
     assert r.runtime_ns < 4.5e9  # the job stops at the first failure (continue_on_error false)
 
 
-@pytest.mark.parametrize("engine", CPU_ENGINES)
+@pytest.mark.parametrize("engine", CPU_ENGINES, ids=IDS)
 def test_errno_from_the_kernel_is_reported(engine, pattern_file, monkeypatch):
     real_open = targets.open_target
 
@@ -106,3 +114,38 @@ def test_errno_from_the_kernel_is_reported(engine, pattern_file, monkeypatch):
     (r,) = out.results
     assert r.errors == [{"target": str(pattern_file), "errno": errno.EBADF, "count": 16}]
     assert r.ios == 0 and not r.ok
+
+
+def _losetup(path):
+    if os.geteuid() != 0 or not shutil.which("losetup"):
+        pytest.skip("needs root and losetup")
+    res = subprocess.run(["losetup", "-f", "--show", str(path)], capture_output=True, text=True)
+    if res.returncode:
+        pytest.skip(f"no loop device: {res.stderr.strip()}")
+    return res.stdout.strip()
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES[:2], ids=IDS[:2])
+def test_loop_device_shrunk_during_run_reports_and_stops(engine, tmp_path):
+    backing = tmp_path / "backing.dat"
+    targets.create_file(str(backing), 16 << 20, 5)
+    dev = _losetup(backing)
+    try:
+        box = {}
+        t = threading.Thread(target=lambda: box.update(out=run(
+            engine, dev, runtime="5s", time_based=True, rw="read", bs="64k", verify=True)))
+        t.start()
+        time.sleep(0.7)
+        os.truncate(backing, 1 << 20)
+        subprocess.run(["losetup", "-c", dev], check=True)
+        t.join(timeout=20)
+        assert not t.is_alive()
+    finally:
+        subprocess.run(["losetup", "-d", dev])
+    (r,) = box["out"].results
+    assert r.targets[0]["kind"] == "block"
+    # past the new end the device gives short reads or EIO, depending on the path: either way
+    # counted per target, the job stopped early and its result says it failed
+    assert r.short_ios > 0 or [e["errno"] for e in r.errors] == [errno.EIO]
+    assert not r.ok and r.runtime_ns < 4.5e9
+    assert r.verify_failures == 0  # every full read before the shrink carried the right bytes

@@ -19,11 +19,11 @@ from gpufio.options import Option
 from gpufio.targets import aligned_buffer
 
 WAIT_NS = 200_000_000
-DRAIN_LIMIT_NS = 10_000_000_000
+STALL_LIMIT_NS = 10_000_000_000
 
 
 class StuckIO(RuntimeError):
-    """I/Os stayed in flight past the drain limit after the job stopped."""
+    """I/Os were in flight but none completed for STALL_LIMIT_NS."""
 
 
 @register
@@ -112,7 +112,7 @@ class Uring(Engine):
         free = np.arange(depth, dtype=np.int64)
         clock = time.perf_counter_ns
         issuing = True
-        drain_deadline = None
+        last_progress = clock()
         while True:
             want = min(len(free), ring.space()) if issuing else 0
             if want:
@@ -132,18 +132,17 @@ class Uring(Engine):
                     ring.push(rows)
                 else:
                     issuing = False
-                    drain_deadline = clock() + DRAIN_LIMIT_NS
             if ring.inflight == 0:
                 return
             ring.submit(wait=1, timeout_ns=WAIT_NS)
             ud, res = ring.reap()
             now = clock()
             if len(ud) == 0:
-                if drain_deadline is not None and now > drain_deadline:
-                    raise StuckIO(f"{ring.inflight} I/Os still in flight "
-                                  f"{DRAIN_LIMIT_NS // 10**9} s after the job stopped: "
-                                  f"ring state {ring.state()}")
+                if now - last_progress > STALL_LIMIT_NS:
+                    raise StuckIO(f"{ring.inflight} I/Os in flight and none completed for "
+                                  f"{STALL_LIMIT_NS / 1e9:g} s: ring state {ring.state()}")
                 continue
+            last_progress = now
             done = ud.view(np.int64)
             tgt_done = slot_tgt[done]
             if verifying:

@@ -1,0 +1,70 @@
+"""uring-engine specifics: its options, its limits, and that it never hangs."""
+
+import os
+
+import numpy as np
+import pytest
+
+from gpufio import uring
+from gpufio.engines import uring as uring_engine
+from gpufio.errors import BadInput
+from gpufio.profile import from_dict
+from gpufio.targets import Target
+from gpufio.worker import JobControl, WorkerContext
+from gpufio.workload import Distribution, OffsetStream
+
+
+def job(**opts):
+    return from_dict({"global": {"engine": "uring", "size": "1m", **opts}}, "p.toml", {}).jobs[0]
+
+
+@pytest.mark.parametrize("opts,message", [
+    ({"iodepth": 64, "ring_entries": 32}, "key 'iodepth': 64 is above ring_entries 32"),
+    ({"iodepth": 40000}, "is above the largest io_uring ring \\(32768 entries\\)"),
+    ({"ring_entries": 65536}, "key 'ring_entries': 65536 is above 32768"),
+    ({"sqpoll": "maybe"}, "key 'sqpoll': expected true or false"),
+])
+def test_bad_uring_options(opts, message):
+    with pytest.raises(BadInput, match=message):
+        job(**opts)
+
+
+def test_uring_options_belong_to_uring_only():
+    with pytest.raises(BadInput, match="key 'sqpoll' is an option of engine 'uring', not of 'psync'"):
+        from_dict({"global": {"engine": "psync", "sqpoll": True}}, "p.toml", {})
+
+
+def test_unavailable_io_uring_is_reported(monkeypatch):
+    monkeypatch.setattr(uring, "probe", lambda: {"available": False,
+                                                 "reason": "io_uring is disabled here"})
+    assert uring_engine.Uring.unavailable() == "io_uring is disabled here"
+
+
+def test_result_describes_the_ring_options():
+    facts = uring_engine.Uring.describe(job(sqpoll=True, fixedbufs=True))
+    assert facts == {"page_cache": False, "sqpoll": True, "fixedbufs": True,
+                     "registerfiles": False}
+
+
+@pytest.mark.skipif(not uring.probe()["available"], reason="io_uring unavailable")
+def test_ios_that_never_complete_end_in_a_diagnostic(tmp_path, monkeypatch):
+    monkeypatch.setattr(uring_engine, "STALL_LIMIT_NS", 300_000_000)
+    monkeypatch.setattr(uring_engine, "WAIT_NS", 50_000_000)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDWR)  # reads on it wait forever for data
+    j = job(iodepth=4, rw="read", direct=False)
+    control = JobControl()
+    stream = OffsetStream(random=False, bs=4096, regions=[(0, 256)],
+                          dist=Distribution("random"), file_service="roundrobin", seed=(1,),
+                          budget=4)
+    ctx = WorkerContext(bs=4096, stream=stream, control=control, ntargets=1,
+                        verify_seeds=None, continue_on_error=False)
+    engine = uring_engine.Uring(j, [Target(str(fifo), fd, 1 << 20, False, 512, None)], ctx)
+    try:
+        with pytest.raises(uring_engine.StuckIO, match="4 I/Os in flight and none completed for 0.3 s: .*'inflight': 4"):
+            engine.run()
+    finally:
+        engine.close()
+        os.close(fd)
+    assert ctx.rec.completed == 0 and np.sum(ctx.rec.short) == 0
