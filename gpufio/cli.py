@@ -145,7 +145,7 @@ def info(
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
 ) -> None:
     """Describe this host as a storage + GPU benchmark sees it (like gdscheck -p)."""
-    from gpufio import devinfo, gpu
+    from gpufio import devinfo, gpu, uring
     from gpufio.engines import all_engines
 
     with _exit_codes():
@@ -153,7 +153,7 @@ def info(
         if profile_path is not None:
             for job in profile.load(str(profile_path)).jobs:
                 paths.extend(p for p in runner.job_target_paths(job)[0] if p not in paths)
-        facts = {"host": hostinfo.host_facts(), "io_uring": hostinfo.io_uring_facts(),
+        facts = {"host": hostinfo.host_facts(), "io_uring": uring.probe(),
                  "gpus": gpu.gpu_facts(), "gpu_status": gpu.probe()[1] or "ok",
                  "engines": {n: c.unavailable() or "available" for n, c in all_engines().items()},
                  "targets": {}}

@@ -63,15 +63,3 @@ def host_facts() -> dict[str, Any]:
         "gpufio_version": __version__,
     }
 
-
-def io_uring_facts() -> dict[str, Any]:
-    """Whether io_uring can be used here, and the kernel features gpufio relies on."""
-    major_minor = kernel_version()
-    disabled = io_uring_disabled()
-    return {
-        "kernel": ".".join(map(str, major_minor)),
-        "io_uring_disabled": disabled,
-        "available": disabled in (None, 0),
-        "setup_no_mmap": major_minor >= (6, 5),
-        "setup_no_sqarray": major_minor >= (6, 6),
-    }

@@ -7,6 +7,7 @@ fio: ramp_time first (not recorded), then the measured runtime or I/O budget.
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from gpufio.engines.base import Engine
 from gpufio.errors import BadInput
 from gpufio.profile import Job, Profile
 from gpufio.stats import CpuTimes, LatencyStats
-from gpufio.worker import JobControl, WorkerContext
+from gpufio.worker import JobShared, WorkerContext
+from gpufio.workers import ProcessWorker, ThreadWorker
 from gpufio.workload import OffsetStream
 
 TICK_S = 0.02
@@ -93,26 +95,27 @@ class JobRun:
         self.job = job
         self.engine = engine
         self.targets = targets
-        self.control = JobControl()
+        self.shared = JobShared(job.numjobs)
+        self.control = self.shared.control
         budget = None
         if not job.time_based:
             io_size = job.io_size or sum(n * job.bs for _, n in regions)
             budget = max(io_size // job.bs, 1)
         self.budget = budget
         seeds = [t.pattern_seed for t in targets] if job.verify else None
-        self.contexts = [
-            WorkerContext(bs=job.bs, stream=OffsetStream(
-                random=job.random, bs=job.bs, regions=regions, dist=job.random_distribution,
-                file_service=job.file_service, seed=(job.randseed, w), budget=budget),
-                control=self.control, ntargets=len(targets), verify_seeds=seeds,
-                continue_on_error=job.continue_on_error)
+        in_process = engine.worker_kind == "process"
+        handle = ProcessWorker if in_process else ThreadWorker
+        self._go = multiprocessing.get_context("fork").Event() if in_process else threading.Event()
+        self.workers = [
+            handle(engine, job, targets, WorkerContext(
+                bs=job.bs, stream=OffsetStream(
+                    random=job.random, bs=job.bs, regions=regions, dist=job.random_distribution,
+                    file_service=job.file_service, seed=(job.randseed, w), budget=budget),
+                control=self.control, ntargets=len(targets), block=self.shared.blocks[w],
+                verify_seeds=seeds, continue_on_error=job.continue_on_error,
+                own_cpu=in_process), w, self._go)
             for w in range(job.numjobs)]
-        self._ready = threading.Semaphore(0)
-        self._go = threading.Event()
-        self._finished_ns = [0] * job.numjobs
-        self._failures: list[str] = []
-        self._threads = [threading.Thread(target=self._work, args=(w,), daemon=True,
-                                          name=f"{job.name}/{w}") for w in range(job.numjobs)]
+        self._in_process = in_process
         self.state = "setup"
         self.t_start = self.t_measure = 0
         self.cpu0 = CpuTimes.now()
@@ -120,34 +123,13 @@ class JobRun:
         self._last_sample = (0, 0, 0)
         self.interrupted = False
 
-    def _work(self, w: int) -> None:
-        ctx = self.contexts[w]
-        engine = None
-        try:
-            engine = self.engine(self.job, self.targets, ctx)
-        except Exception as e:  # reported in the result; the run exits 1
-            self._failures.append(f"worker {w} setup: {type(e).__name__}: {e}")
-            self.control.stop.set()
-        self._ready.release()
-        self._go.wait()
-        try:
-            if engine is not None:
-                engine.run()
-        except Exception as e:  # reported in the result; the run exits 1
-            self._failures.append(f"worker {w}: {type(e).__name__}: {e}")
-        finally:
-            self._finished_ns[w] = time.monotonic_ns()
-            ctx.rec.flush()
-            if engine is not None:
-                engine.close()
-
     def start(self) -> None:
         """Start the workers; they set up their engines and wait for the clock."""
-        for t in self._threads:
-            t.start()
+        for w in self.workers:
+            w.start()
 
     def _begin_measure(self, now: int) -> None:
-        self.control.measuring = True
+        self.control.begin_measuring()
         self.cpu0 = CpuTimes.now()
         self.t_measure = now
         self._last_sample = (now, 0, 0)
@@ -157,8 +139,9 @@ class JobRun:
         """Advance phases; called by the runner's loop every TICK_S."""
         job = self.job
         if self.state == "setup":
-            for _ in range(job.numjobs):
-                self._ready.acquire()
+            for w in self.workers:
+                while not w.wait_ready(0.1):
+                    pass
             self.t_start = time.monotonic_ns()
             self.state = "ramp"
             self._go.set()
@@ -169,14 +152,17 @@ class JobRun:
             self._begin_measure(now)
         if self.state == "run":
             if job.runtime is not None and now >= self.t_measure + job.runtime:
-                self.control.stop.set()
+                self.control.stop()
             if now >= self._last_sample[0] + job.sample_interval:
                 self._sample(now)
 
+    def _live_totals(self) -> tuple[int, int, int]:
+        live = [self.shared.live(w) for w in range(len(self.workers))]
+        return (sum(x[0] for x in live), sum(x[1] for x in live), sum(x[2] for x in live))
+
     def _sample(self, now: int) -> None:
         t0, ios0, bytes0 = self._last_sample
-        ios = sum(c.rec.ios for c in self.contexts)
-        nbytes = sum(c.rec.bytes for c in self.contexts)
+        _, ios, nbytes = self._live_totals()
         dt = (now - t0) / 1e9
         self.samples.append({"t_ms": (now - self.t_measure) / 1e6, "iops": (ios - ios0) / dt,
                              "bw_bytes": (nbytes - bytes0) / dt})
@@ -184,25 +170,26 @@ class JobRun:
 
     @property
     def done(self) -> bool:
-        """True once every worker thread has returned."""
-        return self.state != "setup" and not any(t.is_alive() for t in self._threads)
+        """True once every worker has finished."""
+        return self.state != "setup" and all(w.poll() for w in self.workers)
 
     def stop(self) -> None:
         """Ask the workers to stop (Ctrl-C); results so far are kept."""
         self.interrupted = True
-        self.control.stop.set()
+        self.control.stop()
         self._go.set()
 
     def join(self) -> None:
-        """Wait for the workers to return."""
-        for t in self._threads:
-            t.join()
+        """Wait for the workers to finish."""
+        for w in self.workers:
+            w.join()
 
     def snapshot(self, now: int) -> Snapshot:
         """Where this job stands, for the live display."""
         lat = LatencyStats()
-        for c in self.contexts:
-            lat.merge(c.rec.lat)
+        for w in range(len(self.workers)):
+            lat.hist += self.shared.live(w)[3]
+        lat.n = int(lat.hist.sum())
         pct = lat.percentiles((50.0, 99.0))
         iops = self.samples[-1]["iops"] if self.samples else 0.0
         bw = self.samples[-1]["bw_bytes"] if self.samples else 0.0
@@ -213,8 +200,7 @@ class JobRun:
                 total = self.job.ramp_time + self.job.runtime
                 fractions.append(max(now - self.t_start, 0) / total)
             if self.budget is not None:
-                done = sum(c.rec.completed for c in self.contexts)
-                fractions.append(done / (self.budget * self.job.numjobs))
+                fractions.append(self._live_totals()[0] / (self.budget * self.job.numjobs))
             progress = min(max(fractions), 1.0) if fractions else None
         elapsed = (now - self.t_start) / 1e9 if self.t_start else 0.0
         eta = elapsed * (1 - progress) / progress if progress else None
@@ -224,11 +210,16 @@ class JobRun:
 
     def result(self) -> JobResult:
         """Merge the workers' records into one JobResult (call after join)."""
-        end = max(self._finished_ns) if self.control.measuring else self.t_measure
-        runtime = max(end - self.t_measure, 0) if self.control.measuring else 0
-        cpu = CpuTimes.now() - self.cpu0
+        outcomes = [w.outcome for w in self.workers]
+        recs = [o.record for o in outcomes if o.record is not None]
+        measured = self.control.measuring
+        end = max(o.finished_ns for o in outcomes)
+        runtime = max(end - self.t_measure, 0) if measured else 0
+        if self._in_process:
+            cpu = CpuTimes(sum(r.cpu.usr for r in recs if r.cpu), sum(r.cpu.sys for r in recs if r.cpu))
+        else:
+            cpu = CpuTimes.now() - self.cpu0
         lat = LatencyStats()
-        recs = [c.rec for c in self.contexts]
         for r in recs:
             lat.merge(r.lat)
         per_target, errors, bad = [], [], []
@@ -247,6 +238,7 @@ class JobRun:
             errors.append({"target": self.targets[t].path, "errno": err, "count": count})
         facts = [{"path": t.path, "size": t.size, "pattern_seed": t.pattern_seed, **t.facts}
                  for t in self.targets]
+        failures = [o.failure for o in outcomes if o.failure]
         return JobResult(
             job=self.job, engine_facts=self.engine.describe(self.job), targets=facts, lat=lat,
             ios=sum(r.ios for r in recs), bytes=sum(r.bytes for r in recs), runtime_ns=runtime,
@@ -254,7 +246,7 @@ class JobRun:
             short_ios=sum(p["short_ios"] for p in per_target),
             verify_failures=sum(p["verify_failures"] for p in per_target),
             bad_offsets=bad[:8], interrupted=self.interrupted,
-            failure="; ".join(self._failures) or None)
+            failure="; ".join(failures) or None)
 
 
 @dataclass

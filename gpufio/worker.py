@@ -1,14 +1,15 @@
 """What an engine sees of the runner: work to do, and where to record what happened.
 
-Each worker thread gets its own context and recorder, so the hot path takes no locks; the
-runner reads the recorders' counters for the live display and merges them at the end.
-Completions are recorded in numpy batches (latencies, byte counts or negative errnos),
-never one Python object per I/O.
+Each worker gets its own context and recorder, so the hot path takes no locks. A job's
+control words (stop, measuring) and every worker's live counters and latency histogram sit
+in one anonymous shared mapping, so the runner can steer and watch workers whether they are
+threads or forked processes. Completions are recorded in numpy batches (latencies, byte
+counts or negative errnos), never one Python object per I/O.
 """
 
 from __future__ import annotations
 
-import threading
+import mmap
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,19 +17,57 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpufio import pattern
-from gpufio.stats import LatencyStats
+from gpufio.stats import PLAT_NR, CpuTimes, LatencyStats
 
 MAX_BAD_OFFSETS = 8
 PENDING = 8192
 FLUSH_NS = 100_000_000
+_LIVE = 3  # completed, ios, bytes
+_BLOCK = _LIVE + PLAT_NR
+
+
+class JobShared:
+    """One job's shared memory: control words plus a live block per worker.
+
+    MAP_SHARED | MAP_ANONYMOUS memory made before workers fork stays shared with them.
+    """
+
+    def __init__(self, nworkers: int) -> None:
+        self._mem = mmap.mmap(-1, 8 * (2 + nworkers * _BLOCK),
+                              flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        words = np.frombuffer(self._mem, dtype=np.int64)
+        self.control = JobControl(words[:2])
+        self.blocks = [words[2 + i * _BLOCK:2 + (i + 1) * _BLOCK] for i in range(nworkers)]
+
+    def live(self, worker: int) -> tuple[int, int, int, np.ndarray]:
+        """A worker's (completed, ios, bytes, histogram) as last published."""
+        block = self.blocks[worker]
+        return int(block[0]), int(block[1]), int(block[2]), block[_LIVE:]
 
 
 class JobControl:
-    """Shared by the runner and a job's workers: the stop signal and the measuring phase."""
+    """The runner's side of steering: stop, and whether the measured phase has begun."""
 
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.measuring = False
+    def __init__(self, words: np.ndarray) -> None:
+        self._w = words
+
+    @property
+    def stopping(self) -> bool:
+        """True once workers must issue nothing more."""
+        return bool(self._w[0])
+
+    def stop(self) -> None:
+        """Tell every worker to stop issuing."""
+        self._w[0] = 1
+
+    @property
+    def measuring(self) -> bool:
+        """True from the end of ramp_time on."""
+        return bool(self._w[1])
+
+    def begin_measuring(self) -> None:
+        """Start recording (end of ramp)."""
+        self._w[1] = 1
 
 
 @dataclass
@@ -36,22 +75,20 @@ class Recorder:
     """One worker's counts. Measured fields cover the measured phase only (ramp excluded).
 
     Latencies are buffered and binned PENDING at a time (or every FLUSH_NS): binning costs
-    a dozen numpy calls, which per small batch would dominate a fast engine's loop.
+    a dozen numpy calls, which per small batch would dominate a fast engine's loop. The
+    counters and the histogram live in the worker's shared block, where the runner reads them.
     """
 
     ntargets: int
-    lat: LatencyStats = field(default_factory=LatencyStats)
-    ios: int = 0
-    bytes: int = 0
-    completed: int = 0
-    short: np.ndarray = field(init=False)
-    multi_ios: np.ndarray = field(init=False)
-    multi_bytes: np.ndarray = field(init=False)
+    block: np.ndarray
+    lat: LatencyStats = field(init=False)
     errors: Counter = field(default_factory=Counter)
-    verify_failures: np.ndarray = field(init=False)
     bad_offsets: list[tuple[int, int]] = field(default_factory=list)
+    cpu: CpuTimes | None = None
 
     def __post_init__(self) -> None:
+        self.live = self.block[:_LIVE]
+        self.lat = LatencyStats(hist=self.block[_LIVE:])
         self.short = np.zeros(self.ntargets, dtype=np.int64)
         self.multi_ios = np.zeros(self.ntargets, dtype=np.int64)
         self.multi_bytes = np.zeros(self.ntargets, dtype=np.int64)
@@ -59,6 +96,21 @@ class Recorder:
         self._pending = np.empty(PENDING, dtype=np.int64)
         self._npending = 0
         self._flushed_at = time.monotonic_ns()
+
+    @property
+    def completed(self) -> int:
+        """I/Os finished in any phase, with any outcome (progress of I/O-bound jobs)."""
+        return int(self.live[0])
+
+    @property
+    def ios(self) -> int:
+        """Measured I/Os that transferred all their bytes."""
+        return int(self.live[1])
+
+    @property
+    def bytes(self) -> int:
+        """Measured bytes transferred."""
+        return int(self.live[2])
 
     @property
     def target_ios(self) -> np.ndarray:
@@ -90,24 +142,53 @@ class Recorder:
         self._npending = 0
         self._flushed_at = now or time.monotonic_ns()
 
+    def final(self) -> "FinalRecord":
+        """A picklable copy of everything the result needs, for the trip back from a process."""
+        self.flush()
+        lat = LatencyStats(hist=self.lat.hist.copy(), n=self.lat.n, mean=self.lat.mean,
+                           m2=self.lat.m2, min=self.lat.min, max=self.lat.max)
+        return FinalRecord(lat=lat, ios=self.ios, bytes=self.bytes, short=self.short,
+                           target_ios=self.target_ios, target_bytes=self.target_bytes,
+                           errors=self.errors, verify_failures=self.verify_failures,
+                           bad_offsets=self.bad_offsets, cpu=self.cpu)
+
+
+@dataclass
+class FinalRecord:
+    """What a finished worker reports; plain data, safe to pickle."""
+
+    lat: LatencyStats
+    ios: int
+    bytes: int
+    short: np.ndarray
+    target_ios: np.ndarray
+    target_bytes: np.ndarray
+    errors: Counter
+    verify_failures: np.ndarray
+    bad_offsets: list[tuple[int, int]]
+    cpu: CpuTimes | None
+
 
 class WorkerContext:
     """Hands one worker its I/Os and records their outcomes."""
 
-    def __init__(self, *, bs: int, stream, control: JobControl, ntargets: int,
-                 verify_seeds: list[int | None] | None, continue_on_error: bool) -> None:
+    def __init__(self, *, bs: int, stream, control: JobControl, ntargets: int, block: np.ndarray,
+                 verify_seeds: list[int | None] | None, continue_on_error: bool,
+                 own_cpu: bool = False) -> None:
         self.bs = bs
         self.stream = stream
         self.control = control
-        self.rec = Recorder(ntargets)
+        self.rec = Recorder(ntargets, block)
         self._verify_seeds = verify_seeds
         self._continue = continue_on_error
         self._halted = False
+        self._own_cpu = own_cpu
+        self._cpu0: CpuTimes | None = None
 
     @property
     def done(self) -> bool:
         """True once the worker should issue nothing more."""
-        return self._halted or self.control.stop.is_set()
+        return self._halted or self.control.stopping
 
     def next_batch(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``n`` (target index, offset) pairs; empty arrays mean: stop issuing."""
@@ -115,20 +196,29 @@ class WorkerContext:
             return np.empty(0, np.int32), np.empty(0, np.uint64)
         return self.stream.next(n)
 
+    def finish(self) -> None:
+        """Close the books: bin pending latencies, and take this process's CPU if asked."""
+        self.rec.flush()
+        if self._own_cpu and self._cpu0 is not None:
+            self.rec.cpu = CpuTimes.now() - self._cpu0
+
     def complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray) -> None:
         """Record finished I/Os: latency (ns), target index, result (bytes, or -errno)."""
         rec = self.rec
+        live = rec.live
         n = len(res)
-        rec.completed += n
+        live[0] += n
         all_ok = int(res.min()) == self.bs  # a read never returns more than it asked for
         if not all_ok:
             self._record_failures(tgt, np.asarray(res, dtype=np.int64))
         if not self.control.measuring:
             return
+        if self._own_cpu and self._cpu0 is None:
+            self._cpu0 = CpuTimes.now()
         if all_ok:
             rec.add_latencies(lat_ns)
-            rec.ios += n
-            rec.bytes += n * self.bs
+            live[1] += n
+            live[2] += n * self.bs
             if rec.ntargets > 1:
                 counts = np.bincount(tgt, minlength=rec.ntargets)
                 rec.multi_ios += counts
@@ -137,9 +227,9 @@ class WorkerContext:
         res = np.asarray(res, dtype=np.int64)
         ok = res == self.bs
         rec.add_latencies(np.asarray(lat_ns)[ok])
-        rec.ios += int(np.count_nonzero(ok))
+        live[1] += int(np.count_nonzero(ok))
         nbytes = np.where(res > 0, res, 0)
-        rec.bytes += int(nbytes.sum())
+        live[2] += int(nbytes.sum())
         rec.multi_ios += np.bincount(tgt[ok], minlength=rec.ntargets)
         rec.multi_bytes += np.bincount(tgt, weights=nbytes, minlength=rec.ntargets).astype(np.int64)
 

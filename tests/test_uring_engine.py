@@ -10,7 +10,7 @@ from gpufio.engines import uring as uring_engine
 from gpufio.errors import BadInput
 from gpufio.profile import from_dict
 from gpufio.targets import Target
-from gpufio.worker import JobControl, WorkerContext
+from gpufio.worker import JobShared, WorkerContext
 from gpufio.workload import Distribution, OffsetStream
 
 
@@ -54,12 +54,12 @@ def test_ios_that_never_complete_end_in_a_diagnostic(tmp_path, monkeypatch):
     os.mkfifo(fifo)
     fd = os.open(fifo, os.O_RDWR)  # reads on it wait forever for data
     j = job(iodepth=4, rw="read", direct=False)
-    control = JobControl()
+    shared = JobShared(1)
     stream = OffsetStream(random=False, bs=4096, regions=[(0, 256)],
                           dist=Distribution("random"), file_service="roundrobin", seed=(1,),
                           budget=4)
-    ctx = WorkerContext(bs=4096, stream=stream, control=control, ntargets=1,
-                        verify_seeds=None, continue_on_error=False)
+    ctx = WorkerContext(bs=4096, stream=stream, control=shared.control, ntargets=1,
+                        block=shared.blocks[0], verify_seeds=None, continue_on_error=False)
     engine = uring_engine.Uring(j, [Target(str(fifo), fd, 1 << 20, False, 512, None)], ctx)
     try:
         with pytest.raises(uring_engine.StuckIO, match="4 I/Os in flight and none completed for 0.3 s: .*'inflight': 4"):

@@ -26,6 +26,9 @@ class Engine(ABC):
     peer: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
     uses_gpu: ClassVar[bool] = False
+    # "process": each worker is a forked process, so Python time per batch scales with
+    # numjobs as fio's job processes do; "thread" for engines holding a CUDA context.
+    worker_kind: ClassVar[str] = "process"
 
     @classmethod
     def unavailable(cls) -> str | None:

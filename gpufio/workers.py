@@ -1,0 +1,135 @@
+"""How a job's workers run: as threads, or as forked processes (fio's default).
+
+Python threads share one interpreter lock, so CPU engines that spend Python time per batch
+cannot scale with numjobs as threads; each of their workers is a forked process instead.
+Engines that hold a CUDA context run as threads (CUDA does not survive fork). Either way a
+worker builds its engine, reports ready, waits for the clock to start, runs, and hands back
+a FinalRecord; the runner sees the same interface for both.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from gpufio.engines.base import Engine
+from gpufio.worker import FinalRecord, WorkerContext
+
+_FORK = multiprocessing.get_context("fork")
+
+
+@dataclass
+class Outcome:
+    """A finished worker: its record, when it stopped, and what went wrong if anything."""
+
+    record: FinalRecord | None
+    finished_ns: int
+    failure: str | None
+
+
+def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
+         ready: Callable[[], None], wait_go: Callable[[], None]) -> Outcome:
+    engine, failure = None, None
+    try:
+        engine = engine_cls(job, targets, ctx)
+    except Exception as e:  # reported in the result; the run exits 1
+        failure = f"worker {index} setup: {type(e).__name__}: {e}"
+        ctx.control.stop()
+    ready()
+    wait_go()
+    try:
+        if engine is not None:
+            engine.run()
+    except Exception as e:  # reported in the result; the run exits 1
+        failure = f"worker {index}: {type(e).__name__}: {e}"
+    finally:
+        finished = time.monotonic_ns()
+        if engine is not None:
+            engine.close()
+        ctx.finish()
+    return Outcome(ctx.rec.final(), finished, failure)
+
+
+class ThreadWorker:
+    """A worker in a thread of this process."""
+
+    def __init__(self, engine_cls: type[Engine], job, targets, ctx: WorkerContext,
+                 index: int, go: threading.Event) -> None:
+        self._ready = threading.Event()
+        self.outcome: Outcome | None = None
+
+        def body() -> None:
+            self.outcome = _run(engine_cls, job, targets, ctx, index, self._ready.set, go.wait)
+
+        self._thread = threading.Thread(target=body, daemon=True, name=f"{job.name}/{index}")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self._ready.wait(timeout)
+
+    def poll(self) -> bool:
+        """True once the worker has finished (its outcome is then set)."""
+        return not self._thread.is_alive() and self._thread.ident is not None
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+class ProcessWorker:
+    """A worker in a forked child process; its outcome comes back through a pipe."""
+
+    def __init__(self, engine_cls: type[Engine], job, targets, ctx: WorkerContext,
+                 index: int, go) -> None:
+        self._conn, child_conn = _FORK.Pipe(duplex=False)
+        self.outcome: Outcome | None = None
+        self._index = index
+
+        def body() -> None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner stops us, not Ctrl-C
+            out = _run(engine_cls, job, targets, ctx, index,
+                       lambda: child_conn.send("ready"), go.wait)
+            child_conn.send(out)
+
+        self._proc = _FORK.Process(target=body, daemon=True, name=f"{job.name}/{index}")
+        self._ready = False
+
+    def start(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._proc.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        if not self._ready and self._conn.poll(timeout):
+            self._receive()
+        return self._ready or self.outcome is not None
+
+    def _receive(self) -> None:
+        try:
+            msg = self._conn.recv()
+        except EOFError:
+            self._proc.join()
+            self.outcome = Outcome(None, time.monotonic_ns(),
+                                   f"worker {self._index} died (exit code {self._proc.exitcode})")
+            return
+        if msg == "ready":
+            self._ready = True
+        else:
+            self.outcome = msg
+
+    def poll(self) -> bool:
+        """True once the worker's outcome has arrived (or the process died)."""
+        while self.outcome is None and self._conn.poll(0):
+            self._receive()
+        return self.outcome is not None
+
+    def join(self) -> None:
+        while not self.poll():
+            self._conn.poll(0.05)
+        self._proc.join()
