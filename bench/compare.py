@@ -10,7 +10,7 @@ here (``TARGETS``), never in the unit tests: ``--check`` exits 1 if a ratio miss
     python3 bench/compare.py --numjobs 8 16 --fio .peers/fio --check
 
 CPU per I/O is each tool's own figure: fio counts its job threads (RUSAGE_THREAD); gpufio
-counts its whole process over the measured time, io_uring's io-wq and SQPOLL kernel threads
+counts each worker process over the measured time, io_uring's io-wq and SQPOLL kernel threads
 included, so gpufio's figure also carries the kernel workers' share.
 """
 
@@ -106,7 +106,8 @@ def run_fio(fio: str, target: str, opts: list[str], numjobs: int, iodepth: int,
     job = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["jobs"][0]
     rd = job["read"]
     pct = rd["lat_ns"]["percentile"]
-    cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rd["runtime"] / 1000
+    # with group_reporting fio's usr_cpu/sys_cpu are the average of the group's jobs
+    cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rd["runtime"] / 1000 * numjobs
     return {"iops": rd["iops"], "p50": pct["50.000000"], "p99": pct["99.000000"],
             "cpu_us": 1e6 * cpu_s / rd["total_ios"] if rd["total_ios"] else 0.0}
 

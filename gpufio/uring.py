@@ -175,8 +175,9 @@ class Ring:
         p = Params()
         flags = (SETUP_SQPOLL if sqpoll else 0) | (SETUP_NO_SQARRAY if no_sqarray else 0)
         if not sqpoll:
-            # As fio: completions need no IPI into the submitter (COOP_TASKRUN), and a ring
-            # with one submitting thread runs its task work when it reaps (DEFER_TASKRUN).
+            # As fio: completions need no IPI into the submitter (COOP_TASKRUN); without it
+            # every io-wq completion interrupts the submitting thread. A ring with one
+            # submitting thread may also defer that work until it reaps (DEFER_TASKRUN).
             flags |= SETUP_COOP_TASKRUN
             if single_issuer:
                 flags |= SETUP_SINGLE_ISSUER | SETUP_DEFER_TASKRUN

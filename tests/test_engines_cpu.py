@@ -17,9 +17,10 @@ CPU_ENGINES = [
     {"engine": "psync"},
     {"engine": "uring", "iodepth": 32},
     {"engine": "uring", "iodepth": 16, "sqpoll": True},
-    {"engine": "uring", "iodepth": 8, "fixedbufs": True, "registerfiles": True},
+    {"engine": "uring", "iodepth": 8, "fixedbufs": True, "registerfiles": True,
+     "defer_taskrun": True},
 ]
-IDS = ["psync", "uring", "uring-sqpoll", "uring-fixed"]
+IDS = ["psync", "uring", "uring-sqpoll", "uring-fixed-defer"]
 
 
 def run(engine, path, **opts):

@@ -43,7 +43,7 @@ def test_unavailable_io_uring_is_reported(monkeypatch):
 def test_result_describes_the_ring_options():
     facts = uring_engine.Uring.describe(job(sqpoll=True, fixedbufs=True))
     assert facts == {"page_cache": False, "sqpoll": True, "fixedbufs": True,
-                     "registerfiles": False}
+                     "registerfiles": False, "defer_taskrun": False}
 
 
 @pytest.mark.skipif(not uring.probe()["available"], reason="io_uring unavailable")

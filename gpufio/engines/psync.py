@@ -41,7 +41,7 @@ class Psync(Engine):
         fds = [t.fd for t in self.targets]
         clock = time.perf_counter_ns
         lat = np.empty(BATCH, dtype=np.int64)
-        res = np.empty(BATCH, dtype=np.int64)
+        res = np.empty(BATCH, dtype=np.int32)
         while True:
             tgt, offs = self.ctx.next_batch(BATCH)
             n = len(offs)

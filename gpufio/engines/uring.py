@@ -41,6 +41,8 @@ class Uring(Engine):
         Option("registerfiles", "bool", False, "register the targets' descriptors"),
         Option("ring_entries", "int", 0, "SQ size (default: iodepth rounded up to a power of 2)",
                minimum=0),
+        Option("defer_taskrun", "bool", False,
+               "IORING_SETUP_SINGLE_ISSUER|DEFER_TASKRUN (ignored with sqpoll)"),
     )
 
     @classmethod
@@ -65,7 +67,7 @@ class Uring(Engine):
     def describe(cls, job) -> dict:
         o = job.engine_options
         return {**super().describe(job), "sqpoll": o["sqpoll"], "fixedbufs": o["fixedbufs"],
-                "registerfiles": o["registerfiles"]}
+                "registerfiles": o["registerfiles"], "defer_taskrun": o["defer_taskrun"]}
 
     def __init__(self, job, targets, ctx) -> None:
         super().__init__(job, targets, ctx)
@@ -78,7 +80,7 @@ class Uring(Engine):
         self._base = np.uint64(self._slots.ctypes.data)
         self.ring = uring.Ring(o["ring_entries"] or depth, sqpoll=o["sqpoll"],
                                sq_thread_idle_ms=max(o["sq_thread_idle"] // 1_000_000, 1),
-                               single_issuer=True)
+                               single_issuer=o["defer_taskrun"])
         self._opcode = uring.OP_READ
         self._sqe_flags = 0
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
@@ -109,7 +111,9 @@ class Uring(Engine):
         slot_tgt = np.zeros(depth, dtype=np.int32)
         slot_off = np.zeros(depth, dtype=np.uint64)
         t_issue = np.zeros(depth, dtype=np.int64)
+        now_arr = np.zeros((), dtype=np.int64)  # subtracting from a 0-d array beats a Python int
         free = np.arange(depth, dtype=np.int64)
+        template = self._template
         clock = time.perf_counter_ns
         issuing = True
         last_progress = clock()
@@ -121,7 +125,7 @@ class Uring(Engine):
                 if k:
                     slots = free[:k]
                     free = free[k:]
-                    rows = self._template[slots]
+                    rows = template.take(slots, axis=0)
                     rows[:, 1] = offs
                     if multi_target:
                         rows[:, 0] = self._word0[tgt]
@@ -144,10 +148,11 @@ class Uring(Engine):
                 continue
             last_progress = now
             done = ud.view(np.int64)
-            tgt_done = slot_tgt[done]
+            tgt_done = slot_tgt[done] if multi_target else slot_tgt[:len(done)]
             if verifying:
                 ctx.verify(self._slots[done], tgt_done, slot_off[done], res)
-            ctx.complete(now - t_issue[done], tgt_done, res)
+            now_arr[()] = now
+            ctx.complete(now_arr - t_issue[done], tgt_done, res)
             free = np.concatenate((free, done)) if len(free) else done
 
     def close(self) -> None:
