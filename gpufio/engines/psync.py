@@ -35,29 +35,32 @@ class Psync(Engine):
         super().__init__(job, targets, ctx)
         self._mem = aligned_buffer(BATCH * job.bs)
         self._buf = np.frombuffer(self._mem, dtype=np.uint8).reshape(BATCH, job.bs)
-        self._slots = [memoryview(self._mem)[i * job.bs:(i + 1) * job.bs] for i in range(BATCH)]
+        # one ready-made iovec list per slot: preadv takes a list of buffers
+        self._iovs = [[memoryview(self._mem)[i * job.bs:(i + 1) * job.bs]] for i in range(BATCH)]
 
     def run(self) -> None:
         fds = [t.fd for t in self.targets]
         clock = time.perf_counter_ns
-        lat = np.empty(BATCH, dtype=np.int64)
-        res = np.empty(BATCH, dtype=np.int32)
+        preadv = os.preadv
         while True:
             tgt, offs = self.ctx.next_batch(BATCH)
             n = len(offs)
             if n == 0:
                 return
-            for i, (t, off) in enumerate(zip(tgt.tolist(), offs.tolist())):
+            lat, res = [], []
+            for t, off, iov in zip(tgt.tolist(), offs.tolist(), self._iovs):
                 t0 = clock()
                 try:
-                    res[i] = os.preadv(fds[t], [self._slots[i]], off)
+                    r = preadv(fds[t], iov, off)
                 except OSError as e:
-                    res[i] = -e.errno
-                lat[i] = clock() - t0
-            self.ctx.verify(self._buf[:n], tgt, offs, res[:n])
-            self.ctx.complete(lat[:n], tgt, res[:n])
+                    r = -e.errno
+                lat.append(clock() - t0)
+                res.append(r)
+            results = np.array(res, dtype=np.int32)
+            self.ctx.verify(self._buf[:n], tgt, offs, results)
+            self.ctx.complete(np.array(lat, dtype=np.int64), tgt, results)
 
     def close(self) -> None:
-        self._slots.clear()
+        self._iovs.clear()
         self._buf = None
         self._mem.close()
