@@ -227,6 +227,7 @@ class Ring:
         self._unsubmitted = 0
         self.inflight = 0
         self._ts = _Timespec()
+        self._timeout_ns = 0
         self._ext = _GeteventsArg(0, 0, 0, ctypes.addressof(self._ts))
         self._ext_addr = ctypes.addressof(self._ext)
 
@@ -319,7 +320,9 @@ class Ring:
         """
         arg = argsz = 0
         if timeout_ns is not None and flags & ENTER_GETEVENTS:
-            self._ts.tv_sec, self._ts.tv_nsec = divmod(timeout_ns, 1_000_000_000)
+            if timeout_ns != self._timeout_ns:
+                self._ts.tv_sec, self._ts.tv_nsec = divmod(timeout_ns, 1_000_000_000)
+                self._timeout_ns = timeout_ns
             arg, argsz, flags = self._ext_addr, ctypes.sizeof(_GeteventsArg), flags | ENTER_EXT_ARG
         while True:
             rc = _syscall(SYS_ENTER, self.fd, to_submit, min_complete, flags, arg, argsz)

@@ -187,6 +187,7 @@ class WorkerContext:
         self._own_cpu = own_cpu
         self._cpu0: CpuTimes | None = None
         self._all_ok = np.full(PENDING, bs, dtype=np.int32).tobytes()
+        self._measuring = False
 
     @property
     def done(self) -> bool:
@@ -215,10 +216,12 @@ class WorkerContext:
         all_ok = n <= PENDING and res.tobytes() == self._all_ok[:4 * n]
         if not all_ok:
             self._record_failures(tgt, np.asarray(res, dtype=np.int64))
-        if not self.control.measuring:
-            return
-        if self._own_cpu and self._cpu0 is None:
-            self._cpu0 = CpuTimes.now()
+        if not self._measuring:  # once on, measuring never turns off: skip the shared read
+            if not self.control.measuring:
+                return
+            self._measuring = True
+            if self._own_cpu:
+                self._cpu0 = CpuTimes.now()
         if all_ok:
             rec.add_latencies(lat_ns)
             live[1] += n
