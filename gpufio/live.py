@@ -24,7 +24,8 @@ def _eta(s: Snapshot) -> str:
 
 
 def _table(snaps: list[Snapshot]) -> Table:
-    table = Table(title="gpufio: running", expand=False)
+    finished = bool(snaps) and all(s.state == "done" for s in snaps)
+    table = Table(title="gpufio: finished" if finished else "gpufio: running", expand=False)
     for col in ("job", "engine", "state", "IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA"):
         table.add_column(col, justify="left" if col in ("job", "engine", "state") else "right")
     for s in snaps:
