@@ -96,7 +96,7 @@ def test_file_truncated_during_run_reports_short_reads(engine, tmp_path):
     t.join(timeout=20)
     assert not t.is_alive()
     (r,) = box["out"].results
-    assert r.short_ios > 0 and not r.ok
+    assert r.short_ios > 0 and not r.ok, (r.ios, r.runtime_ns, r.samples, r.errors, r.failure)
     assert r.runtime_ns < 4.5e9  # the job stops at the first failure (continue_on_error false)
 
 

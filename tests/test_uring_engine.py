@@ -68,3 +68,31 @@ def test_ios_that_never_complete_end_in_a_diagnostic(tmp_path, monkeypatch):
         engine.close()
         os.close(fd)
     assert ctx.rec.completed == 0 and np.sum(ctx.rec.short) == 0
+
+
+@pytest.mark.skipif(not uring.probe()["available"], reason="io_uring unavailable")
+def test_a_lagging_sq_head_does_not_end_the_job(pattern_file):
+    """SQPOLL may post completions before it frees their SQ slots; the job must go on."""
+    j = job(iodepth=4, rw="read", targets=[str(pattern_file)])
+    shared = JobShared(1)
+    stream = OffsetStream(random=False, bs=4096, regions=[(0, 1024)],
+                          dist=Distribution("random"), file_service="roundrobin", seed=(1,),
+                          budget=64)
+    ctx = WorkerContext(bs=4096, stream=stream, control=shared.control, ntargets=1,
+                        block=shared.blocks[0], verify_seeds=None, continue_on_error=False)
+    fd = os.open(pattern_file, os.O_RDONLY)
+    engine = uring_engine.Uring(j, [Target(str(pattern_file), fd, 4 << 20, False, 512, 1234)], ctx)
+    real_space = engine.ring.space
+    calls = {"n": 0}
+
+    def lagging_space():
+        calls["n"] += 1
+        return 0 if calls["n"] % 3 == 0 else real_space()  # every third look: head not moved
+
+    engine.ring.space = lagging_space
+    try:
+        engine.run()
+    finally:
+        engine.close()
+        os.close(fd)
+    assert ctx.rec.completed == 64

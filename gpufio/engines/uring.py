@@ -7,6 +7,7 @@ CQE available, all with numpy batch operations so Python cost is per batch, not 
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -137,7 +138,14 @@ class Uring(Engine):
                 else:
                     issuing = False
             if ring.inflight == 0:
-                return
+                if not issuing:
+                    return
+                if not want:
+                    # SQPOLL can post the completions of a batch before it moves the SQ head:
+                    # nothing is in flight, yet no SQ slot is free. Not the end of the job.
+                    ring.submit()
+                    os.sched_yield()
+                    continue
             ring.submit(wait=1, timeout_ns=WAIT_NS)
             ud, res = ring.reap()
             now = clock()
