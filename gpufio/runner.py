@@ -239,6 +239,14 @@ class JobRun:
         facts = [{"path": t.path, "size": t.size, "pattern_seed": t.pattern_seed, **t.facts}
                  for t in self.targets]
         failures = [o.failure for o in outcomes if o.failure]
+        job = self.job
+        if (job.time_based and measured and not self.interrupted and not failures
+                and not merged and runtime < 0.95 * job.runtime
+                and not any(p["short_ios"] for p in per_target)):
+            # nothing asked the workers to stop early: a silent early end is an engine bug,
+            # and numbers from a cut-short run must not pass as a full one
+            failures.append(f"workers ended after {runtime / 1e9:.3f} s of a "
+                            f"{job.runtime / 1e9:g} s time-based run without an error")
         return JobResult(
             job=self.job, engine_facts=self.engine.describe(self.job), targets=facts, lat=lat,
             ios=sum(r.ios for r in recs), bytes=sum(r.bytes for r in recs), runtime_ns=runtime,

@@ -150,3 +150,16 @@ def test_loop_device_shrunk_during_run_reports_and_stops(engine, tmp_path):
     assert r.short_ios > 0 or [e["errno"] for e in r.errors] == [errno.EIO]
     assert not r.ok and r.runtime_ns < 4.5e9
     assert r.verify_failures == 0  # every full read before the shrink carried the right bytes
+
+
+def test_a_silently_short_time_based_run_is_a_failure(pattern_file, monkeypatch):
+    from gpufio.engines.psync import Psync
+
+    def quits_early(self):
+        tgt, offs = self.ctx.next_batch(8)
+        self.ctx.complete(np.full(len(offs), 1000, np.int64), tgt,
+                          np.full(len(offs), self.job.bs, np.int32))
+
+    monkeypatch.setattr(Psync, "run", quits_early)
+    (r,) = run({"engine": "psync"}, pattern_file, runtime="2s", time_based=True).results
+    assert not r.ok and "without an error" in r.failure and r.ios == 8
