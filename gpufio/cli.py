@@ -125,16 +125,18 @@ def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or js
         why = cls.unavailable()
         rows.append({"engine": name, "available": why is None, "why not": why or "",
                      "path": cls.summary, "peer": cls.peer,
-                     "options": ", ".join(o.name for o in cls.options)})
+                     "options": {o.name: {"default": o.default, "help": o.help} for o in cls.options}})
     if fmt == "json":
         typer.echo(json.dumps(rows, indent=2))
         return
+    for r in rows:
+        r["options"] = ", ".join(r["options"])
     table = Table(title="gpufio engines")
     for col in rows[0]:
         table.add_column(col)
     for r in rows:
         table.add_row(*[("yes" if v else "no") if isinstance(v, bool) else str(v) for v in r.values()])
-    Console().print(table)
+    _stdout_console().print(table)
 
 
 @app.command()
@@ -165,7 +167,7 @@ def info(
         if fmt == "json":
             typer.echo(json.dumps(facts, indent=2))
             return
-        console = Console()
+        console = _stdout_console()
         for section, value in facts.items():
             table = Table(title=section, show_header=False)
             table.add_column("key")

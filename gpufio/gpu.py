@@ -29,17 +29,6 @@ def probe() -> tuple[int, str | None]:
     return count, None
 
 
-def require(index: int) -> None:
-    """Raise BadInput unless GPU ``index`` exists."""
-    from gpufio.errors import BadInput
-
-    count, why = probe()
-    if why:
-        raise BadInput(f"gpu {index}: {why}")
-    if index >= count:
-        raise BadInput(f"gpu {index}: out of range, this host has {count} GPU(s)")
-
-
 def _pci_facts(bus_id: str) -> dict[str, Any]:
     node = Path("/sys/bus/pci/devices") / bus_id.lower()
     facts: dict[str, Any] = {}

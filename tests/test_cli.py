@@ -90,6 +90,10 @@ def test_engines_lists_psync_as_available():
     res = cli.invoke(app, ["engines", "--format", "json"])
     rows = {r["engine"]: r for r in json.loads(res.stdout)}
     assert rows["psync"]["available"] is True and rows["psync"]["why not"] == ""
+    assert rows["uring"]["options"]["sqpoll"] == {
+        "default": False, "help": "a kernel thread polls the SQ (IORING_SETUP_SQPOLL)"}
+    table = cli.invoke(app, ["engines"])
+    assert table.exit_code == 0 and "psync" in table.stdout and "uring" in table.stdout
 
 
 def test_info_reports_host_io_uring_and_targets(pattern_file):

@@ -14,6 +14,16 @@ from gpufio.worker import JobShared, WorkerContext
 from gpufio.workload import Distribution, OffsetStream
 
 
+def worker_context(nblocks: int, budget: int) -> WorkerContext:
+    """A lone worker's context reading 4 KiB blocks sequentially, as the runner builds it."""
+    shared = JobShared(1)
+    stream = OffsetStream(random=False, bs=4096, regions=[(0, nblocks)],
+                          dist=Distribution("random"), file_service="roundrobin", seed=(1,),
+                          budget=budget)
+    return WorkerContext(bs=4096, stream=stream, control=shared.control, ntargets=1,
+                         block=shared.blocks[0], verify_seeds=None, continue_on_error=False)
+
+
 def job(**opts):
     return from_dict({"global": {"engine": "uring", "size": "1m", **opts}}, "p.toml", {}).jobs[0]
 
@@ -54,12 +64,7 @@ def test_ios_that_never_complete_end_in_a_diagnostic(tmp_path, monkeypatch):
     os.mkfifo(fifo)
     fd = os.open(fifo, os.O_RDWR)  # reads on it wait forever for data
     j = job(iodepth=4, rw="read", direct=False)
-    shared = JobShared(1)
-    stream = OffsetStream(random=False, bs=4096, regions=[(0, 256)],
-                          dist=Distribution("random"), file_service="roundrobin", seed=(1,),
-                          budget=4)
-    ctx = WorkerContext(bs=4096, stream=stream, control=shared.control, ntargets=1,
-                        block=shared.blocks[0], verify_seeds=None, continue_on_error=False)
+    ctx = worker_context(nblocks=256, budget=4)
     engine = uring_engine.Uring(j, [Target(str(fifo), fd, 1 << 20, False, 512, None)], ctx)
     try:
         with pytest.raises(uring_engine.StuckIO, match="4 I/Os in flight and none completed for 0.3 s: .*'inflight': 4"):
@@ -74,12 +79,7 @@ def test_ios_that_never_complete_end_in_a_diagnostic(tmp_path, monkeypatch):
 def test_a_lagging_sq_head_does_not_end_the_job(pattern_file):
     """SQPOLL may post completions before it frees their SQ slots; the job must go on."""
     j = job(iodepth=4, rw="read", targets=[str(pattern_file)])
-    shared = JobShared(1)
-    stream = OffsetStream(random=False, bs=4096, regions=[(0, 1024)],
-                          dist=Distribution("random"), file_service="roundrobin", seed=(1,),
-                          budget=64)
-    ctx = WorkerContext(bs=4096, stream=stream, control=shared.control, ntargets=1,
-                        block=shared.blocks[0], verify_seeds=None, continue_on_error=False)
+    ctx = worker_context(nblocks=1024, budget=64)
     fd = os.open(pattern_file, os.O_RDONLY)
     engine = uring_engine.Uring(j, [Target(str(pattern_file), fd, 4 << 20, False, 512, 1234)], ctx)
     real_space = engine.ring.space

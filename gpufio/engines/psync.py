@@ -1,7 +1,7 @@
-"""psync: one pread at a time per worker thread, like fio's psync engine and gdsio -x 1.
+"""psync: one pread at a time per worker, like fio's psync engine and gdsio -x 1.
 
-The simplest CPU path and the floor every other engine is compared against. preadv releases
-the GIL, so numjobs threads overlap their I/O even though Python drives each one.
+The simplest CPU path and the floor every other engine is compared against. Each of the
+numjobs workers is its own process (see gpufio.workers), so they overlap their I/O.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ BATCH = 64
 
 @register
 class Psync(Engine):
-    """Synchronous reads into page-aligned host memory, one in flight per thread."""
+    """Synchronous reads into page-aligned host memory, one in flight per worker."""
 
     name = "psync"
-    summary = "CPU threads, pread into host memory, one I/O in flight per thread"
+    summary = "CPU workers, pread into host memory, one I/O in flight per worker"
     peer = "fio psync, gdsio -x 1"
 
     @classmethod
