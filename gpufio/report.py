@@ -88,11 +88,12 @@ def _group_total(results: list[JobResult]) -> dict[str, Any]:
 def build_document(outcome: Outcome, profile_path: str, concurrent: bool) -> dict[str, Any]:
     """The result file: fio's field names where fio has them, gpufio's own beside them."""
     now = time.time()
+    host = host_facts()
     doc: dict[str, Any] = {
-        "gpufio version": host_facts()["gpufio_version"],
+        "gpufio version": host["gpufio_version"],
         "timestamp": int(now), "time": time.ctime(now),
         "profile": profile_path,
-        "host": host_facts(),
+        "host": host,
         "interrupted": outcome.interrupted,
         "jobs": [_job_document(r) for r in outcome.results],
     }

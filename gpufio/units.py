@@ -52,8 +52,10 @@ def parse_time_ns(value: int | float | str, what: str) -> int:
 
 def format_size(nbytes: float) -> str:
     """Human-readable binary size for tables and messages."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes:.0f}{unit}" if unit == "B" else f"{nbytes:.1f}{unit}"
+    if abs(nbytes) < 1024:
+        return f"{nbytes:.0f}B"
+    for unit in ("KiB", "MiB", "GiB"):
         nbytes /= 1024
-    raise AssertionError("unreachable")
+        if abs(nbytes) < 1024:
+            return f"{nbytes:.1f}{unit}"
+    return f"{nbytes / 1024:.1f}TiB"
