@@ -65,15 +65,22 @@ def _disk_dir(dev: int) -> Path | None:
     return node.parent if (node / "partition").exists() else node
 
 
-def _pci_link(disk: Path) -> dict[str, Any]:
-    """PCIe link of an NVMe namespace's controller (current and maximum speed, width)."""
+_GT_PER_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
+
+
+def pci_link(device: Path) -> dict[str, Any]:
+    """PCIe link of a PCI device directory: current/max speed and width, the generation the
+    current speed means (a Gen5 drive in a Gen4 slot links at Gen4), and its NUMA node."""
     facts: dict[str, Any] = {}
-    pci = (disk / "device" / "device").resolve()
     for key in ("current_link_speed", "current_link_width", "max_link_speed",
                 "max_link_width", "numa_node"):
-        value = _read(pci / key)
+        value = _read(device / key)
         if value is not None:
             facts[key] = value
+    for which in ("current", "max"):
+        speed = facts.get(f"{which}_link_speed", "").split(" ")[0]
+        if speed in _GT_PER_GEN:
+            facts[f"{which}_pcie_gen"] = _GT_PER_GEN[speed]
     return facts
 
 
@@ -95,7 +102,7 @@ def block_facts(disk: Path) -> dict[str, Any]:
         chosen = [w[1:-1] for w in sched.split() if w.startswith("[")]
         facts["scheduler"] = chosen[0] if chosen else sched
     if disk.name.startswith("nvme"):
-        facts.update(_pci_link(disk))
+        facts.update(pci_link((disk / "device" / "device").resolve()))
     return facts
 
 

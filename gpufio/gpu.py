@@ -10,6 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from gpufio.devinfo import pci_link
+
 
 @lru_cache(maxsize=1)
 def probe() -> tuple[int, str | None]:
@@ -29,18 +31,6 @@ def probe() -> tuple[int, str | None]:
     return count, None
 
 
-def _pci_facts(bus_id: str) -> dict[str, Any]:
-    node = Path("/sys/bus/pci/devices") / bus_id.lower()
-    facts: dict[str, Any] = {}
-    for key in ("current_link_speed", "current_link_width", "max_link_speed",
-                "max_link_width", "numa_node"):
-        try:
-            facts[key] = (node / key).read_text().strip()
-        except OSError:
-            pass
-    return facts
-
-
 def gpu_facts() -> list[dict[str, Any]]:
     """Name, memory, PCIe link and NUMA node of each GPU; empty without a usable GPU."""
     count, why = probe()
@@ -55,5 +45,5 @@ def gpu_facts() -> list[dict[str, Any]]:
         out.append({"index": i, "name": props["name"].decode(errors="replace"),
                     "memory_bytes": int(props["totalGlobalMem"]), "pci_bus_id": bus,
                     "compute_capability": f"{props['major']}.{props['minor']}",
-                    **_pci_facts(bus)})
+                    **pci_link(Path("/sys/bus/pci/devices") / bus.lower())})
     return out

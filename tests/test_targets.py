@@ -147,3 +147,13 @@ def test_aligned_buffer_is_page_aligned():
     mem = targets.aligned_buffer(10000)
     addr = np.frombuffer(mem, np.uint8).ctypes.data
     assert addr % 4096 == 0 and len(mem) >= 10000
+
+
+def test_pci_link_names_the_generation(tmp_path):
+    for key, value in (("current_link_speed", "16.0 GT/s PCIe"), ("max_link_speed", "32.0 GT/s PCIe"),
+                       ("current_link_width", "4"), ("max_link_width", "4"), ("numa_node", "1")):
+        (tmp_path / key).write_text(value + "\n")
+    facts = devinfo.pci_link(tmp_path)
+    assert facts["current_pcie_gen"] == 4 and facts["max_pcie_gen"] == 5  # a Gen5 drive in Gen4
+    assert facts["current_link_width"] == "4" and facts["numa_node"] == "1"
+    assert devinfo.pci_link(tmp_path / "missing") == {}
