@@ -168,14 +168,18 @@ def info(
             typer.echo(json.dumps(facts, indent=2))
             return
         console = _stdout_console()
-        for section, value in facts.items():
-            table = Table(title=section, show_header=False)
+        sections = [("host", facts["host"]), ("io_uring", facts["io_uring"]),
+                    ("engines", facts["engines"])]
+        sections += [(f"gpu {g['index']}", g) for g in facts["gpus"]]
+        if not facts["gpus"]:
+            sections.append(("gpus", {"status": facts["gpu_status"]}))
+        sections += [(f"target {p}", f) for p, f in facts["targets"].items()]
+        for title, mapping in sections:
+            table = Table(title=title, show_header=False)
             table.add_column("key")
             table.add_column("value")
-            items = value.items() if isinstance(value, dict) else enumerate(value) \
-                if isinstance(value, list) else [("status", value)]
-            for k, v in items:
-                table.add_row(str(k), json.dumps(v) if isinstance(v, (dict, list)) else str(v))
+            for k, v in mapping.items():
+                table.add_row(str(k), ", ".join(map(str, v)) if isinstance(v, list) else str(v))
             console.print(table)
 
 
