@@ -18,6 +18,7 @@ from rich.table import Table
 
 from gpufio import hostinfo, profile, report, runner
 from gpufio.errors import BadInput, RunFailed
+from gpufio.repeat import combine
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="fio for the path from storage into GPU memory.")
@@ -63,6 +64,17 @@ def _write(text: str, doc: dict, fmt: str, output: Optional[Path]) -> None:
         raise BadInput(f"--output {output}: {e.strerror}") from None
 
 
+def _run_once(prof: profile.Profile, quiet: bool) -> dict:
+    if quiet:
+        outcome = runner.run_profile(prof, quiet=True)
+    else:
+        from gpufio.live import LiveDisplay
+
+        with LiveDisplay() as live:
+            outcome = runner.run_profile(prof, on_tick=live.update)
+    return report.build_document(outcome, prof)
+
+
 @app.command()
 def run(
     profile_path: Path = typer.Argument(..., metavar="PROFILE", help="job profile (TOML)"),
@@ -71,30 +83,87 @@ def run(
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
                                    help="override a profile key in every job (repeatable)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display"),
+    repeat: int = typer.Option(1, "--repeat", "-r", min=1,
+                               help="run N times; report each job's median run and the spread"),
 ) -> None:
     """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
     with _exit_codes():
         if fmt not in report.FORMATS:
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(report.FORMATS)}")
         prof = profile.load(str(profile_path), profile.parse_set(set_))
-        if quiet:
-            outcome = runner.run_profile(prof, quiet=True)
-        else:
-            from gpufio.live import LiveDisplay
-
-            with LiveDisplay() as live:
-                outcome = runner.run_profile(prof, on_tick=live.update)
-        doc = report.build_document(outcome, str(profile_path), prof.concurrent)
+        docs = []
+        for _ in range(repeat):
+            docs.append(_run_once(prof, quiet))
+            if docs[-1]["interrupted"]:
+                break
+        doc = docs[0] if repeat == 1 else combine(docs)
         text = "" if fmt == "table" else report.render(doc, fmt)
         _write(text, doc, fmt, output)
         if fmt != "table" or output is not None:
             for job in doc["jobs"]:
                 for line in report.problem_lines(job):
                     typer.echo(f"gpufio: {line}", err=True)
-        if outcome.interrupted:
+        if doc["interrupted"]:
             typer.echo("gpufio: interrupted; results so far were written", err=True)
             raise typer.Exit(EXIT_INTERRUPTED)
         if any(job["error"] for job in doc["jobs"]):
+            raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def compare(
+    files: list[Path] = typer.Argument(..., metavar="RESULT.json...",
+                                       help="result files; the first is the baseline"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, markdown, csv or json"),
+) -> None:
+    """Put results side by side: each metric per job, with ratio and change to the first."""
+    from gpufio import compare as cmp
+    from gpufio import results
+
+    with _exit_codes():
+        if fmt not in cmp.FORMATS:
+            raise BadInput(f"--format: {fmt!r} is not one of {', '.join(cmp.FORMATS)}")
+        docs = [results.load(str(f)) for f in files]
+        labels = [f.stem if [g.stem for g in files].count(f.stem) == 1 else str(f) for f in files]
+        sys.stdout.write(cmp.render(docs, labels, fmt, _stdout_console()))
+
+
+@app.command()
+def check(
+    result_path: Path = typer.Argument(..., metavar="RESULT.json", help="the run to judge"),
+    baseline_path: Path = typer.Option(..., "--baseline", "-b", help="the stored baseline run"),
+    max_drop: list[str] = typer.Option([], "--max-drop", metavar="METRIC=N%",
+                                       help="largest allowed fall of iops or bw"),
+    max_rise: list[str] = typer.Option([], "--max-rise", metavar="METRIC=N%",
+                                       help="largest allowed rise of lat_* or cpu_per_io"),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML here"),
+) -> None:
+    """Exit 1 if a metric moved the wrong way past its limit (the profile's [check] by default)."""
+    from gpufio import gate, results
+
+    with _exit_codes():
+        result, baseline = results.load(str(result_path)), results.load(str(baseline_path))
+        limits = {**gate.parse_limits(max_drop, "--max-drop", rising=False),
+                  **gate.parse_limits(max_rise, "--max-rise", rising=True)}
+        if not limits:
+            limits = result.get("check") or {}
+        if not limits:
+            raise BadInput(f"{result_path}: no limits: give --max-drop/--max-rise, or run a "
+                           "profile with a [check] table")
+        for warning in gate.mismatches(result, baseline):
+            typer.echo(f"gpufio: WARNING: not like for like: {warning}", err=True)
+        findings = gate.check(result, baseline, limits)
+        for f in findings:
+            mark = "ok  " if f.passed else "FAIL"
+            change = "n/a" if f.change_pct is None else f"{f.change_pct:+.1f}%"
+            typer.echo(f"{mark} {f.job} {f.metric}: {change} (limit {f.limit_pct:g}%)"
+                       + (f" {f.why}" if f.why else ""))
+        if junit is not None:
+            try:
+                junit.write_text(gate.junit_xml(findings))
+            except OSError as e:
+                raise BadInput(f"--junit {junit}: {e.strerror}") from None
+        if not all(f.passed for f in findings):
             raise typer.Exit(EXIT_FAILED)
 
 

@@ -93,11 +93,12 @@ class Job:
 
 @dataclass(frozen=True)
 class Profile:
-    """A loaded profile: where it came from and its jobs, sweeps expanded."""
+    """A loaded profile: where it came from, its jobs (sweeps expanded), its gate limits."""
 
     path: str
     jobs: list[Job]
     concurrent: bool
+    check: dict[str, float] = field(default_factory=dict)
 
 
 def _engine_options() -> dict[str, dict[str, Option]]:
@@ -194,8 +195,8 @@ def load(path: str, overrides: dict[str, str] | None = None) -> Profile:
 def from_dict(data: dict[str, Any], path: str, overrides: dict[str, str]) -> Profile:
     """Build a Profile from parsed TOML; separate from ``load`` so tests need no files."""
     for key in data:
-        if key not in ("global", "job", "sweep"):
-            raise _unknown_key(key, f"{path}: top level: ", ["global", "job", "sweep"])
+        if key not in ("global", "job", "sweep", "check"):
+            raise _unknown_key(key, f"{path}: top level: ", ["global", "job", "sweep", "check"])
     glob = data.get("global", {})
     jobs_raw = data.get("job", [{}])
     sweep = data.get("sweep", {})
@@ -224,4 +225,21 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, str]) -> Pro
             label = ",".join(f"{k}={v}" for k, v in combo.items())
             raw["name"] = f"{base_name}[{label}]" if label else base_name
             jobs.append(_build_job(raw, f"{path}: job '{raw['name']}': "))
-    return Profile(path=path, jobs=jobs, concurrent=concurrent)
+    return Profile(path=path, jobs=jobs, concurrent=concurrent,
+                   check=_check_limits(data.get("check", {}), path))
+
+
+def _check_limits(table: Any, path: str) -> dict[str, float]:
+    """The [check] table: max_drop / max_rise sub-tables of metric = "N%"."""
+    from gpufio.gate import parse_limits
+
+    if not isinstance(table, dict):
+        raise BadInput(f"{path}: [check] must be a table")
+    limits: dict[str, float] = {}
+    for key, value in table.items():
+        if key not in ("max_drop", "max_rise"):
+            raise _unknown_key(key, f"{path}: [check]: ", ["max_drop", "max_rise"])
+        if not isinstance(value, dict):
+            raise BadInput(f"{path}: [check] {key} must be a table of metric = \"N%\"")
+        limits.update(parse_limits(value, f"{path}: [check] {key}", rising=key == "max_rise"))
+    return limits

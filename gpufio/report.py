@@ -18,7 +18,9 @@ from rich.console import Console
 from rich.table import Table
 from tabulate import tabulate
 
+from gpufio.engines import all_engines
 from gpufio.hostinfo import host_facts
+from gpufio.profile import Profile
 from gpufio.runner import JobResult, Outcome
 from gpufio.stats import LatencyStats
 
@@ -85,19 +87,31 @@ def _group_total(results: list[JobResult]) -> dict[str, Any]:
                           runtime, ios)}
 
 
-def build_document(outcome: Outcome, profile_path: str, concurrent: bool) -> dict[str, Any]:
+def _gpus_if_used(outcome: Outcome) -> list[dict[str, Any]]:
+    """GPU facts when a job used a GPU engine; CPU-only runs never load CUDA for them."""
+    if not any(all_engines()[r.job.engine].uses_gpu for r in outcome.results):
+        return []
+    from gpufio.gpu import gpu_facts
+
+    return gpu_facts()
+
+
+def build_document(outcome: Outcome, profile: Profile) -> dict[str, Any]:
     """The result file: fio's field names where fio has them, gpufio's own beside them."""
     now = time.time()
     host = host_facts()
     doc: dict[str, Any] = {
         "gpufio version": host["gpufio_version"],
         "timestamp": int(now), "time": time.ctime(now),
-        "profile": profile_path,
+        "profile": profile.path,
         "host": host,
+        "gpus": _gpus_if_used(outcome),
         "interrupted": outcome.interrupted,
         "jobs": [_job_document(r) for r in outcome.results],
     }
-    if concurrent and outcome.results:
+    if profile.check:
+        doc["check"] = profile.check
+    if profile.concurrent and outcome.results:
         doc["group_total"] = _group_total(outcome.results)
     return doc
 
