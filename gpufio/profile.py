@@ -179,6 +179,12 @@ def parse_set(items: list[str]) -> dict[str, str]:
 def load(path: str, overrides: dict[str, str] | None = None) -> Profile:
     """Read, merge and validate a profile; BadInput for anything wrong with it."""
     try:
+        if path.endswith(".fio"):
+            from gpufio.fiojob import parse
+
+            with open(path) as f:
+                data = parse(f.read(), path)
+            return from_dict(data, path, overrides or {})
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:

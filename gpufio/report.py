@@ -24,7 +24,7 @@ from gpufio.profile import Profile
 from gpufio.runner import JobResult, Outcome
 from gpufio.stats import LatencyStats
 
-FORMATS = ("table", "json", "csv", "markdown")
+FORMATS = ("table", "json", "fio-json", "csv", "markdown")
 
 
 def _lat_block(lat: LatencyStats) -> dict[str, Any]:
@@ -70,6 +70,8 @@ def _job_document(r: JobResult) -> dict[str, Any]:
         "verify": {"enabled": job.verify, "failures": r.verify_failures,
                    "bad_offsets": r.bad_offsets},
         "samples": r.samples,
+        "lat_hist": {"layout": "fio plat: 64 buckets per power of two, 29 groups, ns",
+                     "bins": {str(i): int(c) for i, c in enumerate(r.lat.hist.tolist()) if c}},
         "interrupted": r.interrupted,
         "failure": r.failure,
     }
@@ -153,6 +155,10 @@ def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str
     """The document in ``fmt``; 'table' is printed to ``console`` and returns ''."""
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
+    if fmt == "fio-json":
+        from gpufio.fiojson import to_fio
+
+        return json.dumps(to_fio(doc), indent=2) + "\n"
     rows = summary_rows(doc)
     if fmt == "csv":
         out = io.StringIO()

@@ -1,0 +1,104 @@
+"""fio interoperability: job files in, fio's JSON schema out."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpufio import profile
+from gpufio.cli import app
+from gpufio.errors import BadInput
+from gpufio.fiojob import parse
+
+DATA = Path(__file__).parent / "data"
+cli = CliRunner()
+
+
+def test_job_file_keys_map_to_profile_keys():
+    jobs = profile.load(str(DATA / "randread-iouring.fio")).jobs
+    a, b = jobs
+    assert (a.name, a.engine, a.rw, a.bs, a.iodepth, a.numjobs, a.direct) == \
+        ("rand-a", "uring", "randread", 4096, 16, 2, True)
+    assert a.time_based and a.runtime == 300_000_000 and a.size == 1 << 20
+    assert b.engine_options["sqpoll"] is True and b.engine_options["fixedbufs"] is True
+    (seq,) = profile.load(str(DATA / "seq-psync.fio")).jobs
+    assert (seq.engine, seq.rw, seq.bs, seq.io_size) == ("psync", "read", 65536, 512 << 10)
+
+
+def test_filenames_are_the_target_list():
+    data = parse("[j]\nfilename=/dev/nvme0n1:/dev/nvme1n1:/tmp/a\\:b\n", "x.fio")
+    assert data["job"][0]["targets"] == ["/dev/nvme0n1", "/dev/nvme1n1", "/tmp/a:b"]
+
+
+def test_unsupported_keys_are_listed_in_one_error():
+    with pytest.raises(BadInput) as err:
+        profile.load(str(DATA / "unsupported.fio"))
+    assert str(err.value) == (f"{DATA / 'unsupported.fio'}: fio keys gpufio does not support: "
+                              "rwmixread (line 3, [global]), iodepth_batch_submit (line 6, [job1])")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("bs=4k\n", "line 1: option before any \\[section\\]"),
+    ("[j]\nioengine=libaio\n", "ioengine=libaio has no gpufio engine"),
+    ("[j]\nrw=randwrite\nsize=1m\n", "key 'rw': 'randwrite' is not one of read, randread"),
+])
+def test_bad_job_files(text, message, tmp_path):
+    path = tmp_path / "bad.fio"
+    path.write_text(text)
+    with pytest.raises(BadInput, match=message):
+        profile.load(str(path))
+
+
+def test_run_a_job_file_end_to_end(tmp_path):
+    res = cli.invoke(app, ["run", str(DATA / "seq-psync.fio"), "-q", "-f", "json"])
+    assert res.exit_code == 0, res.output
+    job = json.loads(res.stdout)["jobs"][0]
+    assert job["jobname"] == "seq" and job["read"]["total_ios"] == 8
+
+
+def _keys(d, prefix=""):
+    out = set()
+    for k, v in d.items():
+        out.add(prefix + k)
+        if isinstance(v, dict) and k not in ("percentile", "job options") and \
+                not k.startswith(("latency_", "iodepth_")):
+            out |= _keys(v, prefix + k + ".")
+    return out
+
+
+def _gpufio_fio_json():
+    res = cli.invoke(app, ["run", str(DATA / "randread-iouring.fio"), "-q", "-f", "fio-json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_fio_json_numbers_agree_with_gpufio_json():
+    fj = _gpufio_fio_json()
+    job = fj["jobs"][0]
+    rd = job["read"]
+    assert fj["fio version"].startswith("gpufio-") and job["job options"]["ioengine"] == "uring"
+    assert rd["iops"] * rd["runtime"] / 1000 == pytest.approx(rd["total_ios"], rel=0.01)
+    assert rd["clat_ns"]["N"] == rd["total_ios"] and rd["slat_ns"]["N"] == 0
+    assert rd["clat_ns"]["percentile"]["99.000000"] >= rd["clat_ns"]["percentile"]["50.000000"]
+    assert job["write"]["total_ios"] == 0 and job["trim"]["io_bytes"] == 0
+    assert sum(job["latency_ns"].values()) + sum(job["latency_us"].values()) + \
+        sum(job["latency_ms"].values()) == pytest.approx(100.0)
+
+
+@pytest.mark.skipif(not shutil.which("fio"), reason="fio not installed")
+def test_fio_json_has_fios_schema(tmp_path):
+    target = tmp_path / "t.dat"
+    target.write_bytes(b"\0" * (1 << 20))
+    real = json.loads(subprocess.run(
+        ["fio", "--name=x", f"--filename={target}", "--rw=randread", "--bs=4k", "--size=1m",
+         "--runtime=1", "--output-format=json"], capture_output=True, text=True, check=True).stdout)
+    ours = _gpufio_fio_json()
+    assert set(real) <= set(ours) | {"global options"}
+    # everything fio reports that gpufio measures is there, with fio's types
+    missing = _keys(real["jobs"][0]) - _keys(ours["jobs"][0])
+    assert missing <= {"iodepth_level", "iodepth_submit", "iodepth_complete"}
+    for key in ("iops", "bw", "bw_bytes", "runtime", "total_ios"):
+        assert isinstance(ours["jobs"][0]["read"][key], type(real["jobs"][0]["read"][key])), key
