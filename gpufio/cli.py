@@ -129,6 +129,21 @@ def compare(
 
 
 @app.command()
+def plot(
+    files: list[Path] = typer.Argument(..., metavar="RESULT.json...", help="result files"),
+    output: Path = typer.Option(..., "--output", "-o", help="FILE.png or FILE.svg"),
+) -> None:
+    """Draw IOPS over time, latency percentiles and per-job IOPS bars (needs gpufio[plot])."""
+    from gpufio import plot as plotting
+    from gpufio import results
+
+    with _exit_codes():
+        docs = [results.load(str(f)) for f in files]
+        plotting.draw(docs, [f.stem for f in files], str(output))
+        typer.echo(f"{output}: written")
+
+
+@app.command()
 def check(
     result_path: Path = typer.Argument(..., metavar="RESULT.json", help="the run to judge"),
     baseline_path: Path = typer.Option(..., "--baseline", "-b", help="the stored baseline run"),
