@@ -32,11 +32,12 @@ def compare_rows(docs: list[dict[str, Any]], labels: list[str]) -> list[dict[str
         base_job = base_jobs.get(name)
         base = job_metrics(base_job) if base_job else None
         per_file = [jobs_by_name(d).get(name) for d in docs]
+        values = [job_metrics(job) if job else None for job in per_file]
         for metric in METRICS:
             row: dict[str, Any] = {"job": name, "metric": metric, "unit": METRICS[metric].unit}
-            for label, job in zip(labels, per_file):
-                row[label] = job_metrics(job)[metric] if job else None
-            for label, job in zip(labels[1:], per_file[1:]):
+            for label, v in zip(labels, values):
+                row[label] = v[metric] if v else None
+            for label in labels[1:]:
                 value = row[label]
                 ok = base is not None and value is not None and base[metric]
                 row[f"{label} ratio"] = value / base[metric] if ok else None

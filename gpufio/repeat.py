@@ -18,7 +18,7 @@ def combine(docs: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(docs[-1])
     out["interrupted"] = any(d["interrupted"] for d in docs)
     jobs = []
-    for j, job in enumerate(docs[0]["jobs"]):
+    for j in range(len(docs[0]["jobs"])):
         runs = [d["jobs"][j] for d in docs if j < len(d["jobs"])]
         by_iops = sorted(runs, key=lambda r: r["read"]["iops"])
         chosen = dict(by_iops[(len(by_iops) - 1) // 2])

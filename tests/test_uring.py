@@ -67,14 +67,14 @@ def test_abi_matches_the_installed_header_compiled(tmp_path):
     subprocess.run(["cc", "-o", str(tmp_path / "abi"), str(src)], check=True)
     out = dict(line.split() for line in subprocess.run(
         [str(tmp_path / "abi")], capture_output=True, text=True, check=True).stdout.splitlines())
-    for name, off in SQE_FIELDS.items():
+    for name in SQE_FIELDS:
         if f"sqe.{name}" in out:
             assert int(out[f"sqe.{name}"]) == uring.SQE_DTYPE.fields[name][1]
     for name in CQE_FIELDS:
         assert int(out[f"cqe.{name}"]) == uring.CQE_DTYPE.fields[name][1]
-    for i, name in enumerate(SQOFF):
+    for name in SQOFF:
         assert int(out[f"sq.{name}"]) == getattr(uring.SqOffsets, name).offset
-    for i, name in enumerate(CQOFF):
+    for name in CQOFF:
         assert int(out[f"cq.{name}"]) == getattr(uring.CqOffsets, name).offset
     for name in PARAMS:
         assert int(out[f"p.{name}"]) == getattr(uring.Params, name).offset
