@@ -102,3 +102,38 @@ def test_fio_json_has_fios_schema(tmp_path):
     assert missing <= {"iodepth_level", "iodepth_submit", "iodepth_complete"}
     for key in ("iops", "bw", "bw_bytes", "runtime", "total_ios"):
         assert isinstance(ours["jobs"][0]["read"][key], type(real["jobs"][0]["read"][key])), key
+
+
+def test_fio_json_round_trips_through_compare(tmp_path):
+    from gpufio import results
+
+    native = tmp_path / "native.json"
+    res = cli.invoke(app, ["run", str(DATA / "seq-psync.fio"), "-q", "-f", "json", "-o", str(native)])
+    assert res.exit_code == 0, res.output
+    from gpufio.fiojson import to_fio
+
+    fio_form = tmp_path / "fio-form.json"
+    fio_form.write_text(json.dumps(to_fio(json.loads(native.read_text()))))
+    a = results.job_metrics(results.load(str(native))["jobs"][0])
+    b = results.job_metrics(results.load(str(fio_form))["jobs"][0])
+    for metric in ("iops", "lat_p50", "lat_p99", "lat_mean"):
+        assert b[metric] == pytest.approx(a[metric]), metric
+    assert b["bw"] == pytest.approx(a["bw"], rel=1e-6)  # fio writes bw_bytes as an integer
+
+
+@pytest.mark.skipif(not shutil.which("fio"), reason="fio not installed")
+def test_a_real_fio_result_compares_beside_gpufio(tmp_path):
+    target = tmp_path / "t.dat"
+    target.write_bytes(b"\1" * (1 << 20))
+    fio_out = tmp_path / "fio.json"
+    fio_out.write_text(subprocess.run(
+        ["fio", "--name=seq", f"--filename={target}", "--rw=read", "--bs=64k", "--size=1m",
+         "--ioengine=psync", "--output-format=json"], capture_output=True, text=True,
+        check=True).stdout)
+    ours = tmp_path / "gpufio.json"
+    assert cli.invoke(app, ["run", str(DATA / "seq-psync.fio"), "-q", "-f", "json",
+                            "-o", str(ours)]).exit_code == 0
+    res = cli.invoke(app, ["compare", str(fio_out), str(ours), "-f", "json"])
+    assert res.exit_code == 0, res.output
+    rows = {(r["job"], r["metric"]): r for r in json.loads(res.stdout)["rows"]}
+    assert rows[("seq", "iops")]["fio"] > 0 and rows[("seq", "iops")]["gpufio ratio"] > 0
