@@ -210,10 +210,10 @@ class JobRun:
 
     def result(self) -> JobResult:
         """Merge the workers' records into one JobResult (call after join)."""
-        outcomes = [w.outcome for w in self.workers]
+        outcomes = [w.outcome for w in self.workers if w.outcome is not None]
         recs = [o.record for o in outcomes if o.record is not None]
-        measured = self.control.measuring
-        end = max(o.finished_ns for o in outcomes)
+        measured = self.control.measuring and bool(outcomes)
+        end = max((o.finished_ns for o in outcomes), default=self.t_measure)
         runtime = max(end - self.t_measure, 0) if measured else 0
         if self._in_process:
             cpu = CpuTimes(sum(r.cpu.usr for r in recs if r.cpu), sum(r.cpu.sys for r in recs if r.cpu))

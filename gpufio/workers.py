@@ -79,7 +79,8 @@ class ThreadWorker:
         return not self._thread.is_alive() and self._thread.ident is not None
 
     def join(self) -> None:
-        self._thread.join()
+        if self._thread.ident is not None:  # Ctrl-C can land before every worker started
+            self._thread.join()
 
 
 class ProcessWorker:
@@ -130,6 +131,8 @@ class ProcessWorker:
         return self.outcome is not None
 
     def join(self) -> None:
+        if self._proc.pid is None:  # Ctrl-C can land before every worker started
+            return
         while not self.poll():
             self._conn.poll(0.05)
         self._proc.join()

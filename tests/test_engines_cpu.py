@@ -163,3 +163,21 @@ def test_a_silently_short_time_based_run_is_a_failure(pattern_file, monkeypatch)
     monkeypatch.setattr(Psync, "run", quits_early)
     (r,) = run({"engine": "psync"}, pattern_file, runtime="2s", time_based=True).results
     assert not r.ok and "without an error" in r.failure and r.ios == 8
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES[:1], ids=IDS[:1])
+def test_ctrl_c_before_all_workers_started_keeps_what_ran(engine, pattern_file, monkeypatch):
+    from gpufio.workers import ProcessWorker
+
+    real_start, started = ProcessWorker.start, []
+
+    def start_then_interrupt(self):
+        if started:
+            raise KeyboardInterrupt
+        started.append(self)
+        real_start(self)
+
+    monkeypatch.setattr(ProcessWorker, "start", start_then_interrupt)
+    out = run(engine, pattern_file, numjobs=3, runtime="5s", time_based=True)
+    (r,) = out.results
+    assert out.interrupted and r.interrupted and len(started) == 1
