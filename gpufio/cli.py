@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufio import hostinfo, profile, report, runner
-from gpufio.errors import BadInput, RunFailed
+from gpufio.errors import BadInput
 from gpufio.repeat import combine
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -34,9 +34,6 @@ def _exit_codes() -> Iterator[None]:
     except BadInput as e:
         typer.echo(f"gpufio: error: {e}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    except RunFailed as e:
-        typer.echo(f"gpufio: run failed: {e}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
     except KeyboardInterrupt:
         typer.echo("gpufio: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
