@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.targets import aligned_buffer
+
+if TYPE_CHECKING:
+    from gpufio.profile import Job
+    from gpufio.targets import Target
+    from gpufio.worker import WorkerContext
 
 BATCH = 64
 
@@ -27,11 +33,11 @@ class Psync(Engine):
     peer = "fio psync, gdsio -x 1"
 
     @classmethod
-    def describe(cls, job) -> dict:
+    def describe(cls, job: Job) -> dict[str, Any]:
         """psync keeps one I/O in flight whatever iodepth says; the result says so."""
         return {**super().describe(job), "effective_iodepth": 1}
 
-    def __init__(self, job, targets, ctx) -> None:
+    def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
         self._mem = aligned_buffer(BATCH * job.bs)
         self._buf = np.frombuffer(self._mem, dtype=np.uint8).reshape(BATCH, job.bs)

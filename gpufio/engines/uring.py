@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +19,11 @@ from gpufio.engines.base import Engine
 from gpufio.errors import BadInput
 from gpufio.options import Option
 from gpufio.targets import aligned_buffer
+
+if TYPE_CHECKING:
+    from gpufio.profile import Job
+    from gpufio.targets import Target
+    from gpufio.worker import WorkerContext
 
 WAIT_NS = 200_000_000
 STALL_LIMIT_NS = 10_000_000_000
@@ -52,7 +58,7 @@ class Uring(Engine):
         return None if facts["available"] else facts["reason"]
 
     @classmethod
-    def check_job(cls, job) -> None:
+    def check_job(cls, job: Job) -> None:
         entries = job.engine_options["ring_entries"] or job.iodepth
         if job.iodepth > uring.MAX_ENTRIES:
             raise BadInput(f"job '{job.name}': key 'iodepth': {job.iodepth} is above the largest "
@@ -65,12 +71,12 @@ class Uring(Engine):
                            f"{uring.MAX_ENTRIES}")
 
     @classmethod
-    def describe(cls, job) -> dict:
+    def describe(cls, job: Job) -> dict[str, Any]:
         o = job.engine_options
         return {**super().describe(job), "sqpoll": o["sqpoll"], "fixedbufs": o["fixedbufs"],
                 "registerfiles": o["registerfiles"], "defer_taskrun": o["defer_taskrun"]}
 
-    def __init__(self, job, targets, ctx) -> None:
+    def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
         o = job.engine_options
         if o["sqpoll"] and not uring.probe().get("sqpoll"):
