@@ -1,4 +1,7 @@
-"""Shared fixtures: a private scratch directory and small pattern-filled targets."""
+"""Shared fixtures: a private scratch directory and small pattern-filled targets.
+
+Tests marked ``gpu`` are skipped, with the reason, where no usable GPU is found.
+"""
 
 from __future__ import annotations
 
@@ -33,3 +36,18 @@ def write_profile(tmp_path: Path):
         path.write_text(text)
         return path
     return write
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``gpu`` tests cleanly on machines without a GPU (CI, the developers' machines)."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    from gpufio.gpu import probe
+
+    count, why = probe()
+    if count:
+        return
+    skip = pytest.mark.skip(reason=f"needs a GPU: {why}")
+    for item in gpu_items:
+        item.add_marker(skip)
