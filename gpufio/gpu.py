@@ -31,6 +31,36 @@ def probe() -> tuple[int, str | None]:
     return count, None
 
 
+def use(index: int) -> Any:
+    """Make GPU ``index`` current in this thread and return CuPy; BadInput if it is not there."""
+    from gpufio.errors import BadInput
+
+    count, why = probe()
+    if why:
+        raise BadInput(f"gpu {index}: {why}")
+    if index >= count:
+        raise BadInput(f"key 'gpu': {index} is out of range, this host has {count} GPU(s)")
+    import cupy
+
+    cupy.cuda.Device(index).use()
+    return cupy
+
+
+def register_host(addr: int, size: int) -> None:
+    """Page-lock host memory gpufio allocated itself (page-aligned, so O_DIRECT can use it too)
+    and make it usable for asynchronous copies."""
+    import cupy
+
+    cupy.cuda.runtime.hostRegister(addr, size, 0)
+
+
+def unregister_host(addr: int) -> None:
+    """Undo register_host."""
+    import cupy
+
+    cupy.cuda.runtime.hostUnregister(addr)
+
+
 def gpu_facts() -> list[dict[str, Any]]:
     """Name, memory, PCIe link and NUMA node of each GPU; empty without a usable GPU."""
     count, why = probe()

@@ -184,6 +184,12 @@ class JobRun:
         for w in self.workers:
             w.join()
 
+    def raise_bad_input(self) -> None:
+        """Raise BadInput if a worker's engine refused its setup (GPU missing, out of memory)."""
+        for w in self.workers:
+            if w.outcome is not None and w.outcome.bad_input:
+                raise BadInput(f"job '{self.job.name}': {w.outcome.bad_input}")
+
     def snapshot(self, now: int) -> Snapshot:
         """Where this job stands, for the live display."""
         lat = LatencyStats()
@@ -306,6 +312,8 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
                 finished.extend(runs)
                 break
             finished.extend(runs)
+            for r in runs:
+                r.raise_bad_input()
         outcome.results = [r.result() for r in finished]
         return outcome
     finally:

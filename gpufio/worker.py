@@ -260,9 +260,19 @@ class WorkerContext:
         """Check completed I/Os against the pattern; ``slots`` is (n, bs) bytes, one row each."""
         if self._verify_seeds is None:
             return
-        for i in np.flatnonzero(np.asarray(res) == self.bs).tolist():
+        bad = [i for i in np.flatnonzero(np.asarray(res) == self.bs).tolist()
+               if len(pattern.mismatched_ios(slots[i], offs[i:i + 1], self.bs,
+                                             self._verify_seeds[int(tgt[i])]))]
+        self.record_mismatches(tgt, offs, bad)
+
+    def seeds(self, tgt: np.ndarray) -> np.ndarray:
+        """The pattern seed of each I/O's target, for checks that run elsewhere (the GPU)."""
+        return np.asarray(self._verify_seeds, dtype=np.uint64)[tgt]
+
+    def record_mismatches(self, tgt: np.ndarray, offs: np.ndarray, bad: list[int]) -> None:
+        """Count the I/Os at indices ``bad`` as failed verification; keep the first offsets."""
+        for i in bad:
             t = int(tgt[i])
-            if len(pattern.mismatched_ios(slots[i], offs[i:i + 1], self.bs, self._verify_seeds[t])):
-                self.rec.verify_failures[t] += 1
-                if len(self.rec.bad_offsets) < MAX_BAD_OFFSETS:
-                    self.rec.bad_offsets.append((t, int(offs[i])))
+            self.rec.verify_failures[t] += 1
+            if len(self.rec.bad_offsets) < MAX_BAD_OFFSETS:
+                self.rec.bad_offsets.append((t, int(offs[i])))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gpufio.engines.base import Engine
+from gpufio.errors import BadInput
 from gpufio.worker import FinalRecord, WorkerContext
 
 _FORK = multiprocessing.get_context("fork")
@@ -30,13 +31,17 @@ class Outcome:
     record: FinalRecord | None
     finished_ns: int
     failure: str | None
+    bad_input: str | None = None
 
 
 def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
          ready: Callable[[], None], wait_go: Callable[[], None]) -> Outcome:
-    engine, failure = None, None
+    engine, failure, bad_input = None, None, None
     try:
         engine = engine_cls(job, targets, ctx)
+    except BadInput as e:  # e.g. a GPU index out of range: the user's to fix, exit 2
+        bad_input = str(e)
+        ctx.control.stop()
     except Exception as e:  # reported in the result; the run exits 1
         failure = f"worker {index} setup: {type(e).__name__}: {e}"
         ctx.control.stop()
@@ -52,7 +57,7 @@ def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
         if engine is not None:
             engine.close()
         ctx.finish()
-    return Outcome(ctx.rec.final(), finished, failure)
+    return Outcome(ctx.rec.final(), finished, failure, bad_input)
 
 
 class ThreadWorker:
