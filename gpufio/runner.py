@@ -245,6 +245,9 @@ class JobRun:
         facts = [{"path": t.path, "size": t.size, "pattern_seed": t.pattern_seed, **t.facts}
                  for t in self.targets]
         failures = [o.failure for o in outcomes if o.failure]
+        lost = len(self.workers) - len(outcomes)
+        if lost and not self.interrupted:
+            failures.append(f"{lost} worker(s) ended without reporting a result")
         job = self.job
         if (job.time_based and measured and not self.interrupted and not failures
                 and not merged and runtime < 0.95 * job.runtime

@@ -55,7 +55,10 @@ def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
     finally:
         finished = time.monotonic_ns()
         if engine is not None:
-            engine.close()
+            try:
+                engine.close()
+            except Exception as e:  # a worker must always report, or its numbers vanish
+                failure = failure or f"worker {index} close: {type(e).__name__}: {e}"
         ctx.finish()
     return Outcome(ctx.rec.final(), finished, failure, bad_input)
 

@@ -1,4 +1,4 @@
-"""cpu-gpu: io_uring into pinned memory, then batched H2D copies (runs only with a GPU)."""
+"""The CPU-mediated GPU engines, cpu-gpu and mmap: bytes checked in GPU memory (needs a GPU)."""
 
 import json
 
@@ -13,8 +13,8 @@ pytestmark = pytest.mark.gpu
 cli = CliRunner()
 
 
-def run(path, **opts):
-    glob = {"engine": "cpu-gpu", "targets": [str(path)], **opts}
+def run(path, engine="cpu-gpu", **opts):
+    glob = {"engine": engine, "targets": [str(path)], **opts}
     return runner.run_profile(from_dict({"global": glob}, "t.toml", {}), quiet=True)
 
 
@@ -69,3 +69,30 @@ def test_cli_json_reports_gpu_facts(write_profile, pattern_file):
     doc = json.loads(res.stdout)
     assert doc["gpus"] and doc["gpus"][0]["name"]
     assert doc["jobs"][0]["read"]["total_ios"] == 256
+
+
+@pytest.mark.parametrize("opts", [
+    {"rw": "randread", "bs": "4k", "iodepth": 32},
+    {"rw": "read", "bs": "64k", "iodepth": 4, "drop_cache": True},
+    {"rw": "randread", "bs": "4k", "iodepth": 1, "numjobs": 2},
+])
+def test_mmap_bytes_in_gpu_memory_match_the_pattern(opts, pattern_file):
+    (r,) = run(pattern_file, engine="mmap", verify=True, io_size="1m", **opts).results
+    assert r.ok, (r.failure, r.bad_offsets)
+    assert r.ios == r.job.numjobs * (1 << 20) // r.job.bs and r.lat.n == r.ios
+    assert r.engine_facts["page_cache"] is True
+
+
+def test_mmap_catches_a_corrupted_block_and_reads_two_targets(pattern_file, tmp_path):
+    with open(pattern_file, "r+b") as f:
+        f.seek(7 * 4096 + 12)
+        f.write(b"\x00\x01")
+    other = tmp_path / "other.dat"
+    targets.create_file(str(other), 1 << 20, 9)
+    out = runner.run_profile(from_dict({"global": {
+        "engine": "mmap", "targets": [str(pattern_file), str(other)], "verify": True,
+        "rw": "read", "size": "64k", "iodepth": 8}}, "t.toml", {}), quiet=True)
+    (r,) = out.results
+    assert r.verify_failures == 1 and r.per_target[1]["verify_failures"] == 0
+    assert r.bad_offsets == [{"target": str(pattern_file), "offset": 7 * 4096}]
+    assert [p["ios"] for p in r.per_target] == [16, 16]

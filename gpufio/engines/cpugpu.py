@@ -11,18 +11,17 @@ I/O at a time; this does not.
 
 from __future__ import annotations
 
-import ctypes
 import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufio import gpu, gpuverify, uring
+from gpufio import uring
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.errors import BadInput
+from gpufio.landing import Landing
 from gpufio.options import Option
-from gpufio.targets import aligned_buffer
 
 if TYPE_CHECKING:
     from gpufio.profile import Job
@@ -66,29 +65,12 @@ class CpuGpu(Engine):
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
-        cp = gpu.use(job.gpu)
-        self._cp = cp
         nseg = min(job.engine_options["segments"], job.iodepth)
         self._seg = job.iodepth // nseg
         self._nseg = nseg
-        slots = nseg * self._seg
-        nbytes = slots * job.bs
-        self._mem = aligned_buffer(nbytes)
-        self._host = np.frombuffer(self._mem, dtype=np.uint8)
-        self._host_addr = self._host.ctypes.data
-        self._registered = False
-        gpu.register_host(self._host_addr, len(self._mem))
-        self._registered = True
-        try:
-            self._dev = cp.empty(nbytes, dtype=cp.uint8)
-        except cp.cuda.memory.OutOfMemoryError:
-            raise BadInput(f"gpu {job.gpu}: out of memory for {nbytes} bytes of buffers") from None
-        self._streams = [cp.cuda.Stream(non_blocking=True) for _ in range(nseg)]
-        self._events = [cp.cuda.Event(disable_timing=True) for _ in range(nseg)]
-        self.ring = uring.Ring(slots)
+        self.landing = Landing(job.gpu, nseg, self._seg, job.bs, ctx.verifying)
+        self.ring = uring.Ring(nseg * self._seg)
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
-        if ctx.verifying:
-            gpuverify.compile_kernel()
 
     def _issue(self, s: int, tgt: np.ndarray, offs: np.ndarray, t_issue: np.ndarray,
                seg_n: np.ndarray, slot_tgt: np.ndarray, slot_off: np.ndarray) -> None:
@@ -98,19 +80,12 @@ class CpuGpu(Engine):
         bs = self.job.bs
         self.ring.push(uring.read_sqes(
             opcode=uring.OP_READ, sqe_flags=0, fd=self._fds[tgt], off=offs,
-            addr=np.uint64(self._host_addr) + slots * np.uint64(bs), length=bs,
+            addr=np.uint64(self.landing.host_addr) + slots * np.uint64(bs), length=bs,
             user_data=slots))
         t_issue[first:first + k] = time.perf_counter_ns()
         slot_tgt[first:first + k] = tgt
         slot_off[first:first + k] = offs
         seg_n[s] = k
-
-    def _copy(self, s: int, k: int) -> None:
-        bs = self.job.bs
-        lo = s * self._seg * bs
-        self._dev[lo:lo + k * bs].data.copy_from_host_async(
-            ctypes.c_void_p(self._host_addr + lo), k * bs, self._streams[s])
-        self._events[s].record(self._streams[s])
 
     def run(self) -> None:
         ctx, ring, seg = self.ctx, self.ring, self._seg
@@ -143,14 +118,14 @@ class CpuGpu(Engine):
                     np.add.at(seg_done, done // seg, 1)
                     last_progress = time.perf_counter_ns()
             elif copying:
-                self._events[int(np.flatnonzero(state == COPYING)[0])].synchronize()
+                self.landing.wait(int(np.flatnonzero(state == COPYING)[0]))
             elif not issuing:
                 return
             for s in np.flatnonzero((state == READING) & (seg_done == seg_n)).tolist():
-                self._copy(s, int(seg_n[s]))
+                self.landing.copy(s, int(seg_n[s]))
                 state[s] = COPYING
             for s in np.flatnonzero(state == COPYING).tolist():
-                if self._events[s].done:
+                if self.landing.done(s):
                     self._finish(s, int(seg_n[s]), t_issue, slot_tgt, slot_off, slot_res)
                     state[s] = FREE
                     last_progress = time.perf_counter_ns()
@@ -163,24 +138,10 @@ class CpuGpu(Engine):
         now = time.perf_counter_ns()
         lo = s * self._seg
         tgt, offs, res = slot_tgt[lo:lo + k], slot_off[lo:lo + k], slot_res[lo:lo + k]
-        ctx = self.ctx
-        if ctx.verifying:
-            bs = self.job.bs
-            ok = np.flatnonzero(res == bs)
-            data = self._dev[lo * bs:(lo + k) * bs]
-            if 0 < len(ok) < k:  # check only the I/Os that brought all their bytes
-                data = data.reshape(k, bs)[self._cp.asarray(ok)].ravel()
-            if len(ok):
-                bad = gpuverify.mismatched_ios(data, offs[ok], ctx.seeds(tgt[ok]), bs)
-                ctx.record_mismatches(tgt[ok], offs[ok], bad.tolist())
-        ctx.complete(now - t_issue[lo:lo + k], tgt.copy(), res.copy())
+        if self.ctx.verifying:
+            self.landing.verify(s, self.ctx, tgt, offs, res)
+        self.ctx.complete(now - t_issue[lo:lo + k], tgt.copy(), res.copy())
 
     def close(self) -> None:
         self.ring.close()
-        for stream in self._streams:
-            stream.synchronize()
-        if self._registered:
-            gpu.unregister_host(self._host_addr)
-        self._host = None
-        self._dev = None
-        self._mem.close()
+        self.landing.close()
