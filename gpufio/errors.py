@@ -7,5 +7,22 @@ an engine failure), and the CLI reads the verdict from there.
 """
 
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
 class BadInput(Exception):
     """A profile, option, target or environment the job cannot run with (exit code 2)."""
+
+
+@contextmanager
+def reading(path: str, what: str) -> Iterator[None]:
+    """Turn the ways opening an input file fails into one-line BadInput errors."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not a {what}") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read: {e.strerror}") from None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from gpufio.engines import all_engines
-from gpufio.errors import BadInput
+from gpufio.errors import BadInput, reading
 from gpufio.options import Option
 from gpufio.workload import Distribution
 
@@ -178,23 +178,18 @@ def parse_set(items: list[str]) -> dict[str, str]:
 
 def load(path: str, overrides: dict[str, str] | None = None) -> Profile:
     """Read, merge and validate a profile; BadInput for anything wrong with it."""
-    try:
+    with reading(path, "profile"):
         if path.endswith(".fio"):
             from gpufio.fiojob import parse
 
             with open(path) as f:
                 data = parse(f.read(), path)
-            return from_dict(data, path, overrides or {})
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such profile") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not a profile") from None
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"{path}: malformed TOML: {e}") from None
+        else:
+            with open(path, "rb") as f:
+                try:
+                    data = tomllib.load(f)
+                except tomllib.TOMLDecodeError as e:
+                    raise BadInput(f"{path}: malformed TOML: {e}") from None
     return from_dict(data, path, overrides or {})
 
 

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpufio.errors import BadInput
+from gpufio.errors import BadInput, reading
 
 
 @dataclass(frozen=True)
@@ -41,15 +41,11 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
 
 def load(path: str) -> dict[str, Any]:
     """A result document from ``path`` (gpufio's JSON), or BadInput naming the file."""
-    try:
-        with open(path) as f:
+    with reading(path, "result file"), open(path) as f:
+        try:
             doc = json.load(f)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such result file") from None
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path}: not JSON: {e}") from None
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{path}: not JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise BadInput(f"{path}: not a gpufio result (no 'jobs' list)")
     if "fio version" in doc:
