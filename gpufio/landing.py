@@ -43,10 +43,6 @@ class Landing:
         if verify:
             gpuverify.compile_kernel()
 
-    def slot_addr(self, slot: int) -> int:
-        """Host address of a slot (slots count across segments)."""
-        return self.host_addr + slot * self.bs
-
     def copy(self, seg: int, k: int) -> None:
         """Start copying the first ``k`` slots of segment ``seg`` to GPU memory."""
         lo = seg * self.per_segment * self.bs

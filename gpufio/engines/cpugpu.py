@@ -19,7 +19,7 @@ import numpy as np
 from gpufio import uring
 from gpufio.engines import register
 from gpufio.engines.base import Engine
-from gpufio.errors import BadInput
+from gpufio.engines.uring import check_ring_depth
 from gpufio.landing import Landing
 from gpufio.options import Option
 
@@ -54,9 +54,7 @@ class CpuGpu(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        if job.iodepth > uring.MAX_ENTRIES:
-            raise BadInput(f"job '{job.name}': key 'iodepth': {job.iodepth} is above the largest "
-                           f"io_uring ring ({uring.MAX_ENTRIES} entries)")
+        check_ring_depth(job)
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:

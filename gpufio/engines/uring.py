@@ -33,6 +33,13 @@ class StuckIO(RuntimeError):
     """I/Os were in flight but none completed for STALL_LIMIT_NS."""
 
 
+def check_ring_depth(job: Job) -> None:
+    """BadInput if iodepth exceeds the largest ring io_uring allows (any engine with a ring)."""
+    if job.iodepth > uring.MAX_ENTRIES:
+        raise BadInput(f"job '{job.name}': key 'iodepth': {job.iodepth} is above the largest "
+                       f"io_uring ring ({uring.MAX_ENTRIES} entries)")
+
+
 @register
 class Uring(Engine):
     """CPU-submitted io_uring reads into (optionally registered) host buffers."""
@@ -60,9 +67,7 @@ class Uring(Engine):
     @classmethod
     def check_job(cls, job: Job) -> None:
         entries = job.engine_options["ring_entries"] or job.iodepth
-        if job.iodepth > uring.MAX_ENTRIES:
-            raise BadInput(f"job '{job.name}': key 'iodepth': {job.iodepth} is above the largest "
-                           f"io_uring ring ({uring.MAX_ENTRIES} entries)")
+        check_ring_depth(job)
         if job.iodepth > entries:
             raise BadInput(f"job '{job.name}': key 'iodepth': {job.iodepth} is above "
                            f"ring_entries {entries}")
