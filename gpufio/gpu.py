@@ -39,7 +39,8 @@ def use(index: int) -> Any:
     if why:
         raise BadInput(f"gpu {index}: {why}")
     if index >= count:
-        raise BadInput(f"key 'gpu': {index} is out of range, this host has {count} GPU(s)")
+        raise BadInput(f"key 'gpu'/'gpus': GPU {index} is out of range, "
+                       f"this host has {count} GPU(s)")
     import cupy
 
     cupy.cuda.Device(index).use()

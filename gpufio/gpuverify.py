@@ -35,6 +35,20 @@ def compile_kernel() -> None:
     _kernel()
 
 
+def check_landed(rows: Any, ctx: Any, tgt: np.ndarray, offs: np.ndarray, res: np.ndarray) -> None:
+    """Verify the I/Os that brought all their bytes, given ``rows``: a CuPy (n, bs) array
+    holding each I/O's landed bytes in order; mismatches go to the worker context ``ctx``."""
+    import cupy
+
+    bs = rows.shape[1]
+    ok = np.flatnonzero(np.asarray(res) == bs)
+    if not len(ok):
+        return
+    data = (rows if len(ok) == len(res) else rows[cupy.asarray(ok)]).ravel()
+    bad = mismatched_ios(data, offs[ok], ctx.seeds(tgt[ok]), bs)
+    ctx.record_mismatches(tgt[ok], offs[ok], bad.tolist())
+
+
 def mismatched_ios(data: Any, offsets: np.ndarray, seeds: np.ndarray, io_len: int) -> np.ndarray:
     """Indices of the I/Os in ``data`` (a CuPy array of len(offsets) * io_len bytes, one I/O
     after another) whose bytes differ from the pattern at their offset; ``seeds`` per I/O."""

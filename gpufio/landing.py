@@ -10,7 +10,6 @@ GPU copy (gpuverify), where the data landed.
 from __future__ import annotations
 
 import ctypes
-from typing import Any
 
 import numpy as np
 
@@ -61,15 +60,9 @@ class Landing:
     def verify(self, seg: int, ctx: WorkerContext, tgt: np.ndarray, offs: np.ndarray,
                res: np.ndarray) -> None:
         """Check the landed copies of a segment's complete I/Os against the pattern."""
-        k, bs = len(res), self.bs
-        ok = np.flatnonzero(res == bs)
-        lo = seg * self.per_segment * bs
-        data: Any = self.dev[lo:lo + k * bs]
-        if 0 < len(ok) < k:  # check only the I/Os that brought all their bytes
-            data = data.reshape(k, bs)[self._cp.asarray(ok)].ravel()
-        if len(ok):
-            bad = gpuverify.mismatched_ios(data, offs[ok], ctx.seeds(tgt[ok]), bs)
-            ctx.record_mismatches(tgt[ok], offs[ok], bad.tolist())
+        lo = seg * self.per_segment * self.bs
+        rows = self.dev[lo:lo + len(res) * self.bs].reshape(len(res), self.bs)
+        gpuverify.check_landed(rows, ctx, tgt, offs, res)
 
     def close(self) -> None:
         """Wait for outstanding copies, then release the buffers."""

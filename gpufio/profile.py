@@ -44,6 +44,8 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option("random_distribution", "str", "random", "random, zipf:THETA, pareto:H, normal:SIGMA"),
     Option("randseed", "int", 0x89, "seed of the offset streams and of created files", minimum=0),
     Option("gpu", "int", 0, "GPU index for GPU engines", minimum=0),
+    Option("gpus", "intlist", (), "GPU indexes for GPU engines, given to the job's workers "
+           "round-robin (overrides 'gpu')"),
     Option("verify", "bool", False, "check every block read against the data pattern"),
     Option("continue_on_error", "bool", False, "keep going after I/O errors (they are counted "
            "either way)"),
@@ -79,6 +81,7 @@ class Job:
     random_distribution: Distribution
     randseed: int
     gpu: int
+    gpus: tuple[int, ...]
     verify: bool
     continue_on_error: bool
     sample_interval: int
@@ -89,6 +92,16 @@ class Job:
     def random(self) -> bool:
         """True for random-offset jobs."""
         return self.rw == "randread"
+
+    @property
+    def gpu_list(self) -> tuple[int, ...]:
+        """The GPUs this job's workers use, in round-robin order."""
+        return self.gpus or (self.gpu,)
+
+    def gpu_of(self, worker: int) -> int:
+        """The GPU of worker ``worker``: ``gpus`` round-robin, else ``gpu``."""
+        gpus = self.gpu_list
+        return gpus[worker % len(gpus)]
 
 
 @dataclass(frozen=True)
@@ -145,6 +158,8 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
             raise BadInput(f"{where}key '{key}': must be greater than 0, got {raw[key]!r}")
     if values["bs"] % 512:
         raise BadInput(f"{where}key 'bs': {values['bs']} is not a multiple of 512")
+    if any(g < 0 for g in values["gpus"]):
+        raise BadInput(f"{where}key 'gpus': GPU indexes cannot be negative, got {raw['gpus']!r}")
     if values["time_based"] and values["runtime"] is None:
         raise BadInput(f"{where}key 'time_based': needs a runtime")
     job = Job(**values, engine_options=extra, options_as_given=dict(raw))

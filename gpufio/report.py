@@ -19,6 +19,7 @@ from rich.table import Table
 from tabulate import tabulate
 
 from gpufio.engines import all_engines
+from gpufio.engines.base import label
 from gpufio.hostinfo import host_facts
 from gpufio.profile import Profile
 from gpufio.runner import JobResult, Outcome
@@ -137,9 +138,8 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for name, engine, j in entries:
         rd = j["read"]
         pct = rd["lat_ns"]["percentile"]
-        mode = j.get("engine_facts", {}).get("mode")
         rows.append({
-            "job": name, "engine": f"{engine} ({mode})" if mode else engine,
+            "job": name, "engine": label(engine, j.get("engine_facts", {})),
             "IOPS": round(rd["iops"]), "MB/s": round(rd["bw_bytes"] / 1e6, 1),
             "mean_us": round(rd["lat_ns"]["mean"] / 1e3, 1),
             "p50_us": round(pct["50.000000"] / 1e3, 1), "p99_us": round(pct["99.000000"] / 1e3, 1),

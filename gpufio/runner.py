@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from gpufio import targets as tg
 from gpufio.engines import all_engines
-from gpufio.engines.base import Engine
+from gpufio.engines.base import Engine, label
 from gpufio.errors import BadInput
 from gpufio.profile import Job, Profile
 from gpufio.stats import CpuTimes, LatencyStats
@@ -94,6 +94,7 @@ class JobRun:
                  regions: list[tuple[int, int]]) -> None:
         self.job = job
         self.engine = engine
+        self.engine_facts = engine.describe(job)
         self.targets = targets
         self.shared = JobShared(job.numjobs)
         self.control = self.shared.control
@@ -113,7 +114,7 @@ class JobRun:
                     file_service=job.file_service, seed=(job.randseed, w), budget=budget),
                 control=self.control, ntargets=len(targets), block=self.shared.blocks[w],
                 verify_seeds=seeds, continue_on_error=job.continue_on_error,
-                own_cpu=in_process), w, self._go)
+                own_cpu=in_process, worker=w), w, self._go)
             for w in range(job.numjobs)]
         self._in_process = in_process
         self.state = "setup"
@@ -211,7 +212,7 @@ class JobRun:
         elapsed = (now - self.t_start) / 1e9 if self.t_start else 0.0
         eta = elapsed * (1 - progress) / progress if progress else None
         state = "done" if self.done else self.state
-        return Snapshot(self.job.name, self.job.engine, state, iops, bw,
+        return Snapshot(self.job.name, label(self.job.engine, self.engine_facts), state, iops, bw,
                         pct[50.0], pct[99.0], progress, eta)
 
     def result(self) -> JobResult:
@@ -257,7 +258,7 @@ class JobRun:
             failures.append(f"workers ended after {runtime / 1e9:.3f} s of a "
                             f"{job.runtime / 1e9:g} s time-based run without an error")
         return JobResult(
-            job=self.job, engine_facts=self.engine.describe(self.job), targets=facts, lat=lat,
+            job=self.job, engine_facts=self.engine_facts, targets=facts, lat=lat,
             ios=sum(r.ios for r in recs), bytes=sum(r.bytes for r in recs), runtime_ns=runtime,
             cpu=cpu, samples=self.samples, per_target=per_target, errors=errors,
             short_ios=sum(p["short_ios"] for p in per_target),

@@ -176,8 +176,9 @@ class WorkerContext:
 
     def __init__(self, *, bs: int, stream, control: JobControl, ntargets: int, block: np.ndarray,
                  verify_seeds: list[int | None] | None, continue_on_error: bool,
-                 own_cpu: bool = False) -> None:
+                 own_cpu: bool = False, worker: int = 0) -> None:
         self.bs = bs
+        self.worker = worker
         self.stream = stream
         self.control = control
         self.rec = Recorder(ntargets, block)

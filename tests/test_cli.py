@@ -138,6 +138,9 @@ BAD_INPUTS = [
     ("[global]\nsize = \"1m\"\n[sweep]\ndepth = [1, 2]\n", "[sweep]: unknown key 'depth'"),
     ("[global]\nengine = \"fake-gpu\"\nsize = \"1m\"\n",
      "engine 'fake-gpu' cannot run here: no GPU found"),
+    ("[global]\nsize = \"1m\"\ngpus = [0, -1]\n", "key 'gpus': GPU indexes cannot be negative"),
+    ("[global]\nsize = \"1m\"\ngpus = \"a,b\"\n", "key 'gpus': expected a whole number"),
+    ("[global]\nengine = \"cufile\"\nsize = \"1m\"\n", "engine 'cufile' cannot run here"),
 ]
 
 

@@ -58,7 +58,7 @@ def test_gpu_index_out_of_range_is_bad_input(write_profile, pattern_file):
     path = write_profile(f'[global]\nengine = "cpu-gpu"\ntargets = ["{pattern_file}"]\ngpu = 99\n')
     res = cli.invoke(app, ["run", str(path), "-q"])
     assert res.exit_code == 2
-    assert "key 'gpu': 99 is out of range" in res.stderr
+    assert "key 'gpu'/'gpus': GPU 99 is out of range" in res.stderr
 
 
 def test_cli_json_reports_gpu_facts(write_profile, pattern_file):

@@ -73,7 +73,7 @@ BAD = [
     ("[global\nbs = 1", r"malformed TOML: .*line 1"),
     ('[global]\nbs = "4k"\nbs = "8k"\n', r"malformed TOML: .*line 3"),
     ("[global]\niodeph = 4\n", r"unknown key 'iodeph' \(did you mean 'iodepth'\?\)"),
-    ("[global]\nbogus = 4\n", r"unknown key 'bogus'$"),
+    ("[global]\nxyzzy = 4\n", r"unknown key 'xyzzy'$"),
     ("[globl]\n", r"top level: unknown key 'globl' \(did you mean 'global'\?\)"),
     ('[global]\nengine = "psyncc"\n', r"unknown engine 'psyncc' \(did you mean 'psync'\?\)"),
     ('[global]\niodepth = "deep"\n', r"key 'iodepth': expected a whole number"),

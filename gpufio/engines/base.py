@@ -18,6 +18,13 @@ if TYPE_CHECKING:
     from gpufio.worker import WorkerContext
 
 
+def label(engine: str, facts: dict[str, Any]) -> str:
+    """How tables name a job's data path: the engine plus its mode where it has one (a cuFile
+    run in compat mode must never pass for GPUDirect Storage)."""
+    mode = facts.get("mode")
+    return f"{engine} ({mode})" if mode else engine
+
+
 class Engine(ABC):
     """A data path. One instance per worker thread of a job."""
 

@@ -58,7 +58,7 @@ class CpuGpu(Engine):
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
-        return {**super().describe(job), "gpu": job.gpu, "lands_in": "gpu memory",
+        return {**super().describe(job), "gpus": list(job.gpu_list), "lands_in": "gpu memory",
                 "segments": min(job.engine_options["segments"], job.iodepth)}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
@@ -66,7 +66,7 @@ class CpuGpu(Engine):
         nseg = min(job.engine_options["segments"], job.iodepth)
         self._seg = job.iodepth // nseg
         self._nseg = nseg
-        self.landing = Landing(job.gpu, nseg, self._seg, job.bs, ctx.verifying)
+        self.landing = Landing(job.gpu_of(ctx.worker), nseg, self._seg, job.bs, ctx.verifying)
         self.ring = uring.Ring(nseg * self._seg)
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
 

@@ -49,11 +49,11 @@ class Mmap(Engine):
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         return {"page_cache": True, "drop_cache": job.engine_options["drop_cache"],
-                "gpu": job.gpu, "lands_in": "gpu memory", "batch": job.iodepth}
+                "gpus": list(job.gpu_list), "lands_in": "gpu memory", "batch": job.iodepth}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
-        self.landing = Landing(job.gpu, SEGMENTS, job.iodepth, job.bs, ctx.verifying)
+        self.landing = Landing(job.gpu_of(ctx.worker), SEGMENTS, job.iodepth, job.bs, ctx.verifying)
         self._maps: list[mm.mmap] = []
         self._views: list[np.ndarray] = []
         advice = mm.MADV_RANDOM if job.random else mm.MADV_SEQUENTIAL

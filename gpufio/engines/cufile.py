@@ -1,0 +1,184 @@
+"""cufile: NVIDIA cuFile through KvikIO, GPUDirect Storage when the host has it.
+
+Each worker keeps ``iodepth`` reads in flight as KvikIO futures, each straight into its own
+slot of GPU memory; KvikIO's thread pool runs them. Without the nvidia-fs driver cuFile (and
+KvikIO) fall back to compat mode: POSIX reads into a host bounce buffer, then a copy to the
+GPU. The two are different data paths, so the mode is part of every label gpufio prints and
+of the result, and ``require_gds`` refuses to run in compat mode at all. A read is complete
+when its future is done: KvikIO resolves it only once the bytes are in GPU memory.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpufio import gpu, gpuverify
+from gpufio.engines import register
+from gpufio.engines.base import Engine
+from gpufio.errors import BadInput
+from gpufio.options import Option
+
+if TYPE_CHECKING:
+    from gpufio.profile import Job
+    from gpufio.targets import Target
+    from gpufio.worker import WorkerContext
+
+POLL_S = 5e-6
+STALL_LIMIT_NS = 10_000_000_000
+_settings_lock = threading.Lock()
+
+
+class StuckRead(RuntimeError):
+    """A KvikIO read did not finish within STALL_LIMIT_NS."""
+
+
+def cufile_mode() -> str:
+    """``gds`` when cuFile moves data by GPUDirect Storage here, ``compat`` when KvikIO falls
+    back to POSIX reads through host memory."""
+    import kvikio.cufile_driver
+    import kvikio.defaults
+
+    if kvikio.defaults.is_compat_mode_preferred():
+        return "compat"
+    try:
+        return "gds" if kvikio.cufile_driver.get("is_gds_available") else "compat"
+    except Exception:  # the driver cannot even be opened: KvikIO will run in compat mode
+        return "compat"
+
+
+def _configure(job: Job) -> None:
+    """Set KvikIO's process-wide settings once, before any worker reads (they share a pool)."""
+    import kvikio.defaults
+
+    threads = job.engine_options["threads"] or job.iodepth * job.numjobs
+    with _settings_lock:
+        wanted = {"num_threads": threads, "task_size": max(job.bs, 4096),
+                  "gds_threshold": 0, "auto_direct_io_read": job.direct}
+        for key, value in wanted.items():
+            if kvikio.defaults.get(key) != value:
+                kvikio.defaults.set(key, value)
+
+
+@register
+class CuFileEngine(Engine):
+    """KvikIO futures reading straight into GPU memory; mode gds or compat, always labelled."""
+
+    name = "cufile"
+    summary = ("NVIDIA cuFile through KvikIO: GPUDirect Storage, or compat mode "
+               "(POSIX reads through host memory) where the host has no GDS driver")
+    peer = "gdsio -x 0, fio libcufile, KvikIO"
+    uses_gpu = True
+    worker_kind = "thread"
+    options = (
+        Option("threads", "int", 0, "KvikIO thread-pool size, shared by the process "
+               "(0: iodepth x numjobs, a thread per queued read)", minimum=0),
+        Option("require_gds", "bool", False, "fail instead of running in cuFile compat mode"),
+    )
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        why = super().unavailable()
+        if why:
+            return why
+        try:
+            import kvikio  # noqa: F401
+        except ImportError:
+            return "KvikIO is not installed (pip install 'gpufio[gds]')"
+        except Exception as e:  # a missing libcufile surfaces as the loader's own error type
+            return f"KvikIO cannot load: {str(e).splitlines()[0]}"
+        return None
+
+    @classmethod
+    def describe(cls, job: Job) -> dict[str, Any]:
+        return {**super().describe(job), "mode": cufile_mode(), "gpus": list(job.gpu_list),
+                "lands_in": "gpu memory", "kvikio_threads":
+                job.engine_options["threads"] or job.iodepth * job.numjobs}
+
+    def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
+        super().__init__(job, targets, ctx)
+        cp = gpu.use(job.gpu_of(ctx.worker))
+        import kvikio
+
+        if job.engine_options["require_gds"] and cufile_mode() != "gds":
+            raise BadInput("engine 'cufile': require_gds is set, but cuFile runs in compat mode "
+                           "here (no GPUDirect Storage driver, or KVIKIO_COMPAT_MODE=on)")
+        _configure(job)
+        try:
+            self.dev = cp.empty(job.iodepth * job.bs, dtype=cp.uint8)
+        except cp.cuda.memory.OutOfMemoryError:
+            raise BadInput(f"gpu {job.gpu_of(ctx.worker)}: out of memory for "
+                           f"{job.iodepth * job.bs} bytes of buffers") from None
+        self._rows = self.dev.reshape(job.iodepth, job.bs)
+        self._slots = [self._rows[i] for i in range(job.iodepth)]
+        self._files = [kvikio.CuFile(t.path, "r") for t in targets]
+        self._cp = cp
+        self._futures: list[Any] = []
+        if ctx.verifying:
+            gpuverify.compile_kernel()
+
+    def run(self) -> None:
+        ctx, bs, depth = self.ctx, self.job.bs, self.job.iodepth
+        futures = self._futures = [None] * depth
+        t_issue = np.zeros(depth, dtype=np.int64)
+        slot_tgt = np.zeros(depth, dtype=np.int32)
+        slot_off = np.zeros(depth, dtype=np.uint64)
+        free = list(range(depth))
+        issuing = True
+        while True:
+            if issuing and free:
+                tgt, offs = ctx.next_batch(len(free))
+                issuing = bool(len(offs))
+                now = time.perf_counter_ns()
+                for t, off in zip(tgt.tolist(), offs.tolist()):
+                    s = free.pop()
+                    futures[s] = self._files[t].pread(self._slots[s], bs, off, task_size=bs)
+                    t_issue[s], slot_tgt[s], slot_off[s] = now, t, off
+            busy = [s for s in range(depth) if futures[s] is not None]
+            if not busy:
+                return
+            done = self._wait_some(futures, busy, t_issue)
+            self._finish(done, futures, t_issue, slot_tgt, slot_off)
+            free.extend(done)
+
+    def _wait_some(self, futures: list[Any], busy: list[int], t_issue: np.ndarray) -> list[int]:
+        """The busy slots whose reads are done, waiting until there is at least one."""
+        oldest = min(busy, key=lambda s: t_issue[s])
+        while not futures[oldest].done():
+            if time.perf_counter_ns() - t_issue[oldest] > STALL_LIMIT_NS:
+                raise StuckRead(f"a KvikIO read has not finished in {STALL_LIMIT_NS / 1e9:g} s "
+                                f"({len(busy)} in flight)")
+            time.sleep(POLL_S)
+        return [s for s in busy if futures[s].done()]
+
+    def _finish(self, done: list[int], futures: list[Any], t_issue: np.ndarray,
+                slot_tgt: np.ndarray, slot_off: np.ndarray) -> None:
+        now = time.perf_counter_ns()
+        slots = np.array(done, dtype=np.int64)
+        res = np.empty(len(done), dtype=np.int32)
+        for i, s in enumerate(done):
+            try:
+                res[i] = futures[s].get()
+            except Exception as e:  # KvikIO raises on a failed read without an errno
+                res[i] = -(getattr(e, "errno", None) or errno.EIO)
+            futures[s] = None
+        tgt, offs = slot_tgt[slots], slot_off[slots]
+        if self.ctx.verifying:
+            gpuverify.check_landed(self._rows[self._cp.asarray(slots)], self.ctx, tgt, offs, res)
+        self.ctx.complete(now - t_issue[slots], tgt, res)
+
+    def close(self) -> None:
+        """Let reads still in flight (a failed run) land before their buffers go away."""
+        deadline = time.perf_counter_ns() + STALL_LIMIT_NS
+        for fut in self._futures:
+            while fut is not None and not fut.done() and time.perf_counter_ns() < deadline:
+                time.sleep(POLL_S)
+        for f in self._files:
+            f.close()
+        self._slots.clear()
+        self._rows = None
+        self.dev = None

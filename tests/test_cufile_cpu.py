@@ -1,0 +1,47 @@
+"""The cufile engine without a GPU (CI): availability reasons, mode labels, placement."""
+
+import sys
+
+import pytest
+
+from gpufio import gpu
+from gpufio.engines import all_engines
+from gpufio.engines.base import label
+from gpufio.profile import from_dict
+from gpufio.report import summary_rows
+
+
+def test_missing_kvikio_is_named_with_the_extra_to_install(monkeypatch):
+    monkeypatch.setattr(gpu, "probe", lambda: (1, None))
+    monkeypatch.setitem(sys.modules, "kvikio", None)  # makes "import kvikio" raise ImportError
+    why = all_engines()["cufile"].unavailable()
+    assert why == "KvikIO is not installed (pip install 'gpufio[gds]')"
+
+
+def test_no_gpu_is_reported_before_kvikio(monkeypatch):
+    monkeypatch.setattr(gpu, "probe", lambda: (0, "no GPU found"))
+    assert all_engines()["cufile"].unavailable() == "no GPU found"
+
+
+def test_compat_mode_is_part_of_every_label():
+    assert label("cufile", {"mode": "compat"}) == "cufile (compat)"
+    assert label("uring", {"page_cache": False}) == "uring"
+    doc = {"jobs": [{"jobname": "j", "engine": "cufile", "engine_facts": {"mode": "compat"},
+                     "read": {"iops": 1.0, "bw_bytes": 4096.0, "lat_ns": {
+                         "mean": 1000.0, "percentile": {"50.000000": 1000, "99.000000": 2000,
+                                                        "99.900000": 3000}}},
+                     "usr_cpu": 0.0, "sys_cpu": 0.0, "cpu_us_per_io": 0.0}]}
+    assert summary_rows(doc)[0]["engine"] == "cufile (compat)"
+
+
+@pytest.mark.parametrize("given,expected", [
+    ({"gpu": 1}, [1, 1, 1, 1]),
+    ({"gpus": [0, 1]}, [0, 1, 0, 1]),
+    ({"gpus": "2,0,1", "gpu": 5}, [2, 0, 1, 2]),
+])
+def test_gpus_are_given_to_workers_round_robin(given, expected):
+    prof = from_dict({"global": {"size": "1m", "numjobs": 4, "engine": "cufile", **given}},
+                     "t.toml", {})
+    (job,) = prof.jobs
+    assert [job.gpu_of(w) for w in range(4)] == expected
+    assert job.engine_options == {"threads": 0, "require_gds": False}

@@ -1,0 +1,105 @@
+"""What every GPU engine must do (needs a GPU): land the right bytes in GPU memory for odd
+shapes (12 KiB blocks, a target that is not a multiple of bs, several targets), catch a
+planted bad block, spread workers over GPUs, and leave nothing behind when interrupted."""
+
+import os
+
+import numpy as np
+import pytest
+
+from gpufio import runner, targets
+from gpufio.engines import all_engines
+from gpufio.profile import from_dict
+
+pytestmark = pytest.mark.gpu
+
+GPU_ENGINES = [
+    {"engine": "cpu-gpu", "iodepth": 16},
+    {"engine": "mmap", "iodepth": 16},
+    {"engine": "cufile", "iodepth": 16},
+]
+IDS = [e["engine"] for e in GPU_ENGINES]
+
+
+def run(engine, paths, **opts):
+    if why := all_engines()[engine["engine"]].unavailable():
+        pytest.skip(f"{engine['engine']}: {why}")
+    glob = {**engine, "targets": [str(p) for p in paths], **opts}
+    return runner.run_profile(from_dict({"global": glob}, "t.toml", {}), quiet=True)
+
+
+@pytest.fixture
+def odd_targets(tmp_path):
+    """Two pattern targets whose sizes are not multiples of 12 KiB."""
+    a, b = tmp_path / "a.dat", tmp_path / "b.dat"
+    targets.create_file(str(a), (3 << 20) + 4096, 11)
+    targets.create_file(str(b), (2 << 20) + 8192, 12)
+    return a, b
+
+
+@pytest.mark.parametrize("engine", GPU_ENGINES, ids=IDS)
+@pytest.mark.parametrize("rw", ["randread", "read"])
+def test_odd_sizes_and_several_targets_land_verified(engine, rw, odd_targets):
+    (r,) = run(engine, odd_targets, rw=rw, bs="12k", verify=True, io_size="3m").results
+    assert r.ok, (r.failure, r.errors, r.bad_offsets)
+    assert r.ios == (3 << 20) // (12 << 10) and r.verify_failures == 0
+    assert r.bytes == r.ios * 12288 and r.lat.n == r.ios
+    assert sum(p["ios"] for p in r.per_target) == r.ios
+    assert all(p["ios"] > 0 for p in r.per_target)
+    assert r.engine_facts["lands_in"] == "gpu memory"
+
+
+@pytest.mark.parametrize("engine", GPU_ENGINES, ids=IDS)
+def test_a_planted_bad_block_is_caught(engine, pattern_file):
+    with open(pattern_file, "r+b") as f:
+        f.seek(9 * 4096 + 2048)
+        f.write(b"\xde\xad")
+    (r,) = run(engine, [pattern_file], rw="read", size="128k", verify=True).results
+    assert not r.ok and r.verify_failures == 1
+    assert r.bad_offsets == [{"target": str(pattern_file), "offset": 9 * 4096}]
+    assert r.ios == 32
+
+
+@pytest.mark.parametrize("engine", GPU_ENGINES, ids=IDS)
+def test_workers_spread_over_gpus_round_robin(engine, pattern_file):
+    (r,) = run(engine, [pattern_file], numjobs=2, gpus=[0, 0], verify=True, io_size="1m").results
+    assert r.ok and r.ios == 2 * 256
+    assert r.engine_facts["gpus"] == [0, 0]
+
+
+def _uring_fds() -> int:
+    fds = os.listdir("/proc/self/fd")
+    return sum(1 for fd in fds if "io_uring" in _link(fd))
+
+
+def _link(fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("engine", GPU_ENGINES, ids=IDS)
+def test_ctrl_c_keeps_results_and_frees_rings_and_gpu_memory(engine, pattern_file):
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    run(engine, [pattern_file], io_size="256k")  # warm up CuPy and compile kernels
+    before = (pool.used_bytes(), _uring_fds())
+    ticks = []
+
+    def interrupt(snapshots):
+        ticks.append(snapshots)
+        if len(ticks) == 6:
+            raise KeyboardInterrupt
+
+    if why := all_engines()[engine["engine"]].unavailable():
+        pytest.skip(why)
+    prof = from_dict({"global": {**engine, "targets": [str(pattern_file)], "runtime": "30s",
+                                 "time_based": True, "verify": True}}, "t.toml", {})
+    out = runner.run_profile(prof, on_tick=interrupt, quiet=True, tick_every_s=0.1)
+    (r,) = out.results
+    assert out.interrupted and r.interrupted and r.ios > 0 and r.verify_failures == 0
+    assert r.runtime_ns < 5e9
+    assert (pool.used_bytes(), _uring_fds()) == before
+    assert np.isfinite(r.lat.mean)
