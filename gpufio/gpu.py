@@ -47,12 +47,13 @@ def use(index: int) -> Any:
     return cupy
 
 
-def register_host(addr: int, size: int) -> None:
+def register_host(addr: int, size: int, mapped: bool = False) -> None:
     """Page-lock host memory gpufio allocated itself (page-aligned, so O_DIRECT can use it too)
-    and make it usable for asynchronous copies."""
+    and make it usable for asynchronous copies; ``mapped`` also maps it into every GPU's
+    address space (with unified addressing at the same address), so kernels can read it."""
     import cupy
 
-    cupy.cuda.runtime.hostRegister(addr, size, 0)
+    cupy.cuda.runtime.hostRegister(addr, size, 3 if mapped else 0)  # PORTABLE | MAPPED
 
 
 def unregister_host(addr: int) -> None:

@@ -8,13 +8,11 @@ process, on first use, which engines do during setup, never inside a measurement
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gpufio import pattern
+from gpufio import cuda, pattern
 
 THREADS = 256
 MAX_BLOCKS = 4096
@@ -22,12 +20,8 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 
 
-@lru_cache(maxsize=1)
 def _kernel() -> Any:
-    import cupy
-
-    source = (Path(__file__).parent / "kernels" / "verify.cu").read_text()
-    return cupy.RawModule(code=source).get_function("count_mismatches")
+    return cuda.module("verify").get_function("count_mismatches")
 
 
 def compile_kernel() -> None:
@@ -49,6 +43,12 @@ def check_landed(rows: Any, ctx: Any, tgt: np.ndarray, offs: np.ndarray, res: np
     ctx.record_mismatches(tgt[ok], offs[ok], bad.tolist())
 
 
+def seed_mixes(seeds: np.ndarray) -> np.ndarray:
+    """Each pattern seed times the golden ratio (mod 2**64), as the pattern's words use it."""
+    return np.array([(int(s) * _GOLDEN) & _MASK64 for s in np.asarray(seeds).tolist()],
+                    dtype=np.uint64)
+
+
 def mismatched_ios(data: Any, offsets: np.ndarray, seeds: np.ndarray, io_len: int) -> np.ndarray:
     """Indices of the I/Os in ``data`` (a CuPy array of len(offsets) * io_len bytes, one I/O
     after another) whose bytes differ from the pattern at their offset; ``seeds`` per I/O."""
@@ -59,7 +59,7 @@ def mismatched_ios(data: Any, offsets: np.ndarray, seeds: np.ndarray, io_len: in
         raise ValueError("GPU verification needs 8-byte aligned offsets and lengths")
     words = data.view(cupy.uint64)
     seeds64 = np.asarray(seeds, dtype=np.uint64)
-    mix = np.array([(int(s) * _GOLDEN) & _MASK64 for s in seeds64.tolist()], dtype=np.uint64)
+    mix = seed_mixes(seeds64)
     bad = cupy.zeros(n, dtype=cupy.uint32)
     total = n * (io_len // 8)
     blocks = int(min(MAX_BLOCKS, max(1, -(-total // THREADS))))

@@ -171,6 +171,27 @@ class FinalRecord:
     cpu: CpuTimes | None
 
 
+@dataclass
+class DeviceTotals:
+    """A worker's counts kept by the engine itself (binned in GPU memory), in the Recorder's
+    terms: latency sums instead of samples, per-target arrays, errors by (target, errno)."""
+
+    completed: int
+    ios: int
+    bytes: int
+    hist: np.ndarray
+    lat_sum: int
+    lat_sumsq: float
+    lat_min: int
+    lat_max: int
+    target_ios: np.ndarray
+    target_bytes: np.ndarray
+    short: np.ndarray
+    verify_failures: np.ndarray
+    errors: dict[tuple[int, int], int]
+    bad_offsets: list[tuple[int, int]]
+
+
 class WorkerContext:
     """Hands one worker its I/Os and records their outcomes."""
 
@@ -206,6 +227,27 @@ class WorkerContext:
         self.rec.flush()
         if self._own_cpu and self._cpu0 is not None:
             self.rec.cpu = CpuTimes.now() - self._cpu0
+
+    def publish(self, completed: int, ios: int, nbytes: int, hist: np.ndarray) -> None:
+        """Live counters of an engine that counts on the device, for the live display."""
+        live = self.rec.live
+        live[0], live[1], live[2] = completed, ios, nbytes
+        self.rec.lat.hist[:] = hist
+
+    def absorb(self, t: DeviceTotals) -> None:
+        """Take an engine's own final counts as this worker's record (instead of ``complete``)."""
+        rec = self.rec
+        self.publish(t.completed, t.ios, t.bytes, t.hist)
+        if t.ios:
+            mean = t.lat_sum / t.ios
+            rec.lat.n, rec.lat.mean, rec.lat.min, rec.lat.max = t.ios, mean, t.lat_min, t.lat_max
+            rec.lat.m2 = max(t.lat_sumsq - t.ios * mean * mean, 0.0)
+        rec.multi_ios[:] = t.target_ios
+        rec.multi_bytes[:] = t.target_bytes
+        rec.short += t.short
+        rec.verify_failures += t.verify_failures
+        rec.errors.update(t.errors)
+        rec.bad_offsets.extend(t.bad_offsets[:MAX_BAD_OFFSETS - len(rec.bad_offsets)])
 
     def complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray) -> None:
         """Record finished I/Os: latency (ns), target index, result (int32 bytes, or -errno)."""

@@ -156,6 +156,11 @@ class OffsetStream:
         lo, self._pos = self._pos, self._pos + n
         return self._tgt[lo:self._pos], self._offs[lo:self._pos]
 
+    def region_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first byte, number of bs blocks) of each target's region as uint64 arrays, for
+        engines whose offsets are generated elsewhere (GPU threads pick their own)."""
+        return self._starts.copy(), np.array(self._nblocks, dtype=np.uint64)
+
     def _generate(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         ntargets = len(self._nblocks)
         if self._file_random:

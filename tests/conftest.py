@@ -5,6 +5,7 @@ Tests marked ``gpu`` are skipped, with the reason, where no usable GPU is found.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,14 @@ def pattern_file(tmp_path: Path) -> Path:
     path = tmp_path / "target.dat"
     targets.create_file(str(path), 4 << 20, 1234)
     return path
+
+
+@pytest.fixture
+def pattern_fd(pattern_file: Path):
+    """pattern_file opened O_DIRECT for reading."""
+    fd = os.open(pattern_file, os.O_RDONLY | os.O_DIRECT)
+    yield fd
+    os.close(fd)
 
 
 @pytest.fixture

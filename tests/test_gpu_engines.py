@@ -17,6 +17,7 @@ GPU_ENGINES = [
     {"engine": "cpu-gpu", "iodepth": 16},
     {"engine": "mmap", "iodepth": 16},
     {"engine": "cufile", "iodepth": 16},
+    {"engine": "gpu-uring", "iodepth": 16, "rings": 2},
 ]
 IDS = [e["engine"] for e in GPU_ENGINES]
 

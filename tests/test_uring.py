@@ -82,13 +82,6 @@ def test_abi_matches_the_installed_header_compiled(tmp_path):
         (64, 16, 120)
 
 
-@pytest.fixture
-def pattern_fd(pattern_file):
-    fd = os.open(pattern_file, os.O_RDONLY | os.O_DIRECT)
-    yield fd
-    os.close(fd)
-
-
 def read_all(ring, fd, offsets, bs=4096, slots=None):
     """Push/submit/reap reads of ``offsets`` through ``ring``; returns the data per offset."""
     slots = slots or ring.sq_entries

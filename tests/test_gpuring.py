@@ -1,0 +1,123 @@
+"""The host side of gpu-uring, without a GPU: flow-control sizing, the default ring count,
+the watchdog and its diagnostic, the engine's profile checks, and a ring in caller memory
+driven word by word exactly as the GPU agent drives it (SQEs and tail written to memory,
+completions read from memory, no io_uring_enter but wake-ups)."""
+
+import ctypes
+import time
+
+import numpy as np
+import pytest
+
+from gpufio import pattern, uring
+from gpufio.errors import BadInput
+from gpufio.gpuring import RingState, Watchdog, default_rings, ring_sizes, stall_report
+from gpufio.profile import from_dict
+from gpufio.targets import aligned_buffer
+
+
+@pytest.mark.parametrize("iodepth,entries,expected", [
+    (4, None, (4, 8)), (3, None, (4, 8)), (2, 2, (2, 4)), (5, 16, (16, 32)), (1, 1, (1, 2)),
+])
+def test_ring_sizes_keep_every_inflight_read_in_the_cq(iodepth, entries, expected):
+    sq, cq = ring_sizes(iodepth, entries)
+    assert (sq, cq) == expected
+    assert iodepth <= sq <= cq
+
+
+@pytest.mark.parametrize("iodepth,entries,message", [
+    (8, 4, "key 'iodepth': 8 reads in flight per ring do not fit a ring of ring_entries = 4"),
+    (1, 40000, "key 'ring_entries': 40000 is more than io_uring's 32768"),
+])
+def test_ring_sizes_refuse_what_could_overflow(iodepth, entries, message):
+    with pytest.raises(BadInput, match=message):
+        ring_sizes(iodepth, entries)
+
+
+@pytest.mark.parametrize("ntargets,cpus,rings", [(1, 16, 8), (1, 2, 1), (3, 4, 3), (1, 64, 8),
+                                                 (1, 1, 1)])
+def test_default_rings_follow_cores_and_targets(ntargets, cpus, rings):
+    assert default_rings(ntargets, cpus) == rings
+
+
+def test_watchdog_fires_only_after_completions_stop_for_the_timeout():
+    dog = Watchdog(timeout_ns=1_000, now_ns=0)
+    counts = [0, 5, 9, 9, 9, 9, 12, 12, 12]
+    times = [0, 400, 800, 1200, 1700, 1900, 2000, 2600, 3001]
+    fired = [dog.update(c, t) for c, t in zip(counts, times)]
+    assert fired == [False, False, False, False, False, True, False, False, True]
+
+
+def test_stall_report_names_heads_tails_flags_and_slots():
+    rings = [RingState(10, 12, 8, 10, uring.SQ_NEED_WAKEUP), RingState(5, 5, 5, 5, 0)]
+    text = stall_report(10_000_000_000, rings, {"free": 0, "submitted": 2, "ready": 1})
+    assert text.startswith("no read completed for 10 s; kernels stopped.")
+    assert "ring 0: sq head 10 tail 12, cq head 8 tail 10, in flight 2, flags NEED_WAKEUP" in text
+    assert "ring 1: sq head 5 tail 5, cq head 5 tail 5, in flight 0, flags 0" in text
+    assert text.endswith("request slots: submitted 2, ready 1")
+
+
+@pytest.mark.parametrize("opts,message", [
+    ({"random_distribution": "zipf:1.2"}, "random_distribution 'zipf' is not supported"),
+    ({"iodepth": 16, "ring_entries": 8}, "do not fit a ring of ring_entries = 8"),
+    ({"land": "disk"}, "key 'land': 'disk' is not one of gpu, host"),
+])
+def test_profile_checks(opts, message):
+    with pytest.raises(BadInput, match=message):
+        from_dict({"global": {"engine": "gpu-uring", "size": "1m", **opts}}, "t.toml", {})
+
+
+def _u32(addr: int) -> ctypes.c_uint32:
+    return ctypes.c_uint32.from_address(addr)
+
+
+@pytest.mark.skipif(not (uring.probe().get("no_mmap") and uring.probe().get("no_sqarray")),
+                    reason="needs IORING_SETUP_NO_MMAP and NO_SQARRAY (Linux 6.6+)")
+def test_a_producer_ring_driven_through_memory_words_only(pattern_fd):
+    """Tiny SQPOLL ring in caller memory, 2000 reads, wrap-around, the agent's arithmetic."""
+    sq_n, cq_n = ring_sizes(2, 2)
+    ring = uring.Ring(sq_n, cq_entries=cq_n, sqpoll=True, sq_thread_idle_ms=1, user_memory=True,
+                      no_sqarray=True)
+    w = ring.ring_words
+    sqes = np.ctypeslib.as_array((ctypes.c_uint64 * (8 * sq_n)).from_address(w["sqes"]))
+    cqes = np.ctypeslib.as_array((ctypes.c_uint64 * (2 * cq_n)).from_address(w["cqes"]))
+    mem = aligned_buffer(2 * 4096)  # O_DIRECT needs aligned buffers
+    buf = np.frombuffer(mem, np.uint8).reshape(2, 4096)
+    buf_addr = buf.ctypes.data
+    offsets = [(i * 37 % 1024) * 4096 for i in range(2000)]
+    tail = head = cqh = 0
+    inflight = 0
+    done = {}
+    deadline = time.monotonic() + 30
+    nxt = 0
+    free = [0, 1]
+    while len(done) < len(offsets):
+        assert time.monotonic() < deadline, ring.state()
+        head = _u32(w["sq_head"]).value
+        while free and nxt < len(offsets) and tail - head < sq_n and inflight < cq_n:
+            slot = free.pop()
+            row = (tail & (sq_n - 1)) * 8
+            sqes[row:row + 8] = [uring.OP_READ | pattern_fd << 32, offsets[nxt],
+                                 buf_addr + slot * 4096, 4096, slot | nxt << 8, 0, 0, 0]
+            tail += 1
+            inflight += 1
+            nxt += 1
+            _u32(w["sq_tail"]).value = tail
+        if _u32(w["sq_flags"]).value & uring.SQ_NEED_WAKEUP:
+            ring.enter(0, 0, uring.ENTER_SQ_WAKEUP)
+        t = _u32(w["cq_tail"]).value
+        while cqh != t:
+            ud, res = int(cqes[(cqh & (cq_n - 1)) * 2]), int(cqes[(cqh & (cq_n - 1)) * 2 + 1])
+            slot, i = ud & 0xFF, ud >> 8
+            assert (res & 0xFFFFFFFF) == 4096, res
+            assert np.array_equal(buf[slot].view("<u8"),
+                                  pattern.expected_words(1234, offsets[i], 4096)), i
+            done[i] = True
+            free.append(slot)
+            cqh += 1
+            inflight -= 1
+        _u32(w["cq_head"]).value = cqh
+    assert not _u32(w["sq_flags"]).value & uring.SQ_CQ_OVERFLOW
+    ring.close()
+    del buf
+    mem.close()
