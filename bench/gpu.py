@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""gpufio's GPU paths against their peers, in one run, on the GPU machine.
+
+Targets it sets up itself: a tmpfs file (O_DIRECT), zram when free, and a file on the root
+disk (the "slow SSD"). On each it runs gpufio's GPU engines and, with comparable settings,
+fio (io_uring into host memory, and libcufile with cuda_io=posix: fio's own GPU path) and
+KvikIO (its futures API straight into GPU memory, without gpufio), interleaved and repeated,
+and prints medians with the ratio of each gpufio path to its peer. Every gpufio GPU run
+verifies its data in GPU memory. Speed targets (the issues' goals) live in ``GOALS`` here,
+never in unit tests; ``--check`` exits 1 when one is missed.
+
+    LD_LIBRARY_PATH=... PYTHONPATH=/tmp/site python3 bench/gpu.py --fio .peers/fio --json out.json
+
+Run it as root on a machine with a GPU; the cuFile peers need libcufile on LD_LIBRARY_PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from compare import run_fio, run_gpufio, setup_tmpfs, setup_zram  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+
+from gpufio import targets  # noqa: E402
+
+ROOT_FILE_SIZE = 4 << 30
+FIO_CUFILE = ["--ioengine=libcufile", "--cuda_io=posix", "--gpu_dev_ids=0"]
+
+
+def cases(ram: bool) -> list[dict]:
+    """(label, gpufio options, peer, peer options, goal). RAM-backed targets get the deep
+    queues the probe found best; the root disk gets the queue depth it saturates at."""
+    if ram:
+        return [
+            {"path": "gpu-uring", "g": {"engine": "gpu-uring", "rings": 8, "verify": True},
+             "depth": 512, "jobs": 1, "peer": "fio io_uring 16 jobs x qd64 (host memory)",
+             "fio": ["--ioengine=io_uring", "--fixedbufs=1", "--registerfiles=1"],
+             "fio_jobs": 16, "fio_depth": 64, "goal": None, "abs_goal": 4e6},
+            {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "verify": True}, "depth": 64,
+             "jobs": 8, "peer": "fio libcufile posix 16 jobs", "fio": FIO_CUFILE,
+             "fio_jobs": 16, "fio_depth": 1, "goal": 10.0, "abs_goal": 2e6},
+            {"path": "cufile", "g": {"engine": "cufile", "verify": True}, "depth": 64,
+             "jobs": 1, "peer": "KvikIO futures qd64", "kvikio": True, "goal": 0.9},
+            {"path": "mmap (page cache)", "g": {"engine": "mmap", "verify": True}, "depth": 64,
+             "jobs": 8, "peer": "fio libcufile posix 16 jobs", "fio": FIO_CUFILE,
+             "fio_jobs": 16, "fio_depth": 1, "goal": None},
+        ]
+    qd = {"fio": ["--ioengine=io_uring"], "fio_jobs": 1, "fio_depth": 128,
+          "peer": "fio io_uring qd128"}
+    return [
+        {"path": "gpu-uring", "g": {"engine": "gpu-uring", "rings": 4, "verify": True},
+         "depth": 32, "jobs": 1, **qd, "goal": 0.95},
+        {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "verify": True}, "depth": 128,
+         "jobs": 1, **qd, "goal": 0.9},
+        {"path": "cufile", "g": {"engine": "cufile", "verify": True}, "depth": 128, "jobs": 1,
+         **qd, "goal": 0.9},
+        {"path": "mmap (drop_cache)", "g": {"engine": "mmap", "drop_cache": True, "verify": True},
+         "depth": 128, "jobs": 1, **qd, "goal": None},
+    ]
+
+
+def setup_rootfile(directory: Path) -> tuple[str, callable]:
+    """A pattern file on the root disk, read with O_DIRECT: the slow drive."""
+    path = directory / "gpufio-bench-root.dat"
+    targets.create_file(str(path), ROOT_FILE_SIZE, 8)
+    return str(path), lambda: path.unlink(missing_ok=True)
+
+
+def run_kvikio(target: str, iodepth: int, runtime: int) -> dict:
+    """KvikIO alone: iodepth futures of 4 KiB random reads into GPU memory, time-based."""
+    code = f"""
+import json, time, numpy as np, cupy as cp, kvikio, kvikio.defaults
+kvikio.defaults.set({{"num_threads": {iodepth}, "task_size": 4096, "gds_threshold": 0}})
+f = kvikio.CuFile({target!r}, "r")
+size = __import__("os").stat({target!r}).st_size
+if size == 0:
+    size = int(open("/sys/block/" + {target!r}.split("/")[-1] + "/size").read()) * 512
+buf = cp.empty(({iodepth}, 4096), cp.uint8)
+rng = np.random.default_rng(1)
+offs = (rng.integers(0, size // 4096, 1 << 22) * 4096).tolist()
+k = 0
+lats = []
+futs = [None] * {iodepth}
+t_issue = [0] * {iodepth}
+def issue(s):
+    global k
+    t_issue[s] = time.perf_counter_ns()
+    futs[s] = f.pread(buf[s], 4096, offs[k % len(offs)], task_size=4096)
+    k += 1
+end = time.perf_counter() + {runtime}
+for s in range({iodepth}):
+    issue(s)
+done = 0
+t0 = time.perf_counter()
+while time.perf_counter() < end:
+    for s in range({iodepth}):
+        if futs[s].done():
+            futs[s].get()
+            lats.append(time.perf_counter_ns() - t_issue[s])
+            done += 1
+            issue(s)
+dt = time.perf_counter() - t0
+for fu in futs:
+    fu.get()
+mode = "compat" if kvikio.defaults.is_compat_mode_preferred() else "gds"
+print(json.dumps({{"iops": done / dt, "p50": float(np.percentile(lats, 50)),
+                  "p99": float(np.percentile(lats, 99)), "cpu_us": 0.0, "mode": mode}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fio", required=True, help="fio built with libcufile")
+    ap.add_argument("--runtime", type=int, default=3, help="measured seconds per run")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per tool; medians are reported")
+    ap.add_argument("--root-dir", default=str(Path.home()), help="where the root-disk file goes")
+    ap.add_argument("--targets", nargs="+", default=["tmpfs", "zram", "rootdisk"])
+    ap.add_argument("--paths", nargs="+", help="only these gpufio paths")
+    ap.add_argument("--json", help="also write every run's numbers here")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
+    cleanups, tgts = [], {}
+    rows, raw, missed = [], [], []
+    try:
+        if "tmpfs" in args.targets:
+            path, clean = setup_tmpfs()
+            cleanups.append(clean)
+            tgts["tmpfs"] = (path, True)
+        if "zram" in args.targets and (z := setup_zram()):
+            tgts["zram"] = (z[0], True)
+            cleanups.append(z[1])
+        if "rootdisk" in args.targets:
+            path, clean = setup_rootfile(Path(args.root_dir))
+            cleanups.append(clean)
+            tgts["rootdisk"] = (path, False)
+        for tname, (target, ram) in tgts.items():
+            for c in cases(ram):
+                if args.paths and c["path"].split()[0] not in args.paths:
+                    continue
+                g_runs, p_runs = [], []
+                for _ in range(args.repeat):
+                    g_runs.append(run_gpufio(target, c["g"], c["jobs"], c["depth"], args.runtime))
+                    if c.get("kvikio"):
+                        p_runs.append(run_kvikio(target, c["depth"], args.runtime))
+                    else:
+                        p_runs.append(run_fio(args.fio, target, c["fio"], c["fio_jobs"],
+                                              c["fio_depth"], args.runtime))
+                g, p = ({k: statistics.median(r[k] for r in runs) for k in
+                         ("iops", "p50", "p99", "cpu_us")} for runs in (g_runs, p_runs))
+                ratio = g["iops"] / p["iops"] if p["iops"] else 0.0
+                verdict = []
+                if c.get("goal") is not None and ratio < c["goal"]:
+                    verdict.append(f"MISS ratio<{c['goal']}")
+                if c.get("abs_goal") and g["iops"] < c["abs_goal"]:
+                    verdict.append(f"MISS <{c['abs_goal'] / 1e6:g}M IOPS")
+                if verdict:
+                    missed.append(f"{tname} {c['path']}: {', '.join(verdict)}")
+                elif c.get("goal") is not None or c.get("abs_goal"):
+                    verdict.append("ok")
+                label = c["path"] + (f" ({g_runs[0].get('mode')})" if g_runs[0].get("mode") else "")
+                rows.append([tname, label, f"{c['jobs']}x{c['depth']}", round(g["iops"]),
+                             c["peer"], round(p["iops"]), f"{ratio:.2f}",
+                             f"{g['p50'] / 1e3:.0f}/{p['p50'] / 1e3:.0f}",
+                             f"{g['p99'] / 1e3:.0f}/{p['p99'] / 1e3:.0f}", f"{g['cpu_us']:.2f}",
+                             " ".join(verdict)])
+                raw.append({"target": tname, "path": c["path"], "gpufio": g_runs, "peer": c["peer"],
+                            "peer_runs": p_runs})
+                print(f"bench: {tname} {c['path']}: gpufio {g['iops']:.0f} peer {p['iops']:.0f} "
+                      f"ratio {ratio:.2f}", file=sys.stderr, flush=True)
+    finally:
+        for clean in cleanups:
+            clean()
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} · {platform.node()} · {os.cpu_count()} cores · "
+          f"kernel {platform.release()} · {fio_version} · 4 KiB randread · gpufio GPU runs "
+          f"verified in GPU memory · {args.runtime}s runs, median of {args.repeat}")
+    print(tabulate(rows, headers=["target", "gpufio path", "jobs x qd", "gpufio IOPS", "peer",
+                                  "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p",
+                                  "gpufio CPU us/IO", "goal"], tablefmt="github"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"fio": fio_version, "runs": raw}, indent=2))
+    if missed and args.check:
+        print("bench: goals missed: " + "; ".join(missed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
