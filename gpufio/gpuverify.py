@@ -17,7 +17,6 @@ from gpufio import cuda, pattern
 THREADS = 256
 MAX_BLOCKS = 4096
 _GOLDEN = 0x9E3779B97F4A7C15
-_MASK64 = (1 << 64) - 1
 
 
 def _kernel() -> Any:
@@ -45,8 +44,19 @@ def check_landed(rows: Any, ctx: Any, tgt: np.ndarray, offs: np.ndarray, res: np
 
 def seed_mixes(seeds: np.ndarray) -> np.ndarray:
     """Each pattern seed times the golden ratio (mod 2**64), as the pattern's words use it."""
-    return np.array([(int(s) * _GOLDEN) & _MASK64 for s in np.asarray(seeds).tolist()],
-                    dtype=np.uint64)
+    return np.asarray(seeds, dtype=np.uint64) * np.uint64(_GOLDEN)  # uint64 arrays wrap
+
+
+def launch(words: Any, offsets: Any, seeds: Any, mixes: Any, n: int, io_len: int, bad: Any,
+           stream: Any = None) -> None:
+    """Queue the check of ``n`` I/Os (all arguments CuPy arrays already on the GPU) on
+    ``stream``: bad[i] becomes the number of wrong words of I/O i. Nothing waits for it."""
+    total = n * (io_len // 8)
+    blocks = int(min(MAX_BLOCKS, max(1, -(-total // THREADS))))
+    _kernel()((blocks,), (THREADS,), (
+        words, offsets, seeds, mixes, np.uint64(pattern.MAGIC), np.uint64(io_len // 8),
+        np.uint64(pattern.BLOCK), np.uint64(pattern.HEADER_WORDS), np.uint64(total), bad),
+        stream=stream)
 
 
 def mismatched_ios(data: Any, offsets: np.ndarray, seeds: np.ndarray, io_len: int) -> np.ndarray:
@@ -59,12 +69,7 @@ def mismatched_ios(data: Any, offsets: np.ndarray, seeds: np.ndarray, io_len: in
         raise ValueError("GPU verification needs 8-byte aligned offsets and lengths")
     words = data.view(cupy.uint64)
     seeds64 = np.asarray(seeds, dtype=np.uint64)
-    mix = seed_mixes(seeds64)
     bad = cupy.zeros(n, dtype=cupy.uint32)
-    total = n * (io_len // 8)
-    blocks = int(min(MAX_BLOCKS, max(1, -(-total // THREADS))))
-    _kernel()((blocks,), (THREADS,), (
-        words, cupy.asarray(offsets, dtype=cupy.uint64), cupy.asarray(seeds64),
-        cupy.asarray(mix), np.uint64(pattern.MAGIC), np.uint64(io_len // 8),
-        np.uint64(pattern.BLOCK), np.uint64(pattern.HEADER_WORDS), np.uint64(total), bad))
+    launch(words, cupy.asarray(offsets, dtype=cupy.uint64), cupy.asarray(seeds64),
+           cupy.asarray(seed_mixes(seeds64)), n, io_len, bad)
     return np.flatnonzero(bad.get())

@@ -4,7 +4,9 @@ Shared by the CPU-mediated GPU engines (cpu-gpu, mmap): host slots are grouped i
 a full segment goes to GPU memory in one asynchronous copy on its own CUDA stream, recorded
 by an event, so many small reads share a copy and filling the next segment overlaps it. An
 I/O counts as done only when its segment's copy is done; with verify, the check runs on the
-GPU copy (gpuverify), where the data landed.
+GPU copy (gpuverify), where the data landed: the check is queued on the segment's stream
+right behind its copy, with its parameters staged in page-locked memory, so verifying adds
+no synchronisation; its per-I/O counts come back with the segment.
 """
 
 from __future__ import annotations
@@ -39,15 +41,40 @@ class Landing:
             raise BadInput(f"gpu {gpu_index}: out of memory for {nbytes} bytes of buffers") from None
         self._streams = [cp.cuda.Stream(non_blocking=True) for _ in range(segments)]
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(segments)]
+        self._verify = verify
         if verify:
-            gpuverify.compile_kernel()
+            import cupyx
 
-    def copy(self, seg: int, k: int) -> None:
-        """Start copying the first ``k`` slots of segment ``seg`` to GPU memory."""
+            gpuverify.compile_kernel()
+            n = segments * per_segment
+            # per slot: offset, seed and seed mix, staged in pinned memory; wrong-word count
+            self._params_host = [cupyx.zeros_pinned(n, dtype=np.uint64) for _ in range(3)]
+            self._params = [cp.zeros(n, dtype=cp.uint64) for _ in range(3)]
+            self._bad_host = cupyx.zeros_pinned(n, dtype=np.uint32)
+            self._bad = cp.zeros(n, dtype=cp.uint32)
+
+    def copy(self, seg: int, k: int, offs: np.ndarray | None = None,
+             seeds: np.ndarray | None = None) -> None:
+        """Start copying the first ``k`` slots of segment ``seg`` to GPU memory, and when
+        verifying, checking them there against the pattern at ``offs`` with ``seeds``."""
         lo = seg * self.per_segment * self.bs
+        stream = self._streams[seg]
         self.dev[lo:lo + k * self.bs].data.copy_from_host_async(
-            ctypes.c_void_p(self.host_addr + lo), k * self.bs, self._streams[seg])
-        self._events[seg].record(self._streams[seg])
+            ctypes.c_void_p(self.host_addr + lo), k * self.bs, stream)
+        if self._verify and offs is not None:
+            first = seg * self.per_segment
+            cols = slice(first, first + k)
+            for host, dev, values in zip(self._params_host, self._params,
+                                         (offs, seeds, gpuverify.seed_mixes(seeds))):
+                host[cols] = values
+                dev[cols].set(host[cols], stream=stream)
+            with stream:
+                self._bad[cols].fill(0)
+            words = self.dev[lo:lo + k * self.bs].view(self._cp.uint64)
+            gpuverify.launch(words, *(dev[cols] for dev in self._params), k, self.bs,
+                             self._bad[cols], stream)
+            self._bad[cols].get(stream=stream, out=self._bad_host[cols])
+        self._events[seg].record(stream)
 
     def done(self, seg: int) -> bool:
         """True once segment ``seg``'s last copy has finished."""
@@ -59,10 +86,12 @@ class Landing:
 
     def verify(self, seg: int, ctx: WorkerContext, tgt: np.ndarray, offs: np.ndarray,
                res: np.ndarray) -> None:
-        """Check the landed copies of a segment's complete I/Os against the pattern."""
-        lo = seg * self.per_segment * self.bs
-        rows = self.dev[lo:lo + len(res) * self.bs].reshape(len(res), self.bs)
-        gpuverify.check_landed(rows, ctx, tgt, offs, res)
+        """Record the mismatches the queued check found in a finished segment; only I/Os
+        that brought all their bytes count (the others are already failures)."""
+        first = seg * self.per_segment
+        counts = self._bad_host[first:first + len(res)]
+        bad = np.flatnonzero((counts != 0) & (np.asarray(res) == self.bs))
+        ctx.record_mismatches(tgt, offs, bad.tolist())
 
     def close(self) -> None:
         """Wait for outstanding copies, then release the buffers."""

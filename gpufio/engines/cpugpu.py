@@ -120,7 +120,7 @@ class CpuGpu(Engine):
             elif not issuing:
                 return
             for s in np.flatnonzero((state == READING) & (seg_done == seg_n)).tolist():
-                self.landing.copy(s, int(seg_n[s]))
+                self._copy(s, int(seg_n[s]), slot_tgt, slot_off)
                 state[s] = COPYING
             for s in np.flatnonzero(state == COPYING).tolist():
                 if self.landing.done(s):
@@ -130,6 +130,13 @@ class CpuGpu(Engine):
             if time.perf_counter_ns() - last_progress > STALL_LIMIT_NS:
                 raise StuckCopy(f"no read or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
                                 f"segment states {state.tolist()}, ring {ring.state()}")
+
+    def _copy(self, s: int, k: int, slot_tgt: np.ndarray, slot_off: np.ndarray) -> None:
+        lo = s * self._seg
+        if self.ctx.verifying:
+            self.landing.copy(s, k, slot_off[lo:lo + k], self.ctx.seeds(slot_tgt[lo:lo + k]))
+        else:
+            self.landing.copy(s, k)
 
     def _finish(self, s: int, k: int, t_issue: np.ndarray, slot_tgt: np.ndarray,
                 slot_off: np.ndarray, slot_res: np.ndarray) -> None:

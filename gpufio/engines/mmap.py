@@ -89,7 +89,8 @@ class Mmap(Engine):
             started = time.perf_counter_ns()
             if len(offs):
                 self._gather(seg, tgt, offs)
-                landing.copy(seg, len(offs))
+                seeds = ctx.seeds(tgt) if ctx.verifying else None
+                landing.copy(seg, len(offs), offs if ctx.verifying else None, seeds)
             if pending is not None:
                 pseg, t0, ptgt, poffs = pending
                 landing.wait(pseg)
