@@ -73,7 +73,7 @@ class Landing:
             words = self.dev[lo:lo + k * self.bs].view(self._cp.uint64)
             gpuverify.launch(words, *(dev[cols] for dev in self._params), k, self.bs,
                              self._bad[cols], stream)
-            self._bad[cols].get(stream=stream, out=self._bad_host[cols])
+            self._bad[cols].get(stream=stream, out=self._bad_host[cols], blocking=False)
         self._events[seg].record(stream)
 
     def done(self, seg: int) -> bool:

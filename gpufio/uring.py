@@ -47,6 +47,7 @@ SQ_CQ_OVERFLOW = 1 << 1
 
 OP_NOP, OP_READ_FIXED, OP_READ = 0, 4, 22
 SQE_FIXED_FILE = 1 << 0
+SQE_ASYNC = 1 << 4  # run in the kernel's io-wq workers, not inline in the submitter
 
 REGISTER_BUFFERS, REGISTER_FILES = 0, 2
 

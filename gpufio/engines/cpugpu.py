@@ -50,6 +50,8 @@ class CpuGpu(Engine):
     options = (
         Option("segments", "int", 3, "slot groups copied as one H2D transfer each "
                "(3: triple buffering)", minimum=1),
+        Option("sqe_async", "bool", False, "set IOSQE_ASYNC: the kernel's io-wq workers run the "
+               "reads in parallel instead of the submitting thread one after another"),
     )
 
     @classmethod
@@ -69,6 +71,7 @@ class CpuGpu(Engine):
         self.landing = Landing(job.gpu_of(ctx.worker), nseg, self._seg, job.bs, ctx.verifying)
         self.ring = uring.Ring(nseg * self._seg)
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
+        self._sqe_flags = uring.SQE_ASYNC if job.engine_options["sqe_async"] else 0
 
     def _issue(self, s: int, tgt: np.ndarray, offs: np.ndarray, t_issue: np.ndarray,
                seg_n: np.ndarray, slot_tgt: np.ndarray, slot_off: np.ndarray) -> None:
@@ -77,7 +80,7 @@ class CpuGpu(Engine):
         slots = np.arange(first, first + k, dtype=np.uint64)
         bs = self.job.bs
         self.ring.push(uring.read_sqes(
-            opcode=uring.OP_READ, sqe_flags=0, fd=self._fds[tgt], off=offs,
+            opcode=uring.OP_READ, sqe_flags=self._sqe_flags, fd=self._fds[tgt], off=offs,
             addr=np.uint64(self.landing.host_addr) + slots * np.uint64(bs), length=bs,
             user_data=slots))
         t_issue[first:first + k] = time.perf_counter_ns()

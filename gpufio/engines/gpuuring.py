@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufio import cuda, gpu, gpuverify, pattern
+from gpufio import cuda, gpu, gpuverify, pattern, uring
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.errors import BadInput
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 C_STOP, C_ABORT, C_MEASURING, C_REQUESTERS, C_AGENTS = range(5)
 B_RANDOM, B_FILE_RANDOM, B_LAND_GPU, B_VERIFY, B_CONTINUE = 1, 2, 4, 8, 16
 SLOT_STATES = ("free", "claimed", "ready", "submitted", "done")
-IOSQE_ASYNC = 1 << 4
 ERRNO_SLOTS = 256
 BAD_KEEP = 8
 TPB = 128
@@ -157,7 +156,7 @@ class GpuUring(Engine):
         p = lambda name: d[name].data.ptr  # noqa: E731
         d["queue"] = cp.asarray(np.array([
             p("rings"), nr, depth, p("state"), p("res"), p("off"), p("len_fd"), self._landing, bs,
-            IOSQE_ASYNC if o["sqe_async"] else 0, p("control"), p("ring_stats")], np.uint64))
+            uring.SQE_ASYNC if o["sqe_async"] else 0, p("control"), p("ring_stats")], np.uint64))
         flags = ((B_RANDOM if job.random else 0) | (B_FILE_RANDOM if job.file_service == "random" else 0)
                  | (B_LAND_GPU if o["land"] == "gpu" else 0) | (B_VERIFY if ctx.verifying else 0)
                  | (B_CONTINUE if job.continue_on_error else 0))

@@ -24,6 +24,7 @@ typedef unsigned long long u64;
 #define PLAT_NR 1856
 #define ERRNO_SLOTS 256
 #define BAD_KEEP 8
+#define LAND_UNROLL 8
 
 enum SlotState { FREE = 0, CLAIMED = 1, READY = 2, SUBMITTED = 3, DONE = 4 };
 enum Control { C_STOP = 0, C_ABORT = 1, C_MEASURING = 2, C_REQUESTERS = 3, C_AGENTS = 4 };
@@ -78,11 +79,13 @@ __device__ __forceinline__ void st_release_gpu(int* p, int v)
     asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
+// System-scope loads of landed bytes: never served from a stale cached copy of the slot's
+// previous read. No "memory" clobber, so a lane can have several in flight.
 __device__ __forceinline__ uint4 ld_sys_v4(const uint4* p)
 {
     uint4 v;
     asm volatile("ld.relaxed.sys.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
 
@@ -310,15 +313,27 @@ __device__ bool land_block(const GioBench* b, const uint4* src, u64 gthread, int
     uint4* d = (uint4*)(b->dst + gthread * b->bs);
     const bool to_gpu = b->flags & B_LAND_GPU, verify = b->flags & B_VERIFY;
     const u64 seed = verify ? b->pat_seed[tgt] : 0, mix = verify ? b->pat_mix[tgt] : 0;
+    const u64 n16 = b->bs / 16;
     unsigned bad = 0;
-    for (u64 i = lane; i < b->bs / 16; i += 32) {
-        const uint4 v = ld_sys_v4(src + i);
-        if (to_gpu) d[i] = v;
-        if (verify) {
-            const u64 x = off + 16 * i;
-            const u64 w0 = (u64)v.x | ((u64)v.y << 32), w1 = (u64)v.z | ((u64)v.w << 32);
-            bad += w0 != pattern_word(x, seed, mix, b->magic, b->block_bytes, b->header_words);
-            bad += w1 != pattern_word(x + 8, seed, mix, b->magic, b->block_bytes, b->header_words);
+    // LAND_UNROLL loads per lane in flight before any is used: each is a PCIe round trip
+    for (u64 base = 0; base < n16; base += 32 * LAND_UNROLL) {
+        uint4 v[LAND_UNROLL];
+#pragma unroll
+        for (int u = 0; u < LAND_UNROLL; ++u) {
+            const u64 i = base + 32 * u + lane;
+            if (i < n16) v[u] = ld_sys_v4(src + i);
+        }
+#pragma unroll
+        for (int u = 0; u < LAND_UNROLL; ++u) {
+            const u64 i = base + 32 * u + lane;
+            if (i >= n16) break;
+            if (to_gpu) d[i] = v[u];
+            if (verify) {
+                const u64 x = off + 16 * i;
+                const u64 w0 = (u64)v[u].x | ((u64)v[u].y << 32), w1 = (u64)v[u].z | ((u64)v[u].w << 32);
+                bad += w0 != pattern_word(x, seed, mix, b->magic, b->block_bytes, b->header_words);
+                bad += w1 != pattern_word(x + 8, seed, mix, b->magic, b->block_bytes, b->header_words);
+            }
         }
     }
     return __any_sync(FULL, bad != 0);
