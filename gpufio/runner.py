@@ -145,9 +145,9 @@ class JobRun:
                     pass
             self.t_start = time.monotonic_ns()
             self.state = "ramp"
-            self._go.set()
-            if job.ramp_time == 0:
+            if job.ramp_time == 0:  # before the go: a worker's first completions must count
                 self._begin_measure(self.t_start)
+            self._go.set()
             return
         if self.state == "ramp" and now >= self.t_start + job.ramp_time:
             self._begin_measure(now)
