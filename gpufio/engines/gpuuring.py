@@ -196,10 +196,13 @@ class GpuUring(Engine):
             if time.monotonic() > deadline:
                 self._abort(f"agent warps did not start within {START_LIMIT_S:g} s")
             time.sleep(POLL_S)
+        measuring = stopping = False
+        if ctx.control.measuring:  # no ramp: the first completions count
+            self._set(C_MEASURING, 1)
+            measuring = True
         self._bench_fn((self._blocks,), (TPB,), (self._dev["queue"], self._dev["bench"]),
                        stream=bench_s)
         watchdog = Watchdog(o["stall_timeout"], time.monotonic_ns())
-        measuring = stopping = False
         last_pull = 0
         while True:
             if not measuring and ctx.control.measuring:
