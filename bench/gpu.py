@@ -40,34 +40,36 @@ FIO_CUFILE = ["--ioengine=libcufile", "--cuda_io=posix", "--gpu_dev_ids=0"]
 
 
 def cases(ram: bool) -> list[dict]:
-    """(label, gpufio options, peer, peer options, goal). RAM-backed targets get the deep
-    queues the probe found best; the root disk gets the queue depth it saturates at."""
+    """Each gpufio path with its peer and goal. RAM-backed targets get the deep queues the
+    sweeps found best; the root disk the queue depth it saturates at (fio qd128)."""
+    posix16 = {"fio": FIO_CUFILE, "fio_jobs": 16, "fio_depth": 1,
+                "peer": "fio libcufile posix 16 jobs"}
+    seq = ["--rw=read", "--bs=1m"]
     if ram:
         return [
-            {"path": "gpu-uring", "g": {"engine": "gpu-uring", "rings": 8, "verify": True},
-             "depth": 512, "jobs": 1, "peer": "fio io_uring 16 jobs x qd64 (host memory)",
+            {"path": "gpu-uring", "g": {"engine": "gpu-uring", "rings": 8}, "depth": 512,
+             "jobs": 1, "peer": "fio io_uring 16 jobs x qd64 (host memory)",
              "fio": ["--ioengine=io_uring", "--fixedbufs=1", "--registerfiles=1"],
-             "fio_jobs": 16, "fio_depth": 64, "goal": None, "abs_goal": 4e6},
-            {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "verify": True}, "depth": 128,
-             "jobs": 1, "peer": "fio libcufile posix 16 jobs", "fio": FIO_CUFILE,
-             "fio_jobs": 16, "fio_depth": 1, "goal": 10.0, "abs_goal": 2e6},
-            {"path": "cufile", "g": {"engine": "cufile", "verify": True}, "depth": 64,
-             "jobs": 1, "peer": "KvikIO futures qd64", "kvikio": True, "goal": 0.9},
-            {"path": "mmap (page cache)", "g": {"engine": "mmap", "verify": True}, "depth": 64,
-             "jobs": 8, "peer": "fio libcufile posix 16 jobs", "fio": FIO_CUFILE,
-             "fio_jobs": 16, "fio_depth": 1, "goal": None},
+             "fio_jobs": 16, "fio_depth": 64, "abs_goal": 4e6},
+            {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "segments": 4, "sqe_async": True},
+             "depth": 512, "jobs": 1, **posix16, "goal": 10.0, "abs_goal": 2e6},
+            {"path": "cufile", "g": {"engine": "cufile"}, "depth": 64, "jobs": 1,
+             "peer": "KvikIO futures qd64", "kvikio": True, "goal": 0.9},
+            {"path": "mmap", "g": {"engine": "mmap"}, "depth": 64, "jobs": 8, **posix16},
+            {"path": "cpu-gpu 1m seq", "g": {"engine": "cpu-gpu", "segments": 4,
+                                            "sqe_async": True, "rw": "read", "bs": "1m"},
+             "depth": 64, "jobs": 1, **posix16, "fio": FIO_CUFILE + seq, "bw_goal": 20e9},
         ]
     qd = {"fio": ["--ioengine=io_uring"], "fio_jobs": 1, "fio_depth": 128,
           "peer": "fio io_uring qd128"}
     return [
-        {"path": "gpu-uring", "g": {"engine": "gpu-uring", "rings": 4, "verify": True},
-         "depth": 32, "jobs": 1, **qd, "goal": 0.95},
-        {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "verify": True}, "depth": 128,
+        {"path": "gpu-uring", "g": {"engine": "gpu-uring", "rings": 1, "sqe_async": False},
+         "depth": 128, "jobs": 1, **qd, "goal": 0.95},
+        {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "segments": 4}, "depth": 128,
          "jobs": 1, **qd, "goal": 0.9},
-        {"path": "cufile", "g": {"engine": "cufile", "verify": True}, "depth": 128, "jobs": 1,
+        {"path": "cufile", "g": {"engine": "cufile"}, "depth": 128, "jobs": 1, **qd, "goal": 0.9},
+        {"path": "mmap", "g": {"engine": "mmap", "drop_cache": True}, "depth": 16, "jobs": 8,
          **qd, "goal": 0.9},
-        {"path": "mmap (drop_cache)", "g": {"engine": "mmap", "drop_cache": True, "verify": True},
-         "depth": 128, "jobs": 1, **qd, "goal": None},
     ]
 
 
@@ -155,7 +157,8 @@ def main() -> int:
                     continue
                 g_runs, p_runs = [], []
                 for _ in range(args.repeat):
-                    g_runs.append(run_gpufio(target, c["g"], c["jobs"], c["depth"], args.runtime))
+                    g_runs.append(run_gpufio(target, {**c["g"], "verify": True}, c["jobs"],
+                                             c["depth"], args.runtime))
                     if c.get("kvikio"):
                         p_runs.append(run_kvikio(target, c["depth"], args.runtime))
                     else:
@@ -169,12 +172,16 @@ def main() -> int:
                     verdict.append(f"MISS ratio<{c['goal']}")
                 if c.get("abs_goal") and g["iops"] < c["abs_goal"]:
                     verdict.append(f"MISS <{c['abs_goal'] / 1e6:g}M IOPS")
+                bs = 1 << 20 if c["g"].get("bs") == "1m" else 4096
+                if c.get("bw_goal") and g["iops"] * bs < c["bw_goal"]:
+                    verdict.append(f"MISS <{c['bw_goal'] / 1e9:g} GB/s")
                 if verdict:
                     missed.append(f"{tname} {c['path']}: {', '.join(verdict)}")
-                elif c.get("goal") is not None or c.get("abs_goal"):
+                elif c.get("goal") is not None or c.get("abs_goal") or c.get("bw_goal"):
                     verdict.append("ok")
                 label = c["path"] + (f" ({g_runs[0].get('mode')})" if g_runs[0].get("mode") else "")
                 rows.append([tname, label, f"{c['jobs']}x{c['depth']}", round(g["iops"]),
+                             f"{g['iops'] * bs / 1e9:.2f}",
                              c["peer"], round(p["iops"]), f"{ratio:.2f}",
                              f"{g['p50'] / 1e3:.0f}/{p['p50'] / 1e3:.0f}",
                              f"{g['p99'] / 1e3:.0f}/{p['p99'] / 1e3:.0f}", f"{g['cpu_us']:.2f}",
@@ -187,9 +194,9 @@ def main() -> int:
         for clean in cleanups:
             clean()
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} · {platform.node()} · {os.cpu_count()} cores · "
-          f"kernel {platform.release()} · {fio_version} · 4 KiB randread · gpufio GPU runs "
-          f"verified in GPU memory · {args.runtime}s runs, median of {args.repeat}")
-    print(tabulate(rows, headers=["target", "gpufio path", "jobs x qd", "gpufio IOPS", "peer",
+          f"kernel {platform.release()} · {fio_version} · 4 KiB randread unless named · gpufio "
+          f"runs verified in GPU memory · {args.runtime}s runs, median of {args.repeat}")
+    print(tabulate(rows, headers=["target", "gpufio path", "jobs x qd", "gpufio IOPS", "GB/s", "peer",
                                   "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p",
                                   "gpufio CPU us/IO", "goal"], tablefmt="github"))
     if args.json:
