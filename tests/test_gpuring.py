@@ -121,3 +121,38 @@ def test_a_producer_ring_driven_through_memory_words_only(pattern_fd):
     ring.close()
     del buf
     mem.close()
+
+
+@pytest.mark.skipif(not (uring.probe().get("no_mmap") and uring.probe().get("no_sqarray")),
+                    reason="needs IORING_SETUP_NO_MMAP and NO_SQARRAY (Linux 6.6+)")
+def test_watchdog_catches_a_producer_ring_whose_sqpoll_thread_sleeps(pattern_fd):
+    """A real stall: the SQ thread went to sleep and nobody wakes it, so a posted read never
+    completes; the watchdog fires and the report shows the ring as it is."""
+    ring = uring.Ring(2, cq_entries=4, sqpoll=True, sq_thread_idle_ms=1, user_memory=True,
+                      no_sqarray=True)
+    mem = aligned_buffer(4096)
+    try:
+        w = ring.ring_words
+        deadline = time.monotonic() + 5
+        while not _u32(w["sq_flags"]).value & uring.SQ_NEED_WAKEUP:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        sqe = np.ctypeslib.as_array((ctypes.c_uint64 * 8).from_address(w["sqes"]))
+        sqe[:] = [uring.OP_READ | pattern_fd << 32, 0,
+                  np.frombuffer(mem, np.uint8).ctypes.data, 4096, 7, 0, 0, 0]
+        _u32(w["sq_tail"]).value = 1  # posted, as an agent warp would, and never woken
+        dog = Watchdog(timeout_ns=300_000_000, now_ns=time.monotonic_ns())
+        fired_after = None
+        start = time.monotonic()
+        while fired_after is None and time.monotonic() - start < 5:
+            if dog.update(_u32(w["cq_tail"]).value, time.monotonic_ns()):
+                fired_after = time.monotonic() - start
+            time.sleep(0.01)
+        assert fired_after is not None and 0.3 <= fired_after < 1.0
+        s = ring.state()
+        report = stall_report(300_000_000, [RingState(s["sq_head"], s["sq_tail"], s["cq_head"],
+                                                      s["cq_tail"], s["sq_flags"])], {"submitted": 1})
+        assert "ring 0: sq head 0 tail 1, cq head 0 tail 0, in flight 1, flags NEED_WAKEUP" in report
+    finally:
+        ring.close()
+        mem.close()
