@@ -170,19 +170,26 @@ def main() -> int:
     finally:
         for clean in cleanups:
             clean()
+    return report(f"{fio_version} · 4 KiB randread, O_DIRECT, {args.runtime}s runs, median of "
+                  f"{args.repeat}", rows,
+                  ["target", "path", "jobs", "qd", "gpufio IOPS", "fio IOPS", "ratio",
+                   "p50 us g/f", "p99 us g/f", "CPU us/IO g/f", "target"],
+                  {"fio": fio_version, "runs": raw}, args.json, missed if args.check else [])
+
+
+def report(settings: str, rows: list, headers: list[str], raw: dict, json_path: str | None,
+           missed: list[str]) -> int:
+    """Print the dated header line and the ratio table, save the raw runs; 1 if a goal in
+    ``missed`` (only passed with --check) was not met."""
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} · {platform.node()} · {os.cpu_count()} cores · "
-          f"kernel {platform.release()} · {fio_version} · 4 KiB randread, O_DIRECT, "
-          f"{args.runtime}s runs, median of {args.repeat}")
-    print(tabulate(rows, headers=["target", "path", "jobs", "qd", "gpufio IOPS", "fio IOPS",
-                                  "ratio", "p50 us g/f", "p99 us g/f", "CPU us/IO g/f", "target"],
-                   tablefmt="github"))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"fio": fio_version, "runs": raw}, indent=2))
-    if missed and args.check:
-        print("bench: below target: " + "; ".join(missed), file=sys.stderr)
+          f"kernel {platform.release()} · {settings}")
+    print(tabulate(rows, headers=headers, tablefmt="github"))
+    if json_path:
+        Path(json_path).write_text(json.dumps(raw, indent=2))
+    if missed:
+        print("bench: goals missed: " + "; ".join(missed), file=sys.stderr)
         return 1
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,20 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import signal
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import run_fio, run_gpufio, setup_tmpfs, setup_zram  # noqa: E402
-from tabulate import tabulate  # noqa: E402
+from compare import report, run_fio, run_gpufio, setup_tmpfs, setup_zram  # noqa: E402
 
 from gpufio import targets  # noqa: E402
 
@@ -193,19 +189,11 @@ def main() -> int:
     finally:
         for clean in cleanups:
             clean()
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')} · {platform.node()} · {os.cpu_count()} cores · "
-          f"kernel {platform.release()} · {fio_version} · 4 KiB randread unless named · gpufio "
-          f"runs verified in GPU memory · {args.runtime}s runs, median of {args.repeat}")
-    print(tabulate(rows, headers=["target", "gpufio path", "jobs x qd", "gpufio IOPS", "GB/s", "peer",
-                                  "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p",
-                                  "gpufio CPU us/IO", "goal"], tablefmt="github"))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"fio": fio_version, "runs": raw}, indent=2))
-    if missed and args.check:
-        print("bench: goals missed: " + "; ".join(missed), file=sys.stderr)
-        return 1
-    return 0
-
+    return report(f"{fio_version} · 4 KiB randread unless named · gpufio runs verified in GPU "
+                  f"memory · {args.runtime}s runs, median of {args.repeat}", rows,
+                  ["target", "gpufio path", "jobs x qd", "gpufio IOPS", "GB/s", "peer",
+                   "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p", "gpufio CPU us/IO", "goal"],
+                  {"fio": fio_version, "runs": raw}, args.json, missed if args.check else [])
 
 if __name__ == "__main__":
     sys.exit(main())
