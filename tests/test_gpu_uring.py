@@ -70,3 +70,56 @@ def test_a_planted_stall_is_caught_by_the_watchdog(pattern_file, monkeypatch):
     assert time.monotonic() - started < 15
     assert not r.ok and "no read completed for 1 s; kernels stopped" in r.failure
     assert "NEED_WAKEUP" in r.failure and "in flight" in r.failure
+
+
+READ_EACH = r'''
+#include "gpu_uring.cu"
+extern "C" __global__ void read_each(const GioQueue* q, int fd, const u64* offs, int n,
+                                     u64* word1, int* res)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const u64 s = i % (q->nrings * q->depth);  // threads share slots: gio_read waits its turn
+        res[i] = gio_read(q, s, fd, offs[i], 4096);
+        word1[i] = ((volatile const u64*)gio_landing(q, s))[1];
+        gio_release(q, s);
+    }
+    atomicSub(&q->control[C_REQUESTERS], 1);
+}
+'''
+
+
+def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd):
+    """A kernel of its own (not the benchmark) uses the blocking gio_read on a DeviceQueue."""
+    import cupy as cp
+    import numpy as np
+
+    from gpufio import cuda
+    from gpufio.gpuqueue import DeviceQueue
+    from gpufio.gpuring import ring_sizes
+
+    sq, cq = ring_sizes(8, None)
+    q = DeviceQueue(nrings=2, depth=8, slot_bytes=4096, sq_entries=sq, cq_entries=cq,
+                    idle_ms=1000, cpus=(), sqe_async=True)
+    try:
+        mod = cp.RawModule(code=READ_EACH, options=("-std=c++17", f"-I{cuda.KERNELS}"))
+        n = 2000
+        offs = np.random.default_rng(3).integers(0, 1024, n).astype(np.uint64) * 4096
+        d_offs, word1, res = cp.asarray(offs), cp.zeros(n, cp.uint64), cp.zeros(n, cp.int32)
+        cp.cuda.Device().synchronize()
+        blocks = (n + 127) // 128
+        q.start(requesters=blocks * 128)
+        stream = cp.cuda.Stream(non_blocking=True)
+        mod.get_function("read_each")((blocks,), (128,), (q.descriptor, np.int32(pattern_fd),
+                                                         d_offs, np.int32(n), word1, res),
+                                      stream=stream)
+        deadline = time.monotonic() + 30
+        while not (stream.done and q.agent_stream.done) and time.monotonic() < deadline:
+            q.rings.wake()
+            time.sleep(0.001)
+        assert stream.done and q.agent_stream.done, q.slot_counts()
+        q.kernels_done = True
+        assert (res.get() == 4096).all()
+        assert (word1.get() == offs).all()  # header word 1 of each block is its own offset
+    finally:
+        q.close()
