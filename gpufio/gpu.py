@@ -6,6 +6,7 @@ touches CuPy; ``probe`` turns every way of having no usable GPU into a one-line 
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,9 @@ from gpufio.devinfo import pci_link
 @lru_cache(maxsize=1)
 def probe() -> tuple[int, str | None]:
     """(number of GPUs, None) or (0, why there is no usable GPU)."""
+    # Kernels that spin waiting for other kernels (gpu-uring's agents) can deadlock with CUDA's
+    # lazy loading, which may wait for the device while loading a kernel at its first launch.
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
     try:
         import cupy
     except ImportError:

@@ -84,7 +84,12 @@ class DeviceQueue:
 
     def start(self, requesters: int) -> None:
         """Launch the agents for ``requesters`` requester threads (each must decrement the
-        C_REQUESTERS word when it ends, as gio_bench does); return once all agents run."""
+        C_REQUESTERS word when it ends, as gio_bench does); return once all agents run.
+
+        Load every kernel that will post requests (get_function) before this: loading a
+        module while the agents spin can wait for them to finish, and they wait for the
+        requesters, a deadlock. gpufio also asks CUDA for eager module loading (gpu.py).
+        """
         self._dev["control"][C_REQUESTERS] = requesters
         self._cp.cuda.Device().synchronize()
         self.kernels_done = False

@@ -52,6 +52,7 @@ class Landing:
             self._params = [cp.zeros(n, dtype=cp.uint64) for _ in range(3)]
             self._bad_host = cupyx.zeros_pinned(n, dtype=np.uint32)
             self._bad = cp.zeros(n, dtype=cp.uint32)
+            self._bad.fill(0)  # load fill's kernel now, never next to another engine's agents
 
     def copy(self, seg: int, k: int, offs: np.ndarray | None = None,
              seeds: np.ndarray | None = None) -> None:

@@ -103,6 +103,7 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd):
                     idle_ms=1000, cpus=(), sqe_async=True)
     try:
         mod = cp.RawModule(code=READ_EACH, options=("-std=c++17", f"-I{cuda.KERNELS}"))
+        read_each = mod.get_function("read_each")  # load before the agents spin (see start)
         n = 2000
         offs = np.random.default_rng(3).integers(0, 1024, n).astype(np.uint64) * 4096
         d_offs, word1, res = cp.asarray(offs), cp.zeros(n, cp.uint64), cp.zeros(n, cp.int32)
@@ -110,9 +111,8 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd):
         blocks = (n + 127) // 128
         q.start(requesters=blocks * 128)
         stream = cp.cuda.Stream(non_blocking=True)
-        mod.get_function("read_each")((blocks,), (128,), (q.descriptor, np.int32(pattern_fd),
-                                                         d_offs, np.int32(n), word1, res),
-                                      stream=stream)
+        read_each((blocks,), (128,), (q.descriptor, np.int32(pattern_fd), d_offs, np.int32(n),
+                                      word1, res), stream=stream)
         deadline = time.monotonic() + 30
         while not (stream.done and q.agent_stream.done) and time.monotonic() < deadline:
             q.rings.wake()
