@@ -88,6 +88,9 @@ def run(
         if fmt not in report.FORMATS:
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(report.FORMATS)}")
         prof = profile.load(str(profile_path), profile.parse_set(set_))
+        if any(job.workload == "gnn" for job in prof.jobs):
+            _run_gnn(prof, fmt, output)
+            return
         docs = []
         for _ in range(repeat):
             docs.append(_run_once(prof, quiet))
@@ -105,6 +108,35 @@ def run(
             raise typer.Exit(EXIT_INTERRUPTED)
         if any(job["error"] for job in doc["jobs"]):
             raise typer.Exit(EXIT_FAILED)
+
+
+def _run_gnn(prof: profile.Profile, fmt: str, output: Optional[Path]) -> None:
+    """A GNN workload profile: its own runner and tables (gnn/report.py)."""
+    from gpufio.gnn import report as gnn_report
+
+    if not all(job.workload == "gnn" for job in prof.jobs):
+        raise BadInput(f"{prof.path}: a profile runs either block jobs or gnn jobs, not both")
+    if fmt not in gnn_report.FORMATS:
+        raise BadInput(f"--format: {fmt!r} is not one of {', '.join(gnn_report.FORMATS)} "
+                       "for workload 'gnn'")
+    doc = gnn_report.run_profile(prof)
+    text = gnn_report.render(doc, fmt)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        try:
+            output.write_text(text)
+        except OSError as e:
+            raise BadInput(f"--output {output}: {e.strerror}") from None
+    if doc["interrupted"]:
+        typer.echo("gpufio: interrupted; results so far were written", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if any(job["error"] for job in doc["jobs"]):
+        for job in doc["jobs"]:
+            if job["error"]:
+                typer.echo(f"gpufio: {job['jobname']}: {job['verify']['mismatches']} aggregated "
+                           "rows differ from the generator's values", err=True)
+        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()

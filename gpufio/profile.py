@@ -16,12 +16,16 @@ from typing import Any, Mapping
 
 from gpufio.engines import all_engines
 from gpufio.errors import BadInput, reading
+from gpufio.gnn.options import GNN_OPTIONS
+from gpufio.gnn.options import check as check_gnn
 from gpufio.options import Option
 from gpufio.workload import Distribution
 
 COMMON_OPTIONS: tuple[Option, ...] = (
     Option("name", "str", None, "job name (default: the profile's file name, then job index)"),
     Option("engine", "str", "psync", "data path; see 'gpufio engines'"),
+    Option("workload", "str", "block", "'block': the I/O benchmark; 'gnn': GNN training with "
+           "feature aggregation through the engine (see README)", choices=("block", "gnn")),
     Option("rw", "str", "randread", "read (sequential) or randread", choices=("read", "randread")),
     Option("bs", "size", 4096, "block size of each I/O", minimum=512),
     Option("size", "size", None, "bytes of each target the job may touch, from offset "
@@ -82,10 +86,12 @@ class Job:
     randseed: int
     gpu: int
     gpus: tuple[int, ...]
+    workload: str
     verify: bool
     continue_on_error: bool
     sample_interval: int
     engine_options: Mapping[str, Any] = field(default_factory=dict)
+    gnn: Mapping[str, Any] = field(default_factory=dict)
     options_as_given: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -114,6 +120,9 @@ class Profile:
     check: dict[str, float] = field(default_factory=dict)
 
 
+_GNN = {o.name: o for o in GNN_OPTIONS}
+
+
 def _engine_options() -> dict[str, dict[str, Option]]:
     return {name: {o.name: o for o in cls.options} for name, cls in all_engines().items()}
 
@@ -135,9 +144,12 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
     own = engines[engine_name]
     values: dict[str, Any] = {}
     extra: dict[str, Any] = {}
+    gnn: dict[str, Any] = {}
     for key, value in raw.items():
         if key in _COMMON:
             values[key] = _COMMON[key].convert(value, where)
+        elif key in _GNN:
+            gnn[key] = _GNN[key].convert(value, where)
         elif key in own:
             extra[key] = own[key].convert(value, where)
         else:
@@ -145,12 +157,18 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
             if owners:
                 raise BadInput(f"{where}key '{key}' is an option of engine "
                                f"'{owners[0]}', not of '{engine_name}'")
-            known = list(_COMMON) + [k for opts in engines.values() for k in opts]
+            known = list(_COMMON) + list(_GNN) + [k for opts in engines.values() for k in opts]
             raise _unknown_key(key, where, known)
     for opt in COMMON_OPTIONS:
         values.setdefault(opt.name, opt.default)
     for opt in own.values():
         extra.setdefault(opt.name, opt.default)
+    if values["workload"] == "gnn":
+        for opt in GNN_OPTIONS:
+            gnn.setdefault(opt.name, opt.default)
+        check_gnn(where, engine_name, gnn)
+    elif gnn:
+        raise BadInput(f"{where}key '{sorted(gnn)[0]}' needs workload = \"gnn\"")
     values["random_distribution"] = Distribution.parse(
         values["random_distribution"], f"{where}key 'random_distribution'")
     for key in ("size", "io_size"):
@@ -162,7 +180,7 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
         raise BadInput(f"{where}key 'gpus': GPU indexes cannot be negative, got {raw['gpus']!r}")
     if values["time_based"] and values["runtime"] is None:
         raise BadInput(f"{where}key 'time_based': needs a runtime")
-    job = Job(**values, engine_options=extra, options_as_given=dict(raw))
+    job = Job(**values, engine_options=extra, gnn=gnn, options_as_given=dict(raw))
     all_engines()[engine_name].check_job(job)
     return job
 
@@ -222,7 +240,8 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, str]) -> Pro
         raise BadInput(f"{path}: jobs must be [[job]] tables")
     glob = dict(glob)
     concurrent = GLOBAL_ONLY[0].convert(glob.pop("concurrent", False), f"{path}: [global] ")
-    known = list(_COMMON) + sorted({k for opts in _engine_options().values() for k in opts})
+    known = list(_COMMON) + list(_GNN) + sorted({k for opts in _engine_options().values()
+                                                 for k in opts})
     for key in overrides:
         if key not in known and key != "concurrent":
             raise _unknown_key(key, "--set: ", known)

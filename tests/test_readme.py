@@ -3,13 +3,14 @@
 from pathlib import Path
 
 from gpufio.engines import all_engines
+from gpufio.gnn.options import GNN_OPTIONS
 from gpufio.profile import COMMON_OPTIONS, GLOBAL_ONLY
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
 def test_every_profile_key_is_documented():
-    keys = [o.name for o in COMMON_OPTIONS + GLOBAL_ONLY]
+    keys = [o.name for o in COMMON_OPTIONS + GLOBAL_ONLY + GNN_OPTIONS]
     keys += [o.name for cls in all_engines().values() for o in cls.options]
     missing = [k for k in keys if f"| `{k}` |" not in README]
     assert not missing, f"README lacks rows for {missing}"

@@ -1,0 +1,91 @@
+"""The GNN workload's result document and tables, built from plain run results.
+
+One row per job, as the experiment reports it: time per stage over the timed iterations,
+the aggregation share, the speedup against the mmap baseline with the same batch size and
+targets, and the aggregation's IOPS and bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+from tabulate import tabulate
+
+from gpufio import __version__
+from gpufio.gnn import timing
+from gpufio.gnn.run import run_job
+from gpufio.hostinfo import host_facts
+from gpufio.profile import Profile
+
+FORMATS = ("table", "json", "markdown", "csv")
+
+
+def run_profile(prof: Profile) -> dict[str, Any]:
+    """Run every job of a GNN profile; Ctrl-C ends the current job after its iteration."""
+    interrupted = []
+
+    def on_sigint(*_: Any) -> None:
+        interrupted.append(True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    results = []
+    try:
+        for job in prof.jobs:
+            if interrupted:
+                break
+            results.append(run_job(job, stop=lambda: bool(interrupted)))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return document(results, prof.path, bool(interrupted))
+
+
+def _group(job: dict[str, Any]) -> tuple:
+    return job["batch_size"], len(job["targets"]), job["device"], tuple(job["fanout"])
+
+
+def document(results: list[dict[str, Any]], path: str, interrupted: bool) -> dict[str, Any]:
+    """The result file; each job gets speedup_vs_mmap when its group has an mmap run."""
+    baselines: dict[tuple, dict[str, Any]] = {}
+    for r in results:  # the first mmap run of each group is the baseline
+        if r["engine"] == "mmap" and r["stages"]:
+            baselines.setdefault(_group(r), r)
+    for r in results:
+        base = baselines.get(_group(r))
+        if base is not None and r["stages"]:
+            r["speedup_vs_mmap"] = timing.speedups(r["stages"], base["stages"])
+    host = host_facts()
+    return {"gpufio version": __version__, "profile": path, "workload": "gnn",
+            "host": host, "interrupted": interrupted, "jobs": results}
+
+
+def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for j in doc["jobs"]:
+        s, a = j["stages"], j["aggregation"]
+        out.append({
+            "job": j["jobname"], "engine": j["engine"], "batch": j["batch_size"],
+            "targets": len(j["targets"]), "iters": f"{s.get('timed_iterations', 0)} timed",
+            **{f"{st}_ms": round(s.get(f"{st}_ms", 0.0), 2) for st in timing.STAGES},
+            "total_ms": round(s.get("total_ms", 0.0), 2),
+            "agg_share": f"{100 * s.get('aggregation_share', 0.0):.0f}%",
+            "speedup": f"{j['speedup_vs_mmap']['total']:.2f}x" if "speedup_vs_mmap" in j else "",
+            "agg_IOPS": round(a["iops"]), "agg_MB/s": round(a["bw_bytes"] / 1e6, 1),
+            "verify": f"{j['verify']['mismatches']} bad / {j['verify']['rows_checked']}",
+        })
+    return out
+
+
+def render(doc: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    table = rows(doc)
+    style = {"table": "simple", "markdown": "github", "csv": None}[fmt]
+    if style is None:
+        header = list(table[0]) if table else []
+        lines = [",".join(header)] + [",".join(str(r[k]) for k in header) for r in table]
+        return "\n".join(lines) + "\n"
+    head = (f"gpufio {doc['gpufio version']} · {doc['profile']} · GNN feature aggregation "
+            f"(device {doc['jobs'][0]['device'] if doc['jobs'] else '-'})\n")
+    return head + tabulate(table, headers="keys", tablefmt=style) + "\n"

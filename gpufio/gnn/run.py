@@ -1,0 +1,98 @@
+"""One GNN job: sample, aggregate, train, for ``iterations`` mini-batches, each stage timed.
+
+Stage boundaries wait for the device (a CuPy synchronize), so each stage's time is its own.
+After each iteration, outside the timed stages, a sample of the aggregated rows is compared
+with the generator's values (``verify_rows``). Ctrl-C ends the job after the current
+iteration with the iterations done so far reported.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from gpufio import gpu
+from gpufio.gnn import dataset, features, timing
+from gpufio.gnn.fetch import MmapFetch
+from gpufio.gnn.model import GraphSage
+from gpufio.gnn.sampler import sample
+from gpufio.profile import Job
+
+
+def _array_module(job: Job) -> Any:
+    return np if job.gnn["device"] == "cpu" else gpu.use(job.gpu)
+
+
+def run_job(job: Job, stop: Any = None) -> dict[str, Any]:
+    """Run one GNN job; ``stop()`` returning True ends it early (Ctrl-C)."""
+    g = job.gnn
+    xp = _array_module(job)
+    sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
+    ds = dataset.prepare(job)
+    indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
+    fetcher = MmapFetch(ds, xp, g["feature_dim"], job.engine_options.get("drop_cache", False))
+    model = GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
+                      job.randseed)
+    rng = np.random.default_rng([job.randseed, 1]) if xp is np else xp.random.default_rng(job.randseed)
+    lr = float(g["learning_rate"])
+    stage_ns = np.zeros((g["iterations"], 3), dtype=np.int64)
+    rows_timed = checked = mismatches = 0
+    losses: list[float] = []
+    done = 0
+    try:
+        for it in range(g["iterations"]):
+            if stop is not None and stop():
+                break
+            t0 = time.perf_counter_ns()
+            seeds = xp.floor(rng.random(g["batch_size"]) * ds.graph.nodes).astype(xp.int64)
+            mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
+            sync()
+            t1 = time.perf_counter_ns()
+            x = fetcher.fetch(mb.input_nodes)
+            sync()
+            t2 = time.perf_counter_ns()
+            loss, grads = model.loss_and_grads(mb, x, seeds % g["classes"])
+            model.step(grads, lr)
+            sync()
+            t3 = time.perf_counter_ns()
+            stage_ns[it] = (t1 - t0, t2 - t1, t3 - t2)
+            losses.append(loss)
+            if it >= g["warmup"]:
+                rows_timed += len(mb.input_nodes)
+            if ds.generated and g["verify_rows"]:
+                k = min(g["verify_rows"], len(mb.input_nodes))
+                want = features.values(job.randseed, mb.input_nodes[:k], g["feature_dim"], xp)
+                mismatches += int((x[:k] != want).any(axis=1).sum())
+                checked += k
+            done = it + 1
+    finally:
+        fetcher.close()
+    return _result(job, ds, stage_ns[:done], done, rows_timed, checked, mismatches, losses)
+
+
+def _result(job: Job, ds: dataset.Dataset, stage_ns: np.ndarray, done: int, rows_timed: int,
+            checked: int, mismatches: int, losses: list[float]) -> dict[str, Any]:
+    g = job.gnn
+    timed = done > g["warmup"]
+    stages = timing.summarize(stage_ns, g["warmup"]) if timed else {}
+    agg_s = stages.get("aggregation_ms", 0.0) * stages.get("timed_iterations", 0) / 1e3
+    row_bytes = ds.layout.row_bytes
+    return {
+        "jobname": job.name, "engine": job.engine, "workload": "gnn",
+        "device": g["device"], "nodes": ds.graph.nodes, "edges": int(len(ds.graph.indices)),
+        "feature_dim": g["feature_dim"], "batch_size": g["batch_size"],
+        "fanout": list(g["fanout"]), "hidden": g["hidden"], "targets": ds.paths,
+        "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": MmapFetch.page_cache,
+        "drop_cache": bool(job.engine_options.get("drop_cache", False)),
+        "iterations": g["iterations"], "warmup": g["warmup"], "iterations_done": done,
+        "stages": stages,
+        "aggregation": {"rows": rows_timed, "bytes": rows_timed * row_bytes,
+                        "iops": rows_timed / agg_s if agg_s else 0.0,
+                        "bw_bytes": rows_timed * row_bytes / agg_s if agg_s else 0.0},
+        "verify": {"rows_checked": checked, "mismatches": mismatches},
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "interrupted": done < g["iterations"],
+        "error": int(mismatches > 0),
+    }

@@ -1,0 +1,227 @@
+"""The GNN workload on the CPU (device = "cpu", NumPy): generator, features, sampler, model,
+stage timing, bad inputs, and whole runs through the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from gpufio.cli import app
+from gpufio.errors import BadInput
+from gpufio.gnn import features, graph, timing
+from gpufio.gnn.model import GraphSage
+from gpufio.gnn.run import run_job
+from gpufio.gnn.sampler import sample
+from gpufio.profile import from_dict
+
+cli = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def g():
+    return graph.generate(20_000, 10, 7)
+
+
+def test_graph_is_deterministic_valid_csr_and_symmetric(g):
+    again = graph.generate(20_000, 10, 7)
+    assert np.array_equal(g.indptr, again.indptr) and np.array_equal(g.indices, again.indices)
+    assert not np.array_equal(graph.generate(20_000, 10, 8).indices[:1000], g.indices[:1000])
+    assert g.indptr[0] == 0 and g.indptr[-1] == len(g.indices) and np.all(np.diff(g.indptr) >= 0)
+    assert g.indices.min() >= 0 and g.indices.max() < g.nodes
+    rows = np.repeat(np.arange(g.nodes), g.degrees)
+    assert not np.any(rows == g.indices)  # no self loops
+    for r in range(0, g.nodes, 997):
+        nb = g.indices[g.indptr[r]:g.indptr[r + 1]]
+        assert np.all(np.diff(nb) > 0)  # sorted, no duplicates
+    key = rows * g.nodes + g.indices  # sorted: rows ascend, neighbours ascend within a row
+    mirrored = g.indices * g.nodes + rows
+    pos = np.minimum(np.searchsorted(key, mirrored), len(key) - 1)
+    assert np.array_equal(key[pos], mirrored)  # every edge is there both ways
+
+
+def test_degrees_have_a_citation_graph_tail(g):
+    deg = g.degrees
+    assert 8.5 < deg.mean() < 10.5
+    assert deg.max() > 25 * deg.mean()
+    assert np.percentile(deg, 99) > 5 * np.median(deg)
+
+
+def test_graph_cache_returns_the_same_graph(tmp_path):
+    a = graph.cached(3000, 6, 1, tmp_path)
+    assert len(list(tmp_path.glob("gnn-graph-3000-6-1.npz"))) == 1
+    b = graph.cached(3000, 6, 1, tmp_path)
+    assert np.array_equal(a.indices, b.indices)
+
+
+def test_feature_values_are_a_function_of_seed_node_column():
+    v = features.values(5, np.array([0, 1, 123456]), 64)
+    assert v.dtype == np.float32 and v.shape == (3, 64)
+    assert np.all(v >= -1) and np.all(v < 1) and abs(float(v.mean())) < 0.2
+    assert np.array_equal(v[2], features.values(5, np.array([123456]), 64)[0])
+    assert not np.array_equal(v, features.values(6, np.array([0, 1, 123456]), 64))
+
+
+def test_striped_files_hold_each_row_where_the_layout_says(tmp_path):
+    layout = features.Layout(2, 16 * 4)
+    paths = [str(tmp_path / "a.f32"), str(tmp_path / "b.f32")]
+    for t, p in enumerate(paths):
+        features.write_share(p, t, layout, 101, 16, 3)
+    assert [layout.bytes_needed(t, 101) for t in (0, 1)] == [51 * 64, 50 * 64]
+    tgt, off = layout.locate(np.array([0, 1, 2, 99, 100]))
+    assert tgt.tolist() == [0, 1, 0, 1, 0] and off.tolist() == [0, 0, 64, 49 * 64, 50 * 64]
+    for node in (0, 1, 2, 99, 100):
+        with open(paths[node % 2], "rb") as f:
+            f.seek((node // 2) * 64)
+            row = np.frombuffer(f.read(64), np.float32)
+        assert np.array_equal(row, features.values(3, np.array([node]), 16)[0])
+    assert features.holds_generated(paths[1], 1, layout, 16, 3)
+    assert not features.holds_generated(paths[1], 1, layout, 16, 4)
+
+
+def test_npy_header_and_a_file_too_small(tmp_path):
+    arr = np.zeros((10, 8), np.float32)
+    np.save(tmp_path / "f.npy", arr)
+    header, shape, dtype = features.npy_header(str(tmp_path / "f.npy"))
+    assert shape == (10, 8) and dtype == np.float32
+    assert header + arr.nbytes == (tmp_path / "f.npy").stat().st_size
+    with pytest.raises(BadInput, match=r"f.npy: \d+ bytes, too small for 11 nodes"):
+        features.check_file(str(tmp_path / "f.npy"), features.Layout(1, 32, header), 0, 11)
+
+
+def test_every_sampled_neighbour_is_real_and_fanout_is_respected(g):
+    rng = np.random.default_rng(0)
+    seeds = rng.choice(g.nodes, 300, replace=False)
+    mb = sample(np, g.indptr, g.indices, seeds, [10, 5, 3], rng)
+    assert np.array_equal(mb.layers[0].dst_nodes, seeds)
+    for layer, fanout in zip(mb.layers, [10, 5, 3]):
+        nd = len(layer.dst_nodes)
+        assert np.array_equal(layer.src_nodes[:nd], layer.dst_nodes)  # dst is a prefix
+        assert len(np.unique(layer.src_nodes)) == len(layer.src_nodes)
+        assert layer.nbr.shape == (nd, fanout)
+        deg = g.degrees[layer.dst_nodes]
+        assert np.array_equal(layer.count, np.minimum(deg, fanout))
+        for r in range(0, nd, max(1, nd // 200)):
+            got = layer.src_nodes[layer.nbr[r][layer.nbr[r] >= 0]]
+            real = g.indices[g.indptr[layer.dst_nodes[r]]:g.indptr[layer.dst_nodes[r] + 1]]
+            assert len(got) == min(len(real), fanout) and np.all(np.isin(got, real))
+            if len(real) <= fanout:
+                assert sorted(got.tolist()) == sorted(real.tolist())  # all of them
+    assert np.array_equal(mb.input_nodes, mb.layers[-1].src_nodes)
+
+
+def test_graphsage_gradients_match_finite_differences():
+    gr = graph.generate(2000, 6, 2)
+    rng = np.random.default_rng(0)
+    seeds = rng.choice(gr.nodes, 16, replace=False)
+    mb = sample(np, gr.indptr, gr.indices, seeds, [3, 2], rng)
+    x = features.values(1, mb.input_nodes, 8).astype(np.float64)
+    labels = seeds % 4
+    model = GraphSage(np, 8, 6, 4, 2, 0, dtype=np.float64)
+    _, grads = model.loss_and_grads(mb, x, labels)
+    for li in range(2):
+        for pi in range(3):
+            flat = model.params[li][pi].reshape(-1)
+            for j in range(0, flat.size, max(1, flat.size // 4)):
+                old = flat[j]
+                flat[j] = old + 1e-6
+                up, _ = model.loss_and_grads(mb, x, labels)
+                flat[j] = old - 1e-6
+                down, _ = model.loss_and_grads(mb, x, labels)
+                flat[j] = old
+                assert abs((up - down) / 2e-6 - grads[li][pi].reshape(-1)[j]) < 1e-6
+    first, _ = model.loss_and_grads(mb, x, labels)
+    for _ in range(30):
+        _, grads = model.loss_and_grads(mb, x, labels)
+        model.step(grads, 0.5)
+    assert model.loss_and_grads(mb, x, labels)[0] < first
+
+
+def test_stage_timing_arithmetic():
+    ns = np.array([[9e9, 9e9, 9e9]] + [[1e6, 6e6, 3e6], [3e6, 10e6, 7e6]], dtype=np.int64)
+    s = timing.summarize(ns, warmup=1)
+    assert s == {"sampling_ms": 2.0, "aggregation_ms": 8.0, "training_ms": 5.0,
+                 "total_ms": 15.0, "aggregation_share": 8 / 15, "timed_iterations": 2}
+    base = {"sampling_ms": 2.0, "aggregation_ms": 200.0, "training_ms": 5.0, "total_ms": 207.0}
+    sp = timing.speedups(s, base)
+    assert sp["aggregation"] == 25.0 and sp["total"] == pytest.approx(207 / 15)
+
+
+def _gnn(tmp_path, **extra):
+    return {"global": {"workload": "gnn", "engine": "mmap", "device": "cpu", "nodes": 5000,
+                       "feature_dim": 32, "hidden": 16, "batch_size": 64, "fanout": [4, 3],
+                       "iterations": 6, "warmup": 2, "directory": str(tmp_path), **extra}}
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"fanout": []}, "key 'fanout': needs at least one layer"),
+    ({"warmup": 6}, "key 'warmup': 6 leaves no timed iteration of 6"),
+    ({"batch_size": 6000}, "key 'batch_size': 6000 is more than the 5000 nodes"),
+    ({"engine": "psync"}, "engine 'psync' does not aggregate GNN features yet"),
+    ({"learning_rate": "fast"}, "key 'learning_rate': expected a positive number"),
+])
+def test_bad_gnn_profiles(extra, message, tmp_path):
+    with pytest.raises(BadInput, match=message):
+        from_dict(_gnn(tmp_path, **extra), "g.toml", {})
+
+
+def test_gnn_keys_need_the_gnn_workload():
+    with pytest.raises(BadInput, match="key 'fanout' needs workload = \"gnn\""):
+        from_dict({"global": {"size": "1m", "fanout": [2]}}, "g.toml", {})
+
+
+def test_a_feature_file_too_small_for_nodes_is_exit_2(tmp_path, write_profile):
+    small = tmp_path / "small.f32"
+    small.write_bytes(b"\0" * (32 * 4 * 100))
+    path = write_profile(f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "cpu"\n'
+                         f'nodes = 5000\nfeature_dim = 32\nfeature_file = ["{small}"]\n'
+                         f'directory = "{tmp_path}"\n')
+    res = cli.invoke(app, ["run", str(path)])
+    assert res.exit_code == 2
+    assert "small.f32: 12800 bytes, too small for 5000 nodes" in res.stderr
+
+
+def test_a_whole_run_verifies_rows_and_reports_stages(tmp_path):
+    prof = from_dict(_gnn(tmp_path), "g.toml", {})
+    r = run_job(prof.jobs[0])
+    assert r["iterations_done"] == 6 and r["stages"]["timed_iterations"] == 4
+    assert r["verify"] == {"rows_checked": 6 * 64, "mismatches": 0} and r["error"] == 0
+    s = r["stages"]
+    assert s["total_ms"] == pytest.approx(s["sampling_ms"] + s["aggregation_ms"] + s["training_ms"])
+    assert r["aggregation"]["bytes"] == r["aggregation"]["rows"] * 32 * 4
+    assert r["aggregation"]["rows"] >= 4 * 64 and r["page_cache"] is True
+
+
+def test_two_targets_are_striped_and_a_foreign_file_is_refused(tmp_path):
+    a, b = tmp_path / "ssd0", tmp_path / "ssd1"
+    a.mkdir()
+    b.mkdir()
+    prof = from_dict(_gnn(tmp_path, targets=[str(a), str(b)]), "g.toml", {})
+    r = run_job(prof.jobs[0])
+    assert r["error"] == 0 and len(r["targets"]) == 2
+    sizes = [(a / p).stat().st_size for p in [x.name for x in a.iterdir()]]
+    assert sizes == [2500 * 128]
+    foreign = tmp_path / "foreign.f32"
+    foreign.write_bytes(b"\1" * (5000 * 128))
+    prof = from_dict(_gnn(tmp_path, targets=[str(foreign)]), "g.toml", {})
+    with pytest.raises(BadInput, match="exists and does not hold gpufio's generated features"):
+        run_job(prof.jobs[0])
+
+
+def test_cli_json_table_speedup_and_early_stop(tmp_path, write_profile):
+    text = (f'[global]\nworkload = "gnn"\ndevice = "cpu"\nnodes = 5000\nfeature_dim = 32\n'
+            f'hidden = 16\nbatch_size = 64\nfanout = [4, 3]\niterations = 5\nwarmup = 1\n'
+            f'directory = "{tmp_path}"\n[[job]]\nengine = "mmap"\n'
+            f'[[job]]\nname = "cold"\nengine = "mmap"\ndrop_cache = true\n')
+    res = cli.invoke(app, ["run", str(write_profile(text)), "-f", "json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["workload"] == "gnn" and len(doc["jobs"]) == 2
+    assert doc["jobs"][1]["drop_cache"] is True
+    assert doc["jobs"][0]["speedup_vs_mmap"]["total"] == 1.0
+    table = cli.invoke(app, ["run", str(write_profile(text)), "-f", "markdown"])
+    assert "| job" in table.stdout and "aggregation_ms" in table.stdout
+    prof = from_dict(_gnn(tmp_path, iterations=50, warmup=1), "g.toml", {})
+    calls = []
+    r = run_job(prof.jobs[0], stop=lambda: calls.append(1) or len(calls) > 3)
+    assert r["iterations_done"] == 3 and r["interrupted"] is True
