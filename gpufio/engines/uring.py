@@ -104,8 +104,8 @@ class Uring(Engine):
             self.ring.register_buffers([uring.Region(int(self._base), depth * job.bs)])
             self._opcode = uring.OP_READ_FIXED
         slots = np.arange(depth, dtype=np.uint64)
-        # One ready-made SQE per buffer slot: a batch only copies its rows and sets the offset
-        # (and the descriptor when there are several targets).
+        # One ready-made SQE per buffer slot, written into the ring once: a batch only sets the
+        # offset (and the descriptor when there are several targets).
         self._template = uring.read_sqes(
             opcode=self._opcode, sqe_flags=self._sqe_flags, fd=np.full(depth, self._fds[0]),
             off=np.zeros(depth, np.uint64), addr=self._base + slots * np.uint64(job.bs),
@@ -125,7 +125,8 @@ class Uring(Engine):
         t_issue = np.zeros(depth, dtype=np.int64)
         now_arr = np.zeros((), dtype=np.int64)  # subtracting from a 0-d array beats a Python int
         free = np.arange(depth, dtype=np.int64)
-        template = self._template
+        sqes = ring.sqes
+        sqes[:depth] = self._template  # SQE row s belongs to buffer slot s for the whole run
         clock = time.perf_counter_ns
         issuing = True
         last_progress = clock()
@@ -137,15 +138,14 @@ class Uring(Engine):
                 if k:
                     slots = free[:k]
                     free = free[k:]
-                    rows = template.take(slots, axis=0)
-                    rows[:, 1] = offs
+                    sqes[slots, 1] = offs
                     if multi_target:
-                        rows[:, 0] = self._word0[tgt]
+                        sqes[slots, 0] = self._word0[tgt]
                         slot_tgt[slots] = tgt
                     if verifying:
                         slot_off[slots] = offs
                     t_issue[slots] = clock()
-                    ring.push(rows)
+                    ring.push_slots(slots)
                 else:
                     issuing = False
             if ring.inflight == 0:
