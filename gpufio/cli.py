@@ -133,7 +133,9 @@ def _run_gnn(prof: profile.Profile, fmt: str, output: Optional[Path]) -> None:
         raise typer.Exit(EXIT_INTERRUPTED)
     if any(job["error"] for job in doc["jobs"]):
         for job in doc["jobs"]:
-            if job["error"]:
+            if job.get("failure"):
+                typer.echo(f"gpufio: {job['jobname']}: {job['failure']}", err=True)
+            elif job["error"]:
                 typer.echo(f"gpufio: {job['jobname']}: {job['verify']['mismatches']} aggregated "
                            "rows differ from the generator's values", err=True)
         raise typer.Exit(EXIT_FAILED)

@@ -2,6 +2,8 @@
 stage timing, bad inputs, and whole runs through the CLI."""
 
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -225,3 +227,43 @@ def test_cli_json_table_speedup_and_early_stop(tmp_path, write_profile):
     calls = []
     r = run_job(prof.jobs[0], stop=lambda: calls.append(1) or len(calls) > 3)
     assert r["iterations_done"] == 3 and r["interrupted"] is True
+
+
+def test_cpu_gpu_aggregation_reads_every_row_through_io_uring(tmp_path):
+    a, b = tmp_path / "ssd0", tmp_path / "ssd1"
+    a.mkdir()
+    b.mkdir()
+    prof = from_dict(_gnn(tmp_path, engine="cpu-gpu", iodepth=16, targets=[str(a), str(b)],
+                          verify_rows=100_000), "g.toml", {})
+    r = run_job(prof.jobs[0])
+    assert r["error"] == 0 and r["page_cache"] is False and r["iodepth"] == 16
+    assert r["verify"]["mismatches"] == 0 and r["verify"]["rows_checked"] >= 6 * 64
+
+
+def test_a_feature_file_that_shrinks_mid_run_fails_the_job(tmp_path):
+    prof = from_dict(_gnn(tmp_path, engine="cpu-gpu", iterations=10), "g.toml", {})
+    calls = []
+
+    def shrink_before_the_third_iteration() -> bool:
+        calls.append(1)
+        if len(calls) == 3:
+            for f in tmp_path.glob("gnn-features-*.f32"):
+                os.truncate(f, 100 * 128)  # rows of nodes >= 100 are gone
+        return False
+
+    r = run_job(prof.jobs[0], stop=shrink_before_the_third_iteration)
+    assert r["error"] == 1 and r["iterations_done"] == 2
+    assert re.match(r"iteration 2: feature row of node \d+ \(short read of 0 bytes\)", r["failure"])
+
+
+def test_a_generated_file_that_changed_is_refused_not_rewritten(tmp_path, write_profile):
+    text = (f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "cpu"\nnodes = 5000\n'
+            f'feature_dim = 32\nhidden = 16\nbatch_size = 64\nfanout = [4, 3]\n'
+            f'iterations = 3\nwarmup = 1\ndirectory = "{tmp_path}"\n')
+    path = write_profile(text)
+    assert cli.invoke(app, ["run", str(path)]).exit_code == 0
+    (feature_file,) = tmp_path.glob("gnn-features-*.f32")
+    os.truncate(feature_file, 100 * 128)
+    res = cli.invoke(app, ["run", str(path)])
+    assert res.exit_code == 2 and "does not hold gpufio's generated features" in res.stderr
+    assert feature_file.stat().st_size == 100 * 128

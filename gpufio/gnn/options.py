@@ -35,7 +35,7 @@ GNN_OPTIONS: tuple[Option, ...] = (
     Option("verify_rows", "int", 64, "aggregated rows per iteration compared with the "
            "generator's values (0: none)", minimum=0),
 )
-ENGINES = ("mmap",)
+ENGINES = ("mmap", "cpu-gpu")
 
 
 def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:

@@ -3,7 +3,8 @@
 Stage boundaries wait for the device (a CuPy synchronize), so each stage's time is its own.
 After each iteration, outside the timed stages, a sample of the aggregated rows is compared
 with the generator's values (``verify_rows``). Ctrl-C ends the job after the current
-iteration with the iterations done so far reported.
+iteration with the iterations done so far reported; so does a row that cannot be read
+(the job then fails, exit 1, with the node and errno named).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from gpufio import gpu
 from gpufio.gnn import dataset, features, timing
-from gpufio.gnn.fetch import MmapFetch
+from gpufio.gnn.fetch import FetchError, MmapFetch, UringFetch
 from gpufio.gnn.model import GraphSage
 from gpufio.gnn.sampler import sample
 from gpufio.profile import Job
@@ -25,6 +26,13 @@ def _array_module(job: Job) -> Any:
     return np if job.gnn["device"] == "cpu" else gpu.use(job.gpu)
 
 
+def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
+    """The aggregation backend of the job's engine."""
+    if job.engine == "cpu-gpu":
+        return UringFetch(ds, xp, job.gnn["feature_dim"], job.iodepth, job.direct)
+    return MmapFetch(ds, xp, job.gnn["feature_dim"], job.engine_options.get("drop_cache", False))
+
+
 def run_job(job: Job, stop: Any = None) -> dict[str, Any]:
     """Run one GNN job; ``stop()`` returning True ends it early (Ctrl-C)."""
     g = job.gnn
@@ -32,7 +40,7 @@ def run_job(job: Job, stop: Any = None) -> dict[str, Any]:
     sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
     ds = dataset.prepare(job)
     indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
-    fetcher = MmapFetch(ds, xp, g["feature_dim"], job.engine_options.get("drop_cache", False))
+    fetcher = _fetcher(job, ds, xp)
     model = GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
                       job.randseed)
     rng = np.random.default_rng([job.randseed, 1]) if xp is np else xp.random.default_rng(job.randseed)
@@ -41,6 +49,7 @@ def run_job(job: Job, stop: Any = None) -> dict[str, Any]:
     rows_timed = checked = mismatches = 0
     losses: list[float] = []
     done = 0
+    failure = None
     try:
         for it in range(g["iterations"]):
             if stop is not None and stop():
@@ -67,13 +76,19 @@ def run_job(job: Job, stop: Any = None) -> dict[str, Any]:
                 mismatches += int((x[:k] != want).any(axis=1).sum())
                 checked += k
             done = it + 1
+    except FetchError as e:  # the run ends; what was measured so far is reported
+        failure = f"iteration {done}: {e}"
     finally:
         fetcher.close()
-    return _result(job, ds, stage_ns[:done], done, rows_timed, checked, mismatches, losses)
+    result = _result(job, ds, stage_ns[:done], done, rows_timed, checked, mismatches, losses,
+                     fetcher.page_cache)
+    if failure:
+        result.update(failure=failure, error=1, interrupted=False)
+    return result
 
 
 def _result(job: Job, ds: dataset.Dataset, stage_ns: np.ndarray, done: int, rows_timed: int,
-            checked: int, mismatches: int, losses: list[float]) -> dict[str, Any]:
+            checked: int, mismatches: int, losses: list[float], page_cache: bool) -> dict[str, Any]:
     g = job.gnn
     timed = done > g["warmup"]
     stages = timing.summarize(stage_ns, g["warmup"]) if timed else {}
@@ -84,7 +99,8 @@ def _result(job: Job, ds: dataset.Dataset, stage_ns: np.ndarray, done: int, rows
         "device": g["device"], "nodes": ds.graph.nodes, "edges": int(len(ds.graph.indices)),
         "feature_dim": g["feature_dim"], "batch_size": g["batch_size"],
         "fanout": list(g["fanout"]), "hidden": g["hidden"], "targets": ds.paths,
-        "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": MmapFetch.page_cache,
+        "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": page_cache,
+        "iodepth": job.iodepth if job.engine == "cpu-gpu" else None,
         "drop_cache": bool(job.engine_options.get("drop_cache", False)),
         "iterations": g["iterations"], "warmup": g["warmup"], "iterations_done": done,
         "stages": stages,
