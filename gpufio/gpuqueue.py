@@ -90,7 +90,9 @@ class DeviceQueue:
         module while the agents spin can wait for them to finish, and they wait for the
         requesters, a deadlock. gpufio also asks CUDA for eager module loading (gpu.py).
         """
-        self._dev["control"][C_REQUESTERS] = requesters
+        control = self._dev["control"]
+        control.fill(0)  # a queue may be started again once its kernels have ended
+        control[C_REQUESTERS] = requesters
         self._cp.cuda.Device().synchronize()
         self.kernels_done = False
         self._agent((self.nrings,), (32,), (self.descriptor,), stream=self.agent_stream)

@@ -267,3 +267,14 @@ def test_a_generated_file_that_changed_is_refused_not_rewritten(tmp_path, write_
     res = cli.invoke(app, ["run", str(path)])
     assert res.exit_code == 2 and "does not hold gpufio's generated features" in res.stderr
     assert feature_file.stat().st_size == 100 * 128
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"engine": "gpu-uring"}, "engine 'gpu-uring': GPU threads issue its reads, so it needs "
+                              "device = \"gpu\""),
+    ({"engine": "gpu-uring", "device": "gpu", "feature_dim": 30},
+     "key 'feature_dim': gpu-uring copies rows in 16-byte words"),
+])
+def test_gpu_uring_aggregation_checks(extra, message, tmp_path):
+    with pytest.raises(BadInput, match=message):
+        from_dict(_gnn(tmp_path, **extra), "g.toml", {})

@@ -42,7 +42,8 @@ PULL_NS = 100_000_000
 U64_MAX = (1 << 64) - 1
 
 
-def _options(job: Job) -> dict[str, Any]:
+def engine_options(job: Job) -> dict[str, Any]:
+    """The job's gpu-uring options with the defaults that depend on the host resolved."""
     o = dict(job.engine_options)
     o["rings"] = o["rings"] or default_rings(max(len(job.targets), 1), os.cpu_count() or 1)
     o["threads"] = o["threads"] or o["rings"] * job.iodepth
@@ -89,7 +90,7 @@ class GpuUring(Engine):
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
-        o = _options(job)
+        o = engine_options(job)
         return {**super().describe(job), "gpus": list(job.gpu_list),
                 "lands_in": "gpu memory" if o["land"] == "gpu" else "pinned host memory",
                 "rings": o["rings"], "iodepth_per_ring": job.iodepth,
@@ -97,7 +98,7 @@ class GpuUring(Engine):
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
-        o = self._opts = _options(job)
+        o = self._opts = engine_options(job)
         cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
         sq, cq = ring_sizes(job.iodepth, o["ring_entries"] or None)
         self.queue = DeviceQueue(nrings=o["rings"], depth=job.iodepth, slot_bytes=job.bs,

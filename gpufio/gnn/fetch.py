@@ -154,3 +154,76 @@ class UringFetch:
         self._host = None
         if self._mem is not None:
             self._mem.close()
+
+
+class GpuUringFetch:
+    """The ``gpu-uring`` path for aggregation: GPU threads post the reads of the rows
+    themselves through the request queue (gpuqueue.DeviceQueue, kernels/gnn_gather.cu) and
+    copy each landed row into the tensor; the host only starts the kernels, wakes SQPOLL
+    threads and watches for a stall. Needs a GPU (``device = "gpu"``)."""
+
+    page_cache = False
+
+    def __init__(self, ds: Dataset, xp: Any, dim: int, opts: dict[str, Any], iodepth: int,
+                 direct: bool) -> None:
+        from gpufio import cuda
+        from gpufio.gpuqueue import DeviceQueue
+        from gpufio.gpuring import ring_sizes
+
+        self.xp, self.dim, self.layout = xp, dim, ds.layout
+        self.rows = 0
+        self.stall_ns = opts["stall_timeout"]
+        aligned = ds.layout.header % 4096 == 0 and ds.layout.row_bytes % 512 == 0
+        flags = os.O_RDONLY | (os.O_DIRECT if direct and aligned else 0)
+        self._fds = [os.open(p, flags) for p in ds.paths]
+        sq, cq = ring_sizes(iodepth, opts["ring_entries"] or None)
+        self.queue = DeviceQueue(nrings=opts["rings"], depth=iodepth,
+                                 slot_bytes=ds.layout.row_bytes, sq_entries=sq, cq_entries=cq,
+                                 idle_ms=opts["sq_thread_idle"] // 1_000_000,
+                                 cpus=opts["sq_thread_cpu"], sqe_async=opts["sqe_async"])
+        # loaded now: never while the agents spin (see DeviceQueue.start)
+        self._gather = cuda.module("gnn_gather").get_function("gio_gather")
+        self._threads = opts["rings"] * iodepth
+        self._d_fds = xp.asarray(np.array(self._fds, np.int32))
+        self._failed = xp.zeros(3, xp.uint64)
+        self._stream = xp.cuda.Stream(non_blocking=True)
+
+    def fetch(self, nodes: Any) -> Any:
+        import time
+
+        from gpufio.gpuqueue import QueueStalled
+
+        xp, q = self.xp, self.queue
+        n = len(nodes)
+        out = xp.empty((n, self.dim), xp.float32)
+        ids = xp.ascontiguousarray(nodes, dtype=xp.int64)
+        self._failed.fill(0)
+        blocks = -(-self._threads // 128)
+        q.start(requesters=blocks * 128)
+        self._gather((blocks,), (128,), (
+            q.descriptor, self._d_fds, np.uint64(self.layout.ntargets),
+            np.uint64(self.layout.header), np.uint64(self.layout.row_bytes), ids, np.uint64(n),
+            out, np.uint64(self.dim * 4 // 16), self._failed), stream=self._stream)
+        deadline = time.monotonic_ns() + self.stall_ns
+        while not (self._stream.done and q.agent_stream.done):
+            if time.monotonic_ns() > deadline:
+                try:
+                    q.stall(self.stall_ns, (self._stream,))
+                except QueueStalled as e:
+                    raise FetchError(str(e)) from None
+            q.rings.wake()
+            time.sleep(0.0001)
+        q.kernels_done = True
+        failed = self._failed.get()
+        if failed[0]:
+            res = int(np.int64(failed[2]))
+            why = errno.errorcode.get(-res, str(-res)) if res < 0 else f"short read of {res} bytes"
+            raise FetchError(f"feature row of node {int(failed[1])} ({why}); "
+                             f"{int(failed[0])} rows failed")
+        self.rows += n
+        return out
+
+    def close(self) -> None:
+        self.queue.close()
+        for fd in self._fds:
+            os.close(fd)

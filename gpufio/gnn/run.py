@@ -16,7 +16,7 @@ import numpy as np
 
 from gpufio import gpu
 from gpufio.gnn import dataset, features, timing
-from gpufio.gnn.fetch import FetchError, MmapFetch, UringFetch
+from gpufio.gnn.fetch import FetchError, GpuUringFetch, MmapFetch, UringFetch
 from gpufio.gnn.model import GraphSage
 from gpufio.gnn.sampler import sample
 from gpufio.profile import Job
@@ -30,6 +30,11 @@ def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
     """The aggregation backend of the job's engine."""
     if job.engine == "cpu-gpu":
         return UringFetch(ds, xp, job.gnn["feature_dim"], job.iodepth, job.direct)
+    if job.engine == "gpu-uring":
+        from gpufio.engines.gpuuring import engine_options
+
+        return GpuUringFetch(ds, xp, job.gnn["feature_dim"], engine_options(job), job.iodepth,
+                             job.direct)
     return MmapFetch(ds, xp, job.gnn["feature_dim"], job.engine_options.get("drop_cache", False))
 
 
@@ -100,7 +105,7 @@ def _result(job: Job, ds: dataset.Dataset, stage_ns: np.ndarray, done: int, rows
         "feature_dim": g["feature_dim"], "batch_size": g["batch_size"],
         "fanout": list(g["fanout"]), "hidden": g["hidden"], "targets": ds.paths,
         "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": page_cache,
-        "iodepth": job.iodepth if job.engine == "cpu-gpu" else None,
+        "iodepth": job.iodepth if job.engine != "mmap" else None,
         "drop_cache": bool(job.engine_options.get("drop_cache", False)),
         "iterations": g["iterations"], "warmup": g["warmup"], "iterations_done": done,
         "stages": stages,
