@@ -45,3 +45,22 @@ def test_gpus_are_given_to_workers_round_robin(given, expected):
     (job,) = prof.jobs
     assert [job.gpu_of(w) for w in range(4)] == expected
     assert job.engine_options == {"threads": 0, "require_gds": False}
+
+
+def test_require_gds_in_compat_mode_is_a_one_line_exit_2(monkeypatch, write_profile,
+                                                         pattern_file):
+    from typer.testing import CliRunner
+
+    from gpufio.cli import app
+    from gpufio.engines import cufile
+
+    monkeypatch.setattr(cufile.CuFileEngine, "unavailable", classmethod(lambda cls: None))
+    monkeypatch.setattr(cufile, "cufile_mode", lambda: "compat")
+    monkeypatch.setattr(gpu, "use", lambda index: None)
+    path = write_profile(f'[global]\nengine = "cufile"\ntargets = ["{pattern_file}"]\n'
+                         'require_gds = true\n')
+    res = CliRunner().invoke(app, ["run", str(path), "-q"])
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines() == [
+        "gpufio: error: job 'job': engine 'cufile': require_gds is set, but cuFile runs in "
+        "compat mode here (no GPUDirect Storage driver, or KVIKIO_COMPAT_MODE=on)"]

@@ -102,11 +102,11 @@ class CuFileEngine(Engine):
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
         cp = gpu.use(job.gpu_of(ctx.worker))
-        import kvikio
-
         if job.engine_options["require_gds"] and cufile_mode() != "gds":
             raise BadInput("engine 'cufile': require_gds is set, but cuFile runs in compat mode "
                            "here (no GPUDirect Storage driver, or KVIKIO_COMPAT_MODE=on)")
+        import kvikio
+
         _configure(job)
         try:
             self.dev = cp.empty(job.iodepth * job.bs, dtype=cp.uint8)
