@@ -20,7 +20,7 @@ from gpufio.errors import BadInput
 from gpufio.profile import Job, Profile
 from gpufio.stats import CpuTimes, LatencyStats
 from gpufio.worker import JobShared, WorkerContext
-from gpufio.workers import ProcessWorker, ThreadWorker
+from gpufio.workers import ProcessWorker, SpawnWorker, ThreadWorker
 from gpufio.workload import OffsetStream
 
 TICK_S = 0.02
@@ -104,9 +104,11 @@ class JobRun:
             budget = max(io_size // job.bs, 1)
         self.budget = budget
         seeds = [t.pattern_seed for t in targets] if job.verify else None
-        in_process = engine.worker_kind == "process"
-        handle = ProcessWorker if in_process else ThreadWorker
-        self._go = multiprocessing.get_context("fork").Event() if in_process else threading.Event()
+        kind = engine.worker_kind_for(job)
+        in_process = kind != "thread"
+        handle = {"process": ProcessWorker, "spawn": SpawnWorker, "thread": ThreadWorker}[kind]
+        self._go = (multiprocessing.get_context("fork" if kind == "process" else "spawn").Event()
+                    if in_process else threading.Event())
         self.workers = [
             handle(engine, job, targets, WorkerContext(
                 bs=job.bs, stream=OffsetStream(
@@ -114,7 +116,7 @@ class JobRun:
                     file_service=job.file_service, seed=(job.randseed, w), budget=budget),
                 control=self.control, ntargets=len(targets), block=self.shared.blocks[w],
                 verify_seeds=seeds, continue_on_error=job.continue_on_error,
-                own_cpu=in_process, worker=w), w, self._go)
+                own_cpu=in_process, worker=w), w, self._go, self.shared)
             for w in range(job.numjobs)]
         self._in_process = in_process
         self.state = "setup"
@@ -143,6 +145,7 @@ class JobRun:
             for w in self.workers:
                 while not w.wait_ready(0.1):
                     pass
+            self.shared.close_source()  # every worker has mapped the shared memory by now
             self.t_start = time.monotonic_ns()
             self.state = "ramp"
             if job.ramp_time == 0:  # before the go: a worker's first completions must count
@@ -184,6 +187,7 @@ class JobRun:
         """Wait for the workers to finish."""
         for w in self.workers:
             w.join()
+        self.shared.close_source()
 
     def raise_bad_input(self) -> None:
         """Raise BadInput if a worker's engine refused its setup (GPU missing, out of memory)."""

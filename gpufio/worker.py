@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,15 +31,35 @@ _BLOCK = _LIVE + PLAT_NR
 class JobShared:
     """One job's shared memory: control words plus a live block per worker.
 
-    MAP_SHARED | MAP_ANONYMOUS memory made before workers fork stays shared with them.
+    The memory is a memfd mapped MAP_SHARED: forked workers inherit the mapping, threads
+    share it, and spawned workers (fresh interpreters) map the same memfd again through
+    /proc/<runner pid>/fd/<fd> (``source`` says which), with no name in any filesystem.
     """
 
-    def __init__(self, nworkers: int) -> None:
-        self._mem = mmap.mmap(-1, 8 * (2 + nworkers * _BLOCK),
-                              flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+    def __init__(self, nworkers: int, source: tuple[int, int] | None = None) -> None:
+        size = 8 * (2 + nworkers * _BLOCK)
+        if source is None:
+            fd = os.memfd_create("gpufio-job", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)
+            self.source = (os.getpid(), fd)
+        else:
+            fd = os.open(f"/proc/{source[0]}/fd/{source[1]}", os.O_RDWR | os.O_CLOEXEC)
+            self.source = source
+        try:
+            self._mem = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        finally:
+            if source is not None:
+                os.close(fd)
+        self._fd = fd if source is None else -1
         words = np.frombuffer(self._mem, dtype=np.int64)
         self.control = JobControl((ctypes.c_int64 * 2).from_buffer(self._mem))
         self.blocks = [words[2 + i * _BLOCK:2 + (i + 1) * _BLOCK] for i in range(nworkers)]
+
+    def close_source(self) -> None:
+        """Close the memfd once every worker has mapped it (the mappings stay valid)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def live(self, worker: int) -> tuple[int, int, int, np.ndarray]:
         """A worker's (completed, ios, bytes, histogram) as last published."""
@@ -210,6 +231,13 @@ class WorkerContext:
         self._cpu0: CpuTimes | None = None
         self._all_ok = np.full(PENDING, bs, dtype=np.int32).tobytes()
         self._measuring = False
+
+    def spawn_args(self) -> dict:
+        """What a spawned worker needs to build this context again around the job's shared
+        memory (everything here pickles; the shared views do not)."""
+        return {"bs": self.bs, "stream": self.stream, "ntargets": self.rec.ntargets,
+                "verify_seeds": self._verify_seeds, "continue_on_error": self._continue,
+                "worker": self.worker}
 
     @property
     def done(self) -> bool:

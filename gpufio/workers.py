@@ -1,10 +1,12 @@
-"""How a job's workers run: as threads, or as forked processes (fio's default).
+"""How a job's workers run: as threads, forked processes (fio's default), or spawned ones.
 
 Python threads share one interpreter lock, so CPU engines that spend Python time per batch
 cannot scale with numjobs as threads; each of their workers is a forked process instead.
-Engines that hold a CUDA context run as threads (CUDA does not survive fork). Either way a
-worker builds its engine, reports ready, waits for the clock to start, runs, and hands back
-a FinalRecord; the runner sees the same interface for both.
+CUDA does not survive fork, so engines that hold a CUDA context run as threads, or, to scale
+past the lock, as spawned processes: fresh interpreters, each with its own CUDA context, that
+reopen the targets and map the job's shared memory again. Every kind of worker builds its
+engine, reports ready, waits for the clock to start, runs, and hands back a FinalRecord; the
+runner sees the same interface for all three.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gpufio.errors import BadInput
 from gpufio.worker import FinalRecord, WorkerContext
 
 _FORK = multiprocessing.get_context("fork")
+_SPAWN = multiprocessing.get_context("spawn")
 
 
 @dataclass
@@ -67,7 +70,7 @@ class ThreadWorker:
     """A worker in a thread of this process."""
 
     def __init__(self, engine_cls: type[Engine], job, targets, ctx: WorkerContext,
-                 index: int, go: threading.Event) -> None:
+                 index: int, go: threading.Event, shared=None) -> None:
         self._ready = threading.Event()
         self.outcome: Outcome | None = None
 
@@ -91,23 +94,48 @@ class ThreadWorker:
             self._thread.join()
 
 
+def _forked_main(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
+                 conn, go) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner stops us, not Ctrl-C
+    conn.send(_run(engine_cls, job, targets, ctx, index, lambda: conn.send("ready"), go.wait))
+
+
+def _spawned_main(engine_name: str, job, paths: list[str], spec: dict, shared_source,
+                  nworkers: int, conn, go) -> None:
+    """A fresh interpreter: reopen the targets, map the shared memory, run like a fork."""
+    from gpufio import targets as tg
+    from gpufio.engines import all_engines
+    from gpufio.worker import JobShared
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    shared = JobShared(nworkers, shared_source)
+    opened = [tg.open_target(p, job.direct) for p in paths]
+    try:
+        ctx = WorkerContext(**spec, control=shared.control, block=shared.blocks[spec["worker"]],
+                            own_cpu=True)
+        _forked_main(all_engines()[engine_name], job, opened, ctx, spec["worker"], conn, go)
+    finally:
+        for t in opened:
+            t.close()
+
+
 class ProcessWorker:
     """A worker in a forked child process; its outcome comes back through a pipe."""
 
+    context = _FORK
+
     def __init__(self, engine_cls: type[Engine], job, targets, ctx: WorkerContext,
-                 index: int, go) -> None:
-        self._conn, child_conn = _FORK.Pipe(duplex=False)
+                 index: int, go, shared=None) -> None:
+        self._conn, child_conn = self.context.Pipe(duplex=False)
         self.outcome: Outcome | None = None
         self._index = index
-
-        def body() -> None:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner stops us, not Ctrl-C
-            out = _run(engine_cls, job, targets, ctx, index,
-                       lambda: child_conn.send("ready"), go.wait)
-            child_conn.send(out)
-
-        self._proc = _FORK.Process(target=body, daemon=True, name=f"{job.name}/{index}")
+        target, args = self._entry(engine_cls, job, targets, ctx, index, child_conn, go, shared)
+        self._proc = self.context.Process(target=target, args=args, daemon=True,
+                                          name=f"{job.name}/{index}")
         self._ready = False
+
+    def _entry(self, engine_cls, job, targets, ctx, index, conn, go, shared) -> tuple:
+        return _forked_main, (engine_cls, job, targets, ctx, index, conn, go)
 
     def start(self) -> None:
         sys.stdout.flush()
@@ -144,3 +172,13 @@ class ProcessWorker:
         while not self.poll():
             self._conn.poll(0.05)
         self._proc.join()
+
+
+class SpawnWorker(ProcessWorker):
+    """A worker in a spawned process: a fresh interpreter, so it may hold a CUDA context."""
+
+    context = _SPAWN
+
+    def _entry(self, engine_cls, job, targets, ctx, index, conn, go, shared) -> tuple:
+        return _spawned_main, (engine_cls.name, job, [t.path for t in targets],
+                               ctx.spawn_args(), shared.source, len(shared.blocks), conn, go)

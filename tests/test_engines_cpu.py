@@ -192,3 +192,22 @@ def test_a_failing_close_is_a_failure_not_silence(pattern_file, monkeypatch):
     monkeypatch.setattr(Psync, "close", broken_close)
     (r,) = run({"engine": "psync"}, pattern_file, io_size="64k").results
     assert not r.ok and "close: BufferError" in r.failure and r.ios == 16
+
+
+def test_spawned_workers_reopen_targets_and_share_the_job_memory(pattern_file, tmp_path,
+                                                                 monkeypatch):
+    """The worker kind GPU engines use to scale past the interpreter lock, tried with psync
+    (fresh interpreters: nothing is inherited but what is passed)."""
+    from gpufio.engines.psync import Psync
+
+    monkeypatch.setattr(Psync, "worker_kind_for", classmethod(lambda cls, job: "spawn"))
+    other = tmp_path / "other.dat"
+    targets.create_file(str(other), 1 << 20, 9)
+    (r,) = run({"engine": "psync"}, pattern_file, numjobs=2, verify=True, io_size="512k",
+               targets=[str(pattern_file), str(other)]).results
+    assert r.ok, r.failure
+    assert r.ios == 2 * 128 and [p["ios"] for p in r.per_target] == [128, 128]
+    assert r.cpu.usr + r.cpu.sys > 0
+    (r,) = run({"engine": "psync"}, pattern_file, numjobs=2, runtime="600ms",
+               time_based=True).results
+    assert r.ok and r.ios > 0 and 0.55e9 < r.runtime_ns < 1.5e9

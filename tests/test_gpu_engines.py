@@ -18,8 +18,9 @@ GPU_ENGINES = [
     {"engine": "mmap", "iodepth": 16},
     {"engine": "cufile", "iodepth": 16},
     {"engine": "gpu-uring", "iodepth": 16, "rings": 2},
+    {"engine": "cpu-gpu", "iodepth": 16, "processes": True},
 ]
-IDS = [e["engine"] for e in GPU_ENGINES]
+IDS = [e["engine"] + ("-processes" if e.get("processes") else "") for e in GPU_ENGINES]
 
 
 def run(engine, paths, **opts):

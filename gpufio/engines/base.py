@@ -38,6 +38,12 @@ class Engine(ABC):
     worker_kind: ClassVar[str] = "process"
 
     @classmethod
+    def worker_kind_for(cls, job: "Job") -> str:
+        """How this job's workers run: "process" (forked), "thread", or "spawn" (a fresh
+        process, for engines that hold a CUDA context and must not share the interpreter)."""
+        return cls.worker_kind
+
+    @classmethod
     def unavailable(cls) -> str | None:
         """Why this engine cannot run on this host, or None if it can."""
         if cls.uses_gpu:
