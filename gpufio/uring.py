@@ -298,35 +298,27 @@ class Ring:
 
     def push(self, words: np.ndarray) -> None:
         """Write SQEs (rows of 8 little-endian u64 words, see ``read_sqes``) and publish them."""
-        k = len(words)
-        if k > self.cq_entries - self.inflight or k > self.sq_entries - (
-                (self._tail - self._sq_head.value) & 0xFFFFFFFF):
-            raise UringError(f"push of {k} SQEs exceeds the ring's space ({self.space()}): "
-                             "more in flight than the CQ holds would overflow it")
-        start = self._tail & self._sq_mask
-        first = min(k, self.sq_entries - start)
-        self.sqes[start:start + first] = words[:first]
-        if first < k:
-            self.sqes[:k - first] = words[first:]
-        self._tail = (self._tail + k) & 0xFFFFFFFF
-        self._sq_tail.value = self._tail  # x86 stores are ordered: SQEs land before the tail
-        self._unsubmitted += k
-        self.inflight += k
+        self._publish(self.sqes, words)
 
     def push_slots(self, slots: np.ndarray) -> None:
         """Publish SQEs already written in place at rows ``slots`` of ``sqes`` (each caller
         slot owns SQE row ``slot``), through the SQ index array: no 64-byte row is copied
         per I/O, only the changed fields, as fio's io_uring engine does. Needs the SQ array
         (not NO_SQARRAY) and slots < sq_entries whose previous I/O has completed."""
-        k = len(slots)
+        self._publish(self._sq_array, slots)
+
+    def _publish(self, dest: np.ndarray, values: np.ndarray) -> None:
+        """Write ``values`` at the SQ tail of ``dest`` (SQE rows or index array), wrapping
+        around, then move the tail; refuses more than ``space()`` allows."""
+        k = len(values)
         if k > self.space():
             raise UringError(f"push of {k} SQEs exceeds the ring's space ({self.space()}): "
                              "more in flight than the CQ holds would overflow it")
         start = self._tail & self._sq_mask
         first = min(k, self.sq_entries - start)
-        self._sq_array[start:start + first] = slots[:first]
+        dest[start:start + first] = values[:first]
         if first < k:
-            self._sq_array[:k - first] = slots[first:]
+            dest[:k - first] = values[first:]
         self._tail = (self._tail + k) & 0xFFFFFFFF
         self._sq_tail.value = self._tail  # x86 stores are ordered: entries land before the tail
         self._unsubmitted += k
