@@ -278,3 +278,18 @@ def test_a_generated_file_that_changed_is_refused_not_rewritten(tmp_path, write_
 def test_gpu_uring_aggregation_checks(extra, message, tmp_path):
     with pytest.raises(BadInput, match=message):
         from_dict(_gnn(tmp_path, **extra), "g.toml", {})
+
+
+def test_a_sweep_over_one_and_two_targets_keeps_whole_and_striped_files_apart(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    data = _gnn(tmp_path)
+    data["sweep"] = {"targets": [[str(a)], [str(a), str(b)]]}
+    prof = from_dict(data, "g.toml", {})
+    results = [run_job(job) for job in prof.jobs]
+    assert [len(r["targets"]) for r in results] == [1, 2]
+    assert all(r["error"] == 0 and r["verify"]["mismatches"] == 0 for r in results)
+    assert sorted(p.name for p in a.iterdir()) == [
+        "gnn-features-5000x32-seed137-part0of2.f32", "gnn-features-5000x32-seed137.f32"]
+    assert [p.name for p in b.iterdir()] == ["gnn-features-5000x32-seed137-part1of2.f32"]

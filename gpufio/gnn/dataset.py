@@ -29,13 +29,18 @@ def _feature_paths(job: Job) -> list[str]:
     """Where generated features go: a file per target directory (or the given file paths),
     else one file in the scratch directory."""
     g = job.gnn
-    name = f"gnn-features-{g['nodes']}x{g['feature_dim']}-seed{job.randseed}.f32"
+    n = max(len(job.targets), 1)
+
+    def name(i: int) -> str:  # a stripe of n holds other rows than the whole table
+        part = f"-part{i}of{n}" if n > 1 else ""
+        return f"gnn-features-{g['nodes']}x{g['feature_dim']}-seed{job.randseed}{part}.f32"
+
     if not job.targets:
-        return [os.path.join(job.directory or tg.default_scratch_dir(), name)]
+        return [os.path.join(job.directory or tg.default_scratch_dir(), name(0))]
     paths = []
-    for t in job.targets:
+    for i, t in enumerate(job.targets):
         if os.path.isdir(t):
-            paths.append(os.path.join(t, name))
+            paths.append(os.path.join(t, name(i)))
         elif os.path.exists(t) and not os.path.isfile(t):
             raise BadInput(f"target {t}: gpufio writes generated features only to files or "
                            "directories; use feature_file to read a device as it is")
