@@ -289,6 +289,12 @@ def test_a_sweep_over_one_and_two_targets_keeps_whole_and_striped_files_apart(tm
     prof = from_dict(data, "g.toml", {})
     results = [run_job(job) for job in prof.jobs]
     assert [len(r["targets"]) for r in results] == [1, 2]
+    from gpufio.gnn.report import document
+
+    doc = document(results, "g.toml", False)
+    ratio = doc["jobs"][1]["aggregation_vs_one_target"]
+    assert ratio == doc["jobs"][1]["stages"]["aggregation_ms"] / results[0]["stages"]["aggregation_ms"]
+    assert "aggregation_vs_one_target" not in doc["jobs"][0]
     assert all(r["error"] == 0 and r["verify"]["mismatches"] == 0 for r in results)
     assert sorted(p.name for p in a.iterdir()) == [
         "gnn-features-5000x32-seed137-part0of2.f32", "gnn-features-5000x32-seed137.f32"]

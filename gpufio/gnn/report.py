@@ -2,7 +2,8 @@
 
 One row per job, as the experiment reports it: time per stage over the timed iterations,
 the aggregation share, the speedup against the mmap baseline with the same batch size and
-targets, and the aggregation's IOPS and bandwidth.
+targets, the aggregation time against the same engine on one target (the article's second
+SSD), and the aggregation's IOPS and bandwidth.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def _group(job: dict[str, Any]) -> tuple:
     return job["batch_size"], len(job["targets"]), job["device"], tuple(job["fanout"])
 
 
+def _same_path(job: dict[str, Any]) -> tuple:
+    return job["engine"], job["batch_size"], job["device"], tuple(job["fanout"])
+
+
 def document(results: list[dict[str, Any]], path: str, interrupted: bool) -> dict[str, Any]:
     """The result file; each job gets speedup_vs_mmap when its group has an mmap run."""
     baselines: dict[tuple, dict[str, Any]] = {}
@@ -55,6 +60,15 @@ def document(results: list[dict[str, Any]], path: str, interrupted: bool) -> dic
         base = baselines.get(_group(r))
         if base is not None and r["stages"]:
             r["speedup_vs_mmap"] = timing.speedups(r["stages"], base["stages"])
+    singles: dict[tuple, dict[str, Any]] = {}
+    for r in results:  # the same engine on one target: the "second SSD" comparison
+        if len(r["targets"]) == 1 and r["stages"]:
+            singles.setdefault(_same_path(r), r)
+    for r in results:
+        one = singles.get(_same_path(r))
+        if one is not None and len(r["targets"]) > 1 and r["stages"]:
+            r["aggregation_vs_one_target"] = (r["stages"]["aggregation_ms"]
+                                              / one["stages"]["aggregation_ms"])
     host = host_facts()
     return {"gpufio version": __version__, "profile": path, "workload": "gnn",
             "host": host, "interrupted": interrupted, "jobs": results}
@@ -71,6 +85,8 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "total_ms": round(s.get("total_ms", 0.0), 2),
             "agg_share": f"{100 * s.get('aggregation_share', 0.0):.0f}%",
             "speedup": f"{j['speedup_vs_mmap']['total']:.2f}x" if "speedup_vs_mmap" in j else "",
+            "agg_vs_1_target": (f"{j['aggregation_vs_one_target']:.2f}x"
+                                if "aggregation_vs_one_target" in j else ""),
             "agg_IOPS": round(a["iops"]), "agg_MB/s": round(a["bw_bytes"] / 1e6, 1),
             "verify": f"{j['verify']['mismatches']} bad / {j['verify']['rows_checked']}",
         })
