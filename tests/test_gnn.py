@@ -192,6 +192,7 @@ def test_a_whole_run_verifies_rows_and_reports_stages(tmp_path):
     assert s["total_ms"] == pytest.approx(s["sampling_ms"] + s["aggregation_ms"] + s["training_ms"])
     assert r["aggregation"]["bytes"] == r["aggregation"]["rows"] * 32 * 4
     assert r["aggregation"]["rows"] >= 4 * 64 and r["page_cache"] is True
+    assert r["memory_limit"] is None
 
 
 def test_two_targets_are_striped_and_a_foreign_file_is_refused(tmp_path):
@@ -299,3 +300,46 @@ def test_a_sweep_over_one_and_two_targets_keeps_whole_and_striped_files_apart(tm
     assert sorted(p.name for p in a.iterdir()) == [
         "gnn-features-5000x32-seed137-part0of2.f32", "gnn-features-5000x32-seed137.f32"]
     assert [p.name for p in b.iterdir()] == ["gnn-features-5000x32-seed137-part1of2.f32"]
+
+
+def _can_make_memory_cgroups() -> bool:
+    from gpufio.gnn import memlimit
+
+    try:
+        parent, _ = memlimit._parent()
+        probe = parent / f"gpufio-probe-{os.getpid()}"
+        probe.mkdir()
+        try:
+            (probe / "cgroup.procs").write_text(str(os.getpid()))
+            (parent / "cgroup.procs").write_text(str(os.getpid()))
+        finally:
+            probe.rmdir()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _can_make_memory_cgroups(), reason="cannot create memory cgroups here")
+def test_memory_limit_runs_the_iterations_in_a_capped_cgroup_and_comes_back(tmp_path):
+    before = open("/proc/self/cgroup").read()
+    prof = from_dict(_gnn(tmp_path, memory_limit="512m"), "g.toml", {})
+    r = run_job(prof.jobs[0])
+    facts = r["memory_limit"]
+    assert r["error"] == 0 and facts["limit_bytes"] == 512 << 20
+    assert facts["cgroup_version"] in (1, 2) and f"gpufio-{os.getpid()}" in facts["cgroup"]
+    assert facts["peak_bytes"] is None or 0 < facts["peak_bytes"] <= 512 << 20
+    assert open("/proc/self/cgroup").read() == before
+    assert not os.path.exists(facts["cgroup"])
+
+
+def test_memory_limit_where_no_cgroup_can_be_made_is_exit_2(tmp_path, monkeypatch):
+    from gpufio.gnn import memlimit
+
+    def refuse():
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(memlimit, "_parent", refuse)
+    prof = from_dict(_gnn(tmp_path, memory_limit="1g"), "g.toml", {})
+    with pytest.raises(BadInput, match="key 'memory_limit': cannot run under a memory cgroup "
+                                       "here: Permission denied"):
+        run_job(prof.jobs[0])

@@ -80,3 +80,13 @@ def prepare(job: Job) -> Dataset:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         features.write_share(path, t, layout, nodes, dim, job.randseed)
     return Dataset(gr, paths, layout, generated=True)
+
+
+def evict(paths: list[str]) -> None:
+    """Drop the files' pages from the page cache (posix_fadvise DONTNEED), for cold runs."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gpufio import uring
-from gpufio.gnn.dataset import Dataset
+from gpufio.gnn.dataset import Dataset, evict
 from gpufio.targets import aligned_buffer
 
 WAIT_NS = 10_000_000_000
@@ -47,13 +47,9 @@ class MmapFetch:
         self.xp, self.dim, self.layout = xp, dim, ds.layout
         self.rows = 0
         self._maps = []
+        if drop_cache:
+            evict(ds.paths)
         for t, path in enumerate(ds.paths):
-            if drop_cache:
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
             n = ds.layout.rows_on(t, ds.graph.nodes)
             self._maps.append(np.memmap(path, dtype=np.float32, mode="r", offset=ds.layout.header,
                                         shape=(n, ds.layout.row_bytes // 4)))

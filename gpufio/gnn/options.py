@@ -32,6 +32,9 @@ GNN_OPTIONS: tuple[Option, ...] = (
     Option("device", "str", "gpu", "'gpu', or 'cpu' to run the whole pipeline with NumPy "
            "(a correctness check on machines without a GPU; not a measurement of a GPU path)",
            choices=("gpu", "cpu")),
+    Option("memory_limit", "size", None, "run the iterations in a memory cgroup capped at this "
+           "many bytes, page cache included, so the features cannot all be cached; the "
+           "feature files' cached pages are dropped first", minimum=1),
     Option("verify_rows", "int", 64, "aggregated rows per iteration compared with the "
            "generator's values (0: none)", minimum=0),
 )

@@ -9,13 +9,15 @@ iteration with the iterations done so far reported; so does a row that cannot be
 
 from __future__ import annotations
 
+import contextlib
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gpufio import gpu
-from gpufio.gnn import dataset, features, timing
+from gpufio.gnn import dataset, features, memlimit, timing
 from gpufio.gnn.fetch import FetchError, GpuUringFetch, MmapFetch, UringFetch
 from gpufio.gnn.model import GraphSage
 from gpufio.gnn.sampler import sample
@@ -38,65 +40,86 @@ def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
     return MmapFetch(ds, xp, job.gnn["feature_dim"], job.engine_options.get("drop_cache", False))
 
 
+@dataclass
+class _Tally:
+    """What the iterations leave behind for the result."""
+
+    stage_ns: np.ndarray
+    done: int = 0
+    rows_timed: int = 0
+    checked: int = 0
+    mismatches: int = 0
+    losses: list[float] = field(default_factory=list)
+    failure: str | None = None
+
+
 def run_job(job: Job, stop: Any = None) -> dict[str, Any]:
     """Run one GNN job; ``stop()`` returning True ends it early (Ctrl-C)."""
     g = job.gnn
     xp = _array_module(job)
-    sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
     ds = dataset.prepare(job)
-    indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
     fetcher = _fetcher(job, ds, xp)
-    model = GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
-                      job.randseed)
-    rng = np.random.default_rng([job.randseed, 1]) if xp is np else xp.random.default_rng(job.randseed)
-    lr = float(g["learning_rate"])
-    stage_ns = np.zeros((g["iterations"], 3), dtype=np.int64)
-    rows_timed = checked = mismatches = 0
-    losses: list[float] = []
-    done = 0
-    failure = None
+    tally = _Tally(np.zeros((g["iterations"], 3), dtype=np.int64))
+    limit = g["memory_limit"]
+    if limit:
+        dataset.evict(ds.paths)  # pages cached before the move would not count against it
     try:
-        for it in range(g["iterations"]):
-            if stop is not None and stop():
-                break
-            t0 = time.perf_counter_ns()
-            seeds = xp.floor(rng.random(g["batch_size"]) * ds.graph.nodes).astype(xp.int64)
-            mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
-            sync()
-            t1 = time.perf_counter_ns()
-            x = fetcher.fetch(mb.input_nodes)
-            sync()
-            t2 = time.perf_counter_ns()
-            loss, grads = model.loss_and_grads(mb, x, seeds % g["classes"])
-            model.step(grads, lr)
-            sync()
-            t3 = time.perf_counter_ns()
-            stage_ns[it] = (t1 - t0, t2 - t1, t3 - t2)
-            losses.append(loss)
-            if it >= g["warmup"]:
-                rows_timed += len(mb.input_nodes)
-            if ds.generated and g["verify_rows"]:
-                k = min(g["verify_rows"], len(mb.input_nodes))
-                want = features.values(job.randseed, mb.input_nodes[:k], g["feature_dim"], xp)
-                mismatches += int((x[:k] != want).any(axis=1).sum())
-                checked += k
-            done = it + 1
-    except FetchError as e:  # the run ends; what was measured so far is reported
-        failure = f"iteration {done}: {e}"
+        with memlimit.limited(limit) if limit else contextlib.nullcontext({}) as limit_facts:
+            try:
+                _iterate(job, ds, xp, fetcher, tally, stop)
+            except FetchError as e:  # the run ends; what was measured so far is reported
+                tally.failure = f"iteration {tally.done}: {e}"
     finally:
         fetcher.close()
-    result = _result(job, ds, stage_ns[:done], done, rows_timed, checked, mismatches, losses,
-                     fetcher.page_cache)
-    if failure:
-        result.update(failure=failure, error=1, interrupted=False)
+    result = _result(job, ds, tally, fetcher.page_cache)
+    result["memory_limit"] = limit_facts or None
+    if tally.failure:
+        result.update(failure=tally.failure, error=1, interrupted=False)
     return result
 
 
-def _result(job: Job, ds: dataset.Dataset, stage_ns: np.ndarray, done: int, rows_timed: int,
-            checked: int, mismatches: int, losses: list[float], page_cache: bool) -> dict[str, Any]:
+def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally,
+             stop: Any) -> None:
+    """Sample, aggregate, train, ``iterations`` times, each stage timed to a device sync."""
     g = job.gnn
-    timed = done > g["warmup"]
-    stages = timing.summarize(stage_ns, g["warmup"]) if timed else {}
+    sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
+    indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
+    model = GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
+                      job.randseed)
+    rng = (np.random.default_rng([job.randseed, 1]) if xp is np
+           else xp.random.default_rng(job.randseed))
+    lr = float(g["learning_rate"])
+    for it in range(g["iterations"]):
+        if stop is not None and stop():
+            break
+        t0 = time.perf_counter_ns()
+        seeds = xp.floor(rng.random(g["batch_size"]) * ds.graph.nodes).astype(xp.int64)
+        mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
+        sync()
+        t1 = time.perf_counter_ns()
+        x = fetcher.fetch(mb.input_nodes)
+        sync()
+        t2 = time.perf_counter_ns()
+        loss, grads = model.loss_and_grads(mb, x, seeds % g["classes"])
+        model.step(grads, lr)
+        sync()
+        t3 = time.perf_counter_ns()
+        tally.stage_ns[it] = (t1 - t0, t2 - t1, t3 - t2)
+        tally.losses.append(loss)
+        if it >= g["warmup"]:
+            tally.rows_timed += len(mb.input_nodes)
+        if ds.generated and g["verify_rows"]:
+            k = min(g["verify_rows"], len(mb.input_nodes))
+            want = features.values(job.randseed, mb.input_nodes[:k], g["feature_dim"], xp)
+            tally.mismatches += int((x[:k] != want).any(axis=1).sum())
+            tally.checked += k
+        tally.done = it + 1
+
+
+def _result(job: Job, ds: dataset.Dataset, t: _Tally, page_cache: bool) -> dict[str, Any]:
+    g = job.gnn
+    done, rows_timed, losses = t.done, t.rows_timed, t.losses
+    stages = timing.summarize(t.stage_ns[:done], g["warmup"]) if done > g["warmup"] else {}
     agg_s = stages.get("aggregation_ms", 0.0) * stages.get("timed_iterations", 0) / 1e3
     row_bytes = ds.layout.row_bytes
     return {
@@ -112,8 +135,8 @@ def _result(job: Job, ds: dataset.Dataset, stage_ns: np.ndarray, done: int, rows
         "aggregation": {"rows": rows_timed, "bytes": rows_timed * row_bytes,
                         "iops": rows_timed / agg_s if agg_s else 0.0,
                         "bw_bytes": rows_timed * row_bytes / agg_s if agg_s else 0.0},
-        "verify": {"rows_checked": checked, "mismatches": mismatches},
+        "verify": {"rows_checked": t.checked, "mismatches": t.mismatches},
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "interrupted": done < g["iterations"],
-        "error": int(mismatches > 0),
+        "error": int(t.mismatches > 0),
     }

@@ -1,0 +1,96 @@
+"""``memory_limit``: run a GNN job's iterations inside a memory cgroup, so the page cache
+cannot hold a feature table larger than the limit, as with the experiment's 892 GB data set.
+
+The process moves itself into a new child of its own memory cgroup (cgroup v1's memory
+hierarchy, or cgroup v2 where the parent can delegate the memory controller), with the
+limit set, and moves back afterwards; memory charged before the move stays where it was, so
+only what the iterations allocate, the page cache of the reads included, counts. The result
+records the limit, the cgroup used and the peak usage measured there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from gpufio.errors import BadInput
+
+V1 = {"limit": "memory.limit_in_bytes", "peak": "memory.max_usage_in_bytes"}
+V2 = {"limit": "memory.max", "peak": "memory.peak"}
+
+
+def _mounts() -> tuple[Path | None, Path | None]:
+    """(cgroup v1 memory hierarchy mount, cgroup v2 mount), either may be None."""
+    v1 = v2 = None
+    with open("/proc/mounts") as f:
+        for line in f:
+            _, point, fstype, opts = line.split()[:4]
+            if fstype == "cgroup" and "memory" in opts.split(","):
+                v1 = Path(point)
+            elif fstype == "cgroup2" and v2 is None:
+                v2 = Path(point)
+    return v1, v2
+
+
+def _own_paths() -> tuple[str | None, str | None]:
+    """This process's cgroup path in the v1 memory hierarchy and in v2."""
+    v1 = v2 = None
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                v1 = path
+            elif controllers == "":
+                v2 = path
+    return v1, v2
+
+
+def _parent() -> tuple[Path, dict[str, str]]:
+    """The memory cgroup to create our child in, and its control file names."""
+    v1_mount, v2_mount = _mounts()
+    v1_path, v2_path = _own_paths()
+    if v1_mount is not None and v1_path is not None:
+        return v1_mount / v1_path.lstrip("/"), V1
+    if v2_mount is not None and v2_path is not None:
+        parent = v2_mount / v2_path.lstrip("/")
+        if "memory" not in (parent / "cgroup.controllers").read_text().split():
+            raise OSError("the memory controller is not delegated to this cgroup")
+        if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
+            (parent / "cgroup.subtree_control").write_text("+memory")
+        return parent, V2
+    raise OSError("no memory cgroup (v1 or v2) is mounted")
+
+
+@contextmanager
+def limited(limit: int) -> Iterator[dict[str, Any]]:
+    """Run the block with this process's new memory charged to a cgroup capped at ``limit``
+    bytes; yields the facts for the result (peak usage filled in on the way out)."""
+    try:
+        parent, files = _parent()
+        child = parent / f"gpufio-{os.getpid()}"
+        child.mkdir(exist_ok=True)
+        (child / files["limit"]).write_text(str(limit))
+        (child / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError as e:
+        raise BadInput(f"key 'memory_limit': cannot run under a memory cgroup here: "
+                       f"{e.strerror or e}; run gpufio under one instead (e.g. systemd-run "
+                       "--scope -p MemoryMax=...)") from None
+    facts: dict[str, Any] = {"limit_bytes": limit, "cgroup": str(child),
+                             "cgroup_version": 1 if files is V1 else 2}
+    try:
+        yield facts
+    finally:
+        try:
+            facts["peak_bytes"] = int((child / files["peak"]).read_text())
+        except OSError:  # memory.peak needs Linux 5.19 on cgroup v2
+            facts["peak_bytes"] = None
+        (parent / "cgroup.procs").write_text(str(os.getpid()))
+        for _ in range(50):  # the kernel may take a moment to let go of the emptied group
+            try:
+                child.rmdir()
+                break
+            except OSError:
+                time.sleep(0.02)
