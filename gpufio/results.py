@@ -48,6 +48,9 @@ def load(path: str) -> dict[str, Any]:
             raise BadInput(f"{path}: not JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise BadInput(f"{path}: not a gpufio result (no 'jobs' list)")
+    if doc.get("workload") == "gnn":
+        raise BadInput(f"{path}: a GNN workload result; compare, check and plot read I/O "
+                       "results (a GNN result carries its own stage table)")
     if "fio version" in doc:
         doc = from_fio(doc, path)
     for job in doc["jobs"]:

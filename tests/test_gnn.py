@@ -343,3 +343,19 @@ def test_memory_limit_where_no_cgroup_can_be_made_is_exit_2(tmp_path, monkeypatc
     with pytest.raises(BadInput, match="key 'memory_limit': cannot run under a memory cgroup "
                                        "here: Permission denied"):
         run_job(prof.jobs[0])
+
+
+def test_io_commands_refuse_a_gnn_result_in_one_line(tmp_path, write_profile):
+    text = (f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "cpu"\nnodes = 5000\n'
+            f'feature_dim = 32\nhidden = 16\nbatch_size = 64\nfanout = [4, 3]\n'
+            f'iterations = 3\nwarmup = 1\ndirectory = "{tmp_path}"\n')
+    out = tmp_path / "gnn.json"
+    assert cli.invoke(app, ["run", str(write_profile(text)), "-f", "json", "-o", str(out)]).exit_code == 0
+    for args in (["compare", str(out), str(out)], ["check", str(out), "-b", str(out)]):
+        res = cli.invoke(app, args)
+        assert res.exit_code == 2
+        assert res.stderr.strip() == (f"gpufio: error: {out}: a GNN workload result; compare, "
+                                      "check and plot read I/O results (a GNN result carries "
+                                      "its own stage table)")
+    res = cli.invoke(app, ["run", str(write_profile(text)), "-f", "fio-json"])
+    assert res.exit_code == 2 and "for workload 'gnn'" in res.stderr
