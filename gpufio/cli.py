@@ -89,7 +89,7 @@ def run(
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(report.FORMATS)}")
         prof = profile.load(str(profile_path), profile.parse_set(set_))
         if any(job.workload == "gnn" for job in prof.jobs):
-            _run_gnn(prof, fmt, output)
+            _run_gnn(prof, fmt, output, quiet)
             return
         docs = []
         for _ in range(repeat):
@@ -110,7 +110,7 @@ def run(
             raise typer.Exit(EXIT_FAILED)
 
 
-def _run_gnn(prof: profile.Profile, fmt: str, output: Optional[Path]) -> None:
+def _run_gnn(prof: profile.Profile, fmt: str, output: Optional[Path], quiet: bool) -> None:
     """A GNN workload profile: its own runner and tables (gnn/report.py)."""
     from gpufio.gnn import report as gnn_report
 
@@ -119,7 +119,7 @@ def _run_gnn(prof: profile.Profile, fmt: str, output: Optional[Path]) -> None:
     if fmt not in gnn_report.FORMATS:
         raise BadInput(f"--format: {fmt!r} is not one of {', '.join(gnn_report.FORMATS)} "
                        "for workload 'gnn'")
-    doc = gnn_report.run_profile(prof)
+    doc = gnn_report.run_profile(prof, quiet)
     text = gnn_report.render(doc, fmt)
     if output is None:
         sys.stdout.write(text)

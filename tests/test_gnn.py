@@ -359,3 +359,20 @@ def test_io_commands_refuse_a_gnn_result_in_one_line(tmp_path, write_profile):
                                       "its own stage table)")
     res = cli.invoke(app, ["run", str(write_profile(text)), "-f", "fio-json"])
     assert res.exit_code == 2 and "for workload 'gnn'" in res.stderr
+
+
+def test_progress_lines_say_where_a_long_run_is(capsys):
+    from types import SimpleNamespace
+
+    from gpufio.gnn.report import ProgressLines
+
+    job = SimpleNamespace(name="j", gnn={"iterations": 1100, "warmup": 1000})
+    lines = ProgressLines(every_s=3600)
+    lines(job, 1, [2e6, 30e6, 5e6])
+    lines(job, 2, [2e6, 30e6, 5e6])  # within the interval: quiet
+    lines(job, 1100, [1e6, 20e6, 4e6])  # the last iteration always reports
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["gpufio: j: iteration 1/1100 (warm-up): sampling 2.0 ms, aggregation 30.0 ms, "
+                   "training 5.0 ms",
+                   "gpufio: j: iteration 1100/1100: sampling 1.0 ms, aggregation 20.0 ms, "
+                   "training 4.0 ms"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
+import time
 from typing import Any
 
 from tabulate import tabulate
@@ -23,7 +25,27 @@ from gpufio.profile import Profile
 FORMATS = ("table", "json", "markdown", "csv")
 
 
-def run_profile(prof: Profile) -> dict[str, Any]:
+class ProgressLines:
+    """A line on stderr every ``every_s`` seconds while a job runs: which iteration, and the
+    last iteration's stage times (long runs must not look hung)."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self.every_ns = int(every_s * 1e9)
+        self._last = 0
+
+    def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
+        now = time.monotonic_ns()
+        g = job.gnn
+        if now - self._last < self.every_ns and done != g["iterations"]:
+            return
+        self._last = now
+        phase = " (warm-up)" if done <= g["warmup"] else ""
+        times = ", ".join(f"{s} {ns / 1e6:.1f} ms" for s, ns in zip(timing.STAGES, stage_ns))
+        print(f"gpufio: {job.name}: iteration {done}/{g['iterations']}{phase}: {times}",
+              file=sys.stderr, flush=True)
+
+
+def run_profile(prof: Profile, quiet: bool = False) -> dict[str, Any]:
     """Run every job of a GNN profile; Ctrl-C ends the current job after its iteration."""
     interrupted = []
 
@@ -36,7 +58,8 @@ def run_profile(prof: Profile) -> dict[str, Any]:
         for job in prof.jobs:
             if interrupted:
                 break
-            results.append(run_job(job, stop=lambda: bool(interrupted)))
+            results.append(run_job(job, stop=lambda: bool(interrupted),
+                                   progress=None if quiet else ProgressLines()))
     finally:
         signal.signal(signal.SIGINT, previous)
     return document(results, prof.path, bool(interrupted))

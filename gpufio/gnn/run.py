@@ -53,8 +53,9 @@ class _Tally:
     failure: str | None = None
 
 
-def run_job(job: Job, stop: Any = None) -> dict[str, Any]:
-    """Run one GNN job; ``stop()`` returning True ends it early (Ctrl-C)."""
+def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
+    """Run one GNN job; ``stop()`` returning True ends it early (Ctrl-C); ``progress(job,
+    iterations done, last iteration's stage ns)`` is called after each iteration."""
     g = job.gnn
     xp = _array_module(job)
     ds = dataset.prepare(job)
@@ -66,7 +67,7 @@ def run_job(job: Job, stop: Any = None) -> dict[str, Any]:
     try:
         with memlimit.limited(limit) if limit else contextlib.nullcontext({}) as limit_facts:
             try:
-                _iterate(job, ds, xp, fetcher, tally, stop)
+                _iterate(job, ds, xp, fetcher, tally, stop, progress)
             except FetchError as e:  # the run ends; what was measured so far is reported
                 tally.failure = f"iteration {tally.done}: {e}"
     finally:
@@ -79,7 +80,7 @@ def run_job(job: Job, stop: Any = None) -> dict[str, Any]:
 
 
 def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally,
-             stop: Any) -> None:
+             stop: Any, progress: Any) -> None:
     """Sample, aggregate, train, ``iterations`` times, each stage timed to a device sync."""
     g = job.gnn
     sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
@@ -114,6 +115,8 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
             tally.mismatches += int((x[:k] != want).any(axis=1).sum())
             tally.checked += k
         tally.done = it + 1
+        if progress is not None:
+            progress(job, tally.done, tally.stage_ns[it])
 
 
 def _result(job: Job, ds: dataset.Dataset, t: _Tally, page_cache: bool) -> dict[str, Any]:
