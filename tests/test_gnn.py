@@ -271,8 +271,9 @@ def test_a_generated_file_that_changed_is_refused_not_rewritten(tmp_path, write_
 
 
 @pytest.mark.parametrize("extra,message", [
-    ({"engine": "gpu-uring"}, "engine 'gpu-uring': GPU threads issue its reads, so it needs "
+    ({"engine": "gpu-uring"}, "engine 'gpu-uring': reads into GPU memory, so it needs "
                               "device = \"gpu\""),
+    ({"engine": "cufile"}, "engine 'cufile': reads into GPU memory, so it needs device"),
     ({"engine": "gpu-uring", "device": "gpu", "feature_dim": 30},
      "key 'feature_dim': gpu-uring copies rows in 16-byte words"),
 ])

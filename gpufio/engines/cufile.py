@@ -51,14 +51,14 @@ def cufile_mode() -> str:
         return "compat"
 
 
-def _configure(job: Job) -> None:
-    """Set KvikIO's process-wide settings once, before any worker reads (they share a pool)."""
+def configure(threads: int, io_bytes: int, direct: bool) -> None:
+    """Set KvikIO's process-wide settings once, before any worker reads (they share a pool):
+    ``threads`` pool threads, one task per read of ``io_bytes``, every size sent to cuFile."""
     import kvikio.defaults
 
-    threads = job.engine_options["threads"] or job.iodepth * job.numjobs
     with _settings_lock:
-        wanted = {"num_threads": threads, "task_size": max(job.bs, 4096),
-                  "gds_threshold": 0, "auto_direct_io_read": job.direct}
+        wanted = {"num_threads": threads, "task_size": max(io_bytes, 4096),
+                  "gds_threshold": 0, "auto_direct_io_read": direct}
         for key, value in wanted.items():
             if kvikio.defaults.get(key) != value:
                 kvikio.defaults.set(key, value)
@@ -107,7 +107,7 @@ class CuFileEngine(Engine):
                            "here (no GPUDirect Storage driver, or KVIKIO_COMPAT_MODE=on)")
         import kvikio
 
-        _configure(job)
+        configure(job.engine_options["threads"] or job.iodepth * job.numjobs, job.bs, job.direct)
         try:
             self.dev = cp.empty(job.iodepth * job.bs, dtype=cp.uint8)
         except cp.cuda.memory.OutOfMemoryError:

@@ -38,7 +38,7 @@ GNN_OPTIONS: tuple[Option, ...] = (
     Option("verify_rows", "int", 64, "aggregated rows per iteration compared with the "
            "generator's values (0: none)", minimum=0),
 )
-ENGINES = ("mmap", "cpu-gpu", "gpu-uring")
+ENGINES = ("mmap", "cpu-gpu", "cufile", "gpu-uring")
 
 
 def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:
@@ -46,8 +46,8 @@ def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:
     if engine not in ENGINES:
         raise BadInput(f"{where}engine '{engine}' does not aggregate GNN features yet "
                        f"(workload 'gnn' supports: {', '.join(ENGINES)})")
-    if engine == "gpu-uring" and gnn["device"] == "cpu":
-        raise BadInput(f"{where}engine 'gpu-uring': GPU threads issue its reads, so it needs "
+    if engine in ("gpu-uring", "cufile") and gnn["device"] == "cpu":
+        raise BadInput(f"{where}engine '{engine}': reads into GPU memory, so it needs "
                        "device = \"gpu\"")
     if engine == "gpu-uring" and gnn["feature_dim"] % 4:
         raise BadInput(f"{where}key 'feature_dim': gpu-uring copies rows in 16-byte words, so "

@@ -17,6 +17,7 @@ from typing import Any
 from tabulate import tabulate
 
 from gpufio import __version__
+from gpufio.engines.base import label
 from gpufio.gnn import timing
 from gpufio.gnn.run import run_job
 from gpufio.hostinfo import host_facts
@@ -102,7 +103,8 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for j in doc["jobs"]:
         s, a = j["stages"], j["aggregation"]
         out.append({
-            "job": j["jobname"], "engine": j["engine"], "batch": j["batch_size"],
+            "job": j["jobname"], "engine": label(j["engine"], {"mode": j.get("engine_mode")}),
+            "batch": j["batch_size"],
             "targets": len(j["targets"]), "iters": f"{s.get('timed_iterations', 0)} timed",
             **{f"{st}_ms": round(s.get(f"{st}_ms", 0.0), 2) for st in timing.STAGES},
             "total_ms": round(s.get("total_ms", 0.0), 2),

@@ -18,7 +18,7 @@ import numpy as np
 
 from gpufio import gpu
 from gpufio.gnn import dataset, features, memlimit, timing
-from gpufio.gnn.fetch import FetchError, GpuUringFetch, MmapFetch, UringFetch
+from gpufio.gnn.fetch import CuFileFetch, FetchError, GpuUringFetch, MmapFetch, UringFetch
 from gpufio.gnn.model import GraphSage
 from gpufio.gnn.sampler import sample
 from gpufio.profile import Job
@@ -32,6 +32,9 @@ def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
     """The aggregation backend of the job's engine."""
     if job.engine == "cpu-gpu":
         return UringFetch(ds, xp, job.gnn["feature_dim"], job.iodepth, job.direct)
+    if job.engine == "cufile":
+        return CuFileFetch(ds, xp, job.gnn["feature_dim"], job.engine_options["threads"],
+                           job.iodepth, job.direct)
     if job.engine == "gpu-uring":
         from gpufio.engines.gpuuring import engine_options
 
@@ -74,6 +77,8 @@ def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
         fetcher.close()
     result = _result(job, ds, tally, fetcher.page_cache)
     result["memory_limit"] = limit_facts or None
+    if getattr(fetcher, "mode", None):
+        result["engine_mode"] = fetcher.mode  # cufile: gds or compat, never left unsaid
     if tally.failure:
         result.update(failure=tally.failure, error=1, interrupted=False)
     return result
