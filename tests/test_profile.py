@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from gpufio import profile
@@ -118,3 +120,10 @@ def test_missing_profile_and_directory(tmp_path):
         profile.load(str(tmp_path / "nope.toml"))
     with pytest.raises(BadInput, match="is a directory"):
         profile.load(str(tmp_path))
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parent.parent.glob("profiles/*.toml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_profile_loads(path):
+    prof = profile.load(str(path))
+    assert prof.jobs
