@@ -1,10 +1,11 @@
 // GNN feature aggregation through the GPU request queue (gpu_uring.cu): GPU threads fetch
 // the feature rows of a mini-batch's nodes themselves.
 //
-// Launched with one thread per request slot, so every thread owns its slot and a post never
-// waits for another thread. Each warp takes 32 rows at a time: every lane posts its row's
-// read (target node % ntargets, offset header + (node / ntargets) * row_bytes, the striped
-// layout of gpufio/gnn/features.py), the warp waits until all 32 are done, then copies each
+// Launched with one thread per request slot (rounded up to whole blocks), so every thread
+// owns its slot and a post never waits for another thread. Row base + k goes to the owner
+// of slot k, for base = 0, slots, 2 * slots ...: every lane posts its row's read (target
+// node % ntargets, offset header + (node / ntargets) * row_bytes, the striped layout of
+// gpufio/gnn/features.py), the warp waits until all its reads are done, then copies each
 // landed row into dst with coalesced 16-byte system-scope loads, and frees the slots.
 #include "gpu_uring.cu"
 
@@ -15,10 +16,9 @@ extern "C" __global__ void gio_gather(const GioQueue* q, const int* fds, u64 nta
     const u64 gtid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const unsigned lane = threadIdx.x & 31;
     const u64 slots = q->nrings * q->depth;
-    const bool owner = gtid < slots;
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 base = gtid - lane; base < n; base += stride) {
-        const u64 i = base + lane;
+    const bool owner = gtid < slots;  // threads past the last slot only join the warp's votes
+    for (u64 base = 0; base < n; base += slots) {  // the same trip count in every thread
+        const u64 i = base + gtid;
         const bool mine = owner && i < n;
         if (mine) {
             const long long node = nodes[i];
