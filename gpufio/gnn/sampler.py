@@ -54,9 +54,11 @@ def sample(xp, indptr: Any, indices: Any, seeds: Any, fanouts: list[int], rng: A
     for fanout in fanouts:
         start, deg = indptr[dst], indptr[dst + 1] - indptr[dst]
         take = xp.minimum(deg, fanout)
-        row = xp.repeat(xp.arange(len(dst)), take)
-        first = xp.cumsum(take) - take
-        rank = xp.arange(int(take.sum())) - first[row]
+        ends = xp.cumsum(take)
+        total = int(ends[-1]) if len(ends) else 0
+        # row r repeated take[r] times (cupy.repeat takes no array of counts)
+        row = xp.searchsorted(ends, xp.arange(total), side="right")
+        rank = xp.arange(total) - (ends - take)[row]
         drawn = xp.floor(rng.random(len(row)) * deg[row]).astype(xp.int64)
         pos = xp.where(deg[row] <= fanout, rank, drawn)
         found = indices[start[row] + pos]
