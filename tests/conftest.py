@@ -60,3 +60,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=f"needs a GPU: {why}")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+GPU_TEST_LIMIT_S = float(os.environ.get("GPUFIO_GPU_TEST_LIMIT_S", "120"))
+
+
+@pytest.fixture(autouse=True)
+def _gpu_test_deadline(request: pytest.FixtureRequest):
+    """A GPU test that hangs (a kernel waiting forever) dumps every thread's stack and ends the
+    run after GPU_TEST_LIMIT_S, instead of eating the GPU machine's time to the limit."""
+    if "gpu" not in request.keywords:
+        yield
+        return
+    import faulthandler
+
+    faulthandler.dump_traceback_later(GPU_TEST_LIMIT_S, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
