@@ -193,6 +193,7 @@ def test_a_whole_run_verifies_rows_and_reports_stages(tmp_path):
     assert r["aggregation"]["bytes"] == r["aggregation"]["rows"] * 32 * 4
     assert r["aggregation"]["rows"] >= 4 * 64 and r["page_cache"] is True
     assert r["memory_limit"] is None
+    assert 8 < r["degree"]["mean"] < 11 and r["degree"]["max"] > 3 * r["degree"]["mean"]
 
 
 def test_two_targets_are_striped_and_a_foreign_file_is_refused(tmp_path):

@@ -133,6 +133,7 @@ def _result(job: Job, ds: dataset.Dataset, t: _Tally, page_cache: bool) -> dict[
     return {
         "jobname": job.name, "engine": job.engine, "workload": "gnn",
         "device": g["device"], "nodes": ds.graph.nodes, "edges": int(len(ds.graph.indices)),
+        "degree": {"mean": float(ds.graph.degrees.mean()), "max": int(ds.graph.degrees.max())},
         "feature_dim": g["feature_dim"], "batch_size": g["batch_size"],
         "fanout": list(g["fanout"]), "hidden": g["hidden"], "targets": ds.paths,
         "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": page_cache,
