@@ -272,7 +272,7 @@ def info(
                 paths.extend(p for p in runner.job_target_paths(job)[0] if p not in paths)
         facts = {"host": hostinfo.host_facts(), "io_uring": uring.probe(),
                  "gpus": gpu.gpu_facts(), "gpu_status": gpu.probe()[1] or "ok",
-                 "engines": {n: c.unavailable() or "available" for n, c in all_engines().items()},
+                 "engines": {n: c.status() for n, c in all_engines().items()},
                  "targets": {}}
         for p in paths:
             try:

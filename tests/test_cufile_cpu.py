@@ -64,3 +64,15 @@ def test_require_gds_in_compat_mode_is_a_one_line_exit_2(monkeypatch, write_prof
     assert res.stderr.strip().splitlines() == [
         "gpufio: error: job 'job': engine 'cufile': require_gds is set, but cuFile runs in "
         "compat mode here (no GPUDirect Storage driver, or KVIKIO_COMPAT_MODE=on)"]
+
+
+def test_info_says_how_cufile_would_run(monkeypatch):
+    from gpufio.engines import cufile
+
+    monkeypatch.setattr(cufile.CuFileEngine, "unavailable", classmethod(lambda cls: None))
+    monkeypatch.setattr(cufile, "cufile_mode", lambda: "compat")
+    assert all_engines()["cufile"].status() == "available, mode compat"
+    monkeypatch.setattr(cufile.CuFileEngine, "unavailable",
+                        classmethod(lambda cls: "KvikIO is not installed"))
+    assert all_engines()["cufile"].status() == "KvikIO is not installed"
+    assert all_engines()["psync"].status() == "available"

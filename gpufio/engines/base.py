@@ -53,6 +53,11 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def status(cls) -> str:
+        """One line for 'gpufio info': why it cannot run here, or how it would run."""
+        return cls.unavailable() or "available"
+
+    @classmethod
     def check_job(cls, job: "Job") -> None:
         """Raise BadInput for settings this engine cannot honour (checked before any I/O)."""
 

@@ -94,6 +94,11 @@ class CuFileEngine(Engine):
         return None
 
     @classmethod
+    def status(cls) -> str:
+        why = cls.unavailable()
+        return why or f"available, mode {cufile_mode()}"
+
+    @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         return {**super().describe(job), "mode": cufile_mode(), "gpus": list(job.gpu_list),
                 "lands_in": "gpu memory", "kvikio_threads":
