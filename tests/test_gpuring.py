@@ -156,3 +156,12 @@ def test_watchdog_catches_a_producer_ring_whose_sqpoll_thread_sleeps(pattern_fd)
     finally:
         ring.close()
         mem.close()
+
+
+def test_gpu_uring_is_unavailable_on_kernels_without_producer_rings(monkeypatch):
+    from gpufio.engines import all_engines
+
+    facts = {"available": True, "sqpoll": True, "no_mmap": False, "no_sqarray": False,
+             "no_mmap_reason": "IORING_SETUP_NO_MMAP needs Linux 6.5 or later (this is 6.1)"}
+    monkeypatch.setattr(uring, "probe", lambda: facts)
+    assert all_engines()["gpu-uring"].unavailable() == facts["no_mmap_reason"]

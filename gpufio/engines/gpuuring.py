@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufio import gpu, gpuverify, pattern
+from gpufio import gpu, gpuverify, pattern, uring
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.errors import BadInput
@@ -79,6 +79,16 @@ class GpuUring(Engine):
         Option("stall_timeout", "time", 10_000_000_000, "stop the kernels and fail when no read "
                "completes for this long", minimum=1_000_000),
     )
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        facts = uring.probe()
+        if not facts["available"]:
+            return facts["reason"]
+        for need in ("sqpoll", "no_mmap", "no_sqarray"):  # rings the GPU can drive
+            if not facts.get(need):
+                return facts.get(f"{need}_reason", f"io_uring lacks {need}")
+        return super().unavailable()
 
     @classmethod
     def check_job(cls, job: Job) -> None:
