@@ -16,7 +16,6 @@ from gpufio import cuda, pattern
 
 THREADS = 256
 MAX_BLOCKS = 4096
-_GOLDEN = 0x9E3779B97F4A7C15
 
 
 def _kernel() -> Any:
@@ -44,7 +43,7 @@ def check_landed(rows: Any, ctx: Any, tgt: np.ndarray, offs: np.ndarray, res: np
 
 def seed_mixes(seeds: np.ndarray) -> np.ndarray:
     """Each pattern seed times the golden ratio (mod 2**64), as the pattern's words use it."""
-    return np.asarray(seeds, dtype=np.uint64) * np.uint64(_GOLDEN)  # uint64 arrays wrap
+    return np.asarray(seeds, dtype=np.uint64) * pattern.GOLDEN  # uint64 arrays wrap
 
 
 def launch(words: Any, offsets: Any, seeds: Any, mixes: Any, n: int, io_len: int, bad: Any,

@@ -16,15 +16,20 @@ BLOCK = 4096
 HEADER_WORDS = 4
 MAGIC = int.from_bytes(b"GPUFIO\x01\x00", "little")
 _WORDS_PER_BLOCK = BLOCK // 8
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _MASK64 = (1 << 64) - 1
 
 
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser, vectorised; uint64 arithmetic wraps as in C."""
-    z = z + _GOLDEN
+def seed_mix(seed: int) -> np.uint64:
+    """The seed times the golden ratio, mod 2**64: what every word of a seeded stream mixes in."""
+    return np.uint64((seed * int(GOLDEN)) & _MASK64)
+
+
+def splitmix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser on uint64 arrays (NumPy or CuPy); arithmetic wraps as in C."""
+    z = z + GOLDEN
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))
@@ -37,7 +42,7 @@ def expected_words(seed: int, start: int, length: int) -> np.ndarray:
     first = start - start % BLOCK
     end = -(-(start + length) // BLOCK) * BLOCK
     x = np.arange(first, end, 8, dtype=np.uint64)
-    words = _splitmix64(x ^ np.uint64((seed * int(_GOLDEN)) & _MASK64))
+    words = splitmix64(x ^ seed_mix(seed))
     blocks = words.reshape(-1, _WORDS_PER_BLOCK)
     block_off = x[::_WORDS_PER_BLOCK]
     blocks[:, 0] = MAGIC

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufio.errors import BadInput
+from gpufio.pattern import seed_mix, splitmix64
 
-_GOLDEN = 0x9E3779B97F4A7C15
 WRITE_ROWS = 4096
 
 
@@ -24,11 +24,7 @@ def values(seed: int, nodes: np.ndarray, dim: int, xp=np) -> "np.ndarray":
     """Feature rows of ``nodes`` (any int array), shape (len(nodes), dim), float32."""
     n = xp.asarray(nodes, dtype=xp.uint64)
     z = (n[:, None] * xp.uint64(dim) + xp.arange(dim, dtype=xp.uint64)[None, :])
-    z = z ^ xp.uint64((seed * _GOLDEN) & ((1 << 64) - 1))
-    z = z + xp.uint64(_GOLDEN)
-    z = (z ^ (z >> xp.uint64(30))) * xp.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> xp.uint64(27))) * xp.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> xp.uint64(31))
+    z = splitmix64(z ^ seed_mix(seed))  # the data pattern's mixing, over (node, column)
     return ((z >> xp.uint64(40)).astype(xp.float32) / xp.float32(1 << 23) - xp.float32(1.0))
 
 
