@@ -18,7 +18,7 @@ import numpy as np
 
 from gpufio import cuda, gpu, uring
 from gpufio.errors import BadInput
-from gpufio.gpuring import GpuRings, stall_report
+from gpufio.gpuring import GpuRings, Watchdog, stall_report
 from gpufio.targets import aligned_buffer
 
 C_STOP, C_ABORT, C_MEASURING, C_REQUESTERS, C_AGENTS = range(5)
@@ -133,6 +133,19 @@ class DeviceQueue:
         if not self.kernels_done:
             why += f"; the kernels did not stop within {ABORT_WAIT_S:g} s"
         raise QueueStalled(why)
+
+    def wait(self, streams: tuple[Any, ...], stall_ns: int, poll_s: float = POLL_S) -> None:
+        """Until the agents and ``streams`` are done: wake SQPOLL threads that fell asleep, and
+        stop everything with the diagnostic (QueueStalled) once no read has completed for
+        ``stall_ns``. A long batch that keeps completing reads is not a stall."""
+        dog = Watchdog(stall_ns, time.monotonic_ns())
+        everything = (self.agent_stream, *streams)
+        while not all(s.done for s in everything):
+            self.rings.wake()
+            if dog.update(self.rings.completed(), time.monotonic_ns()):
+                self.stall(stall_ns, streams)
+            time.sleep(poll_s)
+        self.kernels_done = True
 
     def stall(self, timeout_ns: int, other_streams: tuple[Any, ...] = ()) -> None:
         """Abort with the full diagnostic: every ring's heads, tails, flags, slot states."""

@@ -131,6 +131,11 @@ class GpuRings:
                 woken += 1
         return woken
 
+    def completed(self) -> int:
+        """Completions posted on all rings so far (the CQ tails, read from host memory): what
+        a watchdog watches without asking the GPU."""
+        return sum(r.state()["cq_tail"] for r in self.rings)
+
     def states(self) -> list[RingState]:
         """Heads, tails and flags of every ring, as the kernel and the GPU left them."""
         out = []

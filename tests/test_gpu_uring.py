@@ -113,12 +113,8 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd):
         stream = cp.cuda.Stream(non_blocking=True)
         read_each((blocks,), (128,), (q.descriptor, np.int32(pattern_fd), d_offs, np.int32(n),
                                       word1, res), stream=stream)
-        deadline = time.monotonic() + 30
-        while not (stream.done and q.agent_stream.done) and time.monotonic() < deadline:
-            q.rings.wake()
-            time.sleep(0.001)
-        assert stream.done and q.agent_stream.done, q.slot_counts()
-        q.kernels_done = True
+        q.wait((stream,), stall_ns=30_000_000_000)
+        assert stream.done and q.agent_stream.done and q.kernels_done
         assert (res.get() == 4096).all()
         assert (word1.get() == offs).all()  # header word 1 of each block is its own offset
     finally:

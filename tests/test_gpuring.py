@@ -165,3 +165,55 @@ def test_gpu_uring_is_unavailable_on_kernels_without_producer_rings(monkeypatch)
              "no_mmap_reason": "IORING_SETUP_NO_MMAP needs Linux 6.5 or later (this is 6.1)"}
     monkeypatch.setattr(uring, "probe", lambda: facts)
     assert all_engines()["gpu-uring"].unavailable() == facts["no_mmap_reason"]
+
+
+class _Stream:
+    def __init__(self, polls_left: int) -> None:
+        self.polls_left = polls_left
+
+    @property
+    def done(self) -> bool:
+        self.polls_left -= 1
+        return self.polls_left < 0
+
+
+class _Rings:
+    def __init__(self, step: int) -> None:
+        self.count, self.step, self.woken = 0, step, 0
+
+    def wake(self) -> int:
+        self.woken += 1
+        return 0
+
+    def completed(self) -> int:
+        self.count += self.step
+        return self.count
+
+
+def _queue(rings, agent_polls):
+    from gpufio.gpuqueue import DeviceQueue
+
+    q = object.__new__(DeviceQueue)  # the waiting logic only: no GPU behind it
+    q.rings, q.agent_stream, q.kernels_done, q.stalled = rings, _Stream(agent_polls), False, None
+
+    def stall(timeout_ns, streams):
+        q.stalled = timeout_ns
+        raise RuntimeError("stalled")
+
+    q.stall = stall
+    return q
+
+
+def test_queue_wait_lets_a_long_but_moving_batch_finish():
+    q = _queue(_Rings(step=1), agent_polls=400)  # ~400 ms of polls, completions keep coming
+    q.wait((_Stream(400),), stall_ns=50_000_000)
+    assert q.kernels_done and q.stalled is None and q.rings.woken >= 400
+
+
+def test_queue_wait_stops_a_queue_whose_completions_stopped():
+    q = _queue(_Rings(step=0), agent_polls=10_000)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="stalled"):
+        q.wait((), stall_ns=100_000_000)
+    assert q.stalled == 100_000_000 and 0.1 <= time.monotonic() - start < 2
+    assert not q.kernels_done

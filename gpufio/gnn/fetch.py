@@ -29,6 +29,20 @@ class FetchError(RuntimeError):
     """A row could not be read whole."""
 
 
+def _open_rows(ds: Dataset, direct: bool) -> list[int]:
+    """The feature files opened for reading, with O_DIRECT when asked and the layout allows
+    it (4 KiB-aligned first row, rows a multiple of 512 bytes)."""
+    aligned = ds.layout.header % 4096 == 0 and ds.layout.row_bytes % 512 == 0
+    flags = os.O_RDONLY | (os.O_DIRECT if direct and aligned else 0)
+    return [os.open(p, flags) for p in ds.paths]
+
+
+def _row_error(node: int, res: int, more: str = "") -> FetchError:
+    """The one-line failure of a row read that returned ``res`` (-errno, or too few bytes)."""
+    why = errno.errorcode.get(-res, str(-res)) if res < 0 else f"short read of {res} bytes"
+    return FetchError(f"feature row of node {node} ({why}){more}")
+
+
 def _staging(xp: Any, rows: int, dim: int) -> Any:
     """Host rows to gather into: page-locked when they go on to a GPU."""
     if xp is np:
@@ -90,10 +104,7 @@ class UringFetch:
     def __init__(self, ds: Dataset, xp: Any, dim: int, iodepth: int, direct: bool) -> None:
         self.xp, self.dim, self.layout, self.depth = xp, dim, ds.layout, iodepth
         self.rows = 0
-        aligned = ds.layout.header % 4096 == 0 and ds.layout.row_bytes % 512 == 0
-        self.direct = direct and aligned
-        flags = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
-        self._fds = np.array([os.open(p, flags) for p in ds.paths], dtype=np.int64)
+        self._fds = np.array(_open_rows(ds, direct), dtype=np.int64)
         self.ring = uring.Ring(iodepth)
         self._mem = None
         self._host = np.empty((0, ds.layout.row_bytes // 4), np.float32)
@@ -135,9 +146,7 @@ class UringFetch:
                                  f"{ring.state()}")
             bad = np.flatnonzero(res != rb)
             if len(bad):
-                r, i = int(res[bad[0]]), int(ud[bad[0]])
-                why = errno.errorcode.get(-r, str(-r)) if r < 0 else f"short read of {r} bytes"
-                raise FetchError(f"feature row of node {int(ids[i])} ({why})")
+                raise _row_error(int(ids[int(ud[bad[0]])]), int(res[bad[0]]))
             done += len(ud)
         out[:] = host[:, :self.dim]
         self.rows += n
@@ -169,9 +178,7 @@ class GpuUringFetch:
         self.xp, self.dim, self.layout = xp, dim, ds.layout
         self.rows = 0
         self.stall_ns = opts["stall_timeout"]
-        aligned = ds.layout.header % 4096 == 0 and ds.layout.row_bytes % 512 == 0
-        flags = os.O_RDONLY | (os.O_DIRECT if direct and aligned else 0)
-        self._fds = [os.open(p, flags) for p in ds.paths]
+        self._fds = _open_rows(ds, direct)
         sq, cq = ring_sizes(iodepth, opts["ring_entries"] or None)
         self.queue = DeviceQueue(nrings=opts["rings"], depth=iodepth,
                                  slot_bytes=ds.layout.row_bytes, sq_entries=sq, cq_entries=cq,
@@ -185,8 +192,6 @@ class GpuUringFetch:
         self._stream = xp.cuda.Stream(non_blocking=True)
 
     def fetch(self, nodes: Any) -> Any:
-        import time
-
         from gpufio.gpuqueue import QueueStalled
 
         xp, q = self.xp, self.queue
@@ -200,22 +205,14 @@ class GpuUringFetch:
             q.descriptor, self._d_fds, np.uint64(self.layout.ntargets),
             np.uint64(self.layout.header), np.uint64(self.layout.row_bytes), ids, np.uint64(n),
             out, np.uint64(self.dim * 4 // 16), self._failed), stream=self._stream)
-        deadline = time.monotonic_ns() + self.stall_ns
-        while not (self._stream.done and q.agent_stream.done):
-            if time.monotonic_ns() > deadline:
-                try:
-                    q.stall(self.stall_ns, (self._stream,))
-                except QueueStalled as e:
-                    raise FetchError(str(e)) from None
-            q.rings.wake()
-            time.sleep(0.0001)
-        q.kernels_done = True
+        try:
+            q.wait((self._stream,), self.stall_ns, poll_s=0.0001)
+        except QueueStalled as e:
+            raise FetchError(str(e)) from None
         failed = self._failed.get()
         if failed[0]:
-            res = int(np.int64(failed[2]))
-            why = errno.errorcode.get(-res, str(-res)) if res < 0 else f"short read of {res} bytes"
-            raise FetchError(f"feature row of node {int(failed[1])} ({why}); "
-                             f"{int(failed[0])} rows failed")
+            raise _row_error(int(failed[1]), int(np.int64(failed[2])),
+                             f"; {int(failed[0])} rows failed")
         self.rows += n
         return out
 
