@@ -64,6 +64,11 @@ def configure(threads: int, io_bytes: int, direct: bool) -> None:
                 kvikio.defaults.set(key, value)
 
 
+def _threads(job: Job) -> int:
+    """KvikIO's pool size: the option, or a thread for every read the job keeps queued."""
+    return job.engine_options["threads"] or job.iodepth * job.numjobs
+
+
 @register
 class CuFileEngine(Engine):
     """KvikIO futures reading straight into GPU memory; mode gds or compat, always labelled."""
@@ -101,8 +106,7 @@ class CuFileEngine(Engine):
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         return {**super().describe(job), "mode": cufile_mode(), "gpus": list(job.gpu_list),
-                "lands_in": "gpu memory", "kvikio_threads":
-                job.engine_options["threads"] or job.iodepth * job.numjobs}
+                "lands_in": "gpu memory", "kvikio_threads": _threads(job)}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
@@ -112,7 +116,7 @@ class CuFileEngine(Engine):
                            "here (no GPUDirect Storage driver, or KVIKIO_COMPAT_MODE=on)")
         import kvikio
 
-        configure(job.engine_options["threads"] or job.iodepth * job.numjobs, job.bs, job.direct)
+        configure(_threads(job), job.bs, job.direct)
         try:
             self.dev = cp.empty(job.iodepth * job.bs, dtype=cp.uint8)
         except cp.cuda.memory.OutOfMemoryError:

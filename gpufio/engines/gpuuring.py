@@ -21,6 +21,7 @@ import numpy as np
 from gpufio import gpu, gpuverify, pattern, uring
 from gpufio.engines import register
 from gpufio.engines.base import Engine
+from gpufio.engines.uring import Uring
 from gpufio.errors import BadInput
 from gpufio.gpuqueue import C_MEASURING, C_STOP, DeviceQueue
 from gpufio.gpuring import Watchdog, default_rings, ring_sizes
@@ -82,9 +83,9 @@ class GpuUring(Engine):
 
     @classmethod
     def unavailable(cls) -> str | None:
+        if why := Uring.unavailable():
+            return why
         facts = uring.probe()
-        if not facts["available"]:
-            return facts["reason"]
         for need in ("sqpoll", "no_mmap", "no_sqarray"):  # rings the GPU can drive
             if not facts.get(need):
                 return facts.get(f"{need}_reason", f"io_uring lacks {need}")
