@@ -161,10 +161,35 @@ def _gnn(tmp_path, **extra):
     ({"batch_size": 6000}, "key 'batch_size': 6000 is more than the 5000 nodes"),
     ({"engine": "psync"}, "engine 'psync' does not aggregate GNN features yet"),
     ({"learning_rate": "fast"}, "key 'learning_rate': expected a positive number"),
+    ({"engine": "cpu-gpu", "mmap_advice": "random"},
+     "key 'mmap_advice': only engine 'mmap' maps the features, not 'cpu-gpu'"),
+    ({"cache_size": "1m"}, "key 'cache_size': the GPU cache sits in front of engine "
+                           "'gpu-uring', not 'mmap'"),
 ])
 def test_bad_gnn_profiles(extra, message, tmp_path):
     with pytest.raises(BadInput, match=message):
         from_dict(_gnn(tmp_path, **extra), "g.toml", {})
+
+
+def test_max_input_nodes_bounds_every_sampled_batch():
+    from gpufio.gnn.sampler import max_input_nodes
+
+    assert max_input_nodes(1024, [10, 5, 5], 10**9) == 1024 * 11 * 6 * 6
+    assert max_input_nodes(1024, [10, 5, 5], 50_000) == 50_000
+    g = graph.generate(5000, 8, 1)
+    rng = np.random.default_rng(2)
+    for _ in range(5):
+        mb = sample(np, g.indptr, g.indices, rng.integers(0, 5000, 64), [4, 3], rng)
+        assert len(mb.input_nodes) <= max_input_nodes(64, [4, 3], 5000)
+
+
+def test_gpu_cache_needs_more_rows_than_requester_threads():
+    from gpufio.gnn.gpucache import cache_rows
+
+    assert cache_rows(1 << 20, 4096, 128) == 256
+    with pytest.raises(BadInput, match=r"key 'cache_size': 524288 bytes hold 128 rows of 4096 "
+                                       r"bytes; the cache needs more rows than the 128 GPU"):
+        cache_rows(512 << 10, 4096, 128)
 
 
 def test_gnn_keys_need_the_gnn_workload():
@@ -216,12 +241,15 @@ def test_cli_json_table_speedup_and_early_stop(tmp_path, write_profile):
     text = (f'[global]\nworkload = "gnn"\ndevice = "cpu"\nnodes = 5000\nfeature_dim = 32\n'
             f'hidden = 16\nbatch_size = 64\nfanout = [4, 3]\niterations = 5\nwarmup = 1\n'
             f'directory = "{tmp_path}"\n[[job]]\nengine = "mmap"\n'
-            f'[[job]]\nname = "cold"\nengine = "mmap"\ndrop_cache = true\n')
+            f'[[job]]\nname = "cold"\nengine = "mmap"\ndrop_cache = true\n'
+            f'mmap_advice = "random"\n')
     res = cli.invoke(app, ["run", str(write_profile(text)), "-f", "json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["workload"] == "gnn" and len(doc["jobs"]) == 2
-    assert doc["jobs"][1]["drop_cache"] is True
+    assert doc["jobs"][1]["drop_cache"] is True and doc["jobs"][1]["mmap_advice"] == "random"
+    assert doc["jobs"][0]["mmap_advice"] == "normal"
+    assert doc["jobs"][1]["verify"]["mismatches"] == 0
     assert doc["jobs"][0]["speedup_vs_mmap"]["total"] == 1.0
     table = cli.invoke(app, ["run", str(write_profile(text)), "-f", "markdown"])
     assert "| job" in table.stdout and "aggregation_ms" in table.stdout
@@ -308,12 +336,12 @@ def _can_make_memory_cgroups() -> bool:
     from gpufio.gnn import memlimit
 
     try:
-        parent, _ = memlimit._parent()
+        parent, home, _ = memlimit._parent()
         probe = parent / f"gpufio-probe-{os.getpid()}"
         probe.mkdir()
         try:
             (probe / "cgroup.procs").write_text(str(os.getpid()))
-            (parent / "cgroup.procs").write_text(str(os.getpid()))
+            (home / "cgroup.procs").write_text(str(os.getpid()))
         finally:
             probe.rmdir()
         return True

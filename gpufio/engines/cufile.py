@@ -57,7 +57,10 @@ def configure(threads: int, io_bytes: int, direct: bool) -> None:
     import kvikio.defaults
 
     with _settings_lock:
+        # bounce buffers (compat mode) of one read each: KvikIO's 16 MiB default, per thread,
+        # would pin GBs for a pool of small reads
         wanted = {"num_threads": threads, "task_size": max(io_bytes, 4096),
+                  "bounce_buffer_size": max(io_bytes, 4096),
                   "gds_threshold": 0, "auto_direct_io_read": direct}
         for key, value in wanted.items():
             if kvikio.defaults.get(key) != value:

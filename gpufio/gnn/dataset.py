@@ -8,8 +8,12 @@ by ``feature_file`` are checked for size against ``nodes`` before anything runs.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from gpufio import targets as tg
 from gpufio.errors import BadInput
@@ -49,8 +53,9 @@ def _feature_paths(job: Job) -> list[str]:
     return paths
 
 
-def prepare(job: Job) -> Dataset:
-    """Graph and feature files for ``job``, built or checked; BadInput if they do not fit."""
+def prepare(job: Job, xp: Any = np) -> Dataset:
+    """Graph and feature files for ``job``, built or checked; BadInput if they do not fit.
+    ``xp`` computes generated feature values (CuPy on a GPU job)."""
     g = job.gnn
     nodes, dim = g["nodes"], g["feature_dim"]
     gr = graph.cached(nodes, g["avg_degree"], job.randseed,
@@ -78,7 +83,10 @@ def prepare(job: Job) -> Dataset:
             raise BadInput(f"target {path}: exists and does not hold gpufio's generated "
                            "features for these nodes; remove it, or read it with feature_file")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        features.write_share(path, t, layout, nodes, dim, job.randseed)
+        size = layout.bytes_needed(t, nodes)
+        print(f"gpufio: writing generated features to {path} ({size / 1e9:.1f} GB, once; "
+              "later runs reuse the file)", file=sys.stderr, flush=True)
+        features.write_share(path, t, layout, nodes, dim, job.randseed, xp)
     return Dataset(gr, paths, layout, generated=True)
 
 

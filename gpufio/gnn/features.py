@@ -75,17 +75,21 @@ def check_file(path: str, layout: Layout, target: int, nodes: int) -> None:
 
 
 def write_share(path: str, target: int, layout: Layout, nodes: int, dim: int,
-                seed: int) -> None:
-    """Write target ``target``'s rows of the striped generated table into ``path``."""
+                seed: int, xp=np) -> None:
+    """Write target ``target``'s rows of the striped generated table into ``path``; the
+    values are computed with ``xp`` (CuPy makes a table of many GB take seconds, not
+    minutes of NumPy)."""
     ids = np.arange(target, nodes, layout.ntargets, dtype=np.int64)
     with open(path, "wb") as f:
         f.truncate(layout.bytes_needed(target, nodes))
         for lo in range(0, len(ids), WRITE_ROWS):
             chunk = ids[lo:lo + WRITE_ROWS]
             rows = np.zeros((len(chunk), layout.row_bytes // 4), np.float32)
-            rows[:, :dim] = values(seed, chunk, dim)
+            vals = values(seed, xp.asarray(chunk), dim, xp)
+            rows[:, :dim] = vals if xp is np else vals.get()
             f.seek(layout.header + lo * layout.row_bytes)
             f.write(rows.tobytes())
+        os.fsync(f.fileno())  # written back, so evicting the file's pages really drops them
 
 
 def holds_generated(path: str, target: int, layout: Layout, dim: int, seed: int) -> bool:

@@ -6,13 +6,16 @@ Each backend is named after the engine whose data path it uses, and has ``fetch(
 ``MmapFetch`` is the loaders' baseline the experiment measures (DGL's memory-mapped feature
 loader): the feature files are memory-mapped, the CPU gathers each row through page faults
 into a staging buffer (page-locked when the tensor goes to a GPU), and one copy takes the
-gathered rows to the device. It reads through the page cache by nature; ``drop_cache``
+gathered rows to the device. ``advice`` 'normal' leaves the kernel's read-around on (a fault
+reads 128 KiB around its row, as DGL's loader does); 'random' (MADV_RANDOM) reads only the
+faulting page, the tuned loader. It reads through the page cache by nature; ``drop_cache``
 evicts the files' cached pages before the first iteration.
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 from typing import Any
 
@@ -57,7 +60,8 @@ class MmapFetch:
 
     page_cache = True
 
-    def __init__(self, ds: Dataset, xp: Any, dim: int, drop_cache: bool) -> None:
+    def __init__(self, ds: Dataset, xp: Any, dim: int, drop_cache: bool, max_rows: int,
+                 advice: str) -> None:
         self.xp, self.dim, self.layout = xp, dim, ds.layout
         self.rows = 0
         self._maps = []
@@ -65,9 +69,12 @@ class MmapFetch:
             evict(ds.paths)
         for t, path in enumerate(ds.paths):
             n = ds.layout.rows_on(t, ds.graph.nodes)
-            self._maps.append(np.memmap(path, dtype=np.float32, mode="r", offset=ds.layout.header,
-                                        shape=(n, ds.layout.row_bytes // 4)))
+            m = np.memmap(path, dtype=np.float32, mode="r", offset=ds.layout.header,
+                          shape=(n, ds.layout.row_bytes // 4))
+            m._mmap.madvise(mmap.MADV_RANDOM if advice == "random" else mmap.MADV_NORMAL)
+            self._maps.append(m)
         self._staging = np.empty((0, dim), np.float32)
+        self._buffer(max_rows)  # now, not under memory_limit, where it would crowd the cache
 
     def _buffer(self, n: int) -> np.ndarray:
         """Staging rows, grown as needed (page-locked for GPU copies)."""
@@ -82,7 +89,7 @@ class MmapFetch:
         tgt, off = self.layout.locate(ids)
         rows = (off - self.layout.header) // self.layout.row_bytes
         if len(self._maps) == 1:
-            np.take(self._maps[0][:, :self.dim], rows, axis=0, out=out)
+            np.take(self._maps[0][:, :self.dim], rows, axis=0, out=out, mode="clip")  # unbuffered
         else:
             for t, m in enumerate(self._maps):
                 mask = tgt == t
@@ -101,7 +108,8 @@ class UringFetch:
 
     page_cache = False
 
-    def __init__(self, ds: Dataset, xp: Any, dim: int, iodepth: int, direct: bool) -> None:
+    def __init__(self, ds: Dataset, xp: Any, dim: int, iodepth: int, direct: bool,
+                 max_rows: int) -> None:
         self.xp, self.dim, self.layout, self.depth = xp, dim, ds.layout, iodepth
         self.rows = 0
         self._fds = np.array(_open_rows(ds, direct), dtype=np.int64)
@@ -109,6 +117,7 @@ class UringFetch:
         self._mem = None
         self._host = np.empty((0, ds.layout.row_bytes // 4), np.float32)
         self._out = np.empty((0, dim), np.float32)
+        self._buffers(max_rows)  # now, not under memory_limit, where it would crowd the cache
 
     def _buffers(self, n: int) -> tuple[np.ndarray, Any]:
         """Aligned landing rows for O_DIRECT, and the staging tensor, grown as needed."""
@@ -164,20 +173,27 @@ class UringFetch:
 class GpuUringFetch:
     """The ``gpu-uring`` path for aggregation: GPU threads post the reads of the rows
     themselves through the request queue (gpuqueue.DeviceQueue, kernels/gnn_gather.cu) and
-    copy each landed row into the tensor; the host only starts the kernels, wakes SQPOLL
+    copy each landed row into the tensor, through a software cache in GPU memory when
+    ``cache_bytes`` is given (gpucache.py); the host only starts the kernels, wakes SQPOLL
     threads and watches for a stall. Needs a GPU (``device = "gpu"``)."""
 
     page_cache = False
 
     def __init__(self, ds: Dataset, xp: Any, dim: int, opts: dict[str, Any], iodepth: int,
-                 direct: bool) -> None:
+                 direct: bool, cache_bytes: int = 0) -> None:
         from gpufio import cuda
+        from gpufio.gnn.gpucache import GpuCache, cache_rows
         from gpufio.gpuqueue import DeviceQueue
         from gpufio.gpuring import ring_sizes
 
         self.xp, self.dim, self.layout = xp, dim, ds.layout
         self.rows = 0
         self.stall_ns = opts["stall_timeout"]
+        self._threads = opts["rings"] * iodepth
+        self.cache = None
+        if cache_bytes:
+            self.cache = GpuCache(xp, cache_rows(cache_bytes, ds.layout.row_bytes, self._threads),
+                                  ds.layout.row_bytes, ds.graph.nodes)
         self._fds = _open_rows(ds, direct)
         sq, cq = ring_sizes(iodepth, opts["ring_entries"] or None)
         self.queue = DeviceQueue(nrings=opts["rings"], depth=iodepth,
@@ -186,30 +202,37 @@ class GpuUringFetch:
                                  cpus=opts["sq_thread_cpu"], sqe_async=opts["sqe_async"])
         # loaded now: never while the agents spin (see DeviceQueue.start)
         self._gather = cuda.module("gnn_gather").get_function("gio_gather")
-        self._threads = opts["rings"] * iodepth
         self._d_fds = xp.asarray(np.array(self._fds, np.int32))
-        self._failed = xp.zeros(3, xp.uint64)
+        self._stats = xp.zeros(6, xp.uint64)  # failed, node, result, hits, reads, coalesced
         self._stream = xp.cuda.Stream(non_blocking=True)
+
+    def counters(self) -> dict[str, int]:
+        """Rows served since the start: from the cache, read from storage, and duplicates
+        of a warp coalesced into one fetch."""
+        s = self._stats.get()
+        return {"hits": int(s[3]), "reads": int(s[4]), "coalesced": int(s[5])}
 
     def fetch(self, nodes: Any) -> Any:
         from gpufio.gpuqueue import QueueStalled
 
         xp, q = self.xp, self.queue
         n = len(nodes)
-        out = xp.empty((n, self.dim), xp.float32)
-        ids = xp.ascontiguousarray(nodes, dtype=xp.int64)
-        self._failed.fill(0)
+        with self._stream:  # ordered before the kernel, which runs on this stream
+            out = xp.empty((n, self.dim), xp.float32)
+            ids = xp.ascontiguousarray(nodes, dtype=xp.int64)
+            self._stats[:3] = 0
         blocks = -(-self._threads // 128)
         q.start(requesters=blocks * 128)
         self._gather((blocks,), (128,), (
-            q.descriptor, self._d_fds, np.uint64(self.layout.ntargets),
-            np.uint64(self.layout.header), np.uint64(self.layout.row_bytes), ids, np.uint64(n),
-            out, np.uint64(self.dim * 4 // 16), self._failed), stream=self._stream)
+            q.descriptor, self.cache.descriptor if self.cache else np.uint64(0), self._d_fds,
+            np.uint64(self.layout.ntargets), np.uint64(self.layout.header),
+            np.uint64(self.layout.row_bytes), ids, np.uint64(n), out,
+            np.uint64(self.dim * 4 // 16), self._stats), stream=self._stream)
         try:
             q.wait((self._stream,), self.stall_ns, poll_s=0.0001)
         except QueueStalled as e:
             raise FetchError(str(e)) from None
-        failed = self._failed.get()
+        failed = self._stats[:3].get()
         if failed[0]:
             raise _row_error(int(failed[1]), int(np.int64(failed[2])),
                              f"; {int(failed[0])} rows failed")

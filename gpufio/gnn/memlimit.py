@@ -1,9 +1,9 @@
 """``memory_limit``: run a GNN job's iterations inside a memory cgroup, so the page cache
 cannot hold a feature table larger than the limit, as with the experiment's 892 GB data set.
 
-The process moves itself into a new child of its own memory cgroup (cgroup v1's memory
-hierarchy, or cgroup v2 where the parent can delegate the memory controller), with the
-limit set, and moves back afterwards; memory charged before the move stays where it was, so
+The process moves itself into a new memory cgroup with the limit set (cgroup v1: a child of
+its own memory cgroup; v2: a sibling of its own cgroup, or a child of the root, where the
+parent can delegate the memory controller), and moves back afterwards; memory charged before the move stays where it was, so
 only what the iterations allocate, the page cache of the reads included, counts. The result
 records the limit, the cgroup used and the peak usage measured there.
 """
@@ -18,8 +18,12 @@ from typing import Any, Iterator
 
 from gpufio.errors import BadInput
 
+# v2 caps with memory.high: over it the group is throttled and reclaimed, never OOM-killed.
+# A hard memory.max kills a loader whose mapped pages are faulted back as fast as reclaim
+# takes them, which is exactly the thrashing an out-of-core mmap run is meant to show.
+# v1 has only the hard limit.
 V1 = {"limit": "memory.limit_in_bytes", "peak": "memory.max_usage_in_bytes"}
-V2 = {"limit": "memory.max", "peak": "memory.peak"}
+V2 = {"limit": "memory.high", "peak": "memory.peak"}
 
 
 def _mounts() -> tuple[Path | None, Path | None]:
@@ -48,19 +52,24 @@ def _own_paths() -> tuple[str | None, str | None]:
     return v1, v2
 
 
-def _parent() -> tuple[Path, dict[str, str]]:
-    """The memory cgroup to create our child in, and its control file names."""
+def _parent() -> tuple[Path, Path, dict[str, str]]:
+    """The memory cgroup to create our group in, the cgroup to come back to, and the
+    control file names."""
     v1_mount, v2_mount = _mounts()
     v1_path, v2_path = _own_paths()
     if v1_mount is not None and v1_path is not None:
-        return v1_mount / v1_path.lstrip("/"), V1
+        own = v1_mount / v1_path.lstrip("/")
+        return own, own, V1
     if v2_mount is not None and v2_path is not None:
-        parent = v2_mount / v2_path.lstrip("/")
+        own = v2_mount / v2_path.lstrip("/")
+        # v2 lets a cgroup that holds processes (ours holds us) have no children with
+        # controllers, so the new group is a sibling, except under the root, which may
+        parent = own if own == v2_mount else own.parent
         if "memory" not in (parent / "cgroup.controllers").read_text().split():
             raise OSError("the memory controller is not delegated to this cgroup")
         if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
             (parent / "cgroup.subtree_control").write_text("+memory")
-        return parent, V2
+        return parent, own, V2
     raise OSError("no memory cgroup (v1 or v2) is mounted")
 
 
@@ -69,7 +78,7 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
     """Run the block with this process's new memory charged to a cgroup capped at ``limit``
     bytes; yields the facts for the result (peak usage filled in on the way out)."""
     try:
-        parent, files = _parent()
+        parent, home, files = _parent()
         child = parent / f"gpufio-{os.getpid()}"
         child.mkdir(exist_ok=True)
         (child / files["limit"]).write_text(str(limit))
@@ -79,7 +88,8 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
                        f"{e.strerror or e}; run gpufio under one instead (e.g. systemd-run "
                        "--scope -p MemoryMax=...)") from None
     facts: dict[str, Any] = {"limit_bytes": limit, "cgroup": str(child),
-                             "cgroup_version": 1 if files is V1 else 2}
+                             "cgroup_version": 1 if files is V1 else 2,
+                             "control": files["limit"]}
     try:
         yield facts
     finally:
@@ -87,7 +97,7 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
             facts["peak_bytes"] = int((child / files["peak"]).read_text())
         except OSError:  # memory.peak needs Linux 5.19 on cgroup v2
             facts["peak_bytes"] = None
-        (parent / "cgroup.procs").write_text(str(os.getpid()))
+        (home / "cgroup.procs").write_text(str(os.getpid()))
         for _ in range(50):  # the kernel may take a moment to let go of the emptied group
             try:
                 child.rmdir()

@@ -35,6 +35,12 @@ GNN_OPTIONS: tuple[Option, ...] = (
     Option("memory_limit", "size", None, "run the iterations in a memory cgroup capped at this "
            "many bytes, page cache included, so the features cannot all be cached; the "
            "feature files' cached pages are dropped first", minimum=1),
+    Option("mmap_advice", "str", "normal", "mmap only: madvise of the feature mapping: "
+           "'normal' (the kernel's read-around, as DGL's loader leaves it) or 'random' (a fault "
+           "reads only its page: the tuned loader)", choices=("normal", "random")),
+    Option("cache_size", "size", 0, "gpu-uring only: a software cache of feature rows in GPU "
+           "memory of this many bytes in front of the reads (CLOCK replacement, as BaM's), "
+           "warmed by the warm-up iterations; 0: none", minimum=0),
     Option("verify_rows", "int", 64, "aggregated rows per iteration compared with the "
            "generator's values (0: none)", minimum=0),
 )
@@ -49,6 +55,12 @@ def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:
     if engine in ("gpu-uring", "cufile") and gnn["device"] == "cpu":
         raise BadInput(f"{where}engine '{engine}': reads into GPU memory, so it needs "
                        "device = \"gpu\"")
+    if gnn["mmap_advice"] != "normal" and engine != "mmap":
+        raise BadInput(f"{where}key 'mmap_advice': only engine 'mmap' maps the features, "
+                       f"not '{engine}'")
+    if gnn["cache_size"] and engine != "gpu-uring":
+        raise BadInput(f"{where}key 'cache_size': the GPU cache sits in front of engine "
+                       f"'gpu-uring', not '{engine}'")
     if engine == "gpu-uring" and gnn["feature_dim"] % 4:
         raise BadInput(f"{where}key 'feature_dim': gpu-uring copies rows in 16-byte words, so "
                        f"it needs a multiple of 4, got {gnn['feature_dim']}")

@@ -20,7 +20,7 @@ from gpufio import gpu
 from gpufio.gnn import dataset, features, memlimit, timing
 from gpufio.gnn.fetch import CuFileFetch, FetchError, GpuUringFetch, MmapFetch, UringFetch
 from gpufio.gnn.model import GraphSage
-from gpufio.gnn.sampler import sample
+from gpufio.gnn.sampler import max_input_nodes, sample
 from gpufio.profile import Job
 
 
@@ -29,9 +29,11 @@ def _array_module(job: Job) -> Any:
 
 
 def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
-    """The aggregation backend of the job's engine."""
+    """The aggregation backend of the job's engine; host staging buffers are sized for the
+    largest possible mini-batch here, before any memory_limit applies."""
+    most = max_input_nodes(job.gnn["batch_size"], list(job.gnn["fanout"]), ds.graph.nodes)
     if job.engine == "cpu-gpu":
-        return UringFetch(ds, xp, job.gnn["feature_dim"], job.iodepth, job.direct)
+        return UringFetch(ds, xp, job.gnn["feature_dim"], job.iodepth, job.direct, most)
     if job.engine == "cufile":
         return CuFileFetch(ds, xp, job.gnn["feature_dim"], job.engine_options["threads"],
                            job.iodepth, job.direct)
@@ -39,8 +41,9 @@ def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
         from gpufio.engines.gpuuring import engine_options
 
         return GpuUringFetch(ds, xp, job.gnn["feature_dim"], engine_options(job), job.iodepth,
-                             job.direct)
-    return MmapFetch(ds, xp, job.gnn["feature_dim"], job.engine_options.get("drop_cache", False))
+                             job.direct, job.gnn["cache_size"])
+    return MmapFetch(ds, xp, job.gnn["feature_dim"], job.engine_options.get("drop_cache", False),
+                     most, job.gnn["mmap_advice"])
 
 
 @dataclass
@@ -54,6 +57,7 @@ class _Tally:
     mismatches: int = 0
     losses: list[float] = field(default_factory=list)
     failure: str | None = None
+    cache_at_warmup: dict[str, int] = field(default_factory=dict)
 
 
 def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
@@ -61,7 +65,7 @@ def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
     iterations done, last iteration's stage ns)`` is called after each iteration."""
     g = job.gnn
     xp = _array_module(job)
-    ds = dataset.prepare(job)
+    ds = dataset.prepare(job, xp)
     fetcher = _fetcher(job, ds, xp)
     tally = _Tally(np.zeros((g["iterations"], 3), dtype=np.int64))
     limit = g["memory_limit"]
@@ -77,6 +81,8 @@ def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
         fetcher.close()
     result = _result(job, ds, tally, fetcher.page_cache)
     result["memory_limit"] = limit_facts or None
+    if _cache_of(fetcher) is not None:
+        result["cache"] = _cache_result(fetcher, tally)
     if getattr(fetcher, "mode", None):
         result["engine_mode"] = fetcher.mode  # cufile: gds or compat, never left unsaid
     if tally.failure:
@@ -98,6 +104,8 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
     for it in range(g["iterations"]):
         if stop is not None and stop():
             break
+        if it == g["warmup"] and _cache_of(fetcher) is not None:
+            tally.cache_at_warmup = fetcher.counters()
         t0 = time.perf_counter_ns()
         seeds = xp.floor(rng.random(g["batch_size"]) * ds.graph.nodes).astype(xp.int64)
         mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
@@ -124,6 +132,21 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
             progress(job, tally.done, tally.stage_ns[it])
 
 
+def _cache_of(fetcher: Any) -> Any:
+    """The fetcher's GPU cache, or None (only gpu-uring has one, when cache_size is set)."""
+    return getattr(fetcher, "cache", None)
+
+
+def _cache_result(fetcher: Any, t: _Tally) -> dict[str, Any]:
+    """The cache's size and its hits and reads over the timed iterations."""
+    now = fetcher.counters()
+    timed = {k: v - t.cache_at_warmup.get(k, 0) for k, v in now.items()} \
+        if t.cache_at_warmup else dict.fromkeys(now, 0)
+    looked = timed["hits"] + timed["reads"]
+    return {**fetcher.cache.facts(), **timed,
+            "hit_rate": timed["hits"] / looked if looked else 0.0}
+
+
 def _result(job: Job, ds: dataset.Dataset, t: _Tally, page_cache: bool) -> dict[str, Any]:
     g = job.gnn
     done, rows_timed, losses = t.done, t.rows_timed, t.losses
@@ -139,6 +162,7 @@ def _result(job: Job, ds: dataset.Dataset, t: _Tally, page_cache: bool) -> dict[
         "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": page_cache,
         "iodepth": job.iodepth if job.engine != "mmap" else None,
         "drop_cache": bool(job.engine_options.get("drop_cache", False)),
+        "mmap_advice": g["mmap_advice"] if job.engine == "mmap" else None,
         "iterations": g["iterations"], "warmup": g["warmup"], "iterations_done": done,
         "stages": stages,
         "aggregation": {"rows": rows_timed, "bytes": rows_timed * row_bytes,

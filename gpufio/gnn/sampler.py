@@ -47,6 +47,15 @@ def _append_new(xp, dst: Any, found: Any) -> tuple[Any, Any]:
     return src, pos_of_uniq[inverse.ravel()]
 
 
+def max_input_nodes(batch: int, fanouts: list[int], nodes: int) -> int:
+    """The most nodes a mini-batch can need: every layer adds at most ``fanout`` per node of
+    its frontier, and no graph has more than ``nodes``."""
+    most = batch
+    for fanout in fanouts:
+        most = min(most * (1 + fanout), nodes)
+    return most
+
+
 def sample(xp, indptr: Any, indices: Any, seeds: Any, fanouts: list[int], rng: Any) -> MiniBatch:
     """Sample one mini-batch around ``seeds``; ``rng`` is xp.random.Generator-like (random())."""
     layers = []
