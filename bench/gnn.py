@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""The GNN feature-aggregation experiment (issue 6, DESIGN.md section 1) on this machine.
+
+Sets up its own storage, writes a GNN profile with one job per engine (and per number of
+targets), runs gpufio on it, and prints the stage table with the figures the experiment
+reports: each engine's aggregation speedup against the mmap loader, and the aggregation
+time with two targets against one. The goals live in ``GOALS`` here, never in tests;
+``--check`` exits 1 when one is missed.
+
+Storage (``--storage``):
+  rootdisk  a directory on the root disk (``--root-dir``): a real drive, the "slow SSD";
+  zram      one ext4-formatted zram device per target (RAM, decompressed by the CPU): the
+            "fast SSD"; with ``--targets 1 2`` each target is its own device.
+``--iops-cap N`` caps every device at N reads/s with the cgroup v2 io controller (io.max),
+so that storage, not the host, is the limit, as with real SSDs; the result says so. The
+out-of-core case: ``--memory-limit`` (the jobs' memory_limit) at most a quarter of the
+feature table. Run as root on the GPU machine:
+
+    python3 bench/gnn.py --storage rootdisk --nodes 1000000 --memory-limit 1g --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from compare import report  # noqa: E402
+
+from gpufio.units import parse_size  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+GOALS = {"agg_speedup_vs_mmap": 25.0, "two_targets_agg_ratio": 0.65}
+ENGINE_KEYS = {
+    "mmap": {},
+    "mmap-random": {"engine": "mmap", "mmap_advice": "random"},
+    "cpu-gpu": {"iodepth": 128},
+    "cufile": {"iodepth": 128},
+    "gpu-uring": {"rings": 8, "iodepth": 128},
+}
+
+
+def zram_targets(count: int, size: int, mounts: Path) -> tuple[list[str], list[Path]]:
+    """``count`` unused zram devices (free ones, or new ones from hot_add), ext4 on each,
+    mounted under ``mounts``."""
+    free = sorted(d for d in Path("/sys/block").glob("zram*")
+                  if (d / "disksize").read_text().strip() == "0")
+    control = Path("/sys/class/zram-control/hot_add")
+    while len(free) < count and control.exists():
+        free.append(Path(f"/sys/block/zram{control.read_text().strip()}"))
+    if len(free) < count:
+        raise SystemExit(f"bench: {count} free zram devices needed, {len(free)} found")
+    dirs, devs = [], []
+    for dev in free[:count]:
+        (dev / "disksize").write_text(str(size))
+        devs.append(dev)
+        point = mounts / dev.name
+        point.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", f"/dev/{dev.name}"], check=True)
+        subprocess.run(["mount", f"/dev/{dev.name}", str(point)], check=True)
+        dirs.append(str(point))
+    return dirs, devs
+
+
+def drop_zram(dirs: list[str], devs: list[Path]) -> None:
+    for d in dirs:
+        subprocess.run(["umount", d], capture_output=True)
+    for dev in devs:
+        (dev / "reset").write_text("1")
+
+
+def cap_iops(devs: list[str], iops: int) -> Path:
+    """A cgroup v2 group capping each device (its major:minor) at ``iops`` reads/s; this
+    process joins it, so gpufio (its child) and gpufio's io_uring kernel threads do too."""
+    root = Path("/sys/fs/cgroup")
+    if "io" not in (root / "cgroup.subtree_control").read_text().split():
+        (root / "cgroup.subtree_control").write_text("+io")
+    group = root / f"gpufio-bench-{os.getpid()}"
+    group.mkdir(exist_ok=True)
+    for d in devs:
+        st = os.stat(d)
+        (group / "io.max").write_text(f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)} "
+                                      f"riops={iops}\n")
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    return group
+
+
+def profile_text(args: argparse.Namespace, target_sets: list[list[str]]) -> str:
+    lines = ["[global]", 'workload = "gnn"', f"nodes = {args.nodes}",
+             f"iterations = {args.iterations}", f"warmup = {args.warmup}",
+             f"fanout = {json.dumps(args.fanout)}"]
+    if args.memory_limit:
+        lines.append(f'memory_limit = "{args.memory_limit}"')
+    for tset in target_sets:
+        for engine in args.engines:
+            if engine.startswith("mmap") and len(tset) > 1:
+                continue  # the baseline is the one-drive loader
+            name = f"{engine}-{len(tset)}t"
+            keys = {"engine": engine, "targets": tset, **ENGINE_KEYS[engine.split("+")[0]]}
+            if engine == "gpu-uring+cache":
+                keys.update(engine="gpu-uring", cache_size=args.cache_size)
+            lines += ["", "[[job]]", f'name = "{name}"'] + [
+                f"{k} = {json.dumps(v)}" for k, v in keys.items()]
+    lines += ["", "[sweep]", f"batch_size = {json.dumps(args.batch)}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--storage", choices=("rootdisk", "zram"), default="rootdisk")
+    ap.add_argument("--root-dir", default=str(Path.home() / "gpufio-gnn"))
+    ap.add_argument("--nodes", type=int, default=1_000_000)
+    ap.add_argument("--memory-limit", help="the jobs' memory_limit, e.g. 1g")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1024])
+    ap.add_argument("--fanout", type=int, nargs="+", default=[10, 5, 5])
+    ap.add_argument("--iterations", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--targets", type=int, nargs="+", default=[1], choices=(1, 2))
+    ap.add_argument("--engines", nargs="+", default=["mmap", "cpu-gpu", "cufile", "gpu-uring"],
+                    choices=("mmap", "mmap-random", "cpu-gpu", "cufile", "gpu-uring",
+                             "gpu-uring+cache"))
+    ap.add_argument("--cache-size", default="1g", help="for gpu-uring+cache")
+    ap.add_argument("--iops-cap", type=int, help="zram only: reads/s per device (io.max)")
+    ap.add_argument("--json", help="also write gpufio's result document here")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    args = ap.parse_args()
+    if args.iops_cap and args.storage != "zram":
+        ap.error("--iops-cap needs --storage zram")
+    if args.iops_cap and (any(e.startswith("mmap") for e in args.engines)
+                          or args.memory_limit):
+        ap.error("--iops-cap runs gpufio in its own cgroup, where memory_limit cannot make "
+                 "one: leave out mmap and --memory-limit (the O_DIRECT engines bypass the "
+                 "page cache anyway)")
+    dirs, devs, group = [], [], None
+    try:
+        if args.storage == "zram":
+            # room for the whole table and a stripe of it (zram only uses what is written)
+            per = 2 * args.nodes * 4096 + (2 << 30)
+            dirs, devs = zram_targets(max(args.targets), per, Path("/mnt/gpufio-bench"))
+            if args.iops_cap:
+                group = cap_iops([f"/dev/{d.name}" for d in devs], args.iops_cap)
+        else:
+            dirs = [args.root_dir, os.path.join(args.root_dir, "second")]
+            for d in dirs:
+                os.makedirs(d, exist_ok=True)
+        sets = [dirs[:n] for n in args.targets]
+        with tempfile.TemporaryDirectory() as tmp:
+            prof = Path(tmp) / "gnn-bench.toml"
+            prof.write_text(profile_text(args, sets))
+            out = Path(args.json or Path(tmp) / "gnn.json")
+            run = subprocess.run([sys.executable, "-m", "gpufio", "run", str(prof), "-f",
+                                  "json", "-o", str(out)], cwd=ROOT)
+            if not out.exists():
+                if run.returncode == -9:
+                    print("bench: gpufio was killed (SIGKILL): on cgroup v1 a memory_limit "
+                          "below the job's working set ends in the kernel's OOM kill",
+                          file=sys.stderr)
+                return 1 if run.returncode < 0 else run.returncode or 1
+            doc = json.loads(out.read_text())
+    finally:
+        if group is not None:
+            (group.parent / "cgroup.procs").write_text(str(os.getpid()))
+            group.rmdir()
+        drop_zram(dirs if devs else [], devs)
+    return summarize(doc, args)
+
+
+def summarize(doc: dict, args: argparse.Namespace) -> int:
+    """The stage table, and each goal's verdict."""
+    from gpufio.gnn import report as gnn_report
+
+    print(gnn_report.render(doc, "markdown"))
+    rows, missed = [], []
+    feature_bytes = args.nodes * 4096
+    limit = parse_size(args.memory_limit, "--memory-limit") if args.memory_limit else None
+    out_of_core = limit is not None and feature_bytes >= 4 * limit
+    for j in doc["jobs"]:
+        sp = j.get("speedup_vs_mmap", {}).get("aggregation")
+        two = j.get("aggregation_vs_one_target")
+        verdict = ""
+        if sp is not None and j["engine"] == "gpu-uring" and j["batch_size"] == 1024 \
+                and out_of_core and "cache" not in j:
+            ok = sp >= GOALS["agg_speedup_vs_mmap"]
+            verdict = "ok" if ok else f"MISS <{GOALS['agg_speedup_vs_mmap']}x"
+            if not ok:
+                missed.append(f"{j['jobname']}: aggregation {sp:.1f}x mmap")
+        if two is not None:
+            ok = two <= GOALS["two_targets_agg_ratio"]
+            verdict += (" " if verdict else "") + ("ok" if ok else "MISS 2 targets")
+            if not ok:
+                missed.append(f"{j['jobname']}: two targets {two:.2f}x one")
+        rows.append([j["jobname"], j["batch_size"], len(j["targets"]),
+                     f"{j['stages'].get('aggregation_ms', 0):.1f}",
+                     f"{sp:.2f}" if sp is not None else "", f"{two:.2f}" if two else "",
+                     f"{100 * j['cache']['hit_rate']:.1f}%" if j.get("cache") else "",
+                     verdict])
+    cap = f" · each device capped at {args.iops_cap} reads/s (io.max)" if args.iops_cap else ""
+    mem = (f" · memory_limit {args.memory_limit} ({feature_bytes / limit:.1f}x smaller than "
+           f"the {feature_bytes / 1e9:.1f} GB table)" if limit else " · no memory limit")
+    return report(f"GNN {args.storage}{cap}{mem} · {args.nodes} nodes · fanout {args.fanout} · "
+                  f"{args.iterations - args.warmup} timed of {args.iterations} iterations",
+                  rows, ["job", "batch", "targets", "aggregation ms", "agg speedup vs mmap",
+                         "agg vs 1 target", "cache hits", "goal"],
+                  {}, None, missed if args.check else [])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
