@@ -3,9 +3,10 @@ cannot hold a feature table larger than the limit, as with the experiment's 892 
 
 The process moves itself into a new memory cgroup with the limit set (cgroup v1: a child of
 its own memory cgroup; v2: a sibling of its own cgroup, or a child of the root, where the
-parent can delegate the memory controller), and moves back afterwards; memory charged before the move stays where it was, so
-only what the iterations allocate, the page cache of the reads included, counts. The result
-records the limit, the cgroup used and the peak usage measured there.
+parent can delegate the memory controller), and moves back afterwards; memory charged before
+the move stays where it was, so only what the iterations allocate, the page cache of the
+reads included, counts. The result records the limit, the control file, the cgroup used and
+the peak usage measured there.
 """
 
 from __future__ import annotations
