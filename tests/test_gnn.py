@@ -2,6 +2,7 @@
 stage timing, bad inputs, and whole runs through the CLI."""
 
 import json
+from pathlib import Path
 import os
 import re
 
@@ -406,3 +407,15 @@ def test_progress_lines_say_where_a_long_run_is(capsys):
                    "training 5.0 ms",
                    "gpufio: j: iteration 1100/1100: sampling 1.0 ms, aggregation 20.0 ms, "
                    "training 4.0 ms"]
+
+
+def test_the_readme_cpu_check_profile_runs_and_verifies(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    assert "gpufio run profiles/gnn-cpu-check.toml" in (root / "README.md").read_text()
+    res = cli.invoke(app, ["run", str(root / "profiles" / "gnn-cpu-check.toml"), "-f", "json",
+                           "--set", "nodes=4000", "--set", "feature_dim=64", "--set",
+                           "iterations=4", "--set", "warmup=1", "--set", f"directory={tmp_path}"])
+    assert res.exit_code == 0, res.output
+    jobs = json.loads(res.stdout)["jobs"]
+    assert [j["engine"] for j in jobs] == ["mmap", "cpu-gpu"]
+    assert all(j["verify"]["mismatches"] == 0 and j["verify"]["rows_checked"] > 0 for j in jobs)
