@@ -64,8 +64,9 @@ def cases(ram: bool) -> list[dict]:
         {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "segments": 4}, "depth": 128,
          "jobs": 1, **qd, "goal": 0.9},
         {"path": "cufile", "g": {"engine": "cufile"}, "depth": 128, "jobs": 1, **qd, "goal": 0.9},
-        {"path": "mmap", "g": {"engine": "mmap", "drop_cache": True}, "depth": 16, "jobs": 8,
-         **qd, "goal": 0.9},
+        # an mmap thread has one fault in flight: 16 threads are queue depth 16
+        {"path": "mmap", "g": {"engine": "mmap", "drop_cache": True}, "depth": 16, "jobs": 16,
+         **qd, "fio_depth": 16, "peer": "fio io_uring qd16", "goal": 0.9},
     ]
 
 
