@@ -28,14 +28,7 @@ def ring_sizes(iodepth: int, ring_entries: int | None) -> tuple[int, int]:
     ``iodepth`` slots, hence at most that many reads in flight, so iodepth <= SQ entries <=
     CQ entries is enough; the kernel rounds both up to powers of two, and so does this.
     """
-    entries = ring_entries or iodepth
-    if iodepth > entries:
-        raise BadInput(f"key 'iodepth': {iodepth} reads in flight per ring do not fit a ring of "
-                       f"ring_entries = {entries}")
-    sq = 1 << (entries - 1).bit_length()
-    if sq > uring.MAX_ENTRIES:
-        raise BadInput(f"key 'ring_entries': {entries} is more than io_uring's "
-                       f"{uring.MAX_ENTRIES}")
+    sq = 1 << (uring.sq_entries(iodepth, ring_entries or 0) - 1).bit_length()
     return sq, CQ_FACTOR * sq
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufio.errors import BadInput
 from gpufio.hostinfo import io_uring_disabled, kernel_version
 
 SYS_SETUP, SYS_ENTER, SYS_REGISTER = 425, 426, 427
@@ -54,6 +55,20 @@ REGISTER_BUFFERS, REGISTER_FILES = 0, 2
 OFF_SQ_RING, OFF_CQ_RING, OFF_SQES = 0, 0x8000000, 0x10000000
 
 MAX_ENTRIES = 32768
+
+
+def sq_entries(iodepth: int, ring_entries: int, where: str = "") -> int:
+    """The SQ size for ``iodepth`` reads in flight (``ring_entries``, or iodepth when 0);
+    BadInput, prefixed with ``where``, when the reads do not fit or io_uring allows no
+    such ring."""
+    entries = ring_entries or iodepth
+    if iodepth > entries:
+        raise BadInput(f"{where}key 'iodepth': {iodepth} reads in flight do not fit a ring of "
+                       f"ring_entries = {entries}")
+    if entries > MAX_ENTRIES:
+        raise BadInput(f"{where}key 'ring_entries': {entries} is more than io_uring's "
+                       f"{MAX_ENTRIES}")
+    return entries
 
 FEATURES = ("single_mmap", "nodrop", "submit_stable", "rw_cur_pos", "cur_personality",
             "fast_poll", "poll_32bits", "sqpoll_nonfixed", "ext_arg", "native_workers",

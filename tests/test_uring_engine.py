@@ -29,9 +29,9 @@ def job(**opts):
 
 
 @pytest.mark.parametrize("opts,message", [
-    ({"iodepth": 64, "ring_entries": 32}, "key 'iodepth': 64 is above ring_entries 32"),
+    ({"iodepth": 64, "ring_entries": 32}, "key 'iodepth': 64 reads in flight do not fit a ring of ring_entries = 32"),
     ({"iodepth": 40000}, "is above the largest io_uring ring \\(32768 entries\\)"),
-    ({"ring_entries": 65536}, "key 'ring_entries': 65536 is above 32768"),
+    ({"ring_entries": 65536}, "key 'ring_entries': 65536 is more than io_uring's 32768"),
     ({"sqpoll": "maybe"}, "key 'sqpoll': expected true or false"),
 ])
 def test_bad_uring_options(opts, message):

@@ -66,14 +66,8 @@ class Uring(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        entries = job.engine_options["ring_entries"] or job.iodepth
         check_ring_depth(job)
-        if job.iodepth > entries:
-            raise BadInput(f"job '{job.name}': key 'iodepth': {job.iodepth} is above "
-                           f"ring_entries {entries}")
-        if entries > uring.MAX_ENTRIES:
-            raise BadInput(f"job '{job.name}': key 'ring_entries': {entries} is above "
-                           f"{uring.MAX_ENTRIES}")
+        uring.sq_entries(job.iodepth, job.engine_options["ring_entries"], f"job '{job.name}': ")
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
