@@ -1,0 +1,65 @@
+"""bench/gnn.py's own logic, without storage or a GPU: the profile it writes and its verdicts."""
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import gnn  # noqa: E402
+
+from gpufio.profile import load  # noqa: E402
+
+
+def _args(**kw):
+    base = dict(nodes=4000, iterations=6, warmup=2, fanout=[10, 5, 5], memory_limit=None,
+                engines=["mmap", "mmap-random", "gpu-uring", "gpu-uring+cache"],
+                cache_size="64m", batch=[1024], storage="zram", iops_cap=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_profile_has_a_job_per_engine_and_target_count_and_loads(tmp_path):
+    text = gnn.profile_text(_args(), [["/a"], ["/a", "/b"]])
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    jobs = {j.name.removesuffix("[batch_size=1024]"): j for j in load(str(path)).jobs}
+    assert sorted(jobs) == sorted([
+        "mmap-1t", "mmap-random-1t", "gpu-uring-1t", "gpu-uring+cache-1t", "gpu-uring-2t",
+        "gpu-uring+cache-2t"])  # the mmap loaders only on one drive
+    assert jobs["mmap-1t"].gnn["mmap_advice"] == "normal"
+    assert jobs["mmap-random-1t"].gnn["mmap_advice"] == "random"
+    assert jobs["gpu-uring+cache-2t"].gnn["cache_size"] == 64 << 20
+    assert list(jobs["gpu-uring-2t"].targets) == ["/a", "/b"]
+
+
+def _job(name, engine, agg_ms, targets=1, speedup=None, two=None, cache=None):
+    j = {"jobname": name, "engine": engine, "batch_size": 1024, "targets": ["t"] * targets,
+         "stages": {"aggregation_ms": agg_ms}}
+    if speedup is not None:
+        j["speedup_vs_mmap"] = {"aggregation": speedup}
+    if two is not None:
+        j["aggregation_vs_one_target"] = two
+    if cache is not None:
+        j["cache"] = {"hit_rate": cache}
+    return j
+
+
+@pytest.mark.parametrize("speedup,two,limit,missed", [
+    (30.0, 0.5, "1g", 0),     # both goals met, table 4x the cap
+    (20.0, 0.5, "1g", 1),     # aggregation speedup below 25x
+    (30.0, 0.7, "1g", 1),     # a second target saves too little
+    (20.0, 0.5, "2g", 0),     # table under 4x the cap: the speedup goal does not apply
+])
+def test_goals_are_judged_only_where_they_apply(speedup, two, limit, missed):
+    doc = {"jobs": [_job("mmap-1t", "mmap", 100.0, speedup=1.0),
+                    _job("gpu-uring-1t", "gpu-uring", 100 / speedup, speedup=speedup),
+                    _job("gpu-uring+cache-1t", "gpu-uring", 1.0, speedup=1.0, cache=0.4),
+                    _job("gpu-uring-2t", "gpu-uring", 100 / speedup * two, targets=2, two=two)]}
+    rows, miss = gnn.judge(doc, _args(nodes=(4 << 30) // 4096, memory_limit=limit))
+    assert len(miss) == missed
+    verdicts = {r[0]: r[-1] for r in rows}
+    assert verdicts["mmap-1t"] == "" and verdicts["gpu-uring+cache-1t"] == ""  # no goal
+    assert verdicts["gpu-uring-2t"] == ("ok" if two <= 0.65 else "MISS 2 targets")
+    assert rows[2][6] == "40.0%"  # the cache's hit rate
