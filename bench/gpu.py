@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -49,6 +50,12 @@ def cases(ram: bool) -> list[dict]:
              "fio_jobs": 16, "fio_depth": 64, "abs_goal": 4e6},
             {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "segments": 4, "sqe_async": True},
              "depth": 512, "jobs": 1, **posix16, "goal": 10.0, "abs_goal": 2e6},
+            # one spawned process (and CUDA context) per worker: scaled 1 -> 4 and then
+            # flattened near 0.78 M on the H200 (docs/PERFORMANCE.md); --mps tests whether
+            # the GPU time-slicing the processes' contexts is why
+            {"path": "cpu-gpu processes", "g": {"engine": "cpu-gpu", "segments": 4,
+                                               "sqe_async": True, "processes": True},
+             "depth": 256, "jobs": 4, **posix16, "goal": 10.0, "abs_goal": 2e6},
             {"path": "cufile", "g": {"engine": "cufile"}, "depth": 64, "jobs": 1,
              "peer": "KvikIO futures qd64", "kvikio": True, "goal": 0.9},
             {"path": "mmap", "g": {"engine": "mmap"}, "depth": 64, "jobs": 8, **posix16},
@@ -68,6 +75,24 @@ def cases(ram: bool) -> list[dict]:
         {"path": "mmap", "g": {"engine": "mmap", "drop_cache": True}, "depth": 16, "jobs": 16,
          **qd, "fio_depth": 16, "peer": "fio io_uring qd16", "goal": 0.9},
     ]
+
+
+def start_mps(directory: Path) -> callable:
+    """The CUDA MPS daemon, so the processes of a run share the GPU instead of being
+    time-sliced; children find it through the pipe directory in their environment."""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(directory / "pipe"),
+           "CUDA_MPS_LOG_DIRECTORY": str(directory / "log")}
+    for d in env.values():
+        os.makedirs(d, exist_ok=True)
+    os.environ.update(env)
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], check=True)
+
+    def stop() -> None:
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True)
+        for key in env:
+            os.environ.pop(key, None)
+
+    return stop
 
 
 def setup_rootfile(directory: Path) -> tuple[str, callable]:
@@ -131,12 +156,16 @@ def main() -> int:
     ap.add_argument("--paths", nargs="+", help="only these gpufio paths")
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    ap.add_argument("--mps", action="store_true",
+                    help="run everything under the CUDA MPS daemon (started and stopped here)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
     cleanups, tgts = [], {}
     rows, raw, missed = [], [], []
     try:
+        if args.mps:
+            cleanups.append(start_mps(Path("/tmp/gpufio-bench-mps")))
         if "tmpfs" in args.targets:
             path, clean = setup_tmpfs()
             cleanups.append(clean)
@@ -190,7 +219,8 @@ def main() -> int:
     finally:
         for clean in cleanups:
             clean()
-    return report(f"{fio_version} · 4 KiB randread unless named · gpufio runs verified in GPU "
+    mps = " · under CUDA MPS" if args.mps else ""
+    return report(f"{fio_version}{mps} · 4 KiB randread unless named · gpufio runs verified in GPU "
                   f"memory · {args.runtime}s runs, median of {args.repeat}", rows,
                   ["target", "gpufio path", "jobs x qd", "gpufio IOPS", "GB/s", "peer",
                    "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p", "gpufio CPU us/IO", "goal"],
