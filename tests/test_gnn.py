@@ -409,6 +409,26 @@ def test_progress_lines_say_where_a_long_run_is(capsys):
                    "training 4.0 ms"]
 
 
+def test_live_stages_table_shows_each_jobs_iteration_and_phase():
+    import io
+    from types import SimpleNamespace
+
+    from gpufio.gnn.report import LiveStages
+
+    out = io.StringIO()
+    a = SimpleNamespace(name="mmap", engine="mmap", gnn={"iterations": 10, "warmup": 5})
+    b = SimpleNamespace(name="uring", engine="cpu-gpu", gnn={"iterations": 10, "warmup": 5})
+    with LiveStages(out) as live:
+        live(a, 3, [2e6, 30e6, 5e6])
+        live(a, 10, [1e6, 20e6, 4e6])
+        live(b, 7, [1e6, 12.5e6, 4e6])
+    text = out.getvalue()
+    rows = [line for line in text.splitlines() if "mmap" in line or "uring" in line]
+    assert any("10/10" in r and "timed" in r and "20.0" in r for r in rows)
+    assert any("7/10" in r and "cpu-gpu" in r and "12.5" in r for r in rows)
+    assert not any("3/10" in r for r in rows[-2:])  # the final table shows the latest only
+
+
 def test_the_readme_cpu_check_profile_runs_and_verifies(tmp_path):
     root = Path(__file__).resolve().parent.parent
     assert "gpufio run profiles/gnn-cpu-check.toml" in (root / "README.md").read_text()

@@ -10,12 +10,16 @@ the cache's hit rate.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 from tabulate import tabulate
 
 from gpufio import __version__
@@ -48,6 +52,48 @@ class ProgressLines:
               file=sys.stderr, flush=True)
 
 
+class LiveStages:
+    """On a terminal, a Rich table with a row per job: its iteration, warm-up or timed, and
+    the last iteration's stage times, updated after every iteration (on stderr, so stdout
+    stays the result)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._rows: dict[str, list[str]] = {}
+        self._live = Live(self._table(), console=Console(file=stream or sys.stderr),
+                          refresh_per_second=4, transient=False)
+
+    def _table(self) -> Table:
+        table = Table(title="gpufio: GNN jobs", expand=False)
+        for col in ("job", "engine", "iteration", "phase", *(f"{s} ms" for s in timing.STAGES)):
+            table.add_column(col, justify="left" if col in ("job", "engine", "phase") else "right")
+        for row in self._rows.values():
+            table.add_row(*row)
+        return table
+
+    def __enter__(self) -> "LiveStages":
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._live.__exit__(None, None, None)
+
+    def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
+        g = job.gnn
+        phase = "warm-up" if done <= g["warmup"] else "timed"
+        self._rows[job.name] = [job.name, job.engine, f"{done}/{g['iterations']}", phase,
+                                *(f"{ns / 1e6:.1f}" for ns in stage_ns)]
+        self._live.update(self._table())
+
+
+def _progress(quiet: bool) -> Any:
+    """What shows progress: nothing, the live table on a terminal, else plain lines."""
+    if quiet:
+        return contextlib.nullcontext(None)
+    if sys.stderr.isatty():
+        return LiveStages()
+    return contextlib.nullcontext(ProgressLines())
+
+
 def run_profile(prof: Profile, quiet: bool = False) -> dict[str, Any]:
     """Run every job of a GNN profile; Ctrl-C ends the current job after its iteration."""
     interrupted = []
@@ -58,11 +104,11 @@ def run_profile(prof: Profile, quiet: bool = False) -> dict[str, Any]:
     previous = signal.signal(signal.SIGINT, on_sigint)
     results = []
     try:
-        for job in prof.jobs:
-            if interrupted:
-                break
-            results.append(run_job(job, stop=lambda: bool(interrupted),
-                                   progress=None if quiet else ProgressLines()))
+        with _progress(quiet) as progress:
+            for job in prof.jobs:
+                if interrupted:
+                    break
+                results.append(run_job(job, stop=lambda: bool(interrupted), progress=progress))
     finally:
         signal.signal(signal.SIGINT, previous)
     return document(results, prof.path, bool(interrupted))
