@@ -363,6 +363,26 @@ def test_memory_limit_runs_the_iterations_in_a_capped_cgroup_and_comes_back(tmp_
     assert not os.path.exists(facts["cgroup"])
 
 
+@pytest.mark.skipif(not _can_make_memory_cgroups(), reason="cannot create memory cgroups here")
+def test_a_killed_runs_empty_cgroup_is_removed_by_the_next_run():
+    from gpufio.gnn import memlimit
+
+    parent, _, _ = memlimit._parent()
+    dead = 4_000_000  # above pid_max's default: no such process
+    while Path(f"/proc/{dead}").exists():
+        dead += 1
+    stale, live = parent / f"gpufio-{dead}", parent / f"gpufio-{os.getpid()}-other"
+    stale.mkdir()
+    live.mkdir()
+    try:
+        with memlimit.limited(64 << 20):
+            assert not stale.exists() and live.exists()
+    finally:
+        for g in (stale, live):
+            if g.exists():
+                g.rmdir()
+
+
 def test_memory_limit_where_no_cgroup_can_be_made_is_exit_2(tmp_path, monkeypatch):
     from gpufio.gnn import memlimit
 
