@@ -41,7 +41,7 @@ GOALS = {"agg_speedup_vs_mmap": 25.0, "two_targets_agg_ratio": 0.65}
 ENGINE_KEYS = {
     "mmap": {},
     "mmap-random": {"engine": "mmap", "mmap_advice": "random"},
-    "cpu-gpu": {"iodepth": 128},
+    "cpu-gpu": {"iodepth": 128, "sqe_async": True},
     "cufile": {"iodepth": 128},
     "gpu-uring": {"rings": 8, "iodepth": 128},
 }

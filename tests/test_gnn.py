@@ -260,12 +260,13 @@ def test_cli_json_table_speedup_and_early_stop(tmp_path, write_profile):
     assert r["iterations_done"] == 3 and r["interrupted"] is True
 
 
-def test_cpu_gpu_aggregation_reads_every_row_through_io_uring(tmp_path):
+@pytest.mark.parametrize("sqe_async", [False, True])
+def test_cpu_gpu_aggregation_reads_every_row_through_io_uring(tmp_path, sqe_async):
     a, b = tmp_path / "ssd0", tmp_path / "ssd1"
     a.mkdir()
     b.mkdir()
     prof = from_dict(_gnn(tmp_path, engine="cpu-gpu", iodepth=16, targets=[str(a), str(b)],
-                          verify_rows=100_000), "g.toml", {})
+                          verify_rows=100_000, sqe_async=sqe_async), "g.toml", {})
     r = run_job(prof.jobs[0])
     assert r["error"] == 0 and r["page_cache"] is False and r["iodepth"] == 16
     assert r["verify"]["mismatches"] == 0 and r["verify"]["rows_checked"] >= 6 * 64

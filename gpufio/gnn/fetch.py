@@ -104,13 +104,16 @@ class MmapFetch:
 class UringFetch:
     """The ``cpu-gpu`` path for aggregation: every row read by io_uring (``iodepth`` in
     flight, O_DIRECT when the layout is aligned) into page-locked host memory, then one copy
-    of the whole tensor to the device. Rows come from the files, not the page cache."""
+    of the whole tensor to the device. Rows come from the files, not the page cache. With
+    ``sqe_async`` the kernel's io-wq workers run the reads in parallel; without it the
+    submitting thread does each one (for RAM-backed files, each copy) itself."""
 
     page_cache = False
 
     def __init__(self, ds: Dataset, xp: Any, dim: int, iodepth: int, direct: bool,
-                 max_rows: int) -> None:
+                 max_rows: int, sqe_async: bool = False) -> None:
         self.xp, self.dim, self.layout, self.depth = xp, dim, ds.layout, iodepth
+        self._sqe_flags = uring.SQE_ASYNC if sqe_async else 0
         self.rows = 0
         self._fds = np.array(_open_rows(ds, direct), dtype=np.int64)
         self.ring = uring.Ring(iodepth)
@@ -144,7 +147,8 @@ class UringFetch:
             if k:
                 idx = np.arange(pushed, pushed + k, dtype=np.uint64)
                 ring.push(uring.read_sqes(
-                    opcode=uring.OP_READ, sqe_flags=0, fd=self._fds[tgt[pushed:pushed + k]],
+                    opcode=uring.OP_READ, sqe_flags=self._sqe_flags,
+                    fd=self._fds[tgt[pushed:pushed + k]],
                     off=off[pushed:pushed + k].astype(np.uint64), addr=base + idx * np.uint64(rb),
                     length=rb, user_data=idx))
                 pushed += k

@@ -33,7 +33,8 @@ def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
     largest possible mini-batch here, before any memory_limit applies."""
     most = max_input_nodes(job.gnn["batch_size"], list(job.gnn["fanout"]), ds.graph.nodes)
     if job.engine == "cpu-gpu":
-        return UringFetch(ds, xp, job.gnn["feature_dim"], job.iodepth, job.direct, most)
+        return UringFetch(ds, xp, job.gnn["feature_dim"], job.iodepth, job.direct, most,
+                          job.engine_options["sqe_async"])
     if job.engine == "cufile":
         return CuFileFetch(ds, xp, job.gnn["feature_dim"], job.engine_options["threads"],
                            job.iodepth, job.direct)
