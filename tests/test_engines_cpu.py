@@ -211,3 +211,30 @@ def test_spawned_workers_reopen_targets_and_share_the_job_memory(pattern_file, t
     (r,) = run({"engine": "psync"}, pattern_file, numjobs=2, runtime="600ms",
                time_based=True).results
     assert r.ok and r.ios > 0 and 0.55e9 < r.runtime_ns < 1.5e9
+
+
+def test_map_rows_and_gather_rows_fault_in_each_row_from_its_target(tmp_path):
+    import mmap as mm
+
+    from gpufio.engines.mmap import gather_rows, map_rows
+
+    maps, views = [], []
+    for t in range(2):  # row r of target t holds bytes 10 * t + r, after a 100-byte header
+        path = tmp_path / f"t{t}"
+        path.write_bytes(bytes(100) + b"".join(bytes([10 * t + r]) * 8 for r in range(5)))
+        fd = os.open(path, os.O_RDONLY)
+        m, view = map_rows(fd, os.fstat(fd).st_size, 100, 5, 8, mm.MADV_RANDOM)
+        os.close(fd)
+        maps.append(m)
+        views.append(view)
+    tgt, rows = np.array([1, 0, 1, 0]), np.array([4, 0, 2, 3])
+    out = np.zeros((4, 8), np.uint8)
+    gather_rows(views, tgt, rows, out)
+    assert out[:, 0].tolist() == [14, 0, 12, 3] and (out == out[:, :1]).all()
+    one = np.zeros((2, 8), np.uint8)
+    gather_rows(views[1:], np.zeros(2, int), np.array([3, 1]), one)
+    assert one[:, 0].tolist() == [13, 11]
+    del view
+    views.clear()  # every view goes before its mapping closes
+    for m in maps:
+        m.close()

@@ -31,6 +31,30 @@ if TYPE_CHECKING:
 SEGMENTS = 2
 
 
+def map_rows(fd: int, size: int, offset: int, rows: int, row_bytes: int,
+             advice: int) -> tuple[mm.mmap, np.ndarray]:
+    """``fd`` mapped read-only (all ``size`` bytes: mmap offsets must be page-aligned, a row's
+    need not be) with ``advice``, and its ``rows`` rows of ``row_bytes`` from ``offset`` as a
+    (rows, row_bytes) uint8 view. Drop the view before closing the mapping."""
+    m = mm.mmap(fd, size, flags=mm.MAP_SHARED, prot=mm.PROT_READ)
+    m.madvise(advice)
+    view = np.frombuffer(m, dtype=np.uint8)[offset:offset + rows * row_bytes]
+    return m, view.reshape(rows, row_bytes)
+
+
+def gather_rows(views: list[np.ndarray], tgt: np.ndarray, rows: np.ndarray,
+                out: np.ndarray) -> None:
+    """out[i] = views[tgt[i]][rows[i]]: each row faulted in from its target's mapping. One
+    target takes the unbuffered np.take (mode 'clip'; the default 'raise' gathers into a
+    temporary first, memory a memory_limit would charge)."""
+    if len(views) == 1:
+        np.take(views[0], rows, axis=0, out=out, mode="clip")
+        return
+    for t, view in enumerate(views):
+        mask = tgt == t
+        out[mask] = view[rows[mask]]
+
+
 @register
 class Mmap(Engine):
     """Page-fault gathers from memory-mapped targets, then asynchronous H2D copies."""
@@ -60,24 +84,16 @@ class Mmap(Engine):
         for t in targets:
             if job.engine_options["drop_cache"]:
                 os.posix_fadvise(t.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            m = mm.mmap(t.fd, t.size, flags=mm.MAP_SHARED, prot=mm.PROT_READ)
-            m.madvise(advice)
-            self._maps.append(m)
             nblocks = ((job.size or t.size - job.offset)) // job.bs
-            self._views.append(np.frombuffer(m, dtype=np.uint8)[
-                job.offset:job.offset + nblocks * job.bs].reshape(nblocks, job.bs))
+            m, view = map_rows(t.fd, t.size, job.offset, nblocks, job.bs, advice)
+            self._maps.append(m)
+            self._views.append(view)
         self._rows = self.landing.host.reshape(SEGMENTS * job.iodepth, job.bs)
 
     def _gather(self, seg: int, tgt: np.ndarray, offs: np.ndarray) -> None:
         lo, k = seg * self.job.iodepth, len(offs)
         rows = ((offs - np.uint64(self.job.offset)) // np.uint64(self.job.bs)).astype(np.intp)
-        out = self._rows[lo:lo + k]
-        if len(self._views) == 1:
-            np.take(self._views[0], rows, axis=0, out=out, mode="clip")
-            return
-        for t, view in enumerate(self._views):
-            mask = tgt == t
-            out[mask] = view[rows[mask]]
+        gather_rows(self._views, tgt, rows, self._rows[lo:lo + k])
 
     def run(self) -> None:
         ctx, landing = self.ctx, self.landing

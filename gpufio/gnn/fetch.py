@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from gpufio import uring
+from gpufio.engines.mmap import gather_rows, map_rows
 from gpufio.gnn.dataset import Dataset, evict
 from gpufio.targets import aligned_buffer
 
@@ -64,15 +65,19 @@ class MmapFetch:
                  advice: str) -> None:
         self.xp, self.dim, self.layout = xp, dim, ds.layout
         self.rows = 0
-        self._maps = []
+        self._maps, self._views = [], []
         if drop_cache:
             evict(ds.paths)
         for t, path in enumerate(ds.paths):
-            n = ds.layout.rows_on(t, ds.graph.nodes)
-            m = np.memmap(path, dtype=np.float32, mode="r", offset=ds.layout.header,
-                          shape=(n, ds.layout.row_bytes // 4))
-            m._mmap.madvise(mmap.MADV_RANDOM if advice == "random" else mmap.MADV_NORMAL)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                m, view = map_rows(fd, os.fstat(fd).st_size, ds.layout.header,
+                                   ds.layout.rows_on(t, ds.graph.nodes), ds.layout.row_bytes,
+                                   mmap.MADV_RANDOM if advice == "random" else mmap.MADV_NORMAL)
+            finally:
+                os.close(fd)  # the mapping keeps the file
             self._maps.append(m)
+            self._views.append(view.view(np.float32)[:, :dim])
         self._staging = np.empty((0, dim), np.float32)
         self._buffer(max_rows)  # now, not under memory_limit, where it would crowd the cache
 
@@ -87,17 +92,14 @@ class MmapFetch:
         ids = nodes if self.xp is np else self.xp.asnumpy(nodes)
         out = self._buffer(len(ids))
         tgt, off = self.layout.locate(ids)
-        rows = (off - self.layout.header) // self.layout.row_bytes
-        if len(self._maps) == 1:
-            np.take(self._maps[0][:, :self.dim], rows, axis=0, out=out, mode="clip")  # unbuffered
-        else:
-            for t, m in enumerate(self._maps):
-                mask = tgt == t
-                out[mask] = m[rows[mask], :self.dim]
+        gather_rows(self._views, tgt, (off - self.layout.header) // self.layout.row_bytes, out)
         self.rows += len(ids)
         return out.copy() if self.xp is np else self.xp.asarray(out)
 
     def close(self) -> None:
+        self._views.clear()  # views must go before the mappings they point into
+        for m in self._maps:
+            m.close()
         self._maps.clear()
 
 
