@@ -23,16 +23,44 @@ def _eta(s: Snapshot) -> str:
     return f"{s.eta_s:.0f}s" if s.eta_s is not None and s.state != "done" else "-"
 
 
+def table(title: str, columns: tuple[str, ...], left: tuple[str, ...],
+          rows: list[list[str]]) -> Table:
+    """A progress table: the ``left`` columns (names) left-aligned, the figures right."""
+    t = Table(title=title, expand=False)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right")
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+class LiveTable:
+    """A table redrawn in place on ``stream`` (stderr, so stdout stays the result)."""
+
+    def __init__(self, stream: TextIO, first: Table) -> None:
+        self._live = Live(first, console=Console(file=stream), refresh_per_second=4,
+                          transient=False)
+
+    def __enter__(self) -> "LiveTable":
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._live.__exit__(None, None, None)
+
+    def show(self, t: Table) -> None:
+        self._live.update(t)
+
+
 def _table(snaps: list[Snapshot]) -> Table:
     finished = bool(snaps) and all(s.state == "done" for s in snaps)
-    table = Table(title="gpufio: finished" if finished else "gpufio: running", expand=False)
-    for col in ("job", "engine", "state", "IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA"):
-        table.add_column(col, justify="left" if col in ("job", "engine", "state") else "right")
-    for s in snaps:
-        progress = f"{100 * s.progress:.0f}%" if s.progress is not None else "-"
-        table.add_row(s.name, s.engine, s.state, f"{s.iops:,.0f}", f"{s.bw_bytes / 1e6:,.1f}",
-                      f"{s.p50_ns / 1e3:,.1f}", f"{s.p99_ns / 1e3:,.1f}", progress, _eta(s))
-    return table
+    return table("gpufio: finished" if finished else "gpufio: running",
+                 ("job", "engine", "state", "IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA"),
+                 ("job", "engine", "state"),
+                 [[s.name, s.engine, s.state, f"{s.iops:,.0f}", f"{s.bw_bytes / 1e6:,.1f}",
+                   f"{s.p50_ns / 1e3:,.1f}", f"{s.p99_ns / 1e3:,.1f}",
+                   f"{100 * s.progress:.0f}%" if s.progress is not None else "-", _eta(s)]
+                  for s in snaps])
 
 
 class LiveDisplay:
@@ -41,14 +69,12 @@ class LiveDisplay:
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream or sys.stderr
         self._tty = self._stream.isatty()
-        self._live: Live | None = None
+        self._live: LiveTable | None = None
         self._last_plain = 0.0
 
     def __enter__(self) -> "LiveDisplay":
         if self._tty:
-            self._live = Live(_table([]), console=Console(file=self._stream),
-                              refresh_per_second=4, transient=False)
-            self._live.__enter__()
+            self._live = LiveTable(self._stream, _table([])).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -58,7 +84,7 @@ class LiveDisplay:
     def update(self, snaps: list[Snapshot]) -> None:
         """Show the latest snapshots (throttled to one plain line set per 2 s off a TTY)."""
         if self._live is not None:
-            self._live.update(_table(snaps))
+            self._live.show(_table(snaps))
             return
         now = time.monotonic()
         running = [s for s in snaps if s.state in ("ramp", "run")]

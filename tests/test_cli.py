@@ -205,3 +205,28 @@ def test_module_entry_point_help():
     assert res.returncode == 0
     for command in ("run", "engines", "info", "prepare"):
         assert command in res.stdout
+
+
+def test_live_display_redraws_a_table_on_a_terminal_and_prints_lines_elsewhere():
+    import io
+
+    from gpufio.live import LiveDisplay
+    from gpufio.runner import Snapshot
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    run = Snapshot("randread", "uring", "run", 123456.0, 505.7e6, 80_000, 250_000, 0.5, 2.0)
+    done = Snapshot("randread", "uring", "done", 123456.0, 505.7e6, 80_000, 250_000, 1.0, 0.0)
+    tty = Tty()
+    with LiveDisplay(tty) as live:
+        live.update([run])
+        live.update([done])
+    text = tty.getvalue()
+    assert "gpufio: finished" in text and "123,456" in text and "250.0" in text
+    plain = io.StringIO()
+    with LiveDisplay(plain) as live:
+        live.update([run])
+    assert plain.getvalue() == ("gpufio: randread [uring] run 50% iops=123,456 MB/s=505.7 "
+                                "p50=80.0us p99=250.0us eta=2s\n")

@@ -17,8 +17,6 @@ import sys
 import time
 from typing import Any, TextIO
 
-from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 from tabulate import tabulate
 
@@ -27,6 +25,7 @@ from gpufio.engines.base import label
 from gpufio.gnn import timing
 from gpufio.gnn.run import run_job
 from gpufio.hostinfo import host_facts
+from gpufio.live import LiveTable, table
 from gpufio.profile import Profile
 
 FORMATS = ("table", "json", "markdown", "csv")
@@ -53,36 +52,32 @@ class ProgressLines:
 
 
 class LiveStages:
-    """On a terminal, a Rich table with a row per job: its iteration, warm-up or timed, and
-    the last iteration's stage times, updated after every iteration (on stderr, so stdout
-    stays the result)."""
+    """On a terminal, a live table with a row per job: its iteration, warm-up or timed, and
+    the last iteration's stage times, updated after every iteration."""
+
+    COLUMNS = ("job", "engine", "iteration", "phase", *(f"{s} ms" for s in timing.STAGES))
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self._rows: dict[str, list[str]] = {}
-        self._live = Live(self._table(), console=Console(file=stream or sys.stderr),
-                          refresh_per_second=4, transient=False)
+        self._live = LiveTable(stream or sys.stderr, self._table())
 
     def _table(self) -> Table:
-        table = Table(title="gpufio: GNN jobs", expand=False)
-        for col in ("job", "engine", "iteration", "phase", *(f"{s} ms" for s in timing.STAGES)):
-            table.add_column(col, justify="left" if col in ("job", "engine", "phase") else "right")
-        for row in self._rows.values():
-            table.add_row(*row)
-        return table
+        return table("gpufio: GNN jobs", self.COLUMNS, ("job", "engine", "phase"),
+                     list(self._rows.values()))
 
     def __enter__(self) -> "LiveStages":
         self._live.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._live.__exit__(None, None, None)
+        self._live.__exit__()
 
     def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
         g = job.gnn
         phase = "warm-up" if done <= g["warmup"] else "timed"
         self._rows[job.name] = [job.name, job.engine, f"{done}/{g['iterations']}", phase,
                                 *(f"{ns / 1e6:.1f}" for ns in stage_ns)]
-        self._live.update(self._table())
+        self._live.show(self._table())
 
 
 def _progress(quiet: bool) -> Any:
