@@ -172,13 +172,18 @@ def main() -> int:
     return summarize(doc, args)
 
 
+def sizes(args: argparse.Namespace) -> tuple[int, int | None]:
+    """The feature table's bytes (4 KiB rows) and the memory limit's (None: no limit)."""
+    limit = parse_size(args.memory_limit, "--memory-limit") if args.memory_limit else None
+    return args.nodes * 4096, limit
+
+
 def judge(doc: dict, args: argparse.Namespace) -> tuple[list[list], list[str]]:
     """A row per job with its goal verdicts, and the goals missed. The speedup goal applies
     to plain gpu-uring at batch 1024 with the table at least 4x the memory limit; the
     two-target goal to every job measured on two targets."""
     rows, missed = [], []
-    feature_bytes = args.nodes * 4096
-    limit = parse_size(args.memory_limit, "--memory-limit") if args.memory_limit else None
+    feature_bytes, limit = sizes(args)
     out_of_core = limit is not None and feature_bytes >= 4 * limit
     for j in doc["jobs"]:
         sp = j.get("speedup_vs_mmap", {}).get("aggregation")
@@ -209,8 +214,7 @@ def summarize(doc: dict, args: argparse.Namespace) -> int:
 
     print(gnn_report.render(doc, "markdown"))
     rows, missed = judge(doc, args)
-    feature_bytes = args.nodes * 4096
-    limit = parse_size(args.memory_limit, "--memory-limit") if args.memory_limit else None
+    feature_bytes, limit = sizes(args)
     cap = f" · each device capped at {args.iops_cap} reads/s (io.max)" if args.iops_cap else ""
     mem = (f" · memory_limit {args.memory_limit} ({feature_bytes / limit:.1f}x smaller than "
            f"the {feature_bytes / 1e9:.1f} GB table)" if limit else " · no memory limit")
