@@ -102,7 +102,7 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
     except OSError as e:
         raise BadInput(f"key 'memory_limit': cannot run under a memory cgroup here: "
                        f"{e.strerror or e}; run gpufio under one instead (e.g. systemd-run "
-                       "--scope -p MemoryMax=...)") from None
+                       "--scope -p MemoryHigh=...)") from None
     facts: dict[str, Any] = {"limit_bytes": limit, "cgroup": str(child),
                              "cgroup_version": 1 if files is V1 else 2,
                              "control": files["limit"]}
