@@ -44,7 +44,7 @@ def test_gpus_are_given_to_workers_round_robin(given, expected):
                      "t.toml", {})
     (job,) = prof.jobs
     assert [job.gpu_of(w) for w in range(4)] == expected
-    assert job.engine_options == {"threads": 0, "require_gds": False}
+    assert job.engine_options == {"threads": 0, "require_gds": False, "processes": False}
 
 
 def test_require_gds_in_compat_mode_is_a_one_line_exit_2(monkeypatch, write_profile,

@@ -213,6 +213,25 @@ def test_spawned_workers_reopen_targets_and_share_the_job_memory(pattern_file, t
     assert r.ok and r.ios > 0 and 0.55e9 < r.runtime_ns < 1.5e9
 
 
+def _job(engine, **opts):
+    return from_dict({"global": {"engine": engine, "targets": ["x"], **opts}}, "t.toml", {}).jobs[0]
+
+
+def test_processes_spawns_the_workers_of_the_engines_that_offer_it():
+    from gpufio.engines import all_engines
+    from gpufio.engines.cufile import _threads
+
+    offered = {n for n, e in all_engines().items() if any(o.name == "processes" for o in e.options)}
+    assert offered == {"cpu-gpu", "mmap", "cufile"}
+    for name in offered:
+        engine = all_engines()[name]
+        assert engine.worker_kind_for(_job(name)) == "thread"
+        assert engine.worker_kind_for(_job(name, processes=True)) == "spawn"
+    # KvikIO's pool is per process: a thread per read that process keeps queued
+    assert _threads(_job("cufile", iodepth=8, numjobs=4)) == 32
+    assert _threads(_job("cufile", iodepth=8, numjobs=4, processes=True)) == 8
+
+
 def test_map_rows_and_gather_rows_fault_in_each_row_from_its_target(tmp_path):
     import mmap as mm
 

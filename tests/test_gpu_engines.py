@@ -19,6 +19,8 @@ GPU_ENGINES = [
     {"engine": "cufile", "iodepth": 16},
     {"engine": "gpu-uring", "iodepth": 16, "rings": 2},
     {"engine": "cpu-gpu", "iodepth": 16, "processes": True},
+    {"engine": "mmap", "iodepth": 16, "processes": True},
+    {"engine": "cufile", "iodepth": 16, "processes": True},
 ]
 IDS = [e["engine"] + ("-processes" if e.get("processes") else "") for e in GPU_ENGINES]
 

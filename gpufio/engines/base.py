@@ -25,6 +25,12 @@ def label(engine: str, facts: dict[str, Any]) -> str:
     return f"{engine} ({mode})" if mode else engine
 
 
+# For engines whose workers hold a CUDA context (threads by default): the same workers as
+# spawned processes, so numjobs workers stop sharing the interpreter lock.
+PROCESSES = Option("processes", "bool", False, "run each worker in a spawned process with its "
+                   "own CUDA context, so numjobs workers do not share the interpreter lock")
+
+
 class Engine(ABC):
     """A data path. One instance per worker thread of a job."""
 
@@ -40,7 +46,10 @@ class Engine(ABC):
     @classmethod
     def worker_kind_for(cls, job: "Job") -> str:
         """How this job's workers run: "process" (forked), "thread", or "spawn" (a fresh
-        process, for engines that hold a CUDA context and must not share the interpreter)."""
+        process, for engines that hold a CUDA context and must not share the interpreter):
+        the class's kind, or "spawn" when it offers PROCESSES and the job sets it."""
+        if PROCESSES in cls.options and job.engine_options["processes"]:
+            return "spawn"
         return cls.worker_kind
 
     @classmethod

@@ -18,7 +18,7 @@ import numpy as np
 
 from gpufio import uring
 from gpufio.engines import register
-from gpufio.engines.base import Engine
+from gpufio.engines.base import PROCESSES, Engine
 from gpufio.engines.uring import check_ring_depth
 from gpufio.landing import Landing
 from gpufio.options import Option
@@ -52,13 +52,8 @@ class CpuGpu(Engine):
                "(3: triple buffering)", minimum=1),
         Option("sqe_async", "bool", False, "set IOSQE_ASYNC: the kernel's io-wq workers run the "
                "reads in parallel instead of the submitting thread one after another"),
-        Option("processes", "bool", False, "run each worker in a spawned process with its own "
-               "CUDA context, so numjobs workers do not share the interpreter lock"),
+        PROCESSES,
     )
-
-    @classmethod
-    def worker_kind_for(cls, job: Job) -> str:
-        return "spawn" if job.engine_options["processes"] else "thread"
 
     @classmethod
     def check_job(cls, job: Job) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from gpufio import gpu, gpuverify
 from gpufio.engines import register
-from gpufio.engines.base import Engine
+from gpufio.engines.base import PROCESSES, Engine
 from gpufio.errors import BadInput
 from gpufio.options import Option
 
@@ -68,8 +68,10 @@ def configure(threads: int, io_bytes: int, direct: bool) -> None:
 
 
 def _threads(job: Job) -> int:
-    """KvikIO's pool size: the option, or a thread for every read the job keeps queued."""
-    return job.engine_options["threads"] or job.iodepth * job.numjobs
+    """KvikIO's pool size (one pool per process): the option, or a thread for every read the
+    process keeps queued, iodepth for each of its workers."""
+    per_process = 1 if job.engine_options["processes"] else job.numjobs
+    return job.engine_options["threads"] or job.iodepth * per_process
 
 
 @register
@@ -84,8 +86,9 @@ class CuFileEngine(Engine):
     worker_kind = "thread"
     options = (
         Option("threads", "int", 0, "KvikIO thread-pool size, shared by the process "
-               "(0: iodepth x numjobs, a thread per queued read)", minimum=0),
+               "(0: a thread per read the process keeps queued)", minimum=0),
         Option("require_gds", "bool", False, "fail instead of running in cuFile compat mode"),
+        PROCESSES,
     )
 
     @classmethod

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufio.engines import register
-from gpufio.engines.base import Engine
+from gpufio.engines.base import PROCESSES, Engine
 from gpufio.landing import Landing
 from gpufio.options import Option
 
@@ -68,6 +68,7 @@ class Mmap(Engine):
     options = (
         Option("drop_cache", "bool", False, "evict the targets' cached pages before the run "
                "(posix_fadvise DONTNEED), for cold numbers"),
+        PROCESSES,
     )
 
     @classmethod
