@@ -46,13 +46,14 @@ class Landing:
             import cupyx
 
             gpuverify.compile_kernel()
-            n = segments * per_segment
-            # per slot: offset, seed and seed mix, staged in pinned memory; wrong-word count
-            self._params_host = [cupyx.zeros_pinned(n, dtype=np.uint64) for _ in range(3)]
-            self._params = [cp.zeros(n, dtype=cp.uint64) for _ in range(3)]
-            self._bad_host = cupyx.zeros_pinned(n, dtype=np.uint32)
-            self._bad = cp.zeros(n, dtype=cp.uint32)
-            self._bad.fill(0)  # load fill's kernel now, never next to another engine's agents
+            # per segment and slot: offset, seed, seed mix, staged in pinned memory so that one
+            # copy carries a segment's parameters; and each slot's wrong-word count. Every CUDA
+            # call here is queued per segment, so fewer of them is more segments per second.
+            shape = (segments, 3, per_segment)
+            self._params_host = cupyx.zeros_pinned(shape, dtype=np.uint64)
+            self._params = cp.zeros(shape, dtype=cp.uint64)
+            self._bad_host = cupyx.zeros_pinned((segments, per_segment), dtype=np.uint32)
+            self._bad = cp.zeros((segments, per_segment), dtype=cp.uint32)
 
     def copy(self, seg: int, k: int, offs: np.ndarray | None = None,
              seeds: np.ndarray | None = None) -> None:
@@ -63,18 +64,14 @@ class Landing:
         self.dev[lo:lo + k * self.bs].data.copy_from_host_async(
             ctypes.c_void_p(self.host_addr + lo), k * self.bs, stream)
         if self._verify and offs is not None:
-            first = seg * self.per_segment
-            cols = slice(first, first + k)
-            for host, dev, values in zip(self._params_host, self._params,
-                                         (offs, seeds, gpuverify.seed_mixes(seeds))):
-                host[cols] = values
-                dev[cols].set(host[cols], stream=stream)
-            with stream:
-                self._bad[cols].fill(0)
+            host, dev, bad = self._params_host[seg], self._params[seg], self._bad[seg]
+            host[0, :k], host[1, :k], host[2, :k] = offs, seeds, gpuverify.seed_mixes(seeds)
+            dev.data.copy_from_host_async(ctypes.c_void_p(host.ctypes.data), host.nbytes, stream)
+            bad.data.memset_async(0, bad.nbytes, stream)
             words = self.dev[lo:lo + k * self.bs].view(self._cp.uint64)
-            gpuverify.launch(words, *(dev[cols] for dev in self._params), k, self.bs,
-                             self._bad[cols], stream)
-            self._bad[cols].get(stream=stream, out=self._bad_host[cols], blocking=False)
+            gpuverify.launch(words, dev[0], dev[1], dev[2], k, self.bs, bad, stream)
+            bad.data.copy_to_host_async(ctypes.c_void_p(self._bad_host[seg].ctypes.data),
+                                        bad.nbytes, stream)
         self._events[seg].record(stream)
 
     def done(self, seg: int) -> bool:
@@ -89,8 +86,7 @@ class Landing:
                res: np.ndarray) -> None:
         """Record the mismatches the queued check found in a finished segment; only I/Os
         that brought all their bytes count (the others are already failures)."""
-        first = seg * self.per_segment
-        counts = self._bad_host[first:first + len(res)]
+        counts = self._bad_host[seg, :len(res)]
         bad = np.flatnonzero((counts != 0) & (np.asarray(res) == self.bs))
         ctx.record_mismatches(tgt, offs, bad.tolist())
 
