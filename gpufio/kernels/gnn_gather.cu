@@ -19,28 +19,15 @@
 #include "gpu_uring.cu"
 #include "gio_cache.cuh"
 
-// One row copied by the whole warp, LAND_UNROLL 16-byte loads in flight per lane: landed
-// bytes with system-scope loads, GPU-memory sources (cache pages, dst) through L2, since
-// another SM may have written them.
+// One row copied by the whole warp (warp_load16): landed bytes with system-scope loads,
+// GPU-memory sources (cache pages, dst) through L2; also, when given, gets a second copy.
 __device__ __forceinline__ void copy_row(uint4* dst, const uint4* src, uint4* also, u64 row16,
                                          unsigned lane, bool system)
 {
-    for (u64 k0 = lane; k0 < row16; k0 += 32 * LAND_UNROLL) {
-        uint4 v[LAND_UNROLL];
-#pragma unroll
-        for (int u = 0; u < LAND_UNROLL; u++) {
-            const u64 k = k0 + 32 * u;
-            if (k < row16) v[u] = system ? ld_sys_v4(src + k) : __ldcg(src + k);
-        }
-#pragma unroll
-        for (int u = 0; u < LAND_UNROLL; u++) {
-            const u64 k = k0 + 32 * u;
-            if (k < row16) {
-                dst[k] = v[u];
-                if (also) also[k] = v[u];
-            }
-        }
-    }
+    warp_load16(src, row16, lane, system, [&](u64 k, const uint4& v) {
+        dst[k] = v;
+        if (also) also[k] = v;
+    });
 }
 
 __device__ __forceinline__ void warp_count(u64* counter, bool flag, unsigned lane)

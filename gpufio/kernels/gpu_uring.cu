@@ -89,6 +89,30 @@ __device__ __forceinline__ uint4 ld_sys_v4(const uint4* p)
     return v;
 }
 
+// The warp's copy loop: lane-strided 16-byte words of src, LAND_UNROLL loads per lane in
+// flight before any is used (a load from landed host memory is a PCIe round trip), each
+// loaded word handed to use(i, v). system: src is host memory another agent (the kernel)
+// wrote, read at system scope; otherwise GPU memory another SM may have written, read
+// through L2.
+template <typename Use>
+__device__ __forceinline__ void warp_load16(const uint4* src, u64 n16, unsigned lane, bool system,
+                                            Use use)
+{
+    for (u64 base = 0; base < n16; base += 32 * LAND_UNROLL) {
+        uint4 v[LAND_UNROLL];
+#pragma unroll
+        for (int u = 0; u < LAND_UNROLL; ++u) {
+            const u64 i = base + 32 * u + lane;
+            if (i < n16) v[u] = system ? ld_sys_v4(src + i) : __ldcg(src + i);
+        }
+#pragma unroll
+        for (int u = 0; u < LAND_UNROLL; ++u) {
+            const u64 i = base + 32 * u + lane;
+            if (i < n16) use(i, v[u]);
+        }
+    }
+}
+
 __device__ __forceinline__ int ld_flag(const int* p) { return *(volatile const int*)p; }
 
 __device__ __forceinline__ u64 now_ns()
@@ -315,27 +339,15 @@ __device__ bool land_block(const GioBench* b, const uint4* src, u64 gthread, int
     const u64 seed = verify ? b->pat_seed[tgt] : 0, mix = verify ? b->pat_mix[tgt] : 0;
     const u64 n16 = b->bs / 16;
     unsigned bad = 0;
-    // LAND_UNROLL loads per lane in flight before any is used: each is a PCIe round trip
-    for (u64 base = 0; base < n16; base += 32 * LAND_UNROLL) {
-        uint4 v[LAND_UNROLL];
-#pragma unroll
-        for (int u = 0; u < LAND_UNROLL; ++u) {
-            const u64 i = base + 32 * u + lane;
-            if (i < n16) v[u] = ld_sys_v4(src + i);
+    warp_load16(src, n16, lane, true, [&](u64 i, const uint4& v) {
+        if (to_gpu) d[i] = v;
+        if (verify) {
+            const u64 x = off + 16 * i;
+            const u64 w0 = (u64)v.x | ((u64)v.y << 32), w1 = (u64)v.z | ((u64)v.w << 32);
+            bad += w0 != pattern_word(x, seed, mix, b->magic, b->block_bytes, b->header_words);
+            bad += w1 != pattern_word(x + 8, seed, mix, b->magic, b->block_bytes, b->header_words);
         }
-#pragma unroll
-        for (int u = 0; u < LAND_UNROLL; ++u) {
-            const u64 i = base + 32 * u + lane;
-            if (i >= n16) break;
-            if (to_gpu) d[i] = v[u];
-            if (verify) {
-                const u64 x = off + 16 * i;
-                const u64 w0 = (u64)v[u].x | ((u64)v[u].y << 32), w1 = (u64)v[u].z | ((u64)v[u].w << 32);
-                bad += w0 != pattern_word(x, seed, mix, b->magic, b->block_bytes, b->header_words);
-                bad += w1 != pattern_word(x + 8, seed, mix, b->magic, b->block_bytes, b->header_words);
-            }
-        }
-    }
+    });
     return __any_sync(FULL, bad != 0);
 }
 
