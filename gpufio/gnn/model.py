@@ -16,16 +16,6 @@ import numpy as np
 from gpufio.gnn.sampler import MiniBatch
 
 
-def scatter_add(xp, target: Any, idx: Any, values: Any) -> None:
-    """target[idx] += values, adding repeated indices (np.add.at / cupyx.scatter_add)."""
-    if xp is np:
-        np.add.at(target, idx, values)
-    else:
-        import cupyx
-
-        cupyx.scatter_add(target, idx, values)
-
-
 def neighbour_mean(xp, h_src: Any, nbr: Any, count: Any) -> Any:
     """Mean of each destination's sampled neighbours' rows; zeros for isolated nodes."""
     out = xp.zeros((nbr.shape[0], h_src.shape[1]), dtype=h_src.dtype)
@@ -86,7 +76,7 @@ class GraphSage:
             for k in range(layer.nbr.shape[1]):
                 col = layer.nbr[:, k]
                 ok = col >= 0
-                scatter_add(xp, dh, col[ok], d_nb[ok])
+                xp.add.at(dh, col[ok], d_nb[ok])  # repeated indices add up
             dz = dh
         return loss, grads
 
