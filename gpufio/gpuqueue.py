@@ -36,7 +36,12 @@ class DeviceQueue:
     """``nrings`` x ``depth`` request slots of ``slot_bytes`` each, served by agent warps."""
 
     def __init__(self, *, nrings: int, depth: int, slot_bytes: int, sq_entries: int,
-                 cq_entries: int, idle_ms: int, cpus: tuple[int, ...], sqe_async: bool) -> None:
+                 cq_entries: int, idle_ms: int, cpus: tuple[int, ...], sqe_async: bool,
+                 fds: list[int], registered: bool) -> None:
+        """``fds``: the files kernels will read; with ``registered`` every ring registers them
+        (IOSQE_FIXED_FILE) and its own landing slots (READ_FIXED), as fio's registerfiles and
+        fixedbufs: no per-read file reference count, shared by all SQPOLL threads, and no
+        per-read buffer mapping. Kernels name a file by its ``file_refs`` entry."""
         import cupy as cp
 
         self._cp = cp
@@ -54,6 +59,12 @@ class DeviceQueue:
             self.landing = np.frombuffer(self._mem, dtype=np.uint8).ctypes.data
             gpu.register_host(self.landing, len(self._mem), mapped=True)
             self._registered = True
+            self.file_refs = np.array(range(len(fds)) if registered else fds, np.int32)
+            if registered:
+                self._register(fds, depth * slot_bytes)
+            flags = ((uring.SQE_ASYNC if sqe_async else 0)
+                     | (uring.SQE_FIXED_FILE if registered else 0))
+            head = (uring.OP_READ_FIXED if registered else uring.OP_READ) | flags << 8
             d = self._dev = {
                 "rings": cp.asarray(self.rings.descriptors), "state": cp.zeros(slots, cp.int32),
                 "res": cp.zeros(slots, cp.int32), "off": cp.zeros(slots, cp.uint64),
@@ -61,8 +72,8 @@ class DeviceQueue:
                 "ring_stats": cp.zeros(2 * nrings, cp.uint64)}
             d["queue"] = cp.asarray(np.array([
                 self.ptr("rings"), nrings, depth, self.ptr("state"), self.ptr("res"),
-                self.ptr("off"), self.ptr("len_fd"), self.landing, slot_bytes,
-                uring.SQE_ASYNC if sqe_async else 0, self.ptr("control"), self.ptr("ring_stats")],
+                self.ptr("off"), self.ptr("len_fd"), self.landing, slot_bytes, head,
+                self.ptr("control"), self.ptr("ring_stats")],
                 np.uint64))
         except cp.cuda.memory.OutOfMemoryError:
             self.close()
@@ -72,6 +83,17 @@ class DeviceQueue:
             raise
         self.agent_stream = cp.cuda.Stream(non_blocking=True)
         self.control_stream = cp.cuda.Stream(non_blocking=True)
+
+    def _register(self, fds: list[int], ring_bytes: int) -> None:
+        """Every ring registers the files and its own slots, as buffer 0."""
+        try:
+            for r, ring in enumerate(self.rings.rings):
+                ring.register_files(fds)
+                ring.register_buffers([uring.Region(self.landing + r * ring_bytes, ring_bytes)])
+        except uring.UringError as e:
+            raise BadInput(f"engine 'gpu-uring': {e} (buffers of {ring_bytes} bytes per ring; "
+                           "io_uring takes at most 1 GiB each, and charges them to "
+                           "RLIMIT_MEMLOCK without CAP_IPC_LOCK): set registered = false") from None
 
     @property
     def descriptor(self) -> Any:

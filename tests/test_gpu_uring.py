@@ -25,6 +25,7 @@ def run(paths, **opts):
     {"rw": "read", "rings": 1, "iodepth": 8, "bs": "64k"},
     {"rw": "randread", "rings": 2, "iodepth": 8, "land": "host"},
     {"rw": "randread", "rings": 2, "iodepth": 8, "sqe_async": False},
+    {"rw": "randread", "rings": 2, "iodepth": 8, "registered": False},
 ])
 def test_data_verified_in_gpu_memory(opts, tmp_path):
     a, b = tmp_path / "a.dat", tmp_path / "b.dat"
@@ -89,8 +90,10 @@ extern "C" __global__ void read_each(const GioQueue* q, int fd, const u64* offs,
 '''
 
 
-def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd):
-    """A kernel of its own (not the benchmark) uses the blocking gio_read on a DeviceQueue."""
+@pytest.mark.parametrize("registered", [True, False])
+def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd, registered):
+    """A kernel of its own (not the benchmark) uses the blocking gio_read on a DeviceQueue,
+    naming the file by its queue reference (registered index, or the descriptor)."""
     import cupy as cp
     import numpy as np
 
@@ -100,7 +103,8 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd):
 
     sq, cq = ring_sizes(8, None)
     q = DeviceQueue(nrings=2, depth=8, slot_bytes=4096, sq_entries=sq, cq_entries=cq,
-                    idle_ms=1000, cpus=(), sqe_async=True)
+                    idle_ms=1000, cpus=(), sqe_async=True, fds=[pattern_fd], registered=registered)
+    assert q.file_refs.tolist() == [0 if registered else pattern_fd]
     try:
         mod = cp.RawModule(code=READ_EACH, options=("-std=c++17", f"-I{cuda.KERNELS}"))
         read_each = mod.get_function("read_each")  # load before the agents spin (see start)
@@ -111,7 +115,7 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd):
         blocks = (n + 127) // 128
         q.start(requesters=blocks * 128)
         stream = cp.cuda.Stream(non_blocking=True)
-        read_each((blocks,), (128,), (q.descriptor, np.int32(pattern_fd), d_offs, np.int32(n),
+        read_each((blocks,), (128,), (q.descriptor, np.int32(q.file_refs[0]), d_offs, np.int32(n),
                                       word1, res), stream=stream)
         q.wait((stream,), stall_ns=30_000_000_000)
         assert stream.done and q.agent_stream.done and q.kernels_done

@@ -73,8 +73,11 @@ def _u32(addr: int) -> ctypes.c_uint32:
 
 @pytest.mark.skipif(not (uring.probe().get("no_mmap") and uring.probe().get("no_sqarray")),
                     reason="needs IORING_SETUP_NO_MMAP and NO_SQARRAY (Linux 6.6+)")
-def test_a_producer_ring_driven_through_memory_words_only(pattern_fd):
-    """Tiny SQPOLL ring in caller memory, 2000 reads, wrap-around, the agent's arithmetic."""
+@pytest.mark.parametrize("registered", [False, True])
+def test_a_producer_ring_driven_through_memory_words_only(pattern_fd, registered):
+    """Tiny SQPOLL ring in caller memory, 2000 reads, wrap-around, the agent's arithmetic;
+    registered: the SQEs DeviceQueue writes for registered rings (READ_FIXED from buffer 0,
+    the file by its index)."""
     sq_n, cq_n = ring_sizes(2, 2)
     ring = uring.Ring(sq_n, cq_entries=cq_n, sqpoll=True, sq_thread_idle_ms=1, user_memory=True,
                       no_sqarray=True)
@@ -84,6 +87,11 @@ def test_a_producer_ring_driven_through_memory_words_only(pattern_fd):
     mem = aligned_buffer(2 * 4096)  # O_DIRECT needs aligned buffers
     buf = np.frombuffer(mem, np.uint8).reshape(2, 4096)
     buf_addr = buf.ctypes.data
+    word0 = uring.OP_READ | pattern_fd << 32  # opcode, flags, fd
+    if registered:
+        ring.register_files([pattern_fd])
+        ring.register_buffers([uring.Region(buf_addr, 2 * 4096)])
+        word0 = uring.OP_READ_FIXED | uring.SQE_FIXED_FILE << 8  # file index 0
     offsets = [(i * 37 % 1024) * 4096 for i in range(2000)]
     tail = head = cqh = 0
     inflight = 0
@@ -97,7 +105,7 @@ def test_a_producer_ring_driven_through_memory_words_only(pattern_fd):
         while free and nxt < len(offsets) and tail - head < sq_n and inflight < cq_n:
             slot = free.pop()
             row = (tail & (sq_n - 1)) * 8
-            sqes[row:row + 8] = [uring.OP_READ | pattern_fd << 32, offsets[nxt],
+            sqes[row:row + 8] = [word0, offsets[nxt],
                                  buf_addr + slot * 4096, 4096, slot | nxt << 8, 0, 0, 0]
             tail += 1
             inflight += 1

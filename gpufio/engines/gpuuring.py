@@ -74,6 +74,8 @@ class GpuUring(Engine):
                "it sleeps (the host wakes it)", minimum=1_000_000),
         Option("sqe_async", "bool", True, "set IOSQE_ASYNC: the kernel's io-wq workers run the "
                "reads instead of the SQPOLL thread itself (2x on RAM-backed targets)"),
+        Option("registered", "bool", True, "register the targets and each ring's landing slots "
+               "with io_uring (fixed files, READ_FIXED), as fio's registerfiles and fixedbufs"),
         Option("land", "str", "gpu", "where a read's bytes end: 'gpu' (copied into GPU memory) "
                "or 'host' (left in the pinned host slots, for comparison)",
                choices=("gpu", "host")),
@@ -105,7 +107,8 @@ class GpuUring(Engine):
         return {**super().describe(job), "gpus": list(job.gpu_list),
                 "lands_in": "gpu memory" if o["land"] == "gpu" else "pinned host memory",
                 "rings": o["rings"], "iodepth_per_ring": job.iodepth,
-                "requester_threads": o["threads"], "sqe_async": o["sqe_async"]}
+                "requester_threads": o["threads"], "sqe_async": o["sqe_async"],
+                "registered": o["registered"]}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
@@ -115,7 +118,8 @@ class GpuUring(Engine):
         self.queue = DeviceQueue(nrings=o["rings"], depth=job.iodepth, slot_bytes=job.bs,
                                  sq_entries=sq, cq_entries=cq,
                                  idle_ms=o["sq_thread_idle"] // 1_000_000,
-                                 cpus=o["sq_thread_cpu"], sqe_async=o["sqe_async"])
+                                 cpus=o["sq_thread_cpu"], sqe_async=o["sqe_async"],
+                                 fds=[t.fd for t in targets], registered=o["registered"])
         self._bench_fn = self.queue.module.get_function("gio_bench")
         self._blocks = -(-o["threads"] // TPB)
         try:
@@ -139,7 +143,7 @@ class GpuUring(Engine):
         starts, nblocks = ctx.stream.region_arrays()
         d = {"claim": cp.zeros(1, cp.uint64),
              "dst": cp.empty(nthreads * bs if o["land"] == "gpu" else 16, cp.uint8),
-             "fds": cp.asarray(np.array([t.fd for t in targets], np.int32)),
+             "fds": cp.asarray(self.queue.file_refs),
              "starts": cp.asarray(starts), "nblocks": cp.asarray(nblocks),
              "pat_seed": cp.asarray(seeds), "pat_mix": cp.asarray(gpuverify.seed_mixes(seeds)),
              "live": cp.zeros(3, cp.uint64), "hist": cp.zeros(PLAT_NR, cp.uint64),

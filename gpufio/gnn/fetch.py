@@ -205,10 +205,11 @@ class GpuUringFetch:
         self.queue = DeviceQueue(nrings=opts["rings"], depth=iodepth,
                                  slot_bytes=ds.layout.row_bytes, sq_entries=sq, cq_entries=cq,
                                  idle_ms=opts["sq_thread_idle"] // 1_000_000,
-                                 cpus=opts["sq_thread_cpu"], sqe_async=opts["sqe_async"])
+                                 cpus=opts["sq_thread_cpu"], sqe_async=opts["sqe_async"],
+                                 fds=self._fds, registered=opts["registered"])
         # loaded now: never while the agents spin (see DeviceQueue.start)
         self._gather = cuda.module("gnn_gather").get_function("gio_gather")
-        self._d_fds = xp.asarray(np.array(self._fds, np.int32))
+        self._d_fds = xp.asarray(self.queue.file_refs)
         self._stats = xp.zeros(6, xp.uint64)  # failed, node, result, hits, reads, coalesced
         self._stream = xp.cuda.Stream(non_blocking=True)
 

@@ -2,8 +2,9 @@
 //
 // Three layers, each usable alone:
 //  1. The request API (gio_try_post / gio_done / gio_result / gio_landing / gio_release, and
-//     the blocking gio_read): any GPU thread posts (fd, offset, length) into a request slot
-//     in device memory and later polls or waits for its completion. Slots, tickets and
+//     the blocking gio_read): any GPU thread posts (file, offset, length) into a request slot
+//     in device memory (file: the queue's reference for a target, DeviceQueue.file_refs:
+//     its index among the rings' registered files, or the descriptor itself) and later polls or waits for its completion. Slots, tickets and
 //     states live in device memory only: atomics on host-mapped memory are not atomic here.
 //  2. gio_agent: one warp per ring. It gathers READY slots into SQEs (one lane per SQE,
 //     16-byte system-scope stores), publishes the SQ tail once per batch, drains CQEs (one
@@ -45,7 +46,8 @@ struct GioQueue {
     u64* len_fd;         // length | fd << 32 per slot
     u64 landing;         // host address of slot 0's landing buffer (mapped into the GPU)
     u64 slot_bytes;
-    u64 sqe_flags;       // e.g. IOSQE_ASYNC
+    u64 sqe_head;        // SQE byte 0 and 1: opcode (READ, or READ_FIXED on registered slots)
+                         // | flags << 8 (IOSQE_ASYNC, IOSQE_FIXED_FILE)
     int* control;        // C_* words in device memory
     u64* ring_stats;     // per ring: submitted, completed
 };
@@ -124,7 +126,8 @@ __device__ __forceinline__ u64 now_ns()
 
 // ---- 1. The request API ---------------------------------------------------------------
 
-// Take slot s for a read of len bytes at off of fd; false while another thread holds it.
+// Take slot s for a read of len bytes at off of file fd (a DeviceQueue.file_refs entry); false
+// while another thread holds it.
 __device__ __forceinline__ bool gio_try_post(const GioQueue* q, u64 s, int fd, u64 off, unsigned len)
 {
     if (atomicCAS(&q->state[s], FREE, CLAIMED) != FREE) {
@@ -201,9 +204,10 @@ extern "C" __global__ void gio_agent(const GioQueue* q)
                 const u64 g = first + s;
                 const u64 lf = q->len_fd[g];
                 u64* sqe = (u64*)(R.sqes + (u64)((tail + batch + rank) & (sq_n - 1)) * 64);
-                // opcode 22 (READ) | flags | ioprio 0 | fd; off; addr; len | rw_flags 0;
-                // user_data = slot; buf_index, personality, splice_fd_in, addr3, pad = 0
-                st_sys_v2(sqe, 22ull | (q->sqe_flags << 8) | ((lf >> 32) << 32), q->off[g]);
+                // opcode | flags | ioprio 0 | fd (or file index); off; addr; len | rw_flags 0;
+                // user_data = slot; buf_index 0 (the ring's own slots), personality,
+                // splice_fd_in, addr3, pad = 0
+                st_sys_v2(sqe, q->sqe_head | ((lf >> 32) << 32), q->off[g]);
                 st_sys_v2(sqe + 2, q->landing + g * q->slot_bytes, lf & 0xffffffffu);
                 st_sys_v2(sqe + 4, g, 0ull);
                 st_sys_v2(sqe + 6, 0ull, 0ull);
