@@ -2,7 +2,7 @@
 
 Copying every block back to the host to check it would measure the check, not the path. The
 kernel (kernels/verify.cu) recomputes each word from (seed, offset) exactly as
-gpufio.pattern does and counts the words that differ per I/O. It is compiled once per
+gpufio.pattern does and marks the I/Os holding a word that differs. It is compiled once per
 process, on first use, which engines do during setup, never inside a measurement.
 """
 
@@ -19,7 +19,7 @@ MAX_BLOCKS = 4096
 
 
 def _kernel() -> Any:
-    return cuda.module("verify").get_function("count_mismatches")
+    return cuda.module("verify").get_function("mark_mismatches")
 
 
 def compile_kernel() -> None:
@@ -46,16 +46,18 @@ def seed_mixes(seeds: np.ndarray) -> np.ndarray:
     return np.asarray(seeds, dtype=np.uint64) * pattern.GOLDEN  # uint64 arrays wrap
 
 
-def launch(words: Any, offsets: Any, seeds: Any, mixes: Any, n: int, io_len: int, bad: Any,
+def launch(words: Any, offsets: Any, seeds: Any, n: int, io_len: int, mark: int, bad: Any,
            stream: Any = None) -> None:
-    """Queue the check of ``n`` I/Os (all arguments CuPy arrays already on the GPU) on
-    ``stream``: bad[i] becomes the number of wrong words of I/O i. Nothing waits for it."""
+    """Queue the check of ``n`` I/Os on ``stream`` (data, offsets and seeds CuPy arrays on the
+    GPU): bad[i] becomes ``mark`` if I/O i holds a wrong word and is left as it was
+    otherwise. ``bad``: a CuPy uint32 array, or the address of host memory mapped into the
+    GPU. Nothing waits for it."""
     total = n * (io_len // 8)
     blocks = int(min(MAX_BLOCKS, max(1, -(-total // THREADS))))
     _kernel()((blocks,), (THREADS,), (
-        words, offsets, seeds, mixes, np.uint64(pattern.MAGIC), np.uint64(io_len // 8),
-        np.uint64(pattern.BLOCK), np.uint64(pattern.HEADER_WORDS), np.uint64(total), bad),
-        stream=stream)
+        words, offsets, seeds, np.uint64(pattern.MAGIC), np.uint64(io_len // 8),
+        np.uint64(pattern.BLOCK), np.uint64(pattern.HEADER_WORDS), np.uint64(total),
+        np.uint32(mark), np.uint64(bad) if isinstance(bad, int) else bad), stream=stream)
 
 
 def mismatched_ios(data: Any, offsets: np.ndarray, seeds: np.ndarray, io_len: int) -> np.ndarray:
@@ -67,8 +69,7 @@ def mismatched_ios(data: Any, offsets: np.ndarray, seeds: np.ndarray, io_len: in
     if io_len % 8 or np.any(np.asarray(offsets) % 8):
         raise ValueError("GPU verification needs 8-byte aligned offsets and lengths")
     words = data.view(cupy.uint64)
-    seeds64 = np.asarray(seeds, dtype=np.uint64)
     bad = cupy.zeros(n, dtype=cupy.uint32)
-    launch(words, cupy.asarray(offsets, dtype=cupy.uint64), cupy.asarray(seeds64),
-           cupy.asarray(seed_mixes(seeds64)), n, io_len, bad)
+    launch(words, cupy.asarray(offsets, dtype=cupy.uint64),
+           cupy.asarray(np.asarray(seeds, dtype=np.uint64)), n, io_len, 1, bad)
     return np.flatnonzero(bad.get())

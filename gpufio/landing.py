@@ -6,7 +6,7 @@ by an event, so many small reads share a copy and filling the next segment overl
 I/O counts as done only when its segment's copy is done; with verify, the check runs on the
 GPU copy (gpuverify), where the data landed: the check is queued on the segment's stream
 right behind its copy, with its parameters staged in page-locked memory, so verifying adds
-no synchronisation; its per-I/O counts come back with the segment.
+no synchronisation; it marks bad I/Os in mapped host memory, read when the segment is done.
 """
 
 from __future__ import annotations
@@ -43,17 +43,29 @@ class Landing:
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(segments)]
         self._verify = verify
         if verify:
-            import cupyx
+            self._setup_verify(cp)
 
-            gpuverify.compile_kernel()
-            # per segment and slot: offset, seed, seed mix, staged in pinned memory so that one
-            # copy carries a segment's parameters; and each slot's wrong-word count. Every CUDA
-            # call here is queued per segment, so fewer of them is more segments per second.
-            shape = (segments, 3, per_segment)
-            self._params_host = cupyx.zeros_pinned(shape, dtype=np.uint64)
-            self._params = cp.zeros(shape, dtype=cp.uint64)
-            self._bad_host = cupyx.zeros_pinned((segments, per_segment), dtype=np.uint32)
-            self._bad = cp.zeros((segments, per_segment), dtype=cp.uint32)
+    def _setup_verify(self, cp: object) -> None:
+        """Per segment and slot: the offset and seed the check needs, staged in pinned memory
+        so one copy carries a segment's; and the mark the check leaves on a bad I/O, in host
+        memory mapped into the GPU, so the host reads it with no copy back and nothing
+        needs clearing (each use of a segment checks with a new mark). Every CUDA call is
+        queued per segment: fewer of them is more segments per second."""
+        import cupyx
+
+        gpuverify.compile_kernel()
+        shape = (self.segments, 2, self.per_segment)
+        self._params_host = cupyx.zeros_pinned(shape, dtype=np.uint64)
+        self._params = cp.zeros(shape, dtype=cp.uint64)
+        self._marks_mem = aligned_buffer(self.segments * self.per_segment * 4)
+        self._marked = np.frombuffer(self._marks_mem, dtype=np.uint32).reshape(
+            self.segments, self.per_segment)
+        gpu.register_host(self._marked.ctypes.data, len(self._marks_mem), mapped=True)
+        self._uses = [0] * self.segments
+
+    def _mark(self, seg: int) -> int:
+        """The mark of segment ``seg``'s current check: never 0, what unmarked memory holds."""
+        return self._uses[seg] % 0xFFFFFFFF + 1
 
     def copy(self, seg: int, k: int, offs: np.ndarray | None = None,
              seeds: np.ndarray | None = None) -> None:
@@ -64,14 +76,13 @@ class Landing:
         self.dev[lo:lo + k * self.bs].data.copy_from_host_async(
             ctypes.c_void_p(self.host_addr + lo), k * self.bs, stream)
         if self._verify and offs is not None:
-            host, dev, bad = self._params_host[seg], self._params[seg], self._bad[seg]
-            host[0, :k], host[1, :k], host[2, :k] = offs, seeds, gpuverify.seed_mixes(seeds)
+            host, dev = self._params_host[seg], self._params[seg]
+            host[0, :k], host[1, :k] = offs, seeds
             dev.data.copy_from_host_async(ctypes.c_void_p(host.ctypes.data), host.nbytes, stream)
-            bad.data.memset_async(0, bad.nbytes, stream)
+            self._uses[seg] += 1
             words = self.dev[lo:lo + k * self.bs].view(self._cp.uint64)
-            gpuverify.launch(words, dev[0], dev[1], dev[2], k, self.bs, bad, stream)
-            bad.data.copy_to_host_async(ctypes.c_void_p(self._bad_host[seg].ctypes.data),
-                                        bad.nbytes, stream)
+            gpuverify.launch(words, dev[0], dev[1], k, self.bs, self._mark(seg),
+                             self._marked[seg].ctypes.data, stream)
         self._events[seg].record(stream)
 
     def done(self, seg: int) -> bool:
@@ -86,8 +97,8 @@ class Landing:
                res: np.ndarray) -> None:
         """Record the mismatches the queued check found in a finished segment; only I/Os
         that brought all their bytes count (the others are already failures)."""
-        counts = self._bad_host[seg, :len(res)]
-        bad = np.flatnonzero((counts != 0) & (np.asarray(res) == self.bs))
+        marked = self._marked[seg, :len(res)] == self._mark(seg)
+        bad = np.flatnonzero(marked & (np.asarray(res) == self.bs))
         ctx.record_mismatches(tgt, offs, bad.tolist())
 
     def close(self) -> None:
@@ -95,6 +106,10 @@ class Landing:
         for stream in self._streams:
             stream.synchronize()
         gpu.unregister_host(self.host_addr)
+        if self._verify:
+            gpu.unregister_host(self._marked.ctypes.data)
+            self._marked = None
+            self._marks_mem.close()
         self.host = None
         self.dev = None
         self._mem.close()

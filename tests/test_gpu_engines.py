@@ -65,6 +65,20 @@ def test_a_planted_bad_block_is_caught(engine, pattern_file):
 
 
 @pytest.mark.parametrize("engine", GPU_ENGINES, ids=IDS)
+def test_a_bad_block_read_again_and_again_counts_each_time_and_taints_no_other(engine,
+                                                                             pattern_file):
+    """Four passes over the file: buffers and their check marks are reused many times, and
+    the bad block fails each pass, no other block ever."""
+    with open(pattern_file, "r+b") as f:
+        f.seek(5 * 4096 + 512)
+        f.write(b"\xde\xad")
+    (r,) = run(engine, [pattern_file], rw="read", size="128k", io_size="512k",
+               verify=True).results
+    assert r.ios == 128 and r.verify_failures == 4
+    assert {b["offset"] for b in r.bad_offsets} == {5 * 4096}
+
+
+@pytest.mark.parametrize("engine", GPU_ENGINES, ids=IDS)
 def test_workers_spread_over_gpus_round_robin(engine, pattern_file):
     (r,) = run(engine, [pattern_file], numjobs=2, gpus=[0, 0], verify=True, io_size="1m").results
     assert r.ok and r.ios == 2 * 256

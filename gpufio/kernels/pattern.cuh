@@ -4,6 +4,8 @@
 // other word is splitmix64(x ^ seed_mix), seed_mix = seed * golden ratio.
 #pragma once
 
+#define PATTERN_GOLDEN 0x9E3779B97F4A7C15ULL  // gpufio.pattern.GOLDEN
+
 __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z)
 {
     z += 0x9E3779B97F4A7C15ULL;
