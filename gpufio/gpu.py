@@ -51,6 +51,14 @@ def use(index: int) -> Any:
     return cupy
 
 
+def mps_active() -> bool:
+    """Whether a CUDA MPS control daemon is there for this process's CUDA clients (its pipe
+    directory, as CUDA_MPS_PIPE_DIRECTORY or the default, holds the control pipe): without
+    it the GPU time-slices separate processes' contexts instead of running them together."""
+    pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    return os.path.exists(os.path.join(pipes, "control"))
+
+
 def register_host(addr: int, size: int, mapped: bool = False) -> None:
     """Page-lock host memory gpufio allocated itself (page-aligned, so O_DIRECT can use it too)
     and make it usable for asynchronous copies; ``mapped`` also maps it into every GPU's

@@ -232,6 +232,19 @@ def test_processes_spawns_the_workers_of_the_engines_that_offer_it():
     assert _threads(_job("cufile", iodepth=8, numjobs=4, processes=True)) == 8
 
 
+def test_spawned_workers_say_whether_mps_lets_them_share_the_gpu(tmp_path, monkeypatch):
+    from gpufio.engines import all_engines
+
+    mmap = all_engines()["mmap"]
+    assert mmap.describe(_job("mmap"))["processes"] is False
+    assert "mps" not in mmap.describe(_job("mmap"))
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert mmap.describe(_job("mmap", processes=True))["mps"] is False
+    (tmp_path / "control").touch()
+    facts = mmap.describe(_job("mmap", processes=True))
+    assert facts["mps"] is True and facts["page_cache"] is True
+
+
 def test_map_rows_and_gather_rows_fault_in_each_row_from_its_target(tmp_path):
     import mmap as mm
 

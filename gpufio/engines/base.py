@@ -72,8 +72,16 @@ class Engine(ABC):
 
     @classmethod
     def describe(cls, job: "Job") -> dict[str, Any]:
-        """Facts about how this engine ran the job, for the result (e.g. page cache use)."""
-        return {"page_cache": not job.direct}
+        """Facts about how this engine ran the job, for the result (e.g. page cache use; for
+        spawned workers, whether the CUDA MPS daemon lets their contexts share the GPU)."""
+        facts: dict[str, Any] = {"page_cache": not job.direct}
+        if PROCESSES in cls.options:
+            from gpufio.gpu import mps_active
+
+            facts["processes"] = job.engine_options["processes"]
+            if facts["processes"]:
+                facts["mps"] = mps_active()
+        return facts
 
     def __init__(self, job: "Job", targets: list["Target"], ctx: "WorkerContext") -> None:
         self.job = job

@@ -73,7 +73,8 @@ class Mmap(Engine):
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
-        return {"page_cache": True, "drop_cache": job.engine_options["drop_cache"],
+        return {**super().describe(job), "page_cache": True,
+                "drop_cache": job.engine_options["drop_cache"],
                 "gpus": list(job.gpu_list), "lands_in": "gpu memory", "batch": job.iodepth}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
