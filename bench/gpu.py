@@ -31,34 +31,42 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from compare import report, run_fio, run_gpufio, setup_tmpfs, setup_zram  # noqa: E402
 
 from gpufio import targets  # noqa: E402
+from gpufio.units import parse_size  # noqa: E402
 
-ROOT_FILE_SIZE = 4 << 30
 FIO_CUFILE = ["--ioengine=libcufile", "--cuda_io=posix", "--gpu_dev_ids=0"]
 
 
 def cases(ram: bool) -> list[dict]:
     """Each gpufio path with its peer and goal. RAM-backed targets get the deep queues the
-    sweeps found best; the root disk the queue depth it saturates at (fio qd128)."""
+    sweeps found best; the root disk the queue depth it saturates at (fio qd128). A case with
+    ``mps`` runs under the CUDA MPS daemon, started for it and stopped after it."""
     posix16 = {"fio": FIO_CUFILE, "fio_jobs": 16, "fio_depth": 1,
                 "peer": "fio libcufile posix 16 jobs"}
     seq = ["--rw=read", "--bs=1m"]
+    procs = {"engine": "cpu-gpu", "segments": 4, "processes": True}
     if ram:
+        uring16 = {"peer": "fio io_uring 16 jobs x qd64 (host memory)",
+                   "fio": ["--ioengine=io_uring", "--fixedbufs=1", "--registerfiles=1"],
+                   "fio_jobs": 16, "fio_depth": 64, "abs_goal": 4e6}
         return [
             {"path": "gpu-uring", "g": {"engine": "gpu-uring", "rings": 8}, "depth": 512,
-             "jobs": 1, "peer": "fio io_uring 16 jobs x qd64 (host memory)",
-             "fio": ["--ioengine=io_uring", "--fixedbufs=1", "--registerfiles=1"],
-             "fio_jobs": 16, "fio_depth": 64, "abs_goal": 4e6},
+             "jobs": 1, **uring16},
+            # every SQPOLL thread copies its own reads, as fio's jobs do: no io-wq hand-off
+            {"path": "gpu-uring 16 rings inline", "g": {"engine": "gpu-uring", "rings": 16,
+                                                        "sqe_async": False},
+             "depth": 128, "jobs": 1, **uring16},
             {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "segments": 4, "sqe_async": True},
-             "depth": 512, "jobs": 1, **posix16, "goal": 10.0, "abs_goal": 2e6},
-            # one spawned process (and CUDA context) per worker: scaled 1 -> 4 and then
-            # flattened near 0.78 M on the H200 (docs/PERFORMANCE.md); --mps tests whether
-            # the GPU time-slicing the processes' contexts is why
-            {"path": "cpu-gpu processes", "g": {"engine": "cpu-gpu", "segments": 4,
-                                               "sqe_async": True, "processes": True},
-             "depth": 256, "jobs": 4, **posix16, "goal": 10.0, "abs_goal": 2e6},
+             "depth": 512, "jobs": 1, **posix16, "goal": 10.0},
+            # one spawned process (and CUDA context) per worker; without MPS the GPU
+            # time-slices the processes' contexts (docs/PERFORMANCE.md)
+            {"path": "cpu-gpu processes", "g": {**procs, "sqe_async": True}, "depth": 128,
+             "jobs": 8, **posix16, "goal": 10.0, "abs_goal": 2e6},
+            {"path": "cpu-gpu processes MPS", "g": {**procs, "sqe_async": False}, "depth": 128,
+             "jobs": 12, **posix16, "goal": 10.0, "abs_goal": 2e6, "mps": True},
             {"path": "cufile", "g": {"engine": "cufile"}, "depth": 64, "jobs": 1,
              "peer": "KvikIO futures qd64", "kvikio": True, "goal": 0.9},
-            {"path": "mmap", "g": {"engine": "mmap"}, "depth": 64, "jobs": 8, **posix16},
+            {"path": "mmap processes", "g": {"engine": "mmap", "processes": True}, "depth": 64,
+             "jobs": 8, **posix16},
             {"path": "cpu-gpu 1m seq", "g": {"engine": "cpu-gpu", "segments": 4,
                                             "sqe_async": True, "rw": "read", "bs": "1m"},
              "depth": 64, "jobs": 1, **posix16, "fio": FIO_CUFILE + seq, "bw_goal": 20e9},
@@ -73,9 +81,13 @@ def cases(ram: bool) -> list[dict]:
         {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "segments": 16}, "depth": 128,
          "jobs": 1, **qd, "goal": 0.9},
         {"path": "cufile", "g": {"engine": "cufile"}, "depth": 128, "jobs": 1, **qd, "goal": 0.9},
-        # an mmap thread has one fault in flight: 16 threads are queue depth 16
-        {"path": "mmap", "g": {"engine": "mmap", "drop_cache": True}, "depth": 16, "jobs": 16,
-         **qd, "fio_depth": 16, "peer": "fio io_uring qd16", "goal": 0.9},
+        # the same against KvikIO driven directly: what of the gap is KvikIO's own
+        {"path": "cufile", "g": {"engine": "cufile"}, "depth": 128, "jobs": 1,
+         "peer": "KvikIO futures qd128", "kvikio": True, "goal": 0.9},
+        # an mmap worker has one fault in flight: 16 processes are queue depth 16
+        {"path": "mmap processes", "g": {"engine": "mmap", "drop_cache": True, "processes": True},
+         "depth": 16, "jobs": 16, **qd, "fio_depth": 16, "peer": "fio io_uring qd16",
+         "goal": 0.9},
     ]
 
 
@@ -97,10 +109,10 @@ def start_mps(directory: Path) -> callable:
     return stop
 
 
-def setup_rootfile(directory: Path) -> tuple[str, callable]:
+def setup_rootfile(directory: Path, size: int) -> tuple[str, callable]:
     """A pattern file on the root disk, read with O_DIRECT: the slow drive."""
     path = directory / "gpufio-bench-root.dat"
-    targets.create_file(str(path), ROOT_FILE_SIZE, 8)
+    targets.create_file(str(path), size, 8)
     return str(path), lambda: path.unlink(missing_ok=True)
 
 
@@ -108,7 +120,8 @@ def run_kvikio(target: str, iodepth: int, runtime: int) -> dict:
     """KvikIO alone: iodepth futures of 4 KiB random reads into GPU memory, time-based."""
     code = f"""
 import json, time, numpy as np, cupy as cp, kvikio, kvikio.defaults
-kvikio.defaults.set({{"num_threads": {iodepth}, "task_size": 4096, "gds_threshold": 0}})
+kvikio.defaults.set({{"num_threads": {iodepth}, "task_size": 4096, "gds_threshold": 0,
+                     "bounce_buffer_size": 4096, "auto_direct_io_read": True}})
 f = kvikio.CuFile({target!r}, "r")
 size = __import__("os").stat({target!r}).st_size
 if size == 0:
@@ -154,20 +167,17 @@ def main() -> int:
     ap.add_argument("--runtime", type=int, default=3, help="measured seconds per run")
     ap.add_argument("--repeat", type=int, default=3, help="runs per tool; medians are reported")
     ap.add_argument("--root-dir", default=str(Path.home()), help="where the root-disk file goes")
+    ap.add_argument("--root-size", default="4g", help="size of the root-disk file")
     ap.add_argument("--targets", nargs="+", default=["tmpfs", "zram", "rootdisk"])
     ap.add_argument("--paths", nargs="+", help="only these gpufio paths")
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
-    ap.add_argument("--mps", action="store_true",
-                    help="run everything under the CUDA MPS daemon (started and stopped here)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
     cleanups, tgts = [], {}
     rows, raw, missed = [], [], []
     try:
-        if args.mps:
-            cleanups.append(start_mps(Path("/tmp/gpufio-bench-mps")))
         if "tmpfs" in args.targets:
             path, clean = setup_tmpfs()
             cleanups.append(clean)
@@ -176,7 +186,7 @@ def main() -> int:
             tgts["zram"] = (z[0], True)
             cleanups.append(z[1])
         if "rootdisk" in args.targets:
-            path, clean = setup_rootfile(Path(args.root_dir))
+            path, clean = setup_rootfile(Path(args.root_dir), parse_size(args.root_size))
             cleanups.append(clean)
             tgts["rootdisk"] = (path, False)
         for tname, (target, ram) in tgts.items():
@@ -184,14 +194,19 @@ def main() -> int:
                 if args.paths and c["path"].split()[0] not in args.paths:
                     continue
                 g_runs, p_runs = [], []
-                for _ in range(args.repeat):
-                    g_runs.append(run_gpufio(target, {**c["g"], "verify": True}, c["jobs"],
-                                             c["depth"], args.runtime))
-                    if c.get("kvikio"):
-                        p_runs.append(run_kvikio(target, c["depth"], args.runtime))
-                    else:
-                        p_runs.append(run_fio(args.fio, target, c["fio"], c["fio_jobs"],
-                                              c["fio_depth"], args.runtime))
+                stop_mps = start_mps(Path("/tmp/gpufio-bench-mps")) if c.get("mps") else None
+                try:
+                    for _ in range(args.repeat):
+                        g_runs.append(run_gpufio(target, {**c["g"], "verify": True}, c["jobs"],
+                                                 c["depth"], args.runtime))
+                        if c.get("kvikio"):
+                            p_runs.append(run_kvikio(target, c["depth"], args.runtime))
+                        else:
+                            p_runs.append(run_fio(args.fio, target, c["fio"], c["fio_jobs"],
+                                                  c["fio_depth"], args.runtime))
+                finally:
+                    if stop_mps:
+                        stop_mps()
                 g, p = ({k: statistics.median(r[k] for r in runs) for k in
                          ("iops", "p50", "p99", "cpu_us")} for runs in (g_runs, p_runs))
                 ratio = g["iops"] / p["iops"] if p["iops"] else 0.0
@@ -221,8 +236,7 @@ def main() -> int:
     finally:
         for clean in cleanups:
             clean()
-    mps = " · under CUDA MPS" if args.mps else ""
-    return report(f"{fio_version}{mps} · 4 KiB randread unless named · gpufio runs verified in GPU "
+    return report(f"{fio_version} · 4 KiB randread unless named · gpufio runs verified in GPU "
                   f"memory · {args.runtime}s runs, median of {args.repeat}", rows,
                   ["target", "gpufio path", "jobs x qd", "gpufio IOPS", "GB/s", "peer",
                    "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p", "gpufio CPU us/IO", "goal"],
