@@ -34,16 +34,21 @@ class Landing:
         self.host = np.frombuffer(self._mem, dtype=np.uint8)
         self.host_addr = self.host.ctypes.data
         gpu.register_host(self.host_addr, len(self._mem))
+        # a constructor that fails must not leave memory registered: CUDA would refuse the
+        # next buffer that happens to reuse the address (HostMemoryAlreadyRegistered)
         try:
             self.dev = cp.empty(nbytes, dtype=cp.uint8)
+            self._streams = [cp.cuda.Stream(non_blocking=True) for _ in range(segments)]
+            self._events = [cp.cuda.Event(disable_timing=True) for _ in range(segments)]
+            self._verify = verify
+            if verify:
+                self._setup_verify(cp)
         except cp.cuda.memory.OutOfMemoryError:
             gpu.unregister_host(self.host_addr)
             raise BadInput(f"gpu {gpu_index}: out of memory for {nbytes} bytes of buffers") from None
-        self._streams = [cp.cuda.Stream(non_blocking=True) for _ in range(segments)]
-        self._events = [cp.cuda.Event(disable_timing=True) for _ in range(segments)]
-        self._verify = verify
-        if verify:
-            self._setup_verify(cp)
+        except BaseException:
+            gpu.unregister_host(self.host_addr)
+            raise
 
     def _setup_verify(self, cp: object) -> None:
         """Per segment and slot: the offset and seed the check needs, staged in pinned memory
@@ -58,7 +63,8 @@ class Landing:
         self._params_host = cupyx.zeros_pinned(shape, dtype=np.uint64)
         self._params = cp.zeros(shape, dtype=cp.uint64)
         self._marks_mem = aligned_buffer(self.segments * self.per_segment * 4)
-        self._marked = np.frombuffer(self._marks_mem, dtype=np.uint32).reshape(
+        n = self.segments * self.per_segment  # the buffer is whole pages: take what is used
+        self._marked = np.frombuffer(self._marks_mem, dtype=np.uint32)[:n].reshape(
             self.segments, self.per_segment)
         gpu.register_host(self._marked.ctypes.data, len(self._marks_mem), mapped=True)
         self._uses = [0] * self.segments
