@@ -225,3 +225,17 @@ def test_queue_wait_stops_a_queue_whose_completions_stopped():
         q.wait((), stall_ns=100_000_000)
     assert q.stalled == 100_000_000 and 0.1 <= time.monotonic() - start < 2
     assert not q.kernels_done
+
+
+@pytest.mark.parametrize("given,registered", [
+    ({}, False),                                   # sqe_async defaults on
+    ({"sqe_async": False}, True),
+    ({"sqe_async": False, "registered": False}, False),
+    ({"registered": True}, True),
+])
+def test_rings_register_files_and_slots_by_default_only_when_inline(given, registered):
+    from gpufio.engines.gpuuring import engine_options
+
+    job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
+                    "t.toml", {}).jobs[0]
+    assert engine_options(job)["registered"] is registered
