@@ -270,3 +270,21 @@ def test_map_rows_and_gather_rows_fault_in_each_row_from_its_target(tmp_path):
     views.clear()  # every view goes before its mapping closes
     for m in maps:
         m.close()
+
+
+def test_spawned_gpu_workers_without_mps_get_a_hint(tmp_path, monkeypatch):
+    from gpufio.engines import all_engines
+    from gpufio.runner import hint
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    cpugpu = all_engines()["cpu-gpu"]
+    job = _job("cpu-gpu", processes=True, numjobs=8)
+    assert hint(job, cpugpu.describe(job)) == (
+        "gpufio: job 't': 8 spawned workers and no CUDA MPS daemon: the GPU time-slices "
+        "their contexts (start one with nvidia-cuda-mps-control -d)")
+    one = _job("cpu-gpu", processes=True)
+    threads = _job("cpu-gpu", numjobs=8)
+    assert hint(one, cpugpu.describe(one)) is None
+    assert hint(threads, cpugpu.describe(threads)) is None
+    (tmp_path / "control").touch()
+    assert hint(job, cpugpu.describe(job)) is None
