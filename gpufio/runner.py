@@ -296,9 +296,6 @@ def _open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], lis
     why = engine.unavailable()
     if why:
         raise BadInput(f"job '{job.name}': engine '{job.engine}' cannot run here: {why}")
-    advice = hint(job, engine.describe(job))
-    if advice and not quiet:
-        print(advice, file=sys.stderr, flush=True)
     opened: list[tg.Target] = []
     try:
         for path in job_targets(job, quiet):
@@ -324,6 +321,10 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
         finished: list[JobRun] = []
         for batch in batches:
             runs = [JobRun(job, engine, tgts, regions) for job, engine, tgts, regions in batch]
+            for r in runs:
+                advice = hint(r.job, r.engine_facts)
+                if advice and not quiet:
+                    print(advice, file=sys.stderr, flush=True)
             try:
                 _drive(runs, finished, on_tick, tick_every_s)
             except KeyboardInterrupt:
