@@ -288,3 +288,11 @@ def test_spawned_gpu_workers_without_mps_get_a_hint(tmp_path, monkeypatch):
     assert hint(threads, cpugpu.describe(threads)) is None
     (tmp_path / "control").touch()
     assert hint(job, cpugpu.describe(job)) is None
+
+
+@pytest.mark.parametrize("iodepth,segments,facts", [(128, 4, (4, 256)), (2, 3, (2, 4)), (10, 3, (3, 18))])
+def test_cpu_gpu_keeps_twice_the_slots_its_reads_in_flight_need(iodepth, segments, facts):
+    from gpufio.engines import all_engines
+
+    d = all_engines()["cpu-gpu"].describe(_job("cpu-gpu", iodepth=iodepth, segments=segments))
+    assert (d["segments"], d["landing_slots"]) == facts

@@ -38,6 +38,12 @@ STALL_LIMIT_NS = 10_000_000_000
 SPARE = 2  # landing slots per read that may be in flight
 
 
+def segment_shape(job: Job) -> tuple[int, int]:
+    """(segments the reads in flight are grouped in, slots per segment)."""
+    nseg = min(job.engine_options["segments"], job.iodepth)
+    return nseg, job.iodepth // nseg
+
+
 class StuckCopy(RuntimeError):
     """Reads or copies stopped completing for STALL_LIMIT_NS."""
 
@@ -65,14 +71,13 @@ class CpuGpu(Engine):
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
-        nseg = min(job.engine_options["segments"], job.iodepth)
+        nseg, per_segment = segment_shape(job)
         return {**super().describe(job), "gpus": list(job.gpu_list), "lands_in": "gpu memory",
-                "segments": nseg, "landing_slots": SPARE * nseg * (job.iodepth // nseg)}
+                "segments": nseg, "landing_slots": SPARE * nseg * per_segment}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
-        nseg = min(job.engine_options["segments"], job.iodepth)
-        self._seg = job.iodepth // nseg
+        nseg, self._seg = segment_shape(job)
         self._nseg = SPARE * nseg
         self._cap = nseg * self._seg  # reads in flight, at most
         self.landing = Landing(job.gpu_of(ctx.worker), self._nseg, self._seg, job.bs,
