@@ -262,8 +262,12 @@ class JobRun:
             # and numbers from a cut-short run must not pass as a full one
             failures.append(f"workers ended after {runtime / 1e9:.3f} s of a "
                             f"{job.runtime / 1e9:g} s time-based run without an error")
+        noted: dict[str, list[Any]] = {}
+        for r in recs:
+            for key, values in r.facts.items():
+                noted.setdefault(key, []).extend(values)
         return JobResult(
-            job=self.job, engine_facts=self.engine_facts, targets=facts, lat=lat,
+            job=self.job, engine_facts={**self.engine_facts, **noted}, targets=facts, lat=lat,
             ios=sum(r.ios for r in recs), bytes=sum(r.bytes for r in recs), runtime_ns=runtime,
             cpu=cpu, samples=self.samples, per_target=per_target, errors=errors,
             short_ios=sum(p["short_ios"] for p in per_target),

@@ -15,6 +15,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -107,6 +108,7 @@ class Recorder:
     errors: Counter = field(default_factory=Counter)
     bad_offsets: list[tuple[int, int]] = field(default_factory=list)
     cpu: CpuTimes | None = None
+    facts: dict[str, list[Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # ctypes view of the block's counters: an increment costs half a numpy element update
@@ -173,7 +175,7 @@ class Recorder:
         return FinalRecord(lat=lat, ios=self.ios, bytes=self.bytes, short=self.short,
                            target_ios=self.target_ios, target_bytes=self.target_bytes,
                            errors=self.errors, verify_failures=self.verify_failures,
-                           bad_offsets=self.bad_offsets, cpu=self.cpu)
+                           bad_offsets=self.bad_offsets, cpu=self.cpu, facts=self.facts)
 
 
 @dataclass
@@ -190,6 +192,7 @@ class FinalRecord:
     verify_failures: np.ndarray
     bad_offsets: list[tuple[int, int]]
     cpu: CpuTimes | None
+    facts: dict[str, list[Any]]
 
 
 @dataclass
@@ -261,6 +264,11 @@ class WorkerContext:
         live = self.rec.live
         live[0], live[1], live[2] = completed, ios, nbytes
         self.rec.lat.hist[:] = hist
+
+    def note(self, key: str, values: list[Any]) -> None:
+        """An engine's own measurement of the run (one value per kernel thread, ring, ...):
+        the result's engine facts carry every worker's values under ``key``."""
+        self.rec.facts.setdefault(key, []).extend(values)
 
     def absorb(self, t: DeviceTotals) -> None:
         """Take an engine's own final counts as this worker's record (instead of ``complete``)."""
