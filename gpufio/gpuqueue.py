@@ -18,7 +18,7 @@ import numpy as np
 
 from gpufio import cuda, gpu, uring
 from gpufio.errors import BadInput
-from gpufio.gpuring import GpuRings, Watchdog, stall_report
+from gpufio.gpuring import GpuRings, Watchdog, ring_sizes, stall_report
 from gpufio.targets import aligned_buffer
 
 C_STOP, C_ABORT, C_MEASURING, C_REQUESTERS, C_AGENTS = range(5)
@@ -37,7 +37,7 @@ class DeviceQueue:
 
     def __init__(self, *, nrings: int, depth: int, slot_bytes: int, sq_entries: int,
                  cq_entries: int, idle_ms: int, cpus: tuple[int, ...], sqe_async: bool,
-                 fds: list[int], registered: bool) -> None:
+                 fds: list[int], registered: bool, sq_threads: int = 0) -> None:
         """``fds``: the files kernels will read; with ``registered`` every ring registers them
         (IOSQE_FIXED_FILE) and its own landing slots (READ_FIXED), as fio's registerfiles and
         fixedbufs: no per-read file reference count, shared by all SQPOLL threads, and no
@@ -52,7 +52,8 @@ class DeviceQueue:
         self._registered = False
         self._dev: dict[str, Any] = {}
         self.kernels_done = True
-        self.rings = GpuRings(nrings, sq_entries, cq_entries, idle_ms=idle_ms, cpus=cpus)
+        self.rings = GpuRings(nrings, sq_entries, cq_entries, idle_ms=idle_ms, cpus=cpus,
+                              sq_threads=sq_threads)
         try:
             slots = nrings * depth
             self._mem = aligned_buffer(slots * slot_bytes)
@@ -83,6 +84,17 @@ class DeviceQueue:
             raise
         self.agent_stream = cp.cuda.Stream(non_blocking=True)
         self.control_stream = cp.cuda.Stream(non_blocking=True)
+
+    @classmethod
+    def for_options(cls, opts: dict[str, Any], *, depth: int, slot_bytes: int,
+                    fds: list[int]) -> DeviceQueue:
+        """The queue a gpu-uring job's resolved options (engines/gpuuring.engine_options)
+        describe, with ``depth`` slots per ring: the block benchmark's and the GNN loader's."""
+        sq, cq = ring_sizes(depth, opts["ring_entries"] or None)
+        return cls(nrings=opts["rings"], depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
+                   cq_entries=cq, idle_ms=opts["sq_thread_idle"] // 1_000_000,
+                   cpus=opts["sq_thread_cpu"], sqe_async=opts["sqe_async"], fds=fds,
+                   registered=opts["registered"], sq_threads=opts["sq_threads"])
 
     def _register(self, fds: list[int], ring_bytes: int) -> None:
         """Every ring registers the files and its own slots, as buffer 0."""

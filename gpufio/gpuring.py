@@ -32,6 +32,18 @@ def ring_sizes(iodepth: int, ring_entries: int | None) -> tuple[int, int]:
     return sq, CQ_FACTOR * sq
 
 
+def busy_shares(before: dict[int, tuple[int, int]],
+                after: dict[int, tuple[int, int]]) -> list[float]:
+    """Each SQPOLL thread's share of its CPU time between two ``sq_thread_times`` readings
+    that went to work rather than to spinning on an empty ring."""
+    shares = []
+    for pid, (total, work) in sorted(after.items()):
+        t0, w0 = before.get(pid, (0, 0))
+        if total > t0:
+            shares.append(round(min((work - w0) / (total - t0), 1.0), 3))
+    return shares
+
+
 def default_rings(ntargets: int, cpus: int) -> int:
     """One ring per SQPOLL thread: half the cores (each SQPOLL thread spins on one), at most
     8 (the probe's best on the GPU machine), at least one per target."""
@@ -89,17 +101,23 @@ class GpuRings:
     """``n`` SQPOLL rings in CUDA-registered memory, with their device descriptors."""
 
     def __init__(self, n: int, sq_entries: int, cq_entries: int, *, idle_ms: int,
-                 cpus: tuple[int, ...]) -> None:
+                 cpus: tuple[int, ...], sq_threads: int = 0) -> None:
+        """``sq_threads`` SQPOLL threads serve the ``n`` rings (0: one each): ring i starts
+        its own when i < sq_threads, else shares ring i % sq_threads's thread and io-wq.
+        ``cpus`` pins the threads, round-robin."""
         from gpufio import gpu
 
+        threads = sq_threads or n
         self.rings: list[uring.Ring] = []
         self._registered: list[int] = []
         try:
             for i in range(n):
+                own = i < threads
                 ring = uring.Ring(sq_entries, cq_entries=cq_entries, sqpoll=True,
                                   sq_thread_idle_ms=idle_ms,
-                                  sq_thread_cpu=cpus[i % len(cpus)] if cpus else None,
-                                  user_memory=True, no_sqarray=True)
+                                  sq_thread_cpu=cpus[i % len(cpus)] if cpus and own else None,
+                                  user_memory=True, no_sqarray=True,
+                                  attach_to=None if own else self.rings[i % threads].fd)
                 self.rings.append(ring)
                 for region in ring.regions:
                     gpu.register_host(region.addr, region.size, mapped=True)
@@ -123,6 +141,15 @@ class GpuRings:
                 r.enter(0, 0, uring.ENTER_SQ_WAKEUP)
                 woken += 1
         return woken
+
+    def sq_thread_times(self) -> dict[int, tuple[int, int]]:
+        """{SQPOLL thread id: (CPU time, work time)} in microseconds, one entry per thread
+        however many rings it serves; empty where the kernel does not say."""
+        out = {}
+        for r in self.rings:
+            if t := r.sq_thread_times():
+                out[t[0]] = t[1:]
+        return out
 
     def completed(self) -> int:
         """Completions posted on all rings so far (the CQ tails, read from host memory): what

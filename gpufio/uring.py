@@ -33,6 +33,7 @@ SYS_SETUP, SYS_ENTER, SYS_REGISTER = 425, 426, 427
 SETUP_SQPOLL = 1 << 1
 SETUP_SQ_AFF = 1 << 2
 SETUP_CQSIZE = 1 << 3
+SETUP_ATTACH_WQ = 1 << 5
 SETUP_COOP_TASKRUN = 1 << 8
 SETUP_SINGLE_ISSUER = 1 << 12
 SETUP_DEFER_TASKRUN = 1 << 13
@@ -184,7 +185,9 @@ class Ring:
     def __init__(self, entries: int, *, cq_entries: int | None = None, sqpoll: bool = False,
                  sq_thread_idle_ms: int = 1000, sq_thread_cpu: int | None = None,
                  user_memory: bool = False, no_sqarray: bool = False,
-                 single_issuer: bool = False) -> None:
+                 single_issuer: bool = False, attach_to: int | None = None) -> None:
+        """``attach_to``: the descriptor of an SQPOLL ring whose kernel thread (and io-wq)
+        this SQPOLL ring shares (IORING_SETUP_ATTACH_WQ) instead of starting its own."""
         if not 1 <= entries <= MAX_ENTRIES:
             raise UringError(f"ring entries must be 1..{MAX_ENTRIES}, got {entries}")
         p = Params()
@@ -201,6 +204,9 @@ class Ring:
             if sq_thread_cpu is not None:
                 flags |= SETUP_SQ_AFF
                 p.sq_thread_cpu = sq_thread_cpu
+            if attach_to is not None:
+                flags |= SETUP_ATTACH_WQ
+                p.wq_fd = attach_to
         if cq_entries is not None:
             flags |= SETUP_CQSIZE
             p.cq_entries = cq_entries
@@ -408,6 +414,19 @@ class Ring:
             _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
         arr = (IoVec * len(regions))(*[IoVec(r.addr, r.size) for r in regions])
         self._register(REGISTER_BUFFERS, ctypes.addressof(arr), len(regions), "buffers")
+
+    def sq_thread_times(self) -> tuple[int, int, int] | None:
+        """(SQPOLL thread id, its CPU time, the part of it spent on work) in microseconds,
+        from the ring's fdinfo (Linux 6.13+; None before, or without SQPOLL). An SQPOLL
+        thread spins while it waits for entries: the difference is that spinning."""
+        try:
+            with open(f"/proc/self/fdinfo/{self.fd}") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            pid = int(fields["SqThread"])
+            total, work = int(fields["SqTotalTime"]), int(fields["SqWorkTime"])
+        except (OSError, KeyError, ValueError):
+            return None
+        return (pid, total, work) if pid > 0 else None
 
     def _register(self, opcode: int, arg: int, n: int, what: str) -> None:
         rc = _syscall(SYS_REGISTER, self.fd, opcode, arg, n, 0, 0)

@@ -9,6 +9,7 @@ import pytest
 
 from gpufio import runner, targets
 from gpufio.gpuring import GpuRings
+from gpufio.hostinfo import kernel_version
 from gpufio.profile import from_dict
 
 pytestmark = pytest.mark.gpu
@@ -26,6 +27,7 @@ def run(paths, **opts):
     {"rw": "randread", "rings": 2, "iodepth": 8, "land": "host"},
     {"rw": "randread", "rings": 2, "iodepth": 8, "sqe_async": False},
     {"rw": "randread", "rings": 2, "iodepth": 8, "registered": False},
+    {"rw": "randread", "rings": 4, "iodepth": 8, "sq_threads": 1},
 ])
 def test_data_verified_in_gpu_memory(opts, tmp_path):
     a, b = tmp_path / "a.dat", tmp_path / "b.dat"
@@ -49,6 +51,15 @@ def test_more_requester_threads_than_ring_slots(pattern_file):
     r = run([pattern_file], rings=2, iodepth=4, threads=1000, io_size="16m", verify=True)
     assert r.ok and r.ios == 4096 and r.verify_failures == 0
     assert r.engine_facts["requester_threads"] == 1000
+
+
+def test_a_timed_run_reports_each_sqpoll_threads_working_share(pattern_file):
+    r = run([pattern_file], rings=3, sq_threads=2, iodepth=8, runtime="1s", time_based=True,
+            verify=True)
+    assert r.ok and r.verify_failures == 0 and r.engine_facts["sq_threads"] == 2
+    if kernel_version() >= (6, 13):  # SqWorkTime in the ring's fdinfo
+        shares = r.engine_facts["sq_thread_busy"]
+        assert len(shares) == 2 and all(0 < s <= 1 for s in shares)
 
 
 def test_a_target_truncated_part_way_reports_short_reads_and_stops(tmp_path):

@@ -11,7 +11,8 @@ import pytest
 
 from gpufio import pattern, uring
 from gpufio.errors import BadInput
-from gpufio.gpuring import RingState, Watchdog, default_rings, ring_sizes, stall_report
+from gpufio.gpuring import (RingState, Watchdog, busy_shares, default_rings, ring_sizes,
+                            stall_report)
 from gpufio.profile import from_dict
 from gpufio.targets import aligned_buffer
 
@@ -40,6 +41,14 @@ def test_default_rings_follow_cores_and_targets(ntargets, cpus, rings):
     assert default_rings(ntargets, cpus) == rings
 
 
+def test_busy_shares_are_work_over_cpu_time_per_sqpoll_thread():
+    before = {7: (1_000, 100), 9: (500, 500)}
+    after = {7: (3_000, 600), 9: (1_500, 1_520), 11: (200, 50), 13: (0, 0)}
+    # thread 7: 500 of 2000 us working; 9: the two clocks disagree by a little, capped at 1;
+    # 11 started after the first reading; 13 has used no CPU yet and says nothing
+    assert busy_shares(before, after) == [0.25, 1.0, 0.25]
+
+
 def test_watchdog_fires_only_after_completions_stop_for_the_timeout():
     dog = Watchdog(timeout_ns=1_000, now_ns=0)
     counts = [0, 5, 9, 9, 9, 9, 12, 12, 12]
@@ -61,6 +70,7 @@ def test_stall_report_names_heads_tails_flags_and_slots():
     ({"random_distribution": "zipf:1.2"}, "random_distribution 'zipf' is not supported"),
     ({"iodepth": 16, "ring_entries": 8}, "do not fit a ring of ring_entries = 8"),
     ({"land": "disk"}, "key 'land': 'disk' is not one of gpu, host"),
+    ({"rings": 2, "sq_threads": 3}, r"sq_threads \(3\) exceeds rings \(2\)"),
 ])
 def test_profile_checks(opts, message):
     with pytest.raises(BadInput, match=message):
@@ -73,14 +83,17 @@ def _u32(addr: int) -> ctypes.c_uint32:
 
 @pytest.mark.skipif(not (uring.probe().get("no_mmap") and uring.probe().get("no_sqarray")),
                     reason="needs IORING_SETUP_NO_MMAP and NO_SQARRAY (Linux 6.6+)")
-@pytest.mark.parametrize("registered", [False, True])
-def test_a_producer_ring_driven_through_memory_words_only(pattern_fd, registered):
+@pytest.mark.parametrize("registered,attached", [(False, False), (True, False), (False, True)])
+def test_a_producer_ring_driven_through_memory_words_only(pattern_fd, registered, attached):
     """Tiny SQPOLL ring in caller memory, 2000 reads, wrap-around, the agent's arithmetic;
     registered: the SQEs DeviceQueue writes for registered rings (READ_FIXED from buffer 0,
-    the file by its index)."""
+    the file by its index); attached: the ring shares another ring's SQPOLL thread
+    (sq_threads below rings), which then runs its reads and reports its work."""
     sq_n, cq_n = ring_sizes(2, 2)
+    first = uring.Ring(sq_n, cq_entries=cq_n, sqpoll=True, sq_thread_idle_ms=1,
+                       user_memory=True, no_sqarray=True) if attached else None
     ring = uring.Ring(sq_n, cq_entries=cq_n, sqpoll=True, sq_thread_idle_ms=1, user_memory=True,
-                      no_sqarray=True)
+                      no_sqarray=True, attach_to=first.fd if first else None)
     w = ring.ring_words
     sqes = np.ctypeslib.as_array((ctypes.c_uint64 * (8 * sq_n)).from_address(w["sqes"]))
     cqes = np.ctypeslib.as_array((ctypes.c_uint64 * (2 * cq_n)).from_address(w["cqes"]))
@@ -126,7 +139,14 @@ def test_a_producer_ring_driven_through_memory_words_only(pattern_fd, registered
             inflight -= 1
         _u32(w["cq_head"]).value = cqh
     assert not _u32(w["sq_flags"]).value & uring.SQ_CQ_OVERFLOW
+    times = ring.sq_thread_times()
+    if times is not None:  # Linux 6.13+ reports SQPOLL work time
+        assert times[0] > 0 and times[2] > 0
+        if first:
+            assert first.sq_thread_times()[0] == times[0]
     ring.close()
+    if first:
+        first.close()
     del buf
     mem.close()
 
@@ -239,3 +259,15 @@ def test_rings_register_files_and_slots_by_default_only_when_inline(given, regis
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
                     "t.toml", {}).jobs[0]
     assert engine_options(job)["registered"] is registered
+
+
+@pytest.mark.parametrize("given,threads", [({"rings": 4}, 4), ({"rings": 4, "sq_threads": 1}, 1),
+                                           ({"sq_threads": 3}, 1)])
+def test_sq_threads_default_to_one_per_ring_and_never_exceed_the_rings(given, threads,
+                                                                        monkeypatch):
+    from gpufio.engines import gpuuring
+
+    monkeypatch.setattr(gpuuring.os, "cpu_count", lambda: 2)  # default rings: 1
+    job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
+                    "t.toml", {}).jobs[0]
+    assert gpuuring.engine_options(job)["sq_threads"] == threads

@@ -24,7 +24,7 @@ from gpufio.engines.base import Engine
 from gpufio.engines.uring import Uring
 from gpufio.errors import BadInput
 from gpufio.gpuqueue import C_MEASURING, C_STOP, DeviceQueue
-from gpufio.gpuring import Watchdog, default_rings, ring_sizes
+from gpufio.gpuring import Watchdog, busy_shares, default_rings, ring_sizes
 from gpufio.options import Option
 from gpufio.stats import PLAT_NR
 from gpufio.worker import DeviceTotals
@@ -48,6 +48,7 @@ def engine_options(job: Job) -> dict[str, Any]:
     o = dict(job.engine_options)
     o["rings"] = o["rings"] or default_rings(max(len(job.targets), 1), os.cpu_count() or 1)
     o["threads"] = o["threads"] or o["rings"] * job.iodepth
+    o["sq_threads"] = min(o["sq_threads"] or o["rings"], o["rings"])
     if o["registered"] is None:
         o["registered"] = not o["sqe_async"]
     return o
@@ -70,7 +71,10 @@ class GpuUring(Engine):
                "exceed it, the CQ gets twice as many", minimum=0),
         Option("threads", "int", 0, "GPU requester threads (0: rings x iodepth, one per request "
                "slot); more than that share the slots", minimum=0),
-        Option("sq_thread_cpu", "intlist", (), "CPUs the rings' SQPOLL threads are pinned to, "
+        Option("sq_threads", "int", 0, "SQPOLL kernel threads serving the rings (0: one per "
+               "ring); ring i shares ring i % sq_threads's thread and io-wq "
+               "(IORING_SETUP_ATTACH_WQ)", minimum=0),
+        Option("sq_thread_cpu", "intlist", (), "CPUs the SQPOLL threads are pinned to, "
                "round-robin (default: not pinned)"),
         Option("sq_thread_idle", "time", 1_000_000_000, "how long an SQPOLL thread spins before "
                "it sleeps (the host wakes it)", minimum=1_000_000),
@@ -103,6 +107,10 @@ class GpuUring(Engine):
                            f"random_distribution '{job.random_distribution.kind}' is not "
                            "supported by this engine")
         ring_sizes(job.iodepth, job.engine_options["ring_entries"] or None)
+        rings, sq_threads = job.engine_options["rings"], job.engine_options["sq_threads"]
+        if rings and sq_threads > rings:
+            raise BadInput(f"job '{job.name}': sq_threads ({sq_threads}) exceeds rings ({rings}): "
+                           "each SQPOLL thread serves at least one ring")
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
@@ -110,19 +118,15 @@ class GpuUring(Engine):
         return {**super().describe(job), "gpus": list(job.gpu_list),
                 "lands_in": "gpu memory" if o["land"] == "gpu" else "pinned host memory",
                 "rings": o["rings"], "iodepth_per_ring": job.iodepth,
-                "requester_threads": o["threads"], "sqe_async": o["sqe_async"],
-                "registered": o["registered"]}
+                "requester_threads": o["threads"], "sq_threads": o["sq_threads"],
+                "sqe_async": o["sqe_async"], "registered": o["registered"]}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
         o = self._opts = engine_options(job)
         cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
-        sq, cq = ring_sizes(job.iodepth, o["ring_entries"] or None)
-        self.queue = DeviceQueue(nrings=o["rings"], depth=job.iodepth, slot_bytes=job.bs,
-                                 sq_entries=sq, cq_entries=cq,
-                                 idle_ms=o["sq_thread_idle"] // 1_000_000,
-                                 cpus=o["sq_thread_cpu"], sqe_async=o["sqe_async"],
-                                 fds=[t.fd for t in targets], registered=o["registered"])
+        self.queue = DeviceQueue.for_options(o, depth=job.iodepth, slot_bytes=job.bs,
+                                             fds=[t.fd for t in targets])
         self._bench_fn = self.queue.module.get_function("gio_bench")
         self._blocks = -(-o["threads"] // TPB)
         try:
@@ -178,24 +182,30 @@ class GpuUring(Engine):
     def run(self) -> None:
         ctx, o, q = self.ctx, self._opts, self.queue
         q.start(requesters=self._blocks * TPB)
-        measuring = stopping = False
+        sq0: dict[int, tuple[int, int]] | None = None
         if ctx.control.measuring:  # no ramp: the first completions count
             q.set(C_MEASURING, 1)
-            measuring = True
+            sq0 = q.rings.sq_thread_times()
         self._bench_fn((self._blocks,), (TPB,), (q.descriptor, self._dev["bench"]),
                        stream=self._stream)
         watchdog = Watchdog(o["stall_timeout"], time.monotonic_ns())
         last_pull = 0
+        stopping = noted = False
         try:
             while True:
-                if not measuring and ctx.control.measuring:
+                if sq0 is None and ctx.control.measuring:
                     q.set(C_MEASURING, 1)
-                    measuring = True
+                    sq0 = q.rings.sq_thread_times()
                 if not stopping and ctx.done:
                     q.set(C_STOP, 1)
                     stopping = True
                 q.rings.wake()
                 running = self._running()
+                if sq0 is not None and not noted and (stopping or not running):
+                    # of the measured phase's SQPOLL time, the share spent working, not spinning
+                    if shares := busy_shares(sq0, q.rings.sq_thread_times()):
+                        ctx.note("sq_thread_busy", shares)
+                    noted = True
                 now = time.monotonic_ns()
                 if not running or now - last_pull > PULL_NS:
                     live = self._get("live")

@@ -190,7 +190,6 @@ class GpuUringFetch:
         from gpufio import cuda
         from gpufio.gnn.gpucache import GpuCache, cache_rows
         from gpufio.gpuqueue import DeviceQueue
-        from gpufio.gpuring import ring_sizes
 
         self.xp, self.dim, self.layout = xp, dim, ds.layout
         self.rows = 0
@@ -201,12 +200,8 @@ class GpuUringFetch:
             self.cache = GpuCache(xp, cache_rows(cache_bytes, ds.layout.row_bytes, self._threads),
                                   ds.layout.row_bytes, ds.graph.nodes)
         self._fds = _open_rows(ds, direct)
-        sq, cq = ring_sizes(iodepth, opts["ring_entries"] or None)
-        self.queue = DeviceQueue(nrings=opts["rings"], depth=iodepth,
-                                 slot_bytes=ds.layout.row_bytes, sq_entries=sq, cq_entries=cq,
-                                 idle_ms=opts["sq_thread_idle"] // 1_000_000,
-                                 cpus=opts["sq_thread_cpu"], sqe_async=opts["sqe_async"],
-                                 fds=self._fds, registered=opts["registered"])
+        self.queue = DeviceQueue.for_options(opts, depth=iodepth, slot_bytes=ds.layout.row_bytes,
+                                             fds=self._fds)
         # loaded now: never while the agents spin (see DeviceQueue.start)
         self._gather = cuda.module("gnn_gather").get_function("gio_gather")
         self._d_fds = xp.asarray(self.queue.file_refs)
