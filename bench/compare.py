@@ -95,7 +95,8 @@ def run_gpufio(target: str, opts: dict, numjobs: int, iodepth: int, runtime: int
     rd = job["read"]
     return {"iops": rd["iops"], "p50": rd["lat_ns"]["percentile"]["50.000000"],
             "p99": rd["lat_ns"]["percentile"]["99.000000"], "cpu_us": job["cpu_us_per_io"],
-            "mode": job.get("engine_facts", {}).get("mode")}
+            "mode": job.get("engine_facts", {}).get("mode"),
+            "sq_thread_busy": job.get("engine_facts", {}).get("sq_thread_busy")}
 
 
 def run_fio(fio: str, target: str, opts: list[str], numjobs: int, iodepth: int,

@@ -25,7 +25,7 @@ def run(paths, **opts):
     {"rw": "randread", "rings": 2, "iodepth": 32},
     {"rw": "read", "rings": 1, "iodepth": 8, "bs": "64k"},
     {"rw": "randread", "rings": 2, "iodepth": 8, "land": "host"},
-    {"rw": "randread", "rings": 2, "iodepth": 8, "sqe_async": False},
+    {"rw": "randread", "rings": 2, "iodepth": 8, "sqe_async": True},
     {"rw": "randread", "rings": 2, "iodepth": 8, "registered": False},
     {"rw": "randread", "rings": 4, "iodepth": 8, "sq_threads": 1},
 ])

@@ -248,8 +248,8 @@ def test_queue_wait_stops_a_queue_whose_completions_stopped():
 
 
 @pytest.mark.parametrize("given,registered", [
-    ({}, False),                                   # sqe_async defaults on
-    ({"sqe_async": False}, True),
+    ({}, True),                                    # sqe_async defaults off
+    ({"sqe_async": True}, False),
     ({"sqe_async": False, "registered": False}, False),
     ({"registered": True}, True),
 ])
