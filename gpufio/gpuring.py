@@ -35,7 +35,9 @@ def ring_sizes(iodepth: int, ring_entries: int | None) -> tuple[int, int]:
 def busy_shares(before: dict[int, tuple[int, int]],
                 after: dict[int, tuple[int, int]]) -> list[float]:
     """Each SQPOLL thread's share of its CPU time between two ``sq_thread_times`` readings
-    that went to work rather than to spinning on an empty ring."""
+    that went to work rather than to spinning on an empty ring. The kernel derives both
+    clocks from the thread's tick-sampled system time: a thread whose CPU time did not move
+    between the readings is left out, and a share is capped at 1."""
     shares = []
     for pid, (total, work) in sorted(after.items()):
         t0, w0 = before.get(pid, (0, 0))

@@ -58,8 +58,9 @@ def test_a_timed_run_reports_each_sqpoll_threads_working_share(pattern_file):
             verify=True)
     assert r.ok and r.verify_failures == 0 and r.engine_facts["sq_threads"] == 2
     if kernel_version() >= (6, 13):  # SqWorkTime in the ring's fdinfo
+        # a thread whose CPU time the kernel has not moved on between the readings is left out
         shares = r.engine_facts["sq_thread_busy"]
-        assert len(shares) == 2 and all(0 < s <= 1 for s in shares)
+        assert 1 <= len(shares) <= 2 and all(0 < s <= 1 for s in shares)
 
 
 def test_a_target_truncated_part_way_reports_short_reads_and_stops(tmp_path):
