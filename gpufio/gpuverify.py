@@ -41,11 +41,6 @@ def check_landed(rows: Any, ctx: Any, tgt: np.ndarray, offs: np.ndarray, res: np
     ctx.record_mismatches(tgt[ok], offs[ok], bad.tolist())
 
 
-def seed_mixes(seeds: np.ndarray) -> np.ndarray:
-    """Each pattern seed times the golden ratio (mod 2**64), as the pattern's words use it."""
-    return np.asarray(seeds, dtype=np.uint64) * pattern.GOLDEN  # uint64 arrays wrap
-
-
 def launch(words: Any, offsets: Any, seeds: Any, n: int, io_len: int, mark: int, bad: Any,
            stream: Any = None) -> None:
     """Queue the check of ``n`` I/Os on ``stream`` (data, offsets and seeds CuPy arrays on the

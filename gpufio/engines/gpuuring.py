@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufio import gpu, gpuverify, pattern, uring
+from gpufio import gpu, pattern, uring
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.engines.uring import Uring
@@ -154,7 +154,7 @@ class GpuUring(Engine):
              "dst": cp.empty(nthreads * bs if o["land"] == "gpu" else 16, cp.uint8),
              "fds": cp.asarray(self.queue.file_refs),
              "starts": cp.asarray(starts), "nblocks": cp.asarray(nblocks),
-             "pat_seed": cp.asarray(seeds), "pat_mix": cp.asarray(gpuverify.seed_mixes(seeds)),
+             "pat_seed": cp.asarray(seeds),
              "live": cp.zeros(3, cp.uint64), "hist": cp.zeros(PLAT_NR, cp.uint64),
              "lat": cp.asarray(np.array([0, U64_MAX, 0], np.uint64)),
              "lat_sq": cp.zeros(1, cp.float64), "tstats": cp.zeros(4 * nt, cp.uint64),
@@ -170,7 +170,7 @@ class GpuUring(Engine):
         d["bench"] = cp.asarray(np.array([
             p["fds"], p["starts"], p["nblocks"], nt, bs, flags, seed,
             U64_MAX if budget is None else budget, p["claim"], p["dst"], nthreads,
-            p["pat_seed"], p["pat_mix"], pattern.MAGIC, pattern.BLOCK, pattern.HEADER_WORDS,
+            p["pat_seed"], pattern.MAGIC, pattern.BLOCK, pattern.HEADER_WORDS,
             p["live"], p["hist"], p["lat"], p["lat_sq"], p["tstats"], p["errs"], p["bad"]],
             np.uint64))
         return d

@@ -269,7 +269,6 @@ struct GioBench {
     unsigned char* dst;      // nthreads * bs bytes of GPU memory
     u64 nthreads;
     const u64* pat_seed;     // per target
-    const u64* pat_mix;
     u64 magic, block_bytes, header_words;
     u64* live;               // completed (any phase), measured ios, measured bytes
     u64* hist;               // PLAT_NR buckets
@@ -346,7 +345,7 @@ __device__ bool land_block(const GioBench* b, const uint4* src, u64 gthread, int
 {
     uint4* d = (uint4*)(b->dst + gthread * b->bs);
     const bool to_gpu = b->flags & B_LAND_GPU, verify = b->flags & B_VERIFY;
-    const u64 seed = verify ? b->pat_seed[tgt] : 0, mix = verify ? b->pat_mix[tgt] : 0;
+    const u64 seed = verify ? b->pat_seed[tgt] : 0;
     const u64 n16 = b->bs / 16;
     unsigned bad = 0;
     warp_load16(src, n16, lane, true, [&](u64 i, const uint4& v) {
@@ -354,8 +353,8 @@ __device__ bool land_block(const GioBench* b, const uint4* src, u64 gthread, int
         if (verify) {
             const u64 x = off + 16 * i;
             const u64 w0 = (u64)v.x | ((u64)v.y << 32), w1 = (u64)v.z | ((u64)v.w << 32);
-            bad += w0 != pattern_word(x, seed, mix, b->magic, b->block_bytes, b->header_words);
-            bad += w1 != pattern_word(x + 8, seed, mix, b->magic, b->block_bytes, b->header_words);
+            bad += w0 != pattern_word(x, seed, b->magic, b->block_bytes, b->header_words);
+            bad += w1 != pattern_word(x + 8, seed, b->magic, b->block_bytes, b->header_words);
         }
     });
     return __any_sync(FULL, bad != 0);

@@ -15,12 +15,12 @@ __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z)
 }
 
 __device__ __forceinline__ unsigned long long pattern_word(
-    unsigned long long x, unsigned long long seed, unsigned long long seed_mix,
-    unsigned long long magic, unsigned long long block_bytes, unsigned long long header_words)
+    unsigned long long x, unsigned long long seed, unsigned long long magic,
+    unsigned long long block_bytes, unsigned long long header_words)
 {
     const unsigned long long slot = (x % block_bytes) / 8;
     if (slot >= header_words) {
-        return splitmix64(x ^ seed_mix);
+        return splitmix64(x ^ (seed * PATTERN_GOLDEN));
     }
     const unsigned long long block_off = x - 8 * slot;
     return slot == 0 ? magic : slot == 1 ? block_off : slot == 2 ? seed
