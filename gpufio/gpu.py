@@ -11,6 +11,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpufio.devinfo import pci_link
 
 
@@ -73,6 +75,34 @@ def unregister_host(addr: int) -> None:
     import cupy
 
     cupy.cuda.runtime.hostUnregister(addr)
+
+
+class PinnedBuffer:
+    """``nbytes`` of page-aligned host memory gpufio owns, page-locked (register_host) from
+    construction to ``close``: landing slots, marks, request slots. One place that pairs
+    the registration with its undoing, so no failure path leaves memory registered (CUDA
+    refuses a later buffer that reuses the address: HostMemoryAlreadyRegistered)."""
+
+    def __init__(self, nbytes: int, mapped: bool = False) -> None:
+        from gpufio.targets import aligned_buffer
+
+        self._mem = aligned_buffer(nbytes)
+        self.array: np.ndarray | None = np.frombuffer(self._mem, dtype=np.uint8)
+        self.addr = self.array.ctypes.data
+        try:
+            register_host(self.addr, len(self._mem), mapped)
+        except BaseException:
+            self.array = None
+            self._mem.close()
+            raise
+
+    def close(self) -> None:
+        """Unregister and free; views of ``array`` the caller made must be dropped first."""
+        if self.array is None:
+            return
+        unregister_host(self.addr)
+        self.array = None
+        self._mem.close()
 
 
 def gpu_facts() -> list[dict[str, Any]]:

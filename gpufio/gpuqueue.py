@@ -19,7 +19,6 @@ import numpy as np
 from gpufio import cuda, gpu, uring
 from gpufio.errors import BadInput
 from gpufio.gpuring import GpuRings, Watchdog, ring_sizes, stall_report
-from gpufio.targets import aligned_buffer
 
 C_STOP, C_ABORT, C_MEASURING, C_REQUESTERS, C_AGENTS = range(5)
 SLOT_STATES = ("free", "claimed", "ready", "submitted", "done")
@@ -48,18 +47,15 @@ class DeviceQueue:
         self.nrings, self.depth = nrings, depth
         self.module = cuda.module("gpu_uring")
         self._agent = self.module.get_function("gio_agent")
-        self._mem = None
-        self._registered = False
+        self._slots: gpu.PinnedBuffer | None = None
         self._dev: dict[str, Any] = {}
         self.kernels_done = True
         self.rings = GpuRings(nrings, sq_entries, cq_entries, idle_ms=idle_ms, cpus=cpus,
                               sq_threads=sq_threads)
         try:
             slots = nrings * depth
-            self._mem = aligned_buffer(slots * slot_bytes)
-            self.landing = np.frombuffer(self._mem, dtype=np.uint8).ctypes.data
-            gpu.register_host(self.landing, len(self._mem), mapped=True)
-            self._registered = True
+            self._slots = gpu.PinnedBuffer(slots * slot_bytes, mapped=True)
+            self.landing = self._slots.addr
             self.file_refs = np.array(range(len(fds)) if registered else fds, np.int32)
             if registered:
                 self._register(fds, depth * slot_bytes)
@@ -192,10 +188,7 @@ class DeviceQueue:
         if not self.kernels_done:
             return
         self._dev = {}
-        if self._registered:
-            gpu.unregister_host(self.landing)
-            self._registered = False
-        if self._mem is not None:
-            self._mem.close()
-            self._mem = None
+        if self._slots is not None:
+            self._slots.close()
+            self._slots = None
         self.rings.close()

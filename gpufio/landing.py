@@ -17,7 +17,6 @@ import numpy as np
 
 from gpufio import gpu, gpuverify
 from gpufio.errors import BadInput
-from gpufio.targets import aligned_buffer
 from gpufio.worker import WorkerContext
 
 
@@ -30,24 +29,21 @@ class Landing:
         self._cp = cp
         self.segments, self.per_segment, self.bs = segments, per_segment, bs
         nbytes = segments * per_segment * bs
-        self._mem = aligned_buffer(nbytes)
-        self.host = np.frombuffer(self._mem, dtype=np.uint8)
-        self.host_addr = self.host.ctypes.data
-        gpu.register_host(self.host_addr, len(self._mem))
-        # a constructor that fails must not leave memory registered: CUDA would refuse the
-        # next buffer that happens to reuse the address (HostMemoryAlreadyRegistered)
+        self._verify = verify
+        self._slots = gpu.PinnedBuffer(nbytes)
+        self.host, self.host_addr = self._slots.array, self._slots.addr
+        self._marks: gpu.PinnedBuffer | None = None
         try:
             self.dev = cp.empty(nbytes, dtype=cp.uint8)
             self._streams = [cp.cuda.Stream(non_blocking=True) for _ in range(segments)]
             self._events = [cp.cuda.Event(disable_timing=True) for _ in range(segments)]
-            self._verify = verify
             if verify:
                 self._setup_verify(cp)
         except cp.cuda.memory.OutOfMemoryError:
-            gpu.unregister_host(self.host_addr)
+            self._release()
             raise BadInput(f"gpu {gpu_index}: out of memory for {nbytes} bytes of buffers") from None
         except BaseException:
-            gpu.unregister_host(self.host_addr)
+            self._release()
             raise
 
     def _setup_verify(self, cp: object) -> None:
@@ -62,11 +58,10 @@ class Landing:
         shape = (self.segments, 2, self.per_segment)
         self._params_host = cupyx.zeros_pinned(shape, dtype=np.uint64)
         self._params = cp.zeros(shape, dtype=cp.uint64)
-        self._marks_mem = aligned_buffer(self.segments * self.per_segment * 4)
-        n = self.segments * self.per_segment  # the buffer is whole pages: take what is used
-        self._marked = np.frombuffer(self._marks_mem, dtype=np.uint32)[:n].reshape(
-            self.segments, self.per_segment)
-        gpu.register_host(self._marked.ctypes.data, len(self._marks_mem), mapped=True)
+        n = self.segments * self.per_segment
+        self._marks = gpu.PinnedBuffer(n * 4, mapped=True)
+        self._marked = self._marks.array.view(np.uint32)[:n].reshape(self.segments,
+                                                                     self.per_segment)
         self._uses = [0] * self.segments
 
     def _mark(self, seg: int) -> int:
@@ -111,11 +106,12 @@ class Landing:
         """Wait for outstanding copies, then release the buffers."""
         for stream in self._streams:
             stream.synchronize()
-        gpu.unregister_host(self.host_addr)
-        if self._verify:
-            gpu.unregister_host(self._marked.ctypes.data)
-            self._marked = None
-            self._marks_mem.close()
-        self.host = None
         self.dev = None
-        self._mem.close()
+        self._release()
+
+    def _release(self) -> None:
+        """Unregister and free the host buffers (our views of them go first)."""
+        self.host = self._marked = None
+        self._slots.close()
+        if self._marks is not None:
+            self._marks.close()
