@@ -47,8 +47,9 @@ def busy_shares(before: dict[int, tuple[int, int]],
 
 
 def default_rings(ntargets: int, cpus: int) -> int:
-    """One ring per SQPOLL thread: half the cores (each SQPOLL thread spins on one), at most
-    8 (the probe's best on the GPU machine), at least one per target."""
+    """Half the cores, at most 8, at least one per target: each ring's SQPOLL thread spins
+    on a core, and on RAM-backed targets hands its reads to an io-wq worker that needs
+    another (on the H200's 16 cores 8 rings made 4.75 M IOPS, 16 rings 4.09 M)."""
     return max(ntargets, min(8, cpus // 2), 1)
 
 
