@@ -32,20 +32,6 @@ def ring_sizes(iodepth: int, ring_entries: int | None) -> tuple[int, int]:
     return sq, CQ_FACTOR * sq
 
 
-def busy_shares(before: dict[int, tuple[int, int]],
-                after: dict[int, tuple[int, int]]) -> list[float]:
-    """Each SQPOLL thread's share of its CPU time between two ``sq_thread_times`` readings
-    that went to work rather than to spinning on an empty ring. The kernel derives both
-    clocks from the thread's tick-sampled system time: a thread whose CPU time did not move
-    between the readings is left out, and a share is capped at 1."""
-    shares = []
-    for pid, (total, work) in sorted(after.items()):
-        t0, w0 = before.get(pid, (0, 0))
-        if total > t0:
-            shares.append(round(min((work - w0) / (total - t0), 1.0), 3))
-    return shares
-
-
 def default_rings(ntargets: int, cpus: int) -> int:
     """Half the cores, at most 8, at least one per target: each ring's SQPOLL thread spins
     on a core, and on RAM-backed targets hands its reads to an io-wq worker that needs
@@ -144,15 +130,6 @@ class GpuRings:
                 r.enter(0, 0, uring.ENTER_SQ_WAKEUP)
                 woken += 1
         return woken
-
-    def sq_thread_times(self) -> dict[int, tuple[int, int]]:
-        """{SQPOLL thread id: (CPU time, work time)} in microseconds, one entry per thread
-        however many rings it serves; empty where the kernel does not say."""
-        out = {}
-        for r in self.rings:
-            if t := r.sq_thread_times():
-                out[t[0]] = t[1:]
-        return out
 
     def completed(self) -> int:
         """Completions posted on all rings so far (the CQ tails, read from host memory): what

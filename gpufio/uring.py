@@ -21,12 +21,15 @@ import mmap
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
 from gpufio.errors import BadInput
 from gpufio.hostinfo import io_uring_disabled, kernel_version
+
+if TYPE_CHECKING:
+    from gpufio.worker import WorkerContext
 
 SYS_SETUP, SYS_ENTER, SYS_REGISTER = 425, 426, 427
 
@@ -453,6 +456,54 @@ class Ring:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def sq_thread_times(rings: Iterable[Ring]) -> dict[int, tuple[int, int]]:
+    """{SQPOLL thread id: (CPU time, work time)} in microseconds for the threads behind
+    ``rings``, one entry per thread however many of them it serves; empty where the kernel
+    does not say."""
+    return {t[0]: t[1:] for r in rings if (t := r.sq_thread_times())}
+
+
+def busy_shares(before: dict[int, tuple[int, int]],
+                after: dict[int, tuple[int, int]]) -> list[float]:
+    """Each SQPOLL thread's share of its CPU time between two ``sq_thread_times`` readings
+    that went to work rather than to spinning on an empty ring. The kernel derives both
+    clocks from the thread's tick-sampled system time: a thread whose CPU time did not move
+    between the readings is left out, and a share is capped at 1."""
+    shares = []
+    for pid, (total, work) in sorted(after.items()):
+        t0, w0 = before.get(pid, (0, 0))
+        if total > t0:
+            shares.append(round(min((work - w0) / (total - t0), 1.0), 3))
+    return shares
+
+
+class SqThreadShare:
+    """The working share of the SQPOLL threads behind ``rings`` over a run's measured phase:
+    ``begin`` when it starts, ``note`` at its end puts one share per thread in the result's
+    engine facts (``sq_thread_busy``). An SQPOLL thread's CPU time is a whole core whether it
+    works or spins, so this is what tells a busy thread from an idle one."""
+
+    def __init__(self, rings: list[Ring]) -> None:
+        self._rings = rings
+        self._before: dict[int, tuple[int, int]] | None = None
+        self._noted = False
+
+    @property
+    def begun(self) -> bool:
+        return self._before is not None
+
+    def begin(self) -> None:
+        self._before = sq_thread_times(self._rings)
+
+    def note(self, ctx: WorkerContext) -> None:
+        """Record the shares once (nothing if the measured phase never began)."""
+        if self._before is None or self._noted:
+            return
+        self._noted = True
+        if shares := busy_shares(self._before, sq_thread_times(self._rings)):
+            ctx.note("sq_thread_busy", shares)
 
 
 _EMPTY_U64 = np.empty(0, np.uint64)

@@ -11,8 +11,8 @@ import pytest
 
 from gpufio import pattern, uring
 from gpufio.errors import BadInput
-from gpufio.gpuring import (RingState, Watchdog, busy_shares, default_rings, ring_sizes,
-                            stall_report)
+from gpufio.gpuring import RingState, Watchdog, default_rings, ring_sizes, stall_report
+from gpufio.uring import busy_shares
 from gpufio.profile import from_dict
 from gpufio.targets import aligned_buffer
 

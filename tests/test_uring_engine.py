@@ -96,3 +96,21 @@ def test_a_lagging_sq_head_does_not_end_the_job(pattern_file):
         engine.close()
         os.close(fd)
     assert ctx.rec.completed == 64
+
+
+@pytest.mark.skipif(not uring.probe().get("sqpoll"), reason="SQPOLL not available")
+@pytest.mark.parametrize("sqpoll", [True, False])
+def test_an_sqpoll_run_reports_its_threads_working_share(pattern_file, sqpoll):
+    from gpufio import runner
+    from gpufio.hostinfo import kernel_version
+
+    profile = from_dict({"global": {"engine": "uring", "targets": [str(pattern_file)],
+                                    "sqpoll": sqpoll, "iodepth": 8, "runtime": "500ms",
+                                    "ramp_time": "200ms", "time_based": True}}, "p.toml", {})
+    (r,) = runner.run_profile(profile, quiet=True).results
+    assert r.ok and r.ios > 0
+    if not sqpoll:
+        assert "sq_thread_busy" not in r.engine_facts
+    elif kernel_version() >= (6, 13):  # SqWorkTime in the ring's fdinfo
+        (share,) = r.engine_facts["sq_thread_busy"]
+        assert 0 < share <= 1

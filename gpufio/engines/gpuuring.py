@@ -24,7 +24,7 @@ from gpufio.engines.base import Engine
 from gpufio.engines.uring import Uring
 from gpufio.errors import BadInput
 from gpufio.gpuqueue import C_MEASURING, C_STOP, DeviceQueue
-from gpufio.gpuring import Watchdog, busy_shares, default_rings, ring_sizes
+from gpufio.gpuring import Watchdog, default_rings, ring_sizes
 from gpufio.options import Option
 from gpufio.stats import PLAT_NR
 from gpufio.worker import DeviceTotals
@@ -184,30 +184,27 @@ class GpuUring(Engine):
     def run(self) -> None:
         ctx, o, q = self.ctx, self._opts, self.queue
         q.start(requesters=self._blocks * TPB)
-        sq0: dict[int, tuple[int, int]] | None = None
+        share = uring.SqThreadShare(q.rings.rings)
         if ctx.control.measuring:  # no ramp: the first completions count
             q.set(C_MEASURING, 1)
-            sq0 = q.rings.sq_thread_times()
+            share.begin()
         self._bench_fn((self._blocks,), (TPB,), (q.descriptor, self._dev["bench"]),
                        stream=self._stream)
         watchdog = Watchdog(o["stall_timeout"], time.monotonic_ns())
         last_pull = 0
-        stopping = noted = False
+        stopping = False
         try:
             while True:
-                if sq0 is None and ctx.control.measuring:
+                if not share.begun and ctx.control.measuring:
                     q.set(C_MEASURING, 1)
-                    sq0 = q.rings.sq_thread_times()
+                    share.begin()
                 if not stopping and ctx.done:
                     q.set(C_STOP, 1)
                     stopping = True
                 q.rings.wake()
                 running = self._running()
-                if sq0 is not None and not noted and (stopping or not running):
-                    # of the measured phase's SQPOLL time, the share spent working, not spinning
-                    if shares := busy_shares(sq0, q.rings.sq_thread_times()):
-                        ctx.note("sq_thread_busy", shares)
-                    noted = True
+                if stopping or not running:
+                    share.note(ctx)
                 now = time.monotonic_ns()
                 if not running or now - last_pull > PULL_NS:
                     live = self._get("live")

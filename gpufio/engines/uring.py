@@ -110,6 +110,14 @@ class Uring(Engine):
             length=0, user_data=np.zeros(len(targets), np.uint64))[:, 0]
 
     def run(self) -> None:
+        share = uring.SqThreadShare([self.ring]) if self.job.engine_options["sqpoll"] else None
+        try:
+            self._run(share)
+        finally:
+            if share is not None:
+                share.note(self.ctx)
+
+    def _run(self, share: uring.SqThreadShare | None) -> None:
         ctx, ring = self.ctx, self.ring
         depth = self.job.iodepth
         multi_target = len(self.targets) > 1
@@ -166,6 +174,8 @@ class Uring(Engine):
                 ctx.verify(self._slots[done], tgt_done, slot_off[done], res)
             now_arr[()] = now
             ctx.complete(now_arr - t_issue[done], tgt_done, res)
+            if share is not None and not share.begun and ctx.control.measuring:
+                share.begin()
             free = np.concatenate((free, done)) if len(free) else done
 
     def close(self) -> None:
