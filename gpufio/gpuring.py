@@ -20,7 +20,7 @@ from gpufio.errors import BadInput
 CQ_FACTOR = 2
 
 
-def ring_sizes(iodepth: int, ring_entries: int | None) -> tuple[int, int]:
+def ring_sizes(iodepth: int, ring_entries: int | None, where: str = "") -> tuple[int, int]:
     """(SQ entries, CQ entries) for a ring with ``iodepth`` request slots.
 
     The GPU never calls io_uring_enter, so a CQE that overflows stays in the kernel and the
@@ -28,7 +28,7 @@ def ring_sizes(iodepth: int, ring_entries: int | None) -> tuple[int, int]:
     ``iodepth`` slots, hence at most that many reads in flight, so iodepth <= SQ entries <=
     CQ entries is enough; the kernel rounds both up to powers of two, and so does this.
     """
-    sq = 1 << (uring.sq_entries(iodepth, ring_entries or 0) - 1).bit_length()
+    sq = 1 << (uring.sq_entries(iodepth, ring_entries or 0, where) - 1).bit_length()
     return sq, CQ_FACTOR * sq
 
 

@@ -65,6 +65,9 @@ def sq_entries(iodepth: int, ring_entries: int, where: str = "") -> int:
     """The SQ size for ``iodepth`` reads in flight (``ring_entries``, or iodepth when 0);
     BadInput, prefixed with ``where``, when the reads do not fit or io_uring allows no
     such ring."""
+    if not ring_entries and iodepth > MAX_ENTRIES:
+        raise BadInput(f"{where}key 'iodepth': {iodepth} is above the largest io_uring ring "
+                       f"({MAX_ENTRIES} entries)")
     entries = ring_entries or iodepth
     if iodepth > entries:
         raise BadInput(f"{where}key 'iodepth': {iodepth} reads in flight do not fit a ring of "

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gpufio import runner, targets
+from gpufio.errors import BadInput
 from gpufio.profile import from_dict
 
 CPU_ENGINES = [
@@ -296,3 +297,11 @@ def test_cpu_gpu_keeps_twice_the_slots_its_reads_in_flight_need(iodepth, segment
 
     d = all_engines()["cpu-gpu"].describe(_job("cpu-gpu", iodepth=iodepth, segments=segments))
     assert (d["segments"], d["landing_slots"]) == facts
+
+
+@pytest.mark.parametrize("engine", ["uring", "cpu-gpu", "gpu-uring"])
+def test_an_iodepth_above_io_urings_largest_ring_names_iodepth(engine):
+    with pytest.raises(BadInput, match=r"job 'j': key 'iodepth': 40000 is above the largest "
+                                       r"io_uring ring \(32768 entries\)"):
+        from_dict({"global": {"engine": engine, "size": "1m", "iodepth": 40000},
+                   "job": [{"name": "j"}]}, "p.toml", {})

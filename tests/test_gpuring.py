@@ -71,6 +71,7 @@ def test_stall_report_names_heads_tails_flags_and_slots():
     ({"iodepth": 16, "ring_entries": 8}, "do not fit a ring of ring_entries = 8"),
     ({"land": "disk"}, "key 'land': 'disk' is not one of gpu, host"),
     ({"rings": 2, "sq_threads": 3}, r"sq_threads \(3\) exceeds rings \(2\)"),
+    ({"iodepth": 40000}, r"key 'iodepth': 40000 is above the largest io_uring ring \(32768"),
 ])
 def test_profile_checks(opts, message):
     with pytest.raises(BadInput, match=message):

@@ -22,7 +22,6 @@ import numpy as np
 from gpufio import uring
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
-from gpufio.engines.uring import check_ring_depth
 from gpufio.landing import Landing
 from gpufio.options import Option
 
@@ -67,7 +66,7 @@ class CpuGpu(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        check_ring_depth(job)
+        uring.sq_entries(job.iodepth, 0, f"job '{job.name}': ")
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:

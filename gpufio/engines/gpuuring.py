@@ -108,7 +108,7 @@ class GpuUring(Engine):
             raise BadInput(f"job '{job.name}': gpu-uring draws offsets on the GPU, uniformly; "
                            f"random_distribution '{job.random_distribution.kind}' is not "
                            "supported by this engine")
-        ring_sizes(job.iodepth, job.engine_options["ring_entries"] or None)
+        ring_sizes(job.iodepth, job.engine_options["ring_entries"] or None, f"job '{job.name}': ")
         rings, sq_threads = job.engine_options["rings"], job.engine_options["sq_threads"]
         if rings and sq_threads > rings:
             raise BadInput(f"job '{job.name}': sq_threads ({sq_threads}) exceeds rings ({rings}): "

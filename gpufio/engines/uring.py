@@ -33,13 +33,6 @@ class StuckIO(RuntimeError):
     """I/Os were in flight but none completed for STALL_LIMIT_NS."""
 
 
-def check_ring_depth(job: Job) -> None:
-    """BadInput if iodepth exceeds the largest ring io_uring allows (any engine with a ring)."""
-    if job.iodepth > uring.MAX_ENTRIES:
-        raise BadInput(f"job '{job.name}': key 'iodepth': {job.iodepth} is above the largest "
-                       f"io_uring ring ({uring.MAX_ENTRIES} entries)")
-
-
 @register
 class Uring(Engine):
     """CPU-submitted io_uring reads into (optionally registered) host buffers."""
@@ -66,7 +59,6 @@ class Uring(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        check_ring_depth(job)
         uring.sq_entries(job.iodepth, job.engine_options["ring_entries"], f"job '{job.name}': ")
 
     @classmethod
