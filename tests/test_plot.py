@@ -16,12 +16,15 @@ pytest.importorskip("matplotlib")
 
 def result(tmp_path, name, scale):
     pct = {f"{p:f}": int(scale * 1000 * (1 + p)) for p in (1.0, 50.0, 90.0, 99.0, 99.9, 99.99)}
-    job = lambda n, iops: {"jobname": n, "error": 0,
-                           "read": {"iops": iops, "bw_bytes": iops * 4096,
-                                    "lat_ns": {"mean": 5e4, "percentile": pct}},
-                           "cpu_us_per_io": 2.0,
-                           "samples": [{"t_ms": 500.0 * i, "iops": iops * (1 + 0.01 * i),
-                                        "bw_bytes": 4096 * iops} for i in range(1, 6)]}
+
+    def job(n, iops):
+        return {"jobname": n, "error": 0,
+                "read": {"iops": iops, "bw_bytes": iops * 4096,
+                         "lat_ns": {"mean": 5e4, "percentile": pct}},
+                "cpu_us_per_io": 2.0,
+                "samples": [{"t_ms": 500.0 * i, "iops": iops * (1 + 0.01 * i),
+                             "bw_bytes": 4096 * iops} for i in range(1, 6)]}
+
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps({"host": {}, "jobs": [job("psync", 1000 * scale),
                                                      job("uring", 3000 * scale)]}))

@@ -29,7 +29,8 @@ def job(**opts):
 
 
 @pytest.mark.parametrize("opts,message", [
-    ({"iodepth": 64, "ring_entries": 32}, "key 'iodepth': 64 reads in flight do not fit a ring of ring_entries = 32"),
+    ({"iodepth": 64, "ring_entries": 32},
+     "key 'iodepth': 64 reads in flight do not fit a ring of ring_entries = 32"),
     ({"iodepth": 40000}, "is above the largest io_uring ring \\(32768 entries\\)"),
     ({"ring_entries": 65536}, "key 'ring_entries': 65536 is more than io_uring's 32768"),
     ({"sqpoll": "maybe"}, "key 'sqpoll': expected true or false"),
@@ -67,7 +68,8 @@ def test_ios_that_never_complete_end_in_a_diagnostic(tmp_path, monkeypatch):
     ctx = worker_context(nblocks=256, budget=4)
     engine = uring_engine.Uring(j, [Target(str(fifo), fd, 1 << 20, False, 512, None)], ctx)
     try:
-        with pytest.raises(uring_engine.StuckIO, match="4 I/Os in flight and none completed for 0.3 s: .*'inflight': 4"):
+        with pytest.raises(uring_engine.StuckIO,
+                           match="4 I/Os in flight and none completed for 0.3 s: .*'inflight': 4"):
             engine.run()
     finally:
         engine.close()
