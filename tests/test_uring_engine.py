@@ -101,18 +101,21 @@ def test_a_lagging_sq_head_does_not_end_the_job(pattern_file):
 
 
 @pytest.mark.skipif(not uring.probe().get("sqpoll"), reason="SQPOLL not available")
-@pytest.mark.parametrize("sqpoll", [True, False])
-def test_an_sqpoll_run_reports_its_threads_working_share(pattern_file, sqpoll):
+@pytest.mark.parametrize("sqpoll,numjobs", [(True, 1), (True, 2), (False, 1)])
+def test_an_sqpoll_run_reports_its_threads_working_share(pattern_file, sqpoll, numjobs):
+    """One share per SQPOLL thread: each worker (a forked process) has its own ring and
+    thread, and the result gathers every worker's."""
     from gpufio import runner
     from gpufio.hostinfo import kernel_version
 
     profile = from_dict({"global": {"engine": "uring", "targets": [str(pattern_file)],
                                     "sqpoll": sqpoll, "iodepth": 8, "runtime": "500ms",
-                                    "ramp_time": "200ms", "time_based": True}}, "p.toml", {})
+                                    "ramp_time": "200ms", "time_based": True,
+                                    "numjobs": numjobs}}, "p.toml", {})
     (r,) = runner.run_profile(profile, quiet=True).results
     assert r.ok and r.ios > 0
     if not sqpoll:
         assert "sq_thread_busy" not in r.engine_facts
     elif kernel_version() >= (6, 13):  # SqWorkTime in the ring's fdinfo
-        (share,) = r.engine_facts["sq_thread_busy"]
-        assert 0 < share <= 1
+        shares = r.engine_facts["sq_thread_busy"]
+        assert len(shares) == numjobs and all(0 < s <= 1 for s in shares)
