@@ -4,8 +4,9 @@
 //  1. The request API (gio_try_post / gio_done / gio_result / gio_landing / gio_release, and
 //     the blocking gio_read): any GPU thread posts (file, offset, length) into a request slot
 //     in device memory (file: the queue's reference for a target, DeviceQueue.file_refs:
-//     its index among the rings' registered files, or the descriptor itself) and later polls or waits for its completion. Slots, tickets and
-//     states live in device memory only: atomics on host-mapped memory are not atomic here.
+//     its index among the rings' registered files, or the descriptor itself) and later
+//     polls or waits for its completion. Slots, tickets and states live in device memory
+//     only: atomics on host-mapped memory are not atomic here.
 //  2. gio_agent: one warp per ring. It gathers READY slots into SQEs (one lane per SQE,
 //     16-byte system-scope stores), publishes the SQ tail once per batch, drains CQEs (one
 //     lane each) and posts each result to its slot. Only agent warps touch host memory's
