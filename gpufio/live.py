@@ -19,6 +19,24 @@ from gpufio.runner import Snapshot
 PLAIN_EVERY_S = 2.0
 
 
+class Interval:
+    """Says whether ``every_s`` seconds have passed since it last said yes; the first call
+    always says yes. The clock is monotonic (seconds since boot), so "never" must be a
+    sentinel, not 0: on a host up for less than ``every_s`` a 0 would hide the first line."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_ns = int(every_s * 1e9)
+        self._last: int | None = None
+
+    def due(self, force: bool = False) -> bool:
+        """True (and restart the interval) when the interval has passed, or ``force``."""
+        now = time.monotonic_ns()
+        if not force and self._last is not None and now - self._last < self.every_ns:
+            return False
+        self._last = now
+        return True
+
+
 def _eta(s: Snapshot) -> str:
     return f"{s.eta_s:.0f}s" if s.eta_s is not None and s.state != "done" else "-"
 
@@ -70,7 +88,7 @@ class LiveDisplay:
         self._stream = stream or sys.stderr
         self._tty = self._stream.isatty()
         self._live: LiveTable | None = None
-        self._last_plain = 0.0
+        self._plain = Interval(PLAIN_EVERY_S)
 
     def __enter__(self) -> "LiveDisplay":
         if self._tty:
@@ -86,11 +104,9 @@ class LiveDisplay:
         if self._live is not None:
             self._live.show(_table(snaps))
             return
-        now = time.monotonic()
         running = [s for s in snaps if s.state in ("ramp", "run")]
-        if not running or now - self._last_plain < PLAIN_EVERY_S:
+        if not running or not self._plain.due():
             return
-        self._last_plain = now
         for s in running:
             progress = f"{100 * s.progress:.0f}%" if s.progress is not None else "-"
             print(f"gpufio: {s.name} [{s.engine}] {s.state} {progress} iops={s.iops:,.0f} "

@@ -207,7 +207,9 @@ def test_module_entry_point_help():
         assert command in res.stdout
 
 
-def test_live_display_redraws_a_table_on_a_terminal_and_prints_lines_elsewhere():
+@pytest.mark.parametrize("since_boot_s", [1, 10 ** 6])
+def test_live_display_redraws_a_table_on_a_terminal_and_prints_lines_elsewhere(
+        monkeypatch, since_boot_s):
     import io
 
     from gpufio.live import LiveDisplay
@@ -225,8 +227,12 @@ def test_live_display_redraws_a_table_on_a_terminal_and_prints_lines_elsewhere()
         live.update([done])
     text = tty.getvalue()
     assert "gpufio: finished" in text and "123,456" in text and "250.0" in text
+    # a fixed young clock: the first plain line must come even 1 s after boot
+    monkeypatch.setattr(time, "monotonic_ns", lambda: since_boot_s * 10 ** 9)
+    monkeypatch.setattr(time, "monotonic", lambda: float(since_boot_s))
     plain = io.StringIO()
     with LiveDisplay(plain) as live:
         live.update([run])
+        live.update([run])  # within the interval: quiet
     assert plain.getvalue() == ("gpufio: randread [uring] run 50% iops=123,456 MB/s=505.7 "
                                 "p50=80.0us p99=250.0us eta=2s\n")

@@ -413,10 +413,16 @@ def test_io_commands_refuse_a_gnn_result_in_one_line(tmp_path, write_profile):
     assert res.exit_code == 2 and "for workload 'gnn'" in res.stderr
 
 
-def test_progress_lines_say_where_a_long_run_is(capsys):
+@pytest.mark.parametrize("since_boot_s", [1, 10 ** 6])
+def test_progress_lines_say_where_a_long_run_is(capsys, monkeypatch, since_boot_s):
+    """The first line comes whatever the monotonic clock reads: on a host up one second
+    (a fresh CI machine) as on one up for days."""
+    import time
     from types import SimpleNamespace
 
     from gpufio.gnn.report import ProgressLines
+
+    monkeypatch.setattr(time, "monotonic_ns", lambda: since_boot_s * 10 ** 9)
 
     job = SimpleNamespace(name="j", gnn={"iterations": 1100, "warmup": 1000})
     lines = ProgressLines(every_s=3600)

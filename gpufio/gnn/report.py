@@ -14,7 +14,6 @@ import contextlib
 import json
 import signal
 import sys
-import time
 from typing import Any, TextIO
 
 from rich.table import Table
@@ -25,7 +24,7 @@ from gpufio.engines.base import label
 from gpufio.gnn import timing
 from gpufio.gnn.run import run_job
 from gpufio.hostinfo import host_facts
-from gpufio.live import LiveTable, table
+from gpufio.live import Interval, LiveTable, table
 from gpufio.profile import Profile
 
 FORMATS = ("table", "json", "markdown", "csv")
@@ -36,15 +35,12 @@ class ProgressLines:
     last iteration's stage times (long runs must not look hung)."""
 
     def __init__(self, every_s: float = 2.0) -> None:
-        self.every_ns = int(every_s * 1e9)
-        self._last = 0
+        self._interval = Interval(every_s)
 
     def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
-        now = time.monotonic_ns()
         g = job.gnn
-        if now - self._last < self.every_ns and done != g["iterations"]:
+        if not self._interval.due(force=done == g["iterations"]):
             return
-        self._last = now
         phase = " (warm-up)" if done <= g["warmup"] else ""
         times = ", ".join(f"{s} {ns / 1e6:.1f} ms" for s, ns in zip(timing.STAGES, stage_ns))
         print(f"gpufio: {job.name}: iteration {done}/{g['iterations']}{phase}: {times}",
