@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 a run failed (I/O errors, bad data, engine failure), 2 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -228,6 +229,33 @@ def prepare(
                 if path not in seen:
                     seen.add(path)
                     typer.echo(f"{path}: ready")
+
+
+@app.command()
+def clean(
+    directory: list[str] = typer.Option([], "--directory", "-d",
+                                        help="also look here (default: the scratch directory)"),
+    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="list, remove nothing"),
+) -> None:
+    """Remove the scratch files gpufio created (test targets, GNN tables and graphs)."""
+    from gpufio import targets as tg
+    from gpufio.units import format_size
+
+    with _exit_codes():
+        dirs = [tg.default_scratch_dir(), *directory]
+        files = tg.scratch_files(dirs)
+        total = 0
+        for path in files:
+            size = os.path.getsize(path)
+            total += size
+            if not dry_run:
+                try:
+                    os.unlink(path)
+                except OSError as e:
+                    raise BadInput(f"{path}: cannot remove: {e.strerror}") from None
+            typer.echo(f"{'would remove' if dry_run else 'removed'} {path} ({format_size(size)})")
+        verb = "would free" if dry_run else "freed"
+        typer.echo(f"{len(files)} scratch files in {', '.join(dirs)}; {verb} {format_size(total)}")
 
 
 @app.command()

@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 _STATX_DIOALIGN = 0x2000
+# filesystems whose files live in memory: reading them measures RAM, not a drive
+RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
+# block devices that are memory: zram, brd (ramN), pmem emulated from RAM is left out (real
+# persistent memory exists)
+_RAM_DISKS = ("zram", "ram")
 _AT_FDCWD = -100
 
 
@@ -106,8 +111,44 @@ def block_facts(disk: Path) -> dict[str, Any]:
     return facts
 
 
+def ram_disk(disk: Path, depth: int = 0) -> str | None:
+    """Why the disk at sysfs directory ``disk`` is memory (its name, or what it stacks on),
+    or None: zram and brd, a loop device over a file on a RAM filesystem, an md or
+    device-mapper device whose every member is memory."""
+    name = disk.name
+    if any(name.startswith(p) and name[len(p):].isdigit() for p in _RAM_DISKS):
+        return name
+    backing = _read(disk / "loop" / "backing_file")
+    if backing and depth < 4:
+        why = ram_backing(backing, depth + 1)
+        return f"{name} over {backing} ({why})" if why else None
+    try:
+        members = sorted((disk / "slaves").iterdir())
+    except OSError:
+        return None
+    whys = [ram_disk(m.resolve(), depth + 1) for m in members] if depth < 4 else []
+    return f"{name} over {', '.join(w for w in whys if w)}" if whys and all(whys) else None
+
+
+def ram_backing(path: str, depth: int = 0) -> str | None:
+    """Why ``path`` (a file or block device) lives in memory, or None if it does not."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    is_block = stat.S_ISBLK(st.st_mode)
+    dev = st.st_rdev if is_block else st.st_dev
+    if not is_block:
+        fs = _fs_type(dev)
+        if fs and fs[0] in RAM_FILESYSTEMS:
+            return fs[0]
+    disk = _disk_dir(dev)
+    return ram_disk(disk, depth) if disk is not None else None
+
+
 def path_facts(path: str) -> dict[str, Any]:
-    """What gpufio reports about a target: its kind, backing device and filesystem."""
+    """What gpufio reports about a target: its kind, backing device and filesystem, and
+    whether it lives in memory (``ram_backed``, with the reason in ``ram_backing``)."""
     st = os.stat(path)
     is_block = stat.S_ISBLK(st.st_mode)
     facts: dict[str, Any] = {"kind": "block" if is_block else "file"}
@@ -119,6 +160,10 @@ def path_facts(path: str) -> dict[str, Any]:
     disk = _disk_dir(dev)
     if disk is not None:
         facts.update(block_facts(disk))
+    why = ram_backing(path)
+    facts["ram_backed"] = why is not None
+    if why:
+        facts["ram_backing"] = why
     align = dio_alignment(path)
     if align:
         facts["dio_mem_align"], facts["dio_offset_align"] = align

@@ -54,8 +54,11 @@ def expected_words(seed: int, start: int, length: int) -> np.ndarray:
 
 
 def fill(seed: int, start: int, length: int) -> bytes:
-    """Bytes of the pattern for [start, start+length), for writing a target."""
-    return expected_words(seed, start, length).tobytes()
+    """Bytes of the pattern for [start, start+length), for writing a target; any start and
+    length (the words around an unaligned edge are computed and cut)."""
+    lo = start - start % 8
+    hi = -(-(start + length) // 8) * 8
+    return expected_words(seed, lo, hi - lo).tobytes()[start - lo:start - lo + length]
 
 
 def read_seed(first_block: bytes) -> int | None:

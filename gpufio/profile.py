@@ -178,6 +178,9 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
         raise BadInput(f"{where}key 'bs': {values['bs']} is not a multiple of 512")
     if any(g < 0 for g in values["gpus"]):
         raise BadInput(f"{where}key 'gpus': GPU indexes cannot be negative, got {raw['gpus']!r}")
+    if "targets" in raw and not values["targets"]:
+        raise BadInput(f"{where}key 'targets': the list is empty; name files or block devices, "
+                       "or leave the key out for a scratch file")
     if values["time_based"] and values["runtime"] is None:
         raise BadInput(f"{where}key 'time_based': needs a runtime")
     job = Job(**values, engine_options=extra, gnn=gnn, options_as_given=dict(raw))

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from tabulate import tabulate
 
 from gpufio.engines import all_engines
@@ -151,6 +152,22 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def ram_backed_targets(doc: dict[str, Any]) -> list[str]:
+    """'path (why)' for each target of the document that lives in memory, not on a drive."""
+    seen: dict[str, str] = {}
+    for job in doc["jobs"]:
+        for t in job.get("targets", []):
+            if t.get("ram_backed"):
+                seen.setdefault(t["path"], f"{t['path']} ({t.get('ram_backing', 'RAM')})")
+    return list(seen.values())
+
+
+def _title(doc: dict[str, Any]) -> str:
+    ram = ram_backed_targets(doc)
+    return f"gpufio {doc['gpufio version']} · {doc['profile']}" + (
+        f" · ram-backed (not a drive): {', '.join(ram)}" if ram else "")
+
+
 def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str:
     """The document in ``fmt``; 'table' is printed to ``console`` and returns ''."""
     if fmt == "json":
@@ -167,8 +184,8 @@ def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str
         writer.writerows(rows)
         return out.getvalue()
     if fmt == "markdown":
-        return tabulate(rows, headers="keys", tablefmt="github") + "\n"
-    table = Table(title=f"gpufio {doc['gpufio version']} · {doc['profile']}")
+        return f"{_title(doc)}\n\n" + tabulate(rows, headers="keys", tablefmt="github") + "\n"
+    table = Table(title=Text(_title(doc)))  # a path is text, never Rich markup
     for key in (rows[0] if rows else {"job": ""}):
         table.add_column(key, justify="left" if key in ("job", "engine", "status") else "right")
     for row in rows:

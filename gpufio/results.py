@@ -111,6 +111,8 @@ def setup_facts(doc: dict[str, Any]) -> dict[str, str]:
             desc = t.get("model") or t.get("filesystem") or t.get("kind", "?")
             if "current_pcie_gen" in t:
                 desc += f" Gen{t['current_pcie_gen']}x{t.get('current_link_width', '?')}"
+            if t.get("ram_backed"):
+                desc += f", ram-backed: {t.get('ram_backing', 'RAM')}"
             entry = f"{t.get('path', '?')} ({desc})"
             if entry not in targets:
                 targets.append(entry)

@@ -8,6 +8,7 @@ fio: ramp_time first (not recorded), then the measured runtime or I/O budget.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -76,15 +77,20 @@ def job_target_paths(job: Job) -> tuple[list[str], int | None]:
     if job.size is None:
         raise BadInput(f"job '{job.name}': no targets and no size: give targets, or a size "
                        "for gpufio to create a scratch file of")
-    create_size = job.offset + job.size
-    return [tg.auto_target_path(job.directory, create_size, job.randseed)], create_size
+    return [tg.scratch_path(job.directory, job.randseed)], job.offset + job.size
 
 
 def job_targets(job: Job, quiet: bool) -> list[str]:
     """The job's target paths, creating missing files that the job gives a size for."""
     paths, create_size = job_target_paths(job)
-    for path in paths:
-        tg.ensure_exists(path, create_size, job.randseed, quiet=quiet)
+    if job.targets:
+        for path in paths:
+            tg.ensure_exists(path, create_size, job.randseed, quiet=quiet)
+        return paths
+    if job.directory is not None and not os.path.isdir(job.directory):
+        raise BadInput(f"job '{job.name}': key 'directory': {job.directory} does not exist "
+                       "(as in fio, gpufio does not create it)")
+    tg.ensure_scratch(paths[0], create_size or 0, job.randseed, quiet=quiet)
     return paths
 
 

@@ -79,11 +79,25 @@ def test_prepare_creates_targets_once(write_profile, scratch):
     path = write_profile('[global]\nsize = "256k"\nrandseed = 9\n')
     res = cli.invoke(app, ["prepare", str(path)])
     assert res.exit_code == 0, res.output
-    made = scratch / "gpufio-262144-seed9.dat"
+    made = scratch / "gpufio-seed9.dat"
     assert made.stat().st_size == 262144 and str(made) in res.stdout
     mtime = made.stat().st_mtime_ns
     assert cli.invoke(app, ["prepare", str(path)]).exit_code == 0
     assert made.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("size", ["1001", "4097"])
+def test_sizes_that_are_not_a_multiple_of_8_prepare_and_run_or_say_why(write_profile, size):
+    path = write_profile(f'[global]\nsize = {size}\nruntime = "100ms"\n')
+    res = cli.invoke(app, ["prepare", str(path)])
+    assert res.exit_code == 0, res.output
+    res = cli.invoke(app, ["run", str(path), "--quiet", "-f", "json"])
+    if int(size) < 4096:
+        assert res.exit_code == 2 and res.stderr.count("\n") == 1
+        assert "region of 1001 bytes holds no block of bs 4096" in res.stderr
+    else:
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["jobs"][0]["read"]["total_ios"] >= 1
 
 
 def test_engines_lists_psync_as_available():
@@ -236,3 +250,55 @@ def test_live_display_redraws_a_table_on_a_terminal_and_prints_lines_elsewhere(
         live.update([run])  # within the interval: quiet
     assert plain.getvalue() == ("gpufio: randread [uring] run 50% iops=123,456 MB/s=505.7 "
                                 "p50=80.0us p99=250.0us eta=2s\n")
+
+
+def test_gen4_vs_gen5_on_a_host_without_those_drives_creates_nothing():
+    if os.path.exists("/dev/nvme0n1"):
+        pytest.skip("this host has /dev/nvme0n1")
+    profile = os.path.join(os.path.dirname(__file__), "..", "profiles", "gen4-vs-gen5.toml")
+    res = cli.invoke(app, ["run", profile, "--quiet", "--set", "runtime=1s"])
+    assert res.exit_code == 2
+    assert res.stderr == ("gpufio: error: target /dev/nvme0n1: no such block device (gpufio "
+                          "never creates files under /dev)\n")
+    assert not os.path.exists("/dev/nvme0n1") and not os.path.exists("/dev/nvme1n1")
+
+
+def test_a_ram_backed_target_is_labelled_in_the_result_table_and_compare(tmp_path):
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm tmpfs here")
+    from gpufio import pattern
+
+    target = f"/dev/shm/gpufio-cli-test-{os.getpid()}.dat"
+    with open(target, "wb") as f:
+        f.write(pattern.fill(1, 0, 1 << 20))
+    try:
+        prof = tmp_path / "ram.toml"
+        prof.write_text(f'[global]\ntargets = ["{target}"]\nruntime = "200ms"\n'
+                        'time_based = true\ndirect = false\n')
+        res = cli.invoke(app, ["run", str(prof), "--quiet", "-f", "json"])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)
+        (t,) = doc["jobs"][0]["targets"]
+        assert t["ram_backed"] is True and t["ram_backing"] == "tmpfs"
+        res = cli.invoke(app, ["run", str(prof), "--quiet"])
+        assert f"ram-backed (not a drive): {target} (tmpfs)" in " ".join(res.stdout.split())
+        a, b = tmp_path / "a.json", tmp_path / "b.json"
+        a.write_text(json.dumps(doc))
+        b.write_text(json.dumps(doc))
+        res = cli.invoke(app, ["compare", str(a), str(b)])
+        assert res.exit_code == 0 and "ram-backed: tmpfs" in res.stdout
+    finally:
+        os.unlink(target)
+
+
+def test_clean_lists_and_removes_scratch_files(scratch):
+    scratch.mkdir()
+    (scratch / "gpufio-seed5.dat").write_bytes(b"x" * 2048)
+    (scratch / "keep.txt").write_text("mine")
+    res = cli.invoke(app, ["clean", "--dry-run"])
+    assert res.exit_code == 0
+    assert f"would remove {scratch}/gpufio-seed5.dat (2.0KiB)" in res.stdout
+    assert (scratch / "gpufio-seed5.dat").exists()
+    res = cli.invoke(app, ["clean"])
+    assert res.exit_code == 0 and f"removed {scratch}/gpufio-seed5.dat" in res.stdout
+    assert sorted(os.listdir(scratch)) == ["keep.txt"]

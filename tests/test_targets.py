@@ -1,5 +1,6 @@
 import errno
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -115,12 +116,100 @@ def test_alignment_comes_from_statx(pattern_file, monkeypatch):
     assert t.dio_align == 4096
 
 
-def test_auto_target_in_scratch(scratch):
-    job = from_dict({"global": {"size": "64k", "randseed": 5}}, "p.toml", {}).jobs[0]
-    (path,) = runner.job_targets(job, quiet=True)
-    assert path == str(scratch / "gpufio-65536-seed5.dat")
-    assert pattern.read_seed(open(path, "rb").read(4096)) == 5
-    assert runner.job_targets(job, quiet=True) == [path]  # reused, not rewritten
+def _job(**glob):
+    return from_dict({"global": glob}, "p.toml", {}).jobs[0]
+
+
+def test_one_scratch_file_per_seed_grows_with_the_largest_size(scratch):
+    (path,) = runner.job_targets(_job(size="64k", randseed=5), quiet=True)
+    assert path == str(scratch / "gpufio-seed5.dat")
+    assert os.path.getsize(path) == 65536
+    assert runner.job_targets(_job(size="16k", randseed=5), quiet=True) == [path]
+    assert os.path.getsize(path) == 65536  # a smaller size reuses it as it is
+    assert runner.job_targets(_job(size="1m", offset="4k", randseed=5), quiet=True) == [path]
+    data = open(path, "rb").read()
+    assert len(data) == (1 << 20) + 4096 and data == pattern.fill(5, 0, len(data))
+    assert sorted(os.listdir(scratch)) == ["gpufio-seed5.dat"]
+
+
+def test_a_scratch_file_that_lost_its_pattern_is_not_grown(scratch):
+    scratch.mkdir()
+    (scratch / "gpufio-seed5.dat").write_bytes(b"\0" * 4096)
+    with pytest.raises(BadInput, match="does not carry gpufio's pattern of seed 5"):
+        runner.job_targets(_job(size="64k", randseed=5), quiet=True)
+    assert os.path.getsize(scratch / "gpufio-seed5.dat") == 4096
+
+
+def test_stale_partial_files_of_dead_processes_are_removed(scratch):
+    scratch.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = scratch / f"gpufio-seed5.dat.partial-{dead.pid}"
+    stale.write_bytes(pattern.fill(5, 0, 8192))
+    live = scratch / f"gpufio-seed6.dat.partial-{os.getpid()}"
+    live.write_bytes(pattern.fill(6, 0, 4096))
+    foreign = scratch / f"notes.txt.partial-{dead.pid}"  # not ours: left alone
+    foreign.write_text("hello")
+    runner.job_targets(_job(size="64k", randseed=5), quiet=True)
+    assert not stale.exists() and live.exists() and foreign.exists()
+
+
+@pytest.mark.parametrize("path,message", [
+    ("/dev/nvme0n1", "^target /dev/nvme0n1: no such block device \\(gpufio never creates "
+                     "files under /dev\\)$"),
+    ("/dev/shm/x.dat", "never creates files under /dev"),
+    ("/run/gpufio-x.dat", "never creates files under /run"),
+    ("/proc/x.dat", "never creates files under /proc"),
+    ("/sys/x.dat", "never creates files under /sys"),
+])
+def test_no_file_is_ever_created_under_the_kernels_trees(path, message):
+    for size in ("16g", None):
+        job = _job(targets=[path], **({"size": size} if size else {}))
+        with pytest.raises(BadInput, match=message):
+            runner.job_targets(job, quiet=True)
+    assert not os.path.exists(path)
+
+
+def test_a_device_name_is_never_created_elsewhere_either(tmp_path):
+    path = tmp_path / "nvme1n1"
+    with pytest.raises(BadInput, match="its name is a block device's"):
+        runner.job_targets(_job(targets=[str(path)], size="1m"), quiet=True)
+    assert not path.exists()
+
+
+def test_a_regular_file_left_under_dev_is_not_measured(monkeypatch):
+    monkeypatch.setattr(devinfo, "_fs_type", lambda dev: ("devtmpfs", "/dev"))
+    with pytest.raises(BadInput, match="is a regular file in /dev \\(RAM\\)"):
+        targets.open_target(__file__, direct=False)
+
+
+def test_missing_directories_are_errors_not_created(tmp_path):
+    with pytest.raises(BadInput, match="key 'directory': .*/data1 does not exist"):
+        runner.job_targets(_job(size="1m", directory=str(tmp_path / "data1")), quiet=True)
+    with pytest.raises(BadInput, match="directory .*/sub does not exist"):
+        runner.job_targets(_job(size="1m", targets=[str(tmp_path / "sub" / "x.dat")]), quiet=True)
+    assert not (tmp_path / "data1").exists() and not (tmp_path / "sub").exists()
+
+
+def test_an_empty_target_list_is_an_error():
+    with pytest.raises(BadInput, match="key 'targets': the list is empty"):
+        _job(targets=[], size="1m")
+
+
+@pytest.mark.parametrize("size", [1001, 4099, 12345])
+def test_sizes_that_are_not_a_multiple_of_8_are_created(tmp_path, size):
+    path = tmp_path / "odd.dat"
+    runner.job_targets(_job(size=size, bs=512, targets=[str(path)]), quiet=True)
+    assert path.read_bytes() == pattern.fill(0x89, 0, size)
+
+
+def test_scratch_files_lists_what_gpufio_left(scratch):
+    scratch.mkdir()
+    for name in ("gpufio-seed1.dat", "gnn-features-10x4-seed1.f32", "gnn-graph-10-4-1.npz",
+                 "mine.txt"):
+        (scratch / name).write_bytes(b"x")
+    assert [os.path.basename(p) for p in targets.scratch_files([str(scratch)])] == [
+        "gnn-features-10x4-seed1.f32", "gnn-graph-10-4-1.npz", "gpufio-seed1.dat"]
 
 
 def test_missing_target_without_size(tmp_path):
@@ -157,3 +246,57 @@ def test_pci_link_names_the_generation(tmp_path):
     assert facts["current_pcie_gen"] == 4 and facts["max_pcie_gen"] == 5  # a Gen5 drive in Gen4
     assert facts["current_link_width"] == "4" and facts["numa_node"] == "1"
     assert devinfo.pci_link(tmp_path / "missing") == {}
+
+
+def test_ram_disks_are_named_from_sysfs(tmp_path):
+    """A fake sysfs tree: zram and brd by name, a loop device by its backing file, an md
+    device only when every member is memory."""
+    def disk(name):
+        (tmp_path / name).mkdir()
+        return tmp_path / name
+
+    assert devinfo.ram_disk(disk("zram0")) == "zram0"
+    assert devinfo.ram_disk(disk("ram3")) == "ram3"
+    assert devinfo.ram_disk(disk("nvme0n1")) is None
+    assert devinfo.ram_disk(disk("ramdisk_not")) is None
+    loop = disk("loop4")
+    (loop / "loop").mkdir()
+    backing = tmp_path / "backing.img"
+    backing.write_bytes(b"")
+    (loop / "loop" / "backing_file").write_text(f"{backing}\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(devinfo, "_fs_type", lambda dev: ("tmpfs", "/mnt/ram"))
+        assert devinfo.ram_disk(loop) == f"loop4 over {backing} (tmpfs)"
+        mp.setattr(devinfo, "_fs_type", lambda dev: ("ext4", "/"))
+        mp.setattr(devinfo, "_disk_dir", lambda dev: tmp_path / "nvme0n1")
+        assert devinfo.ram_disk(loop) is None
+    md = disk("md0")
+    (md / "slaves").mkdir()
+    os.symlink(tmp_path / "zram0", md / "slaves" / "zram0")
+    assert devinfo.ram_disk(md) == "md0 over zram0"
+    os.symlink(tmp_path / "nvme0n1", md / "slaves" / "nvme0n1")
+    assert devinfo.ram_disk(md) is None  # one real member: not all memory
+
+
+def test_a_file_on_tmpfs_is_labelled_ram_backed(monkeypatch):
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm tmpfs here")
+    path = f"/dev/shm/gpufio-test-{os.getpid()}.dat"
+    with open(path, "wb") as f:
+        f.write(pattern.fill(7, 0, 1 << 20))
+    try:
+        facts = devinfo.path_facts(path)
+        assert facts["ram_backed"] is True and facts["ram_backing"] == "tmpfs"
+    finally:
+        os.unlink(path)
+    monkeypatch.setattr(devinfo, "_fs_type", lambda dev: ("ext4", "/"))
+    monkeypatch.setattr(devinfo, "_disk_dir", lambda dev: None)
+    facts = devinfo.path_facts(__file__)
+    assert facts["ram_backed"] is False and "ram_backing" not in facts
+
+
+def test_zram_is_labelled_ram_backed_when_present():
+    if not os.path.exists("/dev/zram0"):
+        pytest.skip("no /dev/zram0 here")
+    facts = devinfo.path_facts("/dev/zram0")
+    assert facts["kind"] == "block" and facts["ram_backed"] and facts["ram_backing"] == "zram0"

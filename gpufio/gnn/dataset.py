@@ -49,6 +49,8 @@ def _feature_paths(job: Job) -> list[str]:
             raise BadInput(f"target {t}: gpufio writes generated features only to files or "
                            "directories; use feature_file to read a device as it is")
         else:
+            if not os.path.exists(t):
+                tg.check_creatable(t)
             paths.append(t)
     return paths
 
