@@ -11,7 +11,10 @@ runner sees the same interface for all three.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import multiprocessing.connection
+import os
 import signal
 import sys
 import threading
@@ -94,8 +97,38 @@ class ThreadWorker:
             self._thread.join()
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """End this worker process the moment the runner dies, however it dies (kill -9, the OOM
+    killer, a CI timeout): a worker left alone would keep reading, holding its rings, pinned
+    memory and GPU context. The kernel sends SIGKILL on the parent's death (prctl), and a
+    thread watching the parent's sentinel covers a parent that died before the prctl and
+    any parent thread exiting early."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
+    if not parent.is_alive():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 def _forked_main(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
                  conn, go) -> None:
+    die_with_parent()
+    _serve(engine_cls, job, targets, ctx, index, conn, go)
+
+
+def _serve(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
+           conn, go) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner stops us, not Ctrl-C
     conn.send(_run(engine_cls, job, targets, ctx, index, lambda: conn.send("ready"), go.wait))
 
@@ -107,13 +140,13 @@ def _spawned_main(engine_name: str, job, paths: list[str], spec: dict, shared_so
     from gpufio.engines import all_engines
     from gpufio.worker import JobShared
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
     shared = JobShared(nworkers, shared_source)
     opened = [tg.open_target(p, job.direct) for p in paths]
     try:
         ctx = WorkerContext(**spec, control=shared.control, block=shared.blocks[spec["worker"]],
                             own_cpu=True)
-        _forked_main(all_engines()[engine_name], job, opened, ctx, spec["worker"], conn, go)
+        _serve(all_engines()[engine_name], job, opened, ctx, spec["worker"], conn, go)
     finally:
         for t in opened:
             t.close()
