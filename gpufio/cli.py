@@ -1,7 +1,8 @@
-"""The gpufio command line: parse, call, render, map failures to exit codes. Nothing else.
+"""The gpufio command line: parse, call, render, map failures to exit codes.
 
 Exit codes: 0 success, 1 a run failed (I/O errors, bad data, engine failure), 2 bad input,
-130 interrupted by Ctrl-C (results so far are still written).
+3 an internal error (a gpufio bug), 130 interrupted by Ctrl-C (results so far are still
+written).
 """
 
 from __future__ import annotations
@@ -17,19 +18,40 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpufio import hostinfo, profile, report, runner
+from gpufio import __version__, hostinfo, profile, report, runner
 from gpufio.errors import BadInput
 from gpufio.repeat import combine
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# help texts are plain text: Rich markup would eat "[plot]" and "[check]"
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="fio for the path from storage into GPU memory.")
 
-EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
+DEBUG_ENV = "GPUFIO_DEBUG"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpufio {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                 help="print gpufio's version and exit"),
+    debug: bool = typer.Option(False, "--debug",
+                               help=f"print the traceback of an internal error (or {DEBUG_ENV}=1)"),
+) -> None:
+    """fio for the path from storage into GPU memory."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
 
 
 @contextmanager
 def _exit_codes() -> Iterator[None]:
-    """One line on stderr and the right exit code for each kind of failure; no traceback."""
+    """One line on stderr and the right exit code for each kind of failure; no traceback
+    unless asked for (--debug) for an error gpufio did not foresee."""
     try:
         yield
     except BadInput as e:
@@ -38,6 +60,15 @@ def _exit_codes() -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("gpufio: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (typer.Exit, typer.Abort, typer.TyperException):
+        raise
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        what = " ".join(f"{type(e).__name__}: {e}".split())
+        typer.echo(f"gpufio: internal error: {what} (a gpufio bug; --debug or {DEBUG_ENV}=1 "
+                   "prints the traceback)", err=True)
+        raise typer.Exit(EXIT_INTERNAL) from None
 
 
 def _stdout_console() -> Console:
@@ -75,11 +106,13 @@ def _run_once(prof: profile.Profile, quiet: bool) -> dict:
 
 @app.command()
 def run(
-    profile_path: Path = typer.Argument(..., metavar="PROFILE", help="job profile (TOML)"),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json, csv or markdown"),
+    profile_path: Path = typer.Argument(..., metavar="PROFILE",
+                                        help="job profile: TOML, or a fio job file ending in .fio"),
+    fmt: str = typer.Option("table", "--format", "-f", help=", ".join(report.FORMATS)),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the result here"),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
-                                   help="override a profile key in every job (repeatable)"),
+                                   help="override a profile key in every job (repeatable); "
+                                   "VALUE is TOML: 'targets=[\"/a\", \"/b\"]', or bare: 4k, /a,/b"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display"),
     repeat: int = typer.Option(1, "--repeat", "-r", min=1,
                                help="run N times; report each job's median run and the spread"),
@@ -89,6 +122,8 @@ def run(
         if fmt not in report.FORMATS:
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(report.FORMATS)}")
         prof = profile.load(str(profile_path), profile.parse_set(set_))
+        for note in prof.notes:
+            typer.echo(f"gpufio: note: {note}", err=True)
         if any(job.workload == "gnn" for job in prof.jobs):
             _run_gnn(prof, fmt, output, quiet)
             return
@@ -216,9 +251,11 @@ def check(
 
 @app.command()
 def prepare(
-    profile_path: Path = typer.Argument(..., metavar="PROFILE", help="job profile (TOML)"),
+    profile_path: Path = typer.Argument(..., metavar="PROFILE",
+                                        help="job profile: TOML, or a fio job file ending in .fio"),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
-                                   help="override a profile key in every job (repeatable)"),
+                                   help="override a profile key in every job (repeatable); "
+                                   "VALUE is TOML: 'targets=[\"/a\", \"/b\"]', or bare: 4k, /a,/b"),
 ) -> None:
     """Create and fill the profile's missing target files with gpufio's data pattern."""
     with _exit_codes():
@@ -261,25 +298,28 @@ def clean(
 @app.command()
 def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or json")) -> None:
     """List the data paths, whether each can run on this host, and why not."""
-    from gpufio.engines import all_engines
+    with _exit_codes():
+        if fmt not in ("table", "json"):
+            raise BadInput(f"--format: {fmt!r} is not one of table, json")
+        from gpufio.engines import all_engines
 
-    rows = []
-    for name, cls in all_engines().items():
-        why = cls.unavailable()
-        rows.append({"engine": name, "available": why is None, "why not": why or "",
-                     "path": cls.summary, "peer": cls.peer,
-                     "options": {o.name: {"default": o.default, "help": o.help} for o in cls.options}})
-    if fmt == "json":
-        typer.echo(json.dumps(rows, indent=2))
-        return
-    for r in rows:
-        r["options"] = ", ".join(r["options"])
-    table = Table(title="gpufio engines")
-    for col in rows[0]:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*[("yes" if v else "no") if isinstance(v, bool) else str(v) for v in r.values()])
-    _stdout_console().print(table)
+        rows = []
+        for name, cls in all_engines().items():
+            why = cls.unavailable()
+            rows.append({"engine": name, "available": why is None, "why not": why or "",
+                         "path": cls.summary, "peer": cls.peer,
+                         "options": {o.name: {"default": o.default, "help": o.help} for o in cls.options}})
+        if fmt == "json":
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        for r in rows:
+            r["options"] = ", ".join(r["options"])
+        table = Table(title="gpufio engines")
+        for col in rows[0]:
+            table.add_column(col)
+        for r in rows:
+            table.add_row(*[("yes" if v else "no") if isinstance(v, bool) else str(v) for v in r.values()])
+        _stdout_console().print(table)
 
 
 @app.command()
@@ -298,6 +338,8 @@ def info(
         if profile_path is not None:
             for job in profile.load(str(profile_path)).jobs:
                 paths.extend(p for p in runner.job_target_paths(job)[0] if p not in paths)
+        if fmt not in ("table", "json"):
+            raise BadInput(f"--format: {fmt!r} is not one of table, json")
         facts = {"host": hostinfo.host_facts(), "io_uring": uring.probe(),
                  "gpus": gpu.gpu_facts(), "gpu_status": gpu.probe()[1] or "ok",
                  "engines": {n: c.status() for n, c in all_engines().items()},

@@ -17,7 +17,7 @@ class BadInput(Exception):
 
 @contextmanager
 def reading(path: str, what: str) -> Iterator[None]:
-    """Turn the ways opening an input file fails into one-line BadInput errors."""
+    """Turn the ways opening or decoding an input file fails into one-line BadInput errors."""
     try:
         yield
     except FileNotFoundError:
@@ -26,3 +26,15 @@ def reading(path: str, what: str) -> Iterator[None]:
         raise BadInput(f"{path}: is a directory, not a {what}") from None
     except OSError as e:
         raise BadInput(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}: not UTF-8 text{_encoding_hint(e.object)} (byte {e.start}); "
+                       f"a {what} must be UTF-8") from None
+
+
+def _encoding_hint(data: bytes | bytearray) -> str:
+    """What the bytes look like instead, for the message."""
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return ": it is UTF-16 (a byte-order mark starts it)"
+    if b"\0" in data[:4096]:
+        return ": it holds NUL bytes, so it is binary or UTF-16/32"
+    return ""

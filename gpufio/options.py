@@ -60,6 +60,23 @@ def _as_int_list(value: Any, what: str) -> tuple[int, ...]:
     raise BadInput(f"{what}: expected a list of whole numbers, got {value!r}")
 
 
+def _as_percentiles(value: Any, what: str) -> tuple[float, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.replace(":", ",").split(",") if v]
+    if not isinstance(value, list) or not value:
+        raise BadInput(f"{what}: expected a list of percentiles, got {value!r}")
+    out = []
+    for v in value:
+        try:
+            p = float(v) if not isinstance(v, bool) else -1.0
+        except ValueError:
+            p = -1.0
+        if not 0 < p <= 100:
+            raise BadInput(f"{what}: {v!r} is not a percentile above 0 and at most 100")
+        out.append(p)
+    return tuple(sorted(set(out)))
+
+
 _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "bool": _as_bool,
     "int": _as_int,
@@ -68,6 +85,7 @@ _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "time": parse_time_ns,
     "strlist": _as_str_list,
     "intlist": _as_int_list,
+    "percentiles": _as_percentiles,
 }
 
 

@@ -11,7 +11,7 @@ import difflib
 import itertools
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from gpufio.engines import all_engines
@@ -19,6 +19,7 @@ from gpufio.errors import BadInput, reading
 from gpufio.gnn.options import GNN_OPTIONS
 from gpufio.gnn.options import check as check_gnn
 from gpufio.options import Option
+from gpufio.stats import PERCENTILES
 from gpufio.workload import Distribution
 
 COMMON_OPTIONS: tuple[Option, ...] = (
@@ -55,6 +56,8 @@ COMMON_OPTIONS: tuple[Option, ...] = (
            "either way)"),
     Option("sample_interval", "time", 500_000_000, "interval of the IOPS/bandwidth samples",
            minimum=1_000_000),
+    Option("percentile_list", "percentiles", PERCENTILES, "latency percentiles to report, as "
+           "fio's (the tables' p50, p99 and p99.9 are always added)"),
 )
 GLOBAL_ONLY: tuple[Option, ...] = (
     Option("concurrent", "bool", False, "run all jobs at once and report a group total"),
@@ -90,6 +93,7 @@ class Job:
     verify: bool
     continue_on_error: bool
     sample_interval: int
+    percentile_list: tuple[float, ...]
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     gnn: Mapping[str, Any] = field(default_factory=dict)
     options_as_given: Mapping[str, Any] = field(default_factory=dict)
@@ -118,6 +122,8 @@ class Profile:
     jobs: list[Job]
     concurrent: bool
     check: dict[str, float] = field(default_factory=dict)
+    # what the user should know about how the profile was read (a fio engine's mapping)
+    notes: tuple[str, ...] = ()
 
 
 _GNN = {o.name: o for o in GNN_OPTIONS}
@@ -201,35 +207,53 @@ def _sweep_combinations(sweep: dict[str, Any], where: str, known: list[str],
     return [dict(combo) for combo in itertools.product(*axes)]
 
 
-def parse_set(items: list[str]) -> dict[str, str]:
-    """--set KEY=VALUE pairs as a dict; the values are converted like profile values."""
-    out: dict[str, str] = {}
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """--set KEY=VALUE pairs as a dict. A value is read as a TOML value (a list
+    ``["/a", "/b"]``, a quoted string, a number, true/false); anything that is not TOML is
+    kept as the bare text (``4k``, ``/dev/nvme0n1``, ``/a,/b``), as fio's command line has it."""
+    out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
             raise BadInput(f"--set {item!r}: expected KEY=VALUE")
-        out[key.strip()] = value.strip()
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError as e:
+            if value.startswith(("[", "{", '"', "'")):
+                raise BadInput(f"--set {key}: {value!r} is not a TOML value ({e}); give a list "
+                               'as --set \'targets=["/a", "/b"]\' or a bare /a,/b') from None
+            parsed = value
+        # a number given to a string key is the text as typed (name=1 names a job "1")
+        out[key] = value if _is_str_key(key) and not isinstance(parsed, str) else parsed
     return out
 
 
-def load(path: str, overrides: dict[str, str] | None = None) -> Profile:
+def _is_str_key(key: str) -> bool:
+    owners = [_COMMON, _GNN, *_engine_options().values()]
+    return any(key in opts and opts[key].kind == "str" for opts in owners)
+
+
+def load(path: str, overrides: dict[str, Any] | None = None) -> Profile:
     """Read, merge and validate a profile; BadInput for anything wrong with it."""
+    notes: list[str] = []
     with reading(path, "profile"):
         if path.endswith(".fio"):
             from gpufio.fiojob import parse
 
-            with open(path) as f:
-                data = parse(f.read(), path)
+            with open(path, encoding="utf-8") as f:
+                data, notes = parse(f.read(), path)
         else:
             with open(path, "rb") as f:
                 try:
                     data = tomllib.load(f)
                 except tomllib.TOMLDecodeError as e:
                     raise BadInput(f"{path}: malformed TOML: {e}") from None
-    return from_dict(data, path, overrides or {})
+    prof = from_dict(data, path, overrides or {})
+    return replace(prof, notes=tuple(notes)) if notes else prof
 
 
-def from_dict(data: dict[str, Any], path: str, overrides: dict[str, str]) -> Profile:
+def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Profile:
     """Build a Profile from parsed TOML; separate from ``load`` so tests need no files."""
     for key in data:
         if key not in ("global", "job", "sweep", "check"):

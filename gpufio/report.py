@@ -29,12 +29,18 @@ from gpufio.stats import LatencyStats
 FORMATS = ("table", "json", "fio-json", "csv", "markdown")
 
 
-def _lat_block(lat: LatencyStats) -> dict[str, Any]:
+# the percentiles every table shows, reported whatever percentile_list asks for
+TABLE_PERCENTILES = (50.0, 99.0, 99.9)
+
+
+def _lat_block(lat: LatencyStats, plist: tuple[float, ...]) -> dict[str, Any]:
+    wanted = tuple(sorted(set(plist) | set(TABLE_PERCENTILES)))
     return {"min": lat.min, "max": lat.max, "mean": lat.mean, "stddev": lat.stddev, "N": lat.n,
-            "percentile": {f"{p:f}": v for p, v in lat.percentiles().items()}}
+            "percentile": {f"{p:f}": v for p, v in lat.percentiles(wanted).items()}}
 
 
-def _rw_block(ios: int, nbytes: int, runtime_ns: int, short: int, lat: LatencyStats) -> dict[str, Any]:
+def _rw_block(ios: int, nbytes: int, runtime_ns: int, short: int, lat: LatencyStats,
+              plist: tuple[float, ...]) -> dict[str, Any]:
     secs = runtime_ns / 1e9
     return {
         "io_bytes": nbytes, "io_kbytes": nbytes // 1024,
@@ -43,7 +49,7 @@ def _rw_block(ios: int, nbytes: int, runtime_ns: int, short: int, lat: LatencySt
         "iops": ios / secs if secs else 0.0,
         "runtime": runtime_ns / 1e6,
         "total_ios": ios, "short_ios": short, "drop_ios": 0,
-        "lat_ns": _lat_block(lat),
+        "lat_ns": _lat_block(lat, plist),
     }
 
 
@@ -65,7 +71,8 @@ def _job_document(r: JobResult) -> dict[str, Any]:
         "engine": job.engine, "engine_facts": r.engine_facts,
         "job options": {k: str(v) for k, v in job.options_as_given.items()},
         "resolved options": resolved,
-        "read": _rw_block(r.ios, r.bytes, r.runtime_ns, r.short_ios, r.lat),
+        "read": _rw_block(r.ios, r.bytes, r.runtime_ns, r.short_ios, r.lat,
+                          job.percentile_list),
         **_cpu_fields(r.cpu.usr, r.cpu.sys, r.runtime_ns, r.ios),
         "targets": [{**t, **per_target.get(t["path"], {})} for t in r.targets],
         "errors": [{**e, "errno_name": errno.errorcode.get(e["errno"], "?")} for e in r.errors],
@@ -85,8 +92,9 @@ def _group_total(results: list[JobResult]) -> dict[str, Any]:
         lat.merge(r.lat)
     runtime = max(r.runtime_ns for r in results)
     ios = sum(r.ios for r in results)
+    plist = tuple(sorted({p for r in results for p in r.job.percentile_list}))
     return {"read": _rw_block(ios, sum(r.bytes for r in results), runtime,
-                              sum(r.short_ios for r in results), lat),
+                              sum(r.short_ios for r in results), lat, plist),
             **_cpu_fields(max(r.cpu.usr for r in results), max(r.cpu.sys for r in results),
                           runtime, ios)}
 

@@ -28,22 +28,76 @@ def test_job_file_keys_map_to_profile_keys():
     assert (seq.engine, seq.rw, seq.bs, seq.io_size) == ("psync", "read", 65536, 512 << 10)
 
 
+STYLES = DATA / "fio-styles"
+
+
 def test_filenames_are_the_target_list():
-    data = parse("[j]\nfilename=/dev/nvme0n1:/dev/nvme1n1:/tmp/a\\:b\n", "x.fio")
+    data, notes = parse("[j]\nfilename=/dev/nvme0n1:/dev/nvme1n1:/tmp/a\\:b\n", "x.fio")
     assert data["job"][0]["targets"] == ["/dev/nvme0n1", "/dev/nvme1n1", "/tmp/a:b"]
+    assert notes == []
 
 
 def test_unsupported_keys_are_listed_in_one_error():
     with pytest.raises(BadInput) as err:
         profile.load(str(DATA / "unsupported.fio"))
-    assert str(err.value) == (f"{DATA / 'unsupported.fio'}: fio keys gpufio does not support: "
-                              "rwmixread (line 3, [global]), iodepth_batch_submit (line 6, [job1])")
+    assert str(err.value) == (
+        f"{DATA / 'unsupported.fio'}: fio job file gpufio cannot run as written: "
+        "line 3 [global]: rwmixread is not supported (gpufio reads only); "
+        "line 6 [job1]: iodepth_batch_submit is not supported (engines submit what is free "
+        "in one call)")
+
+
+def test_every_problem_of_a_job_file_comes_in_one_error(monkeypatch):
+    monkeypatch.delenv("GPUFIO_SURELY_UNSET_VAR", raising=False)
+    with pytest.raises(BadInput) as err:
+        profile.load(str(STYLES / "many-problems.fio"))
+    msg = str(err.value)
+    assert "\n" not in msg
+    for part in ("line 2 [global]: ioengine=posixaio has no gpufio engine (supported: ",
+                 "psync -> psync", "libaio -> uring", "libcufile cuda_io=posix -> cpu-gpu",
+                 "line 3 [global]: rwmixread is not supported (gpufio reads only)",
+                 "line 6 [job1]: iodepth_batch_submit is not supported",
+                 "line 7 [job1]: nrfiles is not supported (list the files in filename=a:b)",
+                 "line 8 [job1]: ${GPUFIO_SURELY_UNSET_VAR} is not set in the environment",
+                 "line 9 [job1]: zonemode is not supported (no gpufio equivalent)"):
+        assert part in msg
+
+
+def test_libaio_files_run_as_uring_with_a_note(tmp_path, monkeypatch):
+    target = tmp_path / "t.dat"
+    monkeypatch.setenv("GPUFIO_TEST_FILE", str(target))
+    monkeypatch.setenv("GPUFIO_TEST_SIZE", "1m")
+    prof = profile.load(str(STYLES / "libaio-randread.fio"))
+    (job,) = prof.jobs
+    assert (job.engine, job.iodepth, job.numjobs, job.bs, job.size) == ("uring", 32, 2, 4096,
+                                                                        1 << 20)
+    assert job.targets == (str(target),) and job.percentile_list == (50.0, 99.0, 99.99)
+    assert prof.notes == ("ioengine=libaio runs as gpufio's uring engine (io_uring at the same "
+                          "iodepth)",)
+    res = cli.invoke(app, ["run", str(STYLES / "libaio-randread.fio"), "-q", "-f", "json"])
+    assert res.exit_code == 0, res.output
+    assert "gpufio: note: ioengine=libaio runs as gpufio's uring engine" in res.stderr
+    (job_doc,) = json.loads(res.stdout)["jobs"]
+    assert job_doc["engine"] == "uring" and job_doc["read"]["total_ios"] > 0
+    assert set(job_doc["read"]["lat_ns"]["percentile"]) == {
+        "50.000000", "99.000000", "99.900000", "99.990000"}
+
+
+def test_libcufile_files_map_cuda_io_and_gpu_dev_ids():
+    (gds,) = profile.load(str(STYLES / "libcufile-gds.fio")).jobs
+    assert (gds.engine, gds.gpus, gds.size, gds.bs) == ("cufile", (0,), 4 << 20, 1 << 20)
+    assert gds.targets == ("/data/file1", "/data/file2")
+    prof = profile.load(str(STYLES / "libcufile-posix.fio"))
+    a, b = prof.jobs
+    assert (a.engine, a.gpus, b.engine) == ("cpu-gpu", (0, 1), "cufile")
+    assert len(prof.notes) == 1 and "fio's is synchronous and pageable" in prof.notes[0]
 
 
 @pytest.mark.parametrize("text,message", [
     ("bs=4k\n", "line 1: option before any \\[section\\]"),
-    ("[j]\nioengine=libaio\n", "ioengine=libaio has no gpufio engine"),
+    ("[j]\nioengine=windowsaio\n", "line 2 \\[j\\]: ioengine=windowsaio has no gpufio engine"),
     ("[j]\nrw=randwrite\nsize=1m\n", "key 'rw': 'randwrite' is not one of read, randread"),
+    ("[j]\npercentile_list=0:50\n", "key 'percentile_list': '0' is not a percentile"),
 ])
 def test_bad_job_files(text, message, tmp_path):
     path = tmp_path / "bad.fio"

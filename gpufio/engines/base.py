@@ -39,6 +39,9 @@ class Engine(ABC):
     peer: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
     uses_gpu: ClassVar[bool] = False
+    # fio's names for this path, for job files: "ioengine" or "ioengine:cuda_io", each with
+    # the note a user reads when it maps to gpufio's engine ("" when it is the same path)
+    fio_engines: ClassVar[dict[str, str]] = {}
     # "process": each worker is a forked process, so Python time per batch scales with
     # numjobs as fio's job processes do; "thread" for engines holding a CUDA context.
     worker_kind: ClassVar[str] = "process"

@@ -54,6 +54,9 @@ class CpuGpu(Engine):
     name = "cpu-gpu"
     summary = "io_uring into pinned host buffers, then batched asynchronous H2D copies"
     peer = "gdsio -x 2/3, fio libcufile cuda_io=posix (synchronous, pageable)"
+    fio_engines = {"libcufile:posix": "cuda_io=posix runs as cpu-gpu: gpufio's path is "
+                   "asynchronous io_uring into pinned memory with overlapped copies, fio's is "
+                   "synchronous and pageable"}
     uses_gpu = True
     worker_kind = "thread"
     options = (

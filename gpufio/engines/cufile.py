@@ -82,6 +82,7 @@ class CuFileEngine(Engine):
     summary = ("NVIDIA cuFile through KvikIO: GPUDirect Storage, or compat mode "
                "(POSIX reads through host memory) where the host has no GDS driver")
     peer = "gdsio -x 0, fio libcufile, KvikIO"
+    fio_engines = {"libcufile": "", "libcufile:cufile": ""}
     uses_gpu = True
     worker_kind = "thread"
     options = (

@@ -31,6 +31,8 @@ class Psync(Engine):
     name = "psync"
     summary = "CPU workers, pread into host memory, one I/O in flight per worker"
     peer = "fio psync, gdsio -x 1"
+    fio_engines = {"psync": "", "sync": "ioengine=sync runs as psync (pread instead of read)",
+                   "pvsync": "ioengine=pvsync runs as psync (pread instead of preadv)"}
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:

@@ -40,6 +40,8 @@ class Uring(Engine):
     name = "uring"
     summary = "io_uring submitted by the CPU into host memory, real queue depth"
     peer = "fio io_uring"
+    fio_engines = {"io_uring": "", "libaio": "ioengine=libaio runs as gpufio's uring engine "
+                   "(io_uring at the same iodepth)"}
     options = (
         Option("sqpoll", "bool", False, "a kernel thread polls the SQ (IORING_SETUP_SQPOLL)"),
         Option("sq_thread_idle", "time", 1_000_000_000,
