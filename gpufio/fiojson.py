@@ -2,9 +2,10 @@
 
 gpufio measures one latency per I/O, from issue to completion; fio splits it into submission
 (slat) and completion (clat) latency. Here it is reported as both ``clat_ns`` (with
-percentiles, where fio's tools look) and ``lat_ns``, with ``slat_ns`` zero. Fields gpufio
-does not measure (queue-depth distributions, disk utilisation) are left out rather than
-invented; write, trim and sync sections are zero because gpufio only reads.
+percentiles, where fio's tools look) and ``lat_ns``. Fields gpufio does not measure
+(submission latency, context switches, page faults, queue-depth distributions, disk
+utilisation) are left out rather than written as zeros; write, trim and sync sections are
+zero because gpufio only reads.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ def _stat_block(lat: dict[str, Any], with_pct: bool) -> dict[str, Any]:
 def _zero_block() -> dict[str, Any]:
     zero = {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}
     return {"io_bytes": 0, "io_kbytes": 0, "bw_bytes": 0, "bw": 0, "iops": 0.0, "runtime": 0,
-            "total_ios": 0, "short_ios": 0, "drop_ios": 0, "slat_ns": dict(zero),
-            "clat_ns": dict(zero), "lat_ns": dict(zero), "bw_min": 0, "bw_max": 0,
+            "total_ios": 0, "short_ios": 0, "drop_ios": 0, "clat_ns": dict(zero), "lat_ns": dict(zero), "bw_min": 0, "bw_max": 0,
             "bw_agg": 0.0, "bw_mean": 0.0, "bw_dev": 0.0, "bw_samples": 0, "iops_min": 0,
             "iops_max": 0, "iops_mean": 0.0, "iops_stddev": 0.0, "iops_samples": 0}
 
@@ -71,7 +71,6 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
     read = {k: rd[k] for k in ("io_bytes", "io_kbytes", "iops", "total_ios", "short_ios",
                                "drop_ios")}
     read.update(bw_bytes=int(rd["bw_bytes"]), bw=int(rd["bw"]), runtime=int(rd["runtime"]),
-                slat_ns={"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0},
                 clat_ns=_stat_block(rd["lat_ns"], True), lat_ns=_stat_block(rd["lat_ns"], False),
                 bw_min=int(bmin), bw_max=int(bmax), bw_agg=100.0, bw_mean=bmean, bw_dev=bdev,
                 bw_samples=bn, iops_min=int(imin), iops_max=int(imax), iops_mean=imean,
@@ -84,9 +83,7 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
            "sync": {"total_ios": 0, "lat_ns": {"min": 0, "max": 0, "mean": 0.0,
                                                 "stddev": 0.0, "N": 0}},
            "job_runtime": int(rd["runtime"]), "usr_cpu": job["usr_cpu"],
-           "sys_cpu": job["sys_cpu"], "ctx": 0, "majf": 0, "minf": 0,
-           "latency_depth": job.get("resolved options", {}).get("iodepth", 1),
-           "latency_target": 0, "latency_percentile": 100.0, "latency_window": 0}
+           "sys_cpu": job["sys_cpu"], "latency_target": 0, "latency_percentile": 100.0, "latency_window": 0}
     if hist:
         out["latency_ns"] = _distribution(hist, 1, _US_EDGES)
         out["latency_us"] = _distribution(hist, 1_000, _US_EDGES)

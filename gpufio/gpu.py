@@ -6,6 +6,7 @@ touches CuPy; ``probe`` turns every way of having no usable GPU into a one-line 
 
 from __future__ import annotations
 
+import ctypes
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -16,12 +17,39 @@ import numpy as np
 from gpufio.devinfo import pci_link
 
 
+NO_GPU = "no NVIDIA GPU or driver found"
+
+
+def driver_present() -> bool:
+    """Whether an NVIDIA driver is there at all: its /proc entry or its user-space library.
+    Without one, CUDA's own error ('driver version is insufficient') would mislead."""
+    if os.path.exists("/proc/driver/nvidia/version"):
+        return True
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _runtime_reason(e: Exception) -> str:
+    """A reader's account of a CUDA runtime error from the device count query."""
+    text = str(e).splitlines()[0]
+    if "InsufficientDriver" in text:
+        return f"the NVIDIA driver is older than CuPy's CUDA runtime ({text})"
+    if "NoDevice" in text:
+        return "no NVIDIA GPU found (the driver sees none)"
+    return f"no usable GPU ({text})"
+
+
 @lru_cache(maxsize=1)
 def probe() -> tuple[int, str | None]:
     """(number of GPUs, None) or (0, why there is no usable GPU)."""
     # Kernels that spin waiting for other kernels (gpu-uring's agents) can deadlock with CUDA's
     # lazy loading, which may wait for the device while loading a kernel at its first launch.
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+    if not driver_present():
+        return 0, NO_GPU
     try:
         import cupy
     except ImportError:
@@ -31,9 +59,9 @@ def probe() -> tuple[int, str | None]:
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # CUDARuntimeError without a driver, among others
-        return 0, f"no usable GPU ({str(e).splitlines()[0]})"
+        return 0, _runtime_reason(e)
     if count == 0:
-        return 0, "no GPU found"
+        return 0, "no NVIDIA GPU found (the driver sees none)"
     return count, None
 
 

@@ -157,6 +157,11 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "cpu_us/io": round(j["cpu_us_per_io"], 2),
             "status": _status(j) if "errors" in j else "",
         })
+        if "repeat" in j:  # --repeat promises the spread: the table shows it beside the median
+            rep = j["repeat"]
+            rows[-1]["IOPS"] = round(rep["median"]["iops"])
+            rows[-1]["IOPS min-max"] = (f"{rep['min']['iops']:,.0f}-{rep['max']['iops']:,.0f} "
+                                        f"(n={rep['n']})")
     return rows
 
 

@@ -302,3 +302,47 @@ def test_clean_lists_and_removes_scratch_files(scratch):
     res = cli.invoke(app, ["clean"])
     assert res.exit_code == 0 and f"removed {scratch}/gpufio-seed5.dat" in res.stdout
     assert sorted(os.listdir(scratch)) == ["keep.txt"]
+
+
+def test_without_a_gpu_the_message_says_so(monkeypatch):
+    gpu.probe.cache_clear()
+    monkeypatch.setattr(gpu, "driver_present", lambda: False)
+    try:
+        assert gpu.probe() == (0, "no NVIDIA GPU or driver found")
+        res = cli.invoke(app, ["engines", "--format", "json"])
+        rows = {r["engine"]: r for r in json.loads(res.stdout)}
+        assert rows["gpu-uring"]["why not"] == "no NVIDIA GPU or driver found"
+        res = cli.invoke(app, ["info", "--format", "json"])
+        assert json.loads(res.stdout)["gpu_status"] == "no NVIDIA GPU or driver found"
+    finally:
+        gpu.probe.cache_clear()
+
+
+@pytest.mark.parametrize("error,reason", [
+    ("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version",
+     "the NVIDIA driver is older than CuPy's CUDA runtime"),
+    ("cudaErrorNoDevice: no CUDA-capable device is detected", "no NVIDIA GPU found"),
+])
+def test_a_driver_without_a_usable_gpu_is_explained(error, reason):
+    assert gpu._runtime_reason(RuntimeError(error)).startswith(reason)
+
+
+def test_help_renders_as_written_and_lists_every_format():
+    res = cli.invoke(app, ["plot", "--help"])
+    assert "gpufio[plot]" in res.stdout
+    res = cli.invoke(app, ["check", "--help"])
+    assert "[check]" in res.stdout
+    res = cli.invoke(app, ["run", "--help"])
+    text = " ".join(res.stdout.split())
+    assert "table, json, fio-json, csv, markdown" in text and ".fio" in text
+    res = cli.invoke(app, ["--version"])
+    from gpufio import __version__
+
+    assert res.exit_code == 0 and res.stdout == f"gpufio {__version__}\n"
+
+
+def test_the_readme_lists_every_shipped_profile():
+    root = os.path.join(os.path.dirname(__file__), "..")
+    readme = open(os.path.join(root, "README.md")).read()
+    shipped = sorted(os.listdir(os.path.join(root, "profiles")))
+    assert [p for p in shipped if f"`{p}`" not in readme] == []

@@ -151,6 +151,13 @@ def test_repeat_keeps_the_median_run_and_the_spread():
     assert j["repeat"]["max"]["lat_p99"] == 300.0
     assert j["error"] == 1  # a failure in any repetition fails the job
     assert results.job_metrics(j)["iops"] == 2000
+    from gpufio.report import render, summary_rows
+
+    j.update(usr_cpu=1.0, sys_cpu=2.0, cpu_us_per_io=3.0)
+    (row,) = summary_rows(out)
+    assert row["IOPS"] == 2000 and row["IOPS min-max"] == "1,000-3,000 (n=3)"
+    out.update({"gpufio version": "0", "profile": "p.toml"})
+    assert "| IOPS min-max" in render(out, "markdown") and "IOPS min-max" in render(out, "csv")
 
 
 def test_bad_result_files(tmp_path):
