@@ -65,8 +65,23 @@ def probe() -> tuple[int, str | None]:
     return count, None
 
 
+# GPUs on which a kernel of this process never stopped: index -> why
+_WEDGED: dict[int, str] = {}
+
+
+class GpuWedged(RuntimeError):
+    """A GPU this process can no longer use: a kernel on it never stopped."""
+
+
+def mark_wedged(index: int, why: str) -> None:
+    """Refuse every later job on GPU ``index`` in this process (see use)."""
+    _WEDGED.setdefault(index, why)
+
+
 def use(index: int) -> Any:
-    """Make GPU ``index`` current in this thread and return CuPy; BadInput if it is not there."""
+    """Make GPU ``index`` current in this thread and return CuPy; BadInput if it is not there,
+    GpuWedged if a kernel of an earlier job on it never stopped (a device-wide call would
+    then wait forever, and its memory may still be written)."""
     from gpufio.errors import BadInput
 
     count, why = probe()
@@ -75,10 +90,44 @@ def use(index: int) -> Any:
     if index >= count:
         raise BadInput(f"key 'gpu'/'gpus': GPU {index} is out of range, "
                        f"this host has {count} GPU(s)")
+    if index in _WEDGED:
+        raise GpuWedged(f"gpu {index}: {_WEDGED[index]}; this process cannot use it again "
+                        "(start a new gpufio)")
     import cupy
 
     cupy.cuda.Device(index).use()
     return cupy
+
+
+# injection libraries of tools that run kernels one at a time (Nsight Compute, the compute
+# sanitizer); Nsight Systems injects too, but lets kernels overlap
+_SERIALISING_TOOLS = (("sanitizer", "compute-sanitizer"), ("TreeLauncher", "Nsight Compute"),
+                      ("nsight-compute", "Nsight Compute"))
+
+
+def serialising_reason(env: dict[str, str] | None = None) -> str | None:
+    """Why kernels would run one at a time here, or None. GPU-initiated I/O needs its agent
+    and requester kernels to run together: serialised, the agents' launch never returns."""
+    env = os.environ if env is None else env
+    if env.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):
+        return "CUDA_LAUNCH_BLOCKING=1 runs kernels one at a time (unset it)"
+    injection = env.get("CUDA_INJECTION64_PATH", "")
+    for needle, tool in _SERIALISING_TOOLS:
+        if needle in injection:
+            return f"{tool} runs kernels one at a time (profile another engine, or nsys)"
+    return None
+
+
+def module_loading_warning(env: dict[str, str] | None = None) -> str | None:
+    """A warning when CUDA may load modules lazily: a kernel loaded for the first time while
+    gpu-uring's agents spin can wait for them, which wait for it (probe asks for EAGER, but
+    only a process that has not initialised CUDA yet takes it)."""
+    env = os.environ if env is None else env
+    mode = env.get("CUDA_MODULE_LOADING", "")
+    if mode and mode != "EAGER":
+        return (f"CUDA_MODULE_LOADING={mode}: load every kernel (get_function) before "
+                "starting a request queue, or set CUDA_MODULE_LOADING=EAGER")
+    return None
 
 
 def mps_active() -> bool:
@@ -96,6 +145,24 @@ def register_host(addr: int, size: int, mapped: bool = False) -> None:
     import cupy
 
     cupy.cuda.runtime.hostRegister(addr, size, 3 if mapped else 0)  # PORTABLE | MAPPED
+    if mapped and not _host_pointer_is_device_pointer():
+        cupy.cuda.runtime.hostUnregister(addr)
+        raise RuntimeError("this GPU cannot use registered host pointers as device pointers "
+                           "(cudaDevAttrCanUseHostPointerForRegisteredMem = 0); gpufio's "
+                           "GPU-initiated path needs it")
+
+
+_CAN_USE_HOST_POINTER = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
+
+
+@lru_cache(maxsize=None)
+def _host_pointer_is_device_pointer(device: int | None = None) -> bool:
+    """cudaDevAttrCanUseHostPointerForRegisteredMem: kernels may use a registered host
+    address as it is (gpufio passes ring words, landing slots and marks so)."""
+    import cupy
+
+    dev = cupy.cuda.Device().id if device is None else device
+    return bool(cupy.cuda.runtime.deviceGetAttribute(_CAN_USE_HOST_POINTER, dev))
 
 
 def unregister_host(addr: int) -> None:

@@ -6,7 +6,12 @@ ring) turn them into SQEs. This class owns everything that lives outside those k
 rings (gpuring.GpuRings), the pinned landing slots mapped into the GPU, the slot and
 control arrays in GPU memory, the agents' launch, the control words a host may set while
 kernels run, and the stop-with-a-diagnostic path. The block benchmark (engines/gpuuring.py)
-is one user; the GNN workload and a GPU cache are meant to be others.
+is one user; the GNN gather (kernels/gnn_gather.cu, through a GPU cache) is another.
+
+Teardown is the delicate part: a read the kernel still runs writes into its landing slot, and
+a kernel that never stopped still writes into every array of the queue. So the rings are
+drained before any memory goes, and what a stuck kernel may touch is kept alive for the
+life of the process (``WEDGED``), with the GPU marked unusable (gpu.mark_wedged).
 """
 
 from __future__ import annotations
@@ -20,11 +25,15 @@ from gpufio import cuda, gpu, uring
 from gpufio.errors import BadInput
 from gpufio.gpuring import GpuRings, Watchdog, ring_sizes, stall_report
 
-C_STOP, C_ABORT, C_MEASURING, C_REQUESTERS, C_AGENTS = range(5)
+C_STOP, C_ABORT, C_MEASURING, C_REQUESTERS, C_AGENTS, C_GEN, C_BAD_SLOT = range(7)
 SLOT_STATES = ("free", "claimed", "ready", "submitted", "done")
 POLL_S = 0.001
 START_LIMIT_S = 10.0
 ABORT_WAIT_S = 5.0
+DRAIN_S = 10.0
+# objects a kernel that never stopped (or a read that never completed) may still write into:
+# never freed, so the memory under them is never handed to anything else
+WEDGED: list[Any] = []
 
 
 class QueueStalled(RuntimeError):
@@ -43,8 +52,15 @@ class DeviceQueue:
         per-read buffer mapping. Kernels name a file by its ``file_refs`` entry."""
         import cupy as cp
 
+        why = gpu.serialising_reason()
+        if why:
+            raise BadInput(f"GPU-initiated I/O cannot run here: {why}")
         self._cp = cp
         self.nrings, self.depth = nrings, depth
+        self._gen = 0
+        self._aborted = False
+        self._kept: list[Any] = []
+        self._launch_kept: tuple[Any, ...] = ()
         self.module = cuda.module("gpu_uring")
         self._agent = self.module.get_function("gio_agent")
         self._slots: gpu.PinnedBuffer | None = None
@@ -53,6 +69,11 @@ class DeviceQueue:
         self.rings = GpuRings(nrings, sq_entries, cq_entries, idle_ms=idle_ms, cpus=cpus,
                               sq_threads=sq_threads)
         try:
+            for ring in self.rings.rings:  # what the kernel made of the sizes asked for
+                if not depth <= ring.sq_entries <= ring.cq_entries:
+                    raise BadInput(f"a queue of depth {depth} needs depth <= SQ entries <= CQ "
+                                   f"entries, got SQ {ring.sq_entries}, CQ {ring.cq_entries}: "
+                                   "a CQ that overflows can never be drained by the GPU")
             slots = nrings * depth
             self._slots = gpu.PinnedBuffer(slots * slot_bytes, mapped=True)
             self.landing = self._slots.addr
@@ -112,18 +133,30 @@ class DeviceQueue:
         """Device address of one of the queue's arrays."""
         return self._dev[name].data.ptr
 
-    def start(self, requesters: int) -> None:
+    def start(self, requesters: int, keep: tuple[Any, ...] = ()) -> None:
         """Launch the agents for ``requesters`` requester threads (each must decrement the
         C_REQUESTERS word when it ends, as gio_bench does); return once all agents run.
+        ``keep``: the arrays this launch's kernels write (kept alive if they never stop).
 
         Load every kernel that will post requests (get_function) before this: loading a
         module while the agents spin can wait for them to finish, and they wait for the
         requesters, a deadlock. gpufio also asks CUDA for eager module loading (gpu.py).
         """
+        if not self.kernels_done:
+            raise RuntimeError("the queue's kernels still run: it cannot start again")
+        if self._aborted and not self.drain():
+            raise QueueStalled("reads abandoned by the last abort are still in flight")
+        self._gen += 1
         control = self._dev["control"]
         control.fill(0)  # a queue may be started again once its kernels have ended
         control[C_REQUESTERS] = requesters
-        self._cp.cuda.Device().synchronize()
+        control[C_GEN] = self._gen  # completions of an earlier start are never taken for ours
+        self._dev["state"].fill(0)
+        # the descriptor and control copies (null stream) before the launch; only the null
+        # stream: a device-wide sync would wait for other workers' agents on this GPU
+        self._cp.cuda.Stream.null.synchronize()
+        self._aborted = False
+        self._launch_kept = keep
         self.kernels_done = False
         self._agent((self.nrings,), (32,), (self.descriptor,), stream=self.agent_stream)
         deadline = time.monotonic() + START_LIMIT_S
@@ -150,19 +183,52 @@ class DeviceQueue:
         counts = np.bincount(self.fetch(self._dev["state"]), minlength=len(SLOT_STATES))
         return {name: int(counts[i]) for i, name in enumerate(SLOT_STATES)}
 
-    def abort(self, why: str, other_streams: tuple[Any, ...] = ()) -> None:
-        """Stop agents and requesters now (reads in flight are abandoned) and raise
-        QueueStalled; ``kernels_done`` says whether they did stop."""
-        self.set(C_ABORT, 1)
+    def abort_quietly(self, other_streams: tuple[Any, ...] = ()) -> bool:
+        """Stop agents and requesters now (reads in flight are abandoned, for ``drain`` to
+        collect); True when every kernel stopped within ABORT_WAIT_S. For error paths: the
+        error that brought us here is the one to report."""
+        if self.kernels_done:
+            return True
+        self._aborted = True
         streams = (self.agent_stream, *other_streams)
-        deadline = time.monotonic() + ABORT_WAIT_S
-        while not all(s.done for s in streams) and time.monotonic() < deadline:
-            self.rings.wake()
-            time.sleep(POLL_S)
-        self.kernels_done = all(s.done for s in streams)
-        if not self.kernels_done:
+        try:
+            self.set(C_ABORT, 1)
+            deadline = time.monotonic() + ABORT_WAIT_S
+            while not all(s.done for s in streams) and time.monotonic() < deadline:
+                self.rings.wake(check=False)
+                time.sleep(POLL_S)
+            self.kernels_done = all(s.done for s in streams)
+        except Exception:  # a broken context: the kernels' state cannot be known
+            self.kernels_done = False
+        return self.kernels_done
+
+    def abort(self, why: str, other_streams: tuple[Any, ...] = ()) -> None:
+        """Stop agents and requesters now and raise QueueStalled; ``kernels_done`` says
+        whether they did stop."""
+        if not self.abort_quietly(other_streams):
             why += f"; the kernels did not stop within {ABORT_WAIT_S:g} s"
         raise QueueStalled(why)
+
+    def bad_slot(self) -> int | None:
+        """The first out-of-range slot a kernel posted to (which aborted the queue), if any."""
+        word = int(self.fetch(self._dev["control"])[C_BAD_SLOT])
+        return word - 1 if word else None
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until no read is in flight on any ring (the CQ tail has caught up with the
+        SQ tail), waking SQPOLL threads so published SQEs are taken and completed; True if
+        they all landed within ``timeout_s`` (default DRAIN_S)."""
+        deadline = time.monotonic() + (DRAIN_S if timeout_s is None else timeout_s)
+        while any(r.inflight for r in self.rings.states()):
+            if time.monotonic() > deadline:
+                return False
+            self.rings.wake(check=False)
+            time.sleep(POLL_S)
+        return True
+
+    def keep_alive(self, *objects: Any) -> None:
+        """Arrays of a kernel that uses this queue: kept with it if that kernel never stops."""
+        self._kept.extend(objects)
 
     def wait(self, streams: tuple[Any, ...], stall_ns: int, poll_s: float = POLL_S) -> None:
         """Until the agents and ``streams`` are done: wake SQPOLL threads that fell asleep, and
@@ -183,12 +249,20 @@ class DeviceQueue:
                    other_streams)
 
     def close(self) -> None:
-        """Release rings and memory, unless a kernel that would still touch them runs on
-        (freeing memory under a running kernel would crash the process instead)."""
+        """Release rings and memory. Reads still in flight land first (drain); a read that
+        never lands keeps its landing slots mapped for good, and a kernel that never stopped
+        keeps everything it may touch (WEDGED) and marks the GPU unusable."""
         if not self.kernels_done:
+            WEDGED.append(self)
+            gpu.mark_wedged(self._cp.cuda.Device().id, "a GPU-initiated I/O kernel never "
+                            "stopped")
             return
-        self._dev = {}
+        landed = not self.rings.rings or self.drain()
+        self.rings.close()  # before the slots: a ring's late completion writes into them
+        self._dev, self._kept, self._launch_kept = {}, [], ()
         if self._slots is not None:
-            self._slots.close()
+            if landed:
+                self._slots.close()
+            else:
+                WEDGED.append(self._slots)
             self._slots = None
-        self.rings.close()

@@ -56,6 +56,10 @@ class Watchdog:
         return now_ns - self._since > self.timeout_ns
 
 
+class RingOverflow(RuntimeError):
+    """A GPU-driven ring's CQ overflowed: the flow-control invariant was broken."""
+
+
 @dataclass(frozen=True)
 class RingState:
     """What a stall diagnostic prints for one ring."""
@@ -122,11 +126,17 @@ class GpuRings:
                                        "cq_head", "cq_tail")]
             + [r.sq_entries | r.cq_entries << 32] for r in self.rings], dtype=np.uint64)
 
-    def wake(self) -> int:
-        """Wake every SQPOLL thread that went to sleep (NEED_WAKEUP); how many were woken."""
+    def wake(self, check: bool = True) -> int:
+        """Wake every SQPOLL thread that went to sleep (NEED_WAKEUP); how many were woken.
+        With ``check``, a CQ that overflowed raises RingOverflow: its completions sit in the
+        kernel, which the GPU never asks for them, so the run could only hang."""
         woken = 0
-        for r in self.rings:
-            if r.sq_flags & uring.SQ_NEED_WAKEUP:
+        for i, r in enumerate(self.rings):
+            flags = r.sq_flags
+            if check and flags & uring.SQ_CQ_OVERFLOW:
+                raise RingOverflow(f"ring {i}: its completion queue overflowed (more reads in "
+                                   f"flight than its {r.cq_entries} CQ entries): a sizing bug")
+            if flags & uring.SQ_NEED_WAKEUP:
                 r.enter(0, 0, uring.ENTER_SQ_WAKEUP)
                 woken += 1
         return woken

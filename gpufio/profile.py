@@ -180,6 +180,9 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
     for key in ("size", "io_size"):
         if values[key] is not None and values[key] <= 0:
             raise BadInput(f"{where}key '{key}': must be greater than 0, got {raw[key]!r}")
+    if values["verify"] and values["offset"] % 8:
+        raise BadInput(f"{where}key 'offset': verify checks 8-byte pattern words, so the offset "
+                       f"must be a multiple of 8, got {values['offset']}")
     if values["bs"] % 512:
         raise BadInput(f"{where}key 'bs': {values['bs']} is not a multiple of 512")
     if any(g < 0 for g in values["gpus"]):

@@ -75,6 +75,7 @@ def _job_document(r: JobResult) -> dict[str, Any]:
                           job.percentile_list),
         **_cpu_fields(r.cpu.usr, r.cpu.sys, r.runtime_ns, r.ios),
         "targets": [{**t, **per_target.get(t["path"], {})} for t in r.targets],
+        "workers": r.per_worker,
         "errors": [{**e, "errno_name": errno.errorcode.get(e["errno"], "?")} for e in r.errors],
         "verify": {"enabled": job.verify, "failures": r.verify_failures,
                    "bad_offsets": r.bad_offsets},

@@ -50,6 +50,8 @@ class JobResult:
     bad_offsets: list[dict[str, Any]]
     interrupted: bool
     failure: str | None
+    # each worker's measured I/Os and bytes, as fio's per-thread report without group_reporting
+    per_worker: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -232,6 +234,9 @@ class JobRun:
         """Merge the workers' records into one JobResult (call after join)."""
         outcomes = [w.outcome for w in self.workers if w.outcome is not None]
         recs = [o.record for o in outcomes if o.record is not None]
+        per_worker = [{"worker": i, "ios": w.outcome.record.ios, "bytes": w.outcome.record.bytes}
+                      for i, w in enumerate(self.workers)
+                      if w.outcome is not None and w.outcome.record is not None]
         measured = self.control.measuring and bool(outcomes)
         end = max((o.finished_ns for o in outcomes), default=self.t_measure)
         runtime = max(end - self.t_measure, 0) if measured else 0
@@ -281,7 +286,7 @@ class JobRun:
             short_ios=sum(p["short_ios"] for p in per_target),
             verify_failures=sum(p["verify_failures"] for p in per_target),
             bad_offsets=bad[:8], interrupted=self.interrupted,
-            failure="; ".join(failures) or None)
+            failure="; ".join(failures) or None, per_worker=per_worker)
 
 
 @dataclass

@@ -161,6 +161,26 @@ def _setup_error(err: int, flags: int) -> UringError:
                       f"({os.strerror(err)})")
 
 
+# Before Linux 6.10 ("io_uring: use vmap() for ring mapping") the kernel took NO_MMAP ring
+# memory only as one page or physically contiguous pages; gpufio's is plain anonymous pages
+NO_MMAP_ANY_SIZE = (6, 10)
+RINGS_HEADER_BYTES = 64  # struct io_rings up to its CQE array
+
+
+def check_user_memory_size(sq_n: int, cq_n: int, sqarray: bool) -> None:
+    """UringError when caller-supplied (NO_MMAP) ring memory of these sizes needs more than
+    one page on a kernel that only takes one page (or physically contiguous ones)."""
+    if kernel_version() >= NO_MMAP_ANY_SIZE:
+        return
+    sqe_bytes = sq_n * SQE_DTYPE.itemsize
+    ring_bytes = RINGS_HEADER_BYTES + cq_n * CQE_DTYPE.itemsize + (sq_n * 4 if sqarray else 0)
+    if max(sqe_bytes, ring_bytes) > mmap.PAGESIZE:
+        raise UringError(
+            f"{_need('NO_MMAP rings over one page', NO_MMAP_ANY_SIZE)}: {sq_n} SQ and {cq_n} "
+            f"CQ entries take {sqe_bytes} and {ring_bytes} bytes; at most 64 SQ entries "
+            "(iodepth <= 64 per ring) fit one page here")
+
+
 def _anon(size: int) -> mmap.mmap:
     """Page-aligned, zero-filled anonymous memory (the kernel gives zeroed pages)."""
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -221,6 +241,7 @@ class Ring:
             flags |= SETUP_NO_MMAP
             sq_n = 1 << (entries - 1).bit_length()
             cq_n = 1 << ((cq_entries or 2 * sq_n) - 1).bit_length()
+            check_user_memory_size(sq_n, cq_n, sqarray=not no_sqarray)
             sqe_mem = _anon(_page_round(sq_n * SQE_DTYPE.itemsize))
             ring_mem = _anon(_page_round(4096 + cq_n * CQE_DTYPE.itemsize + sq_n * 4))
             self._maps += [sqe_mem, ring_mem]

@@ -76,7 +76,7 @@ def test_a_target_truncated_part_way_reports_short_reads_and_stops(tmp_path):
 
 
 def test_a_planted_stall_is_caught_by_the_watchdog(pattern_file, monkeypatch):
-    monkeypatch.setattr(GpuRings, "wake", lambda self: 0)  # a sleeping SQPOLL thread stays asleep
+    monkeypatch.setattr(GpuRings, "wake", lambda self, check=True: 0)  # it stays asleep
     started = time.monotonic()
     r = run([pattern_file], rings=1, iodepth=4, sq_thread_idle="1ms", stall_timeout="1s",
             runtime="30s", time_based=True)
@@ -92,7 +92,9 @@ extern "C" __global__ void read_each(const GioQueue* q, int fd, const u64* offs,
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        const u64 s = i % (q->nrings * q->depth);  // threads share slots: gio_read waits its turn
+        // a slot per lane of a warp (2 rings x 16 = 32 slots): lanes of one warp never wait
+        // for each other in lock step; other warps share slots, and gio_read waits its turn
+        const u64 s = i % (q->nrings * q->depth);
         res[i] = gio_read(q, s, fd, offs[i], 4096);
         word1[i] = ((volatile const u64*)gio_landing(q, s))[1];
         gio_release(q, s);
@@ -113,8 +115,8 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd, r
     from gpufio.gpuqueue import DeviceQueue
     from gpufio.gpuring import ring_sizes
 
-    sq, cq = ring_sizes(8, None)
-    q = DeviceQueue(nrings=2, depth=8, slot_bytes=4096, sq_entries=sq, cq_entries=cq,
+    sq, cq = ring_sizes(16, None)
+    q = DeviceQueue(nrings=2, depth=16, slot_bytes=4096, sq_entries=sq, cq_entries=cq,
                     idle_ms=1000, cpus=(), sqe_async=True, fds=[pattern_fd], registered=registered)
     assert q.file_refs.tolist() == [0 if registered else pattern_fd]
     try:

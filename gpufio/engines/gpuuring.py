@@ -141,7 +141,8 @@ class GpuUring(Engine):
             self.queue.close()
             raise
         self._stream = cp.cuda.Stream(non_blocking=True)
-        cp.cuda.Device().synchronize()
+        self.queue.keep_alive(self._dev, self._stream)  # if the bench kernel never stops
+        cp.cuda.Stream.null.synchronize()  # not the device: other workers' agents run on it
 
     def _bench_arrays(self, job: Job, targets: list[Target], ctx: WorkerContext,
                       o: dict[str, Any]) -> dict[str, Any]:
@@ -182,8 +183,26 @@ class GpuUring(Engine):
         return not (self.queue.agent_stream.done and self._stream.done)
 
     def run(self) -> None:
-        ctx, o, q = self.ctx, self._opts, self.queue
+        q = self.queue
         q.start(requesters=self._blocks * TPB)
+        try:
+            self._drive()
+        except BaseException:
+            # whatever failed (a launch, a wake-up, Ctrl-C), the agents must not spin on
+            q.abort_quietly((self._stream,))
+            raise
+        finally:
+            if q.kernels_done:
+                self._collect()
+        bad = q.bad_slot()
+        if bad is not None:
+            raise RuntimeError(f"a kernel posted a read to request slot {bad}, past the "
+                               f"queue's {q.nrings * q.depth}")
+
+    def _drive(self) -> None:
+        """Launch the bench kernel and follow it: wake SQPOLL threads, pull live counts,
+        start the measurement and the stop when the runner says, and abort on a stall."""
+        ctx, o, q = self.ctx, self._opts, self.queue
         share = uring.SqThreadShare(q.rings.rings)
         if ctx.control.measuring:  # no ramp: the first completions count
             q.set(C_MEASURING, 1)
@@ -193,32 +212,28 @@ class GpuUring(Engine):
         watchdog = Watchdog(o["stall_timeout"], time.monotonic_ns())
         last_pull = 0
         stopping = False
-        try:
-            while True:
-                if not share.begun and ctx.control.measuring:
-                    q.set(C_MEASURING, 1)
-                    share.begin()
-                if not stopping and ctx.done:
-                    q.set(C_STOP, 1)
-                    stopping = True
-                q.rings.wake()
-                running = self._running()
-                if stopping or not running:
-                    share.note(ctx)
-                now = time.monotonic_ns()
-                if not running or now - last_pull > PULL_NS:
-                    live = self._get("live")
-                    ctx.publish(int(live[0]), int(live[1]), int(live[2]), self._get("hist"))
-                    last_pull = now
-                    if running and watchdog.update(int(live[0]), now):
-                        q.stall(o["stall_timeout"], (self._stream,))
-                if not running:
-                    break
-                time.sleep(POLL_S)
-            q.kernels_done = True
-        finally:
-            if q.kernels_done:
-                self._collect()
+        while True:
+            if not share.begun and ctx.control.measuring:
+                q.set(C_MEASURING, 1)
+                share.begin()
+            if not stopping and ctx.done:
+                q.set(C_STOP, 1)
+                stopping = True
+            q.rings.wake()
+            running = self._running()
+            if stopping or not running:
+                share.note(ctx)
+            now = time.monotonic_ns()
+            if not running or now - last_pull > PULL_NS:
+                live = self._get("live")
+                ctx.publish(int(live[0]), int(live[1]), int(live[2]), self._get("hist"))
+                last_pull = now
+                if running and watchdog.update(int(live[0]), now):
+                    q.stall(o["stall_timeout"], (self._stream,))
+            if not running:
+                break
+            time.sleep(POLL_S)
+        q.kernels_done = True
 
     def _collect(self) -> None:
         """Hand the GPU's counts to the worker context as this worker's record."""
@@ -238,7 +253,7 @@ class GpuUring(Engine):
             bad_offsets=[(int(bad[1 + 2 * i]), int(bad[2 + 2 * i])) for i in range(nbad)]))
 
     def close(self) -> None:
-        """Tear down the queue (it keeps its memory if a kernel never stopped)."""
-        if self.queue.kernels_done:
-            self._dev = {}
+        """Tear down the queue; if a kernel never stopped, the queue keeps this engine's
+        arrays alive with its own (keep_alive), since the kernel still writes into them."""
+        self._dev = {}
         self.queue.close()

@@ -200,13 +200,22 @@ class GpuUringFetch:
             self.cache = GpuCache(xp, cache_rows(cache_bytes, ds.layout.row_bytes, self._threads),
                                   ds.layout.row_bytes, ds.graph.nodes)
         self._fds = _open_rows(ds, direct)
-        self.queue = DeviceQueue.for_options(opts, depth=iodepth, slot_bytes=ds.layout.row_bytes,
-                                             fds=self._fds)
-        # loaded now: never while the agents spin (see DeviceQueue.start)
-        self._gather = cuda.module("gnn_gather").get_function("gio_gather")
-        self._d_fds = xp.asarray(self.queue.file_refs)
-        self._stats = xp.zeros(6, xp.uint64)  # failed, node, result, hits, reads, coalesced
-        self._stream = xp.cuda.Stream(non_blocking=True)
+        try:
+            self.queue = DeviceQueue.for_options(opts, depth=iodepth,
+                                                 slot_bytes=ds.layout.row_bytes, fds=self._fds)
+        except BaseException:
+            _close_all(self._fds)
+            raise
+        try:
+            # loaded now: never while the agents spin (see DeviceQueue.start)
+            self._gather = cuda.module("gnn_gather").get_function("gio_gather")
+            self._d_fds = xp.asarray(self.queue.file_refs)
+            self._stats = xp.zeros(6, xp.uint64)  # failed, node, result, hits, reads, coalesced
+            self._stream = xp.cuda.Stream(non_blocking=True)
+        except BaseException:
+            self.close()
+            raise
+        self.queue.keep_alive(self._d_fds, self._stats, self._stream, self.cache)
 
     def counters(self) -> dict[str, int]:
         """Rows served since the start: from the cache, read from storage, and duplicates
@@ -224,16 +233,19 @@ class GpuUringFetch:
             ids = xp.ascontiguousarray(nodes, dtype=xp.int64)
             self._stats[:3] = 0
         blocks = -(-self._threads // 128)
-        q.start(requesters=blocks * 128)
-        self._gather((blocks,), (128,), (
-            q.descriptor, self.cache.descriptor if self.cache else np.uint64(0), self._d_fds,
-            np.uint64(self.layout.ntargets), np.uint64(self.layout.header),
-            np.uint64(self.layout.row_bytes), ids, np.uint64(n), out,
-            np.uint64(self.dim * 4 // 16), self._stats), stream=self._stream)
         try:
+            q.start(requesters=blocks * 128, keep=(ids, out))  # the gather writes them
+            self._gather((blocks,), (128,), (
+                q.descriptor, self.cache.descriptor if self.cache else np.uint64(0),
+                self._d_fds, np.uint64(self.layout.ntargets), np.uint64(self.layout.header),
+                np.uint64(self.layout.row_bytes), ids, np.uint64(n), out,
+                np.uint64(self.dim * 4 // 16), self._stats), stream=self._stream)
             q.wait((self._stream,), self.stall_ns, poll_s=0.0001)
         except QueueStalled as e:
             raise FetchError(str(e)) from None
+        except BaseException:
+            q.abort_quietly((self._stream,))  # the agents must not spin on after any error
+            raise
         failed = self._stats[:3].get()
         if failed[0]:
             raise _row_error(int(failed[1]), int(np.int64(failed[2])),
@@ -243,8 +255,12 @@ class GpuUringFetch:
 
     def close(self) -> None:
         self.queue.close()
-        for fd in self._fds:
-            os.close(fd)
+        _close_all(self._fds)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 class CuFileFetch:

@@ -49,6 +49,7 @@ __device__ unsigned long long cache_victim(const GioCache* c)
             continue;
         }
         if (atomicCAS(&c->ctl[s], 0u, CTL_LOCKED) == 0u) {
+            __threadfence();  // the key read below comes after the winning lock, not before
             const long long old = ((volatile long long*)c->key)[s];
             if (old >= 0) atomicCAS(&c->map[old], (unsigned)(s + 1), 0u);
             return s;

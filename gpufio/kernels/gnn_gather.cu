@@ -55,15 +55,17 @@ extern "C" __global__ void gio_gather(const GioQueue* q, const GioCache* cache, 
         while (__any_sync(FULL, pending)) {
             int look = LOOK_WAIT;
             u64 cs = 0;
+            bool posted = true;
             if (pending) {
                 look = cache ? cache_lookup(cache, node, &cs) : LOOK_FILL;
-                if (look == LOOK_FILL) {
+                if (look == LOOK_FILL) {  // the slot is this thread's, so it is free
                     const u64 t = (u64)node % ntargets;
-                    gio_try_post(q, gtid, fds[t], header + ((u64)node / ntargets) * row_bytes,
-                                 (unsigned)row_bytes);  // the slot is this thread's
+                    posted = gio_try_post(q, gtid, fds[t],
+                                          header + ((u64)node / ntargets) * row_bytes,
+                                          (unsigned)row_bytes);
                 }
             }
-            while (!__all_sync(FULL, look != LOOK_FILL || gio_done(q, gtid))) {
+            while (!__all_sync(FULL, look != LOOK_FILL || !posted || gio_done(q, gtid))) {
                 if (__any_sync(FULL, gio_aborted(q))) {
                     atomicSub(&q->control[C_REQUESTERS], 1);
                     return;
@@ -71,7 +73,9 @@ extern "C" __global__ void gio_gather(const GioQueue* q, const GioCache* cache, 
                 __nanosleep(100);
             }
             __syncwarp();
-            const int res = look == LOOK_FILL ? gio_result(q, gtid) : (int)row_bytes;
+            // a post refused (the queue aborted) fails the row instead of waiting forever
+            const int res = look != LOOK_FILL ? (int)row_bytes
+                            : posted ? gio_result(q, gtid) : -GIO_EBUSY;
             const bool ok = look != LOOK_WAIT && (u64)res == row_bytes;
             unsigned m = __ballot_sync(FULL, ok);
             while (m) {
@@ -97,7 +101,7 @@ extern "C" __global__ void gio_gather(const GioQueue* q, const GioCache* cache, 
                     stats[1] = (u64)node;
                     stats[2] = (u64)(long long)res;
                 }
-                gio_release(q, gtid);
+                if (posted) gio_release(q, gtid);
             } else if (look == LOOK_HIT) {
                 cache_unpin(cache, cs);
             }

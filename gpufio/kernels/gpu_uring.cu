@@ -31,7 +31,13 @@ typedef unsigned long long u64;
 #define AGENT_IDLE_MAX_NS 2048u
 
 enum SlotState { FREE = 0, CLAIMED = 1, READY = 2, SUBMITTED = 3, DONE = 4 };
-enum Control { C_STOP = 0, C_ABORT = 1, C_MEASURING = 2, C_REQUESTERS = 3, C_AGENTS = 4 };
+// C_GEN: the queue's start count, carried in each SQE's user_data so that a completion of an
+// earlier start (a read abandoned by an abort) is never taken for a current one.
+// C_BAD_SLOT: 1 + the first out-of-range slot a kernel posted to (the queue aborts).
+enum Control { C_STOP = 0, C_ABORT = 1, C_MEASURING = 2, C_REQUESTERS = 3, C_AGENTS = 4,
+               C_GEN = 5, C_BAD_SLOT = 6 };
+#define GIO_EINVAL 22
+#define GIO_EBUSY 16
 enum BenchFlags { B_RANDOM = 1, B_FILE_RANDOM = 2, B_LAND_GPU = 4, B_VERIFY = 8, B_CONTINUE = 16 };
 
 // Host-built descriptor of one ring: addresses of its words in registered host memory.
@@ -39,7 +45,7 @@ struct GioRing {
     u64 sqes, sq_head, sq_tail, sq_flags, cqes, cq_head, cq_tail, entries;  // sq | cq << 32
 };
 
-// Host-built request queue (every field 8 bytes; gpufio/gpuring.py writes the same order).
+// Host-built request queue (every field 8 bytes; gpufio/gpuqueue.py writes the same order).
 struct GioQueue {
     const GioRing* rings;
     u64 nrings, depth;
@@ -84,6 +90,11 @@ __device__ __forceinline__ void st_release_gpu(int* p, int v)
     asm volatile("st.release.gpu.global.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ void st_relaxed_gpu(int* p, int v)
+{
+    asm volatile("st.relaxed.gpu.global.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+
 // System-scope loads of landed bytes: never served from a stale cached copy of the slot's
 // previous read. No "memory" clobber, so a lane can have several in flight.
 __device__ __forceinline__ uint4 ld_sys_v4(const uint4* p)
@@ -120,6 +131,10 @@ __device__ __forceinline__ void warp_load16(const uint4* src, u64 n16, unsigned 
 
 __device__ __forceinline__ int ld_flag(const int* p) { return *(volatile const int*)p; }
 
+// Lane 0's value of a word, in every lane: warp-uniform decisions (loop exits, ring indexes)
+// must come from one load, or lanes that read different values diverge inside *_sync(FULL).
+__device__ __forceinline__ unsigned warp_word(unsigned v) { return __shfl_sync(FULL, v, 0); }
+
 __device__ __forceinline__ u64 now_ns()
 {
     u64 t;
@@ -130,11 +145,24 @@ __device__ __forceinline__ u64 now_ns()
 // ---- 1. The request API ---------------------------------------------------------------
 
 // Take slot s for a read of len bytes at off of file fd (a DeviceQueue.file_refs entry); false
-// while another thread holds it.
+// while another thread holds it. A slot past the queue's end aborts the queue (the host names
+// it); a read longer than a slot completes at once with -EINVAL instead of overrunning the
+// neighbouring slots' landing bytes.
 __device__ __forceinline__ bool gio_try_post(const GioQueue* q, u64 s, int fd, u64 off, unsigned len)
 {
+    if (s >= q->nrings * q->depth) {
+        atomicCAS(&q->control[C_BAD_SLOT], 0, (int)min(s + 1, (u64)0x7fffffff));
+        atomicExch(&q->control[C_ABORT], 1);
+        return false;
+    }
     if (atomicCAS(&q->state[s], FREE, CLAIMED) != FREE) {
         return false;
+    }
+    __threadfence();  // acquire: the previous owner's reads of the slot come before ours
+    if ((u64)len > q->slot_bytes) {
+        q->res[s] = -GIO_EINVAL;
+        st_release_gpu(&q->state[s], DONE);
+        return true;
     }
     q->off[s] = off;
     q->len_fd[s] = (u64)len | ((u64)(unsigned)fd << 32);
@@ -183,14 +211,18 @@ extern "C" __global__ void gio_agent(const GioQueue* q)
     const GioRing R = q->rings[r];
     const unsigned sq_n = (unsigned)(R.entries & 0xffffffffu), cq_n = (unsigned)(R.entries >> 32);
     const unsigned depth = (unsigned)q->depth;
-    const u64 first = (u64)r * depth;
+    const u64 first = (u64)r * depth, nslots = q->nrings * q->depth;
     int* state = q->state + first;
-    unsigned tail = ld_acquire_sys(R.sq_tail), head = ld_acquire_sys(R.sq_head);
-    unsigned cqh = ld_acquire_sys(R.cq_head);
+    // every lane takes lane 0's reading of the ring words and control words: the agent's
+    // batch, tail and exit must be the same in all 32 lanes
+    unsigned tail = warp_word(lane == 0 ? ld_acquire_sys(R.sq_tail) : 0u);
+    unsigned head = warp_word(lane == 0 ? ld_acquire_sys(R.sq_head) : 0u);
+    unsigned cqh = warp_word(lane == 0 ? ld_acquire_sys(R.cq_head) : 0u);
+    const u64 gen = (u64)(unsigned)warp_word(lane == 0 ? ld_flag(&q->control[C_GEN]) : 0);
     unsigned inflight = 0, idle_ns = AGENT_IDLE_MIN_NS;
     u64 submitted = 0, completed = 0;
     if (lane == 0) atomicAdd(&q->control[C_AGENTS], 1);
-    while (!gio_aborted(q)) {
+    while (!warp_word(lane == 0 ? (unsigned)gio_aborted(q) : 0u)) {
         unsigned batch = 0;
         for (unsigned base = 0; base < depth; base += 32) {
             const unsigned s = base + lane;
@@ -199,7 +231,7 @@ extern "C" __global__ void gio_agent(const GioQueue* q)
             if (!m) continue;
             unsigned room = sq_n - (tail + batch - head);
             if (room < (unsigned)__popc(m)) {
-                head = __shfl_sync(FULL, lane == 0 ? ld_acquire_sys(R.sq_head) : 0u, 0);
+                head = warp_word(lane == 0 ? ld_acquire_sys(R.sq_head) : 0u);
                 room = sq_n - (tail + batch - head);
             }
             const unsigned rank = __popc(m & ((1u << lane) - 1u));
@@ -208,47 +240,55 @@ extern "C" __global__ void gio_agent(const GioQueue* q)
                 const u64 lf = q->len_fd[g];
                 u64* sqe = (u64*)(R.sqes + (u64)((tail + batch + rank) & (sq_n - 1)) * 64);
                 // opcode | flags | ioprio 0 | fd (or file index); off; addr; len | rw_flags 0;
-                // user_data = slot; buf_index 0 (the ring's own slots), personality,
-                // splice_fd_in, addr3, pad = 0
+                // user_data = slot | generation << 32; buf_index 0 (the ring's own slots),
+                // personality, splice_fd_in, addr3, pad = 0
                 st_sys_v2(sqe, q->sqe_head | ((lf >> 32) << 32), q->off[g]);
                 st_sys_v2(sqe + 2, q->landing + g * q->slot_bytes, lf & 0xffffffffu);
-                st_sys_v2(sqe + 4, g, 0ull);
+                st_sys_v2(sqe + 4, g | gen << 32, 0ull);
                 st_sys_v2(sqe + 6, 0ull, 0ull);
-                state[s] = SUBMITTED;
+                st_relaxed_gpu(&state[s], SUBMITTED);
             }
             batch += min((unsigned)__popc(m), room);
         }
         if (batch) {
+            __threadfence_system();  // each lane's SQE stores, before the barrier and the tail
             __syncwarp();
-            if (lane == 0) {
-                __threadfence_system();
-                st_release_sys(R.sq_tail, tail + batch);
-            }
+            if (lane == 0) st_release_sys(R.sq_tail, tail + batch);
             tail += batch;
             inflight += batch;
             submitted += batch;
         }
-        const unsigned t = __shfl_sync(FULL, lane == 0 ? ld_acquire_sys(R.cq_tail) : 0u, 0);
+        const unsigned t = warp_word(lane == 0 ? ld_acquire_sys(R.cq_tail) : 0u);
         __syncwarp();
         const unsigned got = t - cqh;
-        for (unsigned i = lane; i < got; i += 32) {
-            const u64* c = (const u64*)(R.cqes + (u64)((cqh + i) & (cq_n - 1)) * 16);
-            u64 w0, w1;
-            asm volatile("ld.relaxed.sys.global.v2.u64 {%0,%1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(c) : "memory");
-            q->res[w0] = (int)(unsigned)(w1 & 0xffffffffu);
-            st_release_gpu(&q->state[w0], DONE);
+        unsigned mine = 0;  // completions of this start's reads (stale ones are only reaped)
+        for (unsigned base = 0; base < got; base += 32) {
+            const unsigned i = base + lane;
+            bool current = false;
+            if (i < got) {
+                const u64* c = (const u64*)(R.cqes + (u64)((cqh + i) & (cq_n - 1)) * 16);
+                u64 w0, w1;
+                asm volatile("ld.relaxed.sys.global.v2.u64 {%0,%1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(c) : "memory");
+                const u64 slot = w0 & 0xffffffffu;
+                current = (w0 >> 32) == gen && slot < nslots;
+                if (current) {
+                    q->res[slot] = (int)(unsigned)(w1 & 0xffffffffu);
+                    st_release_gpu(&q->state[slot], DONE);
+                }
+            }
+            mine += __popc(__ballot_sync(FULL, current));
         }
         if (got) {
             __syncwarp();
             if (lane == 0) st_release_sys(R.cq_head, t);
             cqh = t;
-            inflight -= got;
-            completed += got;
+            inflight -= mine;
+            completed += mine;
             idle_ns = AGENT_IDLE_MIN_NS;
         } else if (!batch) {
-            if (inflight == 0 && ld_flag(&q->control[C_REQUESTERS]) == 0) break;
+            if (inflight == 0 && warp_word(lane == 0 ? ld_flag(&q->control[C_REQUESTERS]) : 1) == 0) break;
             // back off while the ring is quiet: every CQ-tail poll is a PCIe read of a line
-            // the kernel writes (measured on the H200: +4-12% IOPS against a fixed 64 ns)
+            // the kernel writes (docs/PERFORMANCE.md has what it gained)
             __nanosleep(idle_ns);
             idle_ns = min(idle_ns * 2, AGENT_IDLE_MAX_NS);
         }
