@@ -60,7 +60,7 @@ def _exit_codes() -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("gpufio: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    except (typer.Exit, typer.Abort, typer.TyperException):
+    except (typer.Exit, typer.Abort):  # our own exit codes pass through
         raise
     except Exception as e:
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
