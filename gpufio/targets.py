@@ -27,6 +27,9 @@ from gpufio.units import format_size
 FILL_CHUNK = 8 << 20
 # kernel and runtime trees: a file created there lives in RAM or is refused by the kernel
 SYSTEM_DIRS = ("/dev", "/proc", "/sys", "/run")
+# the one place under /dev meant for files: the shared-memory tmpfs (targets there are
+# labelled ram-backed like any tmpfs file)
+SHM_DIR = "/dev/shm"
 # names the kernel gives block devices: a missing path with such a name is a mistyped device
 _DEVICE_NAME = re.compile(r"(nvme\d+n\d+(p\d+)?|nvme\d+c\d+n\d+|[shvx]+d[a-z]+\d*|loop\d+|"
                           r"zram\d+|ram\d+|md\d+|dm-\d+|nbd\d+|pmem\d+|mmcblk\d+(p\d+)?|"
@@ -52,15 +55,22 @@ def scratch_path(directory: str | None, seed: int) -> str:
     return os.path.join(directory or default_scratch_dir(), f"gpufio-seed{seed}.dat")
 
 
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory + "/")
+
+
 def _system_dir(path: str) -> str | None:
     real = os.path.realpath(path)
-    return next((d for d in SYSTEM_DIRS if real == d or real.startswith(d + "/")), None)
+    if _under(real, SHM_DIR) and real != SHM_DIR:
+        return None
+    return next((d for d in SYSTEM_DIRS if _under(real, d)), None)
 
 
 def check_creatable(path: str) -> None:
     """BadInput unless a missing ``path`` may become a plain file: never under the kernel's
     trees, never with a block device's name, only in a directory that exists."""
-    system = _system_dir(os.path.dirname(os.path.abspath(path))) or _system_dir(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    system = _system_dir(parent) if parent != SHM_DIR else None
     if system == "/dev":
         raise BadInput(f"target {path}: no such block device (gpufio never creates files "
                        "under /dev)")
@@ -70,7 +80,6 @@ def check_creatable(path: str) -> None:
     if _DEVICE_NAME.fullmatch(os.path.basename(path)):
         raise BadInput(f"target {path}: does not exist, and its name is a block device's "
                        "(gpufio never creates a file where a device was named)")
-    parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise BadInput(f"target {path}: directory {parent} does not exist (gpufio creates "
                        "files only in existing directories)")

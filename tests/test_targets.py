@@ -157,7 +157,7 @@ def test_stale_partial_files_of_dead_processes_are_removed(scratch):
 @pytest.mark.parametrize("path,message", [
     ("/dev/nvme0n1", "^target /dev/nvme0n1: no such block device \\(gpufio never creates "
                      "files under /dev\\)$"),
-    ("/dev/shm/x.dat", "never creates files under /dev"),
+    ("/dev/disk/x.dat", "never creates files under /dev"),
     ("/run/gpufio-x.dat", "never creates files under /run"),
     ("/proc/x.dat", "never creates files under /proc"),
     ("/sys/x.dat", "never creates files under /sys"),
@@ -168,6 +168,18 @@ def test_no_file_is_ever_created_under_the_kernels_trees(path, message):
         with pytest.raises(BadInput, match=message):
             runner.job_targets(job, quiet=True)
     assert not os.path.exists(path)
+
+
+def test_the_shared_memory_tmpfs_is_the_one_place_under_dev_for_files():
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    path = f"/dev/shm/gpufio-test-{os.getpid()}.dat"
+    try:
+        runner.job_targets(_job(targets=[path], size="64k"), quiet=True)
+        assert open(path, "rb").read() == pattern.fill(0x89, 0, 65536)
+        assert devinfo.path_facts(path)["ram_backed"] is True
+    finally:
+        os.unlink(path)
 
 
 def test_a_device_name_is_never_created_elsewhere_either(tmp_path):
