@@ -298,9 +298,11 @@ class Outcome:
 
 
 def hint(job: Job, facts: dict) -> str | None:
-    """One line of advice before a job set up in a way that will cost it: spawned GPU workers
-    with no MPS daemon, whose contexts the GPU time-slices (0.86 M vs 3.1 M IOPS for cpu-gpu
-    on the H200 machine)."""
+    """One line of advice before a job set up in a way that will cost it or may hang: an
+    engine's own warning (facts["warning"]), or spawned GPU workers with no MPS daemon, whose
+    contexts the GPU time-slices (docs/PERFORMANCE.md has the cost)."""
+    if facts.get("warning"):
+        return f"gpufio: job '{job.name}': {facts['warning']}"
     if facts.get("mps") is False and job.numjobs > 1:
         return (f"gpufio: job '{job.name}': {job.numjobs} spawned workers and no CUDA MPS "
                 "daemon: the GPU time-slices their contexts (start one with "

@@ -36,10 +36,18 @@ def test_a_queue_refuses_to_start_under_launch_blocking(monkeypatch):
                              idle_ms=10, cpus=(), sqe_async=False, fds=[], registered=False)
 
 
-def test_lazy_module_loading_is_warned_about():
+def test_lazy_module_loading_is_warned_about(monkeypatch):
     assert gpu.module_loading_warning({"CUDA_MODULE_LOADING": "LAZY"}).startswith(
         "CUDA_MODULE_LOADING=LAZY")
     assert gpu.module_loading_warning({"CUDA_MODULE_LOADING": "EAGER"}) is None
+    from gpufio.engines.gpuuring import GpuUring
+    from gpufio.profile import from_dict
+    from gpufio.runner import hint
+
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
+    job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"]}}, "t.toml", {}).jobs[0]
+    facts = GpuUring.describe(job)
+    assert hint(job, facts).startswith("gpufio: job 't': CUDA_MODULE_LOADING=LAZY")
 
 
 def test_the_kernel_cache_key_covers_every_included_file(tmp_path, monkeypatch):

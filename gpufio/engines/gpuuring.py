@@ -121,7 +121,8 @@ class GpuUring(Engine):
                 "lands_in": "gpu memory" if o["land"] == "gpu" else "pinned host memory",
                 "rings": o["rings"], "iodepth_per_ring": job.iodepth,
                 "requester_threads": o["threads"], "sq_threads": o["sq_threads"],
-                "sqe_async": o["sqe_async"], "registered": o["registered"]}
+                "sqe_async": o["sqe_async"], "registered": o["registered"],
+                **({"warning": w} if (w := gpu.module_loading_warning()) else {})}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
