@@ -30,6 +30,18 @@ def pattern_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def shm_pattern_file():
+    """A 1 MiB pattern file (seed 7) on the /dev/shm tmpfs: a RAM-backed target."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm tmpfs here")
+    path = Path(f"/dev/shm/gpufio-test-{os.getpid()}.dat")
+    path.unlink(missing_ok=True)
+    targets.create_file(str(path), 1 << 20, 7)
+    yield path
+    path.unlink(missing_ok=True)
+
+
+@pytest.fixture
 def pattern_fd(pattern_file: Path):
     """pattern_file opened O_DIRECT for reading."""
     fd = os.open(pattern_file, os.O_RDONLY | os.O_DIRECT)

@@ -263,32 +263,24 @@ def test_gen4_vs_gen5_on_a_host_without_those_drives_creates_nothing():
     assert not os.path.exists("/dev/nvme0n1") and not os.path.exists("/dev/nvme1n1")
 
 
-def test_a_ram_backed_target_is_labelled_in_the_result_table_and_compare(tmp_path):
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm tmpfs here")
-    from gpufio import pattern
-
-    target = f"/dev/shm/gpufio-cli-test-{os.getpid()}.dat"
-    with open(target, "wb") as f:
-        f.write(pattern.fill(1, 0, 1 << 20))
-    try:
-        prof = tmp_path / "ram.toml"
-        prof.write_text(f'[global]\ntargets = ["{target}"]\nruntime = "200ms"\n'
-                        'time_based = true\ndirect = false\n')
-        res = cli.invoke(app, ["run", str(prof), "--quiet", "-f", "json"])
-        assert res.exit_code == 0, res.output
-        doc = json.loads(res.stdout)
-        (t,) = doc["jobs"][0]["targets"]
-        assert t["ram_backed"] is True and t["ram_backing"] == "tmpfs"
-        res = cli.invoke(app, ["run", str(prof), "--quiet"])
-        assert f"ram-backed (not a drive): {target} (tmpfs)" in " ".join(res.stdout.split())
-        a, b = tmp_path / "a.json", tmp_path / "b.json"
-        a.write_text(json.dumps(doc))
-        b.write_text(json.dumps(doc))
-        res = cli.invoke(app, ["compare", str(a), str(b)])
-        assert res.exit_code == 0 and "ram-backed: tmpfs" in res.stdout
-    finally:
-        os.unlink(target)
+def test_a_ram_backed_target_is_labelled_in_the_result_table_and_compare(tmp_path,
+                                                                         shm_pattern_file):
+    target = str(shm_pattern_file)
+    prof = tmp_path / "ram.toml"
+    prof.write_text(f'[global]\ntargets = ["{target}"]\nruntime = "200ms"\n'
+                    'time_based = true\ndirect = false\n')
+    res = cli.invoke(app, ["run", str(prof), "--quiet", "-f", "json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    (t,) = doc["jobs"][0]["targets"]
+    assert t["ram_backed"] is True and t["ram_backing"] == "tmpfs"
+    res = cli.invoke(app, ["run", str(prof), "--quiet"])
+    assert f"ram-backed (not a drive): {target} (tmpfs)" in " ".join(res.stdout.split())
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(doc))
+    b.write_text(json.dumps(doc))
+    res = cli.invoke(app, ["compare", str(a), str(b)])
+    assert res.exit_code == 0 and "ram-backed: tmpfs" in res.stdout
 
 
 def test_clean_lists_and_removes_scratch_files(scratch):

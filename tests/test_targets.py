@@ -290,17 +290,9 @@ def test_ram_disks_are_named_from_sysfs(tmp_path):
     assert devinfo.ram_disk(md) is None  # one real member: not all memory
 
 
-def test_a_file_on_tmpfs_is_labelled_ram_backed(monkeypatch):
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm tmpfs here")
-    path = f"/dev/shm/gpufio-test-{os.getpid()}.dat"
-    with open(path, "wb") as f:
-        f.write(pattern.fill(7, 0, 1 << 20))
-    try:
-        facts = devinfo.path_facts(path)
-        assert facts["ram_backed"] is True and facts["ram_backing"] == "tmpfs"
-    finally:
-        os.unlink(path)
+def test_a_file_on_tmpfs_is_labelled_ram_backed(monkeypatch, shm_pattern_file):
+    facts = devinfo.path_facts(str(shm_pattern_file))
+    assert facts["ram_backed"] is True and facts["ram_backing"] == "tmpfs"
     monkeypatch.setattr(devinfo, "_fs_type", lambda dev: ("ext4", "/"))
     monkeypatch.setattr(devinfo, "_disk_dir", lambda dev: None)
     facts = devinfo.path_facts(__file__)
