@@ -32,8 +32,9 @@ def _zero_block() -> dict[str, Any]:
     zero = {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}
     return {"io_bytes": 0, "io_kbytes": 0, "bw_bytes": 0, "bw": 0, "iops": 0.0, "runtime": 0,
             "total_ios": 0, "short_ios": 0, "drop_ios": 0, "clat_ns": dict(zero),
-            "lat_ns": dict(zero), "bw_min": 0, "bw_max": 0, "bw_agg": 0.0, "bw_mean": 0.0, "bw_dev": 0.0, "bw_samples": 0, "iops_min": 0,
-            "iops_max": 0, "iops_mean": 0.0, "iops_stddev": 0.0, "iops_samples": 0}
+            "lat_ns": dict(zero), "bw_min": 0, "bw_max": 0, "bw_agg": 0.0, "bw_mean": 0.0,
+            "bw_dev": 0.0, "bw_samples": 0, "iops_min": 0, "iops_max": 0, "iops_mean": 0.0,
+            "iops_stddev": 0.0, "iops_samples": 0}
 
 
 def _sample_stats(values: list[float]) -> tuple[float, float, float, float, int]:
