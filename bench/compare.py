@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tabulate import tabulate  # noqa: E402
 
-from gpufio import pattern, targets  # noqa: E402
+from gpufio.core import pattern, targets  # noqa: E402
 
 # (gpufio engine options, fio options, minimum gpufio/fio IOPS ratio)
 PATHS = {

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from compare import report  # noqa: E402
 
-from gpufio.units import parse_size  # noqa: E402
+from gpufio.core.units import parse_size  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GOALS = {"agg_speedup_vs_mmap": 25.0, "two_targets_agg_ratio": 0.65}
@@ -212,7 +212,7 @@ def judge(doc: dict, args: argparse.Namespace) -> tuple[list[list], list[str]]:
 
 def summarize(doc: dict, args: argparse.Namespace) -> int:
     """The stage table, the verdicts, and 1 with --check if a goal was missed."""
-    from gpufio.gnn import report as gnn_report
+    from gpufio.workloads.gnn import report as gnn_report
 
     print(gnn_report.render(doc, "markdown"))
     rows, missed = judge(doc, args)

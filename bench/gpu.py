@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from compare import report, run_fio, run_gpufio, setup_tmpfs, setup_zram  # noqa: E402
 
-from gpufio import targets  # noqa: E402
-from gpufio.units import parse_size  # noqa: E402
+from gpufio.core import targets  # noqa: E402
+from gpufio.core.units import parse_size  # noqa: E402
 
 FIO_CUFILE = ["--ioengine=libcufile", "--cuda_io=posix", "--gpu_dev_ids=0"]
 

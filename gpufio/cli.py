@@ -18,9 +18,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpufio import __version__, hostinfo, profile, report, runner
-from gpufio.errors import BadInput
-from gpufio.repeat import combine
+from gpufio import __version__, profile
+from gpufio.core.errors import BadInput
+from gpufio.facts import host as hostinfo
+from gpufio.results import document as report
+from gpufio.results.repeat import combine
+from gpufio.run import runner
 
 # help texts are plain text: Rich markup would eat "[plot]" and "[check]"
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -97,7 +100,7 @@ def _run_once(prof: profile.Profile, quiet: bool) -> dict:
     if quiet:
         outcome = runner.run_profile(prof, quiet=True)
     else:
-        from gpufio.live import LiveDisplay
+        from gpufio.results.live import LiveDisplay
 
         with LiveDisplay() as live:
             outcome = runner.run_profile(prof, on_tick=live.update)
@@ -148,7 +151,7 @@ def run(
 
 def _run_gnn(prof: profile.Profile, fmt: str, output: Optional[Path], quiet: bool) -> None:
     """A GNN workload profile: its own runner and tables (gnn/report.py)."""
-    from gpufio.gnn import report as gnn_report
+    from gpufio.workloads.gnn import report as gnn_report
 
     if not all(job.workload == "gnn" for job in prof.jobs):
         raise BadInput(f"{prof.path}: a profile runs either block jobs or gnn jobs, not both")
@@ -184,8 +187,8 @@ def compare(
     fmt: str = typer.Option("table", "--format", "-f", help="table, markdown, csv or json"),
 ) -> None:
     """Put results side by side: each metric per job, with ratio and change to the first."""
-    from gpufio import compare as cmp
-    from gpufio import results
+    from gpufio.results import compare as cmp
+    from gpufio.results import load as results
 
     with _exit_codes():
         if fmt not in cmp.FORMATS:
@@ -201,8 +204,8 @@ def plot(
     output: Path = typer.Option(..., "--output", "-o", help="FILE.png or FILE.svg"),
 ) -> None:
     """Draw IOPS over time, latency percentiles and per-job IOPS bars (needs gpufio[plot])."""
-    from gpufio import plot as plotting
-    from gpufio import results
+    from gpufio.results import load as results
+    from gpufio.results import plot as plotting
 
     with _exit_codes():
         docs = [results.load(str(f)) for f in files]
@@ -221,7 +224,8 @@ def check(
     junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML here"),
 ) -> None:
     """Exit 1 if a metric moved the wrong way past its limit (the profile's [check] by default)."""
-    from gpufio import gate, results
+    from gpufio.results import check as gate
+    from gpufio.results import load as results
 
     with _exit_codes():
         result, baseline = results.load(str(result_path)), results.load(str(baseline_path))
@@ -275,8 +279,8 @@ def clean(
     dry_run: bool = typer.Option(False, "--dry-run", "-n", help="list, remove nothing"),
 ) -> None:
     """Remove the scratch files gpufio created (test targets, GNN tables and graphs)."""
-    from gpufio import targets as tg
-    from gpufio.units import format_size
+    from gpufio.core import targets as tg
+    from gpufio.core.units import format_size
 
     with _exit_codes():
         dirs = [tg.default_scratch_dir(), *directory]
@@ -330,8 +334,9 @@ def info(
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
 ) -> None:
     """Describe this host as a storage + GPU benchmark sees it (like gdscheck -p)."""
-    from gpufio import devinfo, gpu, uring
     from gpufio.engines import all_engines
+    from gpufio.facts import device as devinfo
+    from gpufio.io import gpu, uring
 
     with _exit_codes():
         paths = list(target)

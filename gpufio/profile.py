@@ -14,13 +14,13 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from gpufio.core.errors import BadInput, reading
+from gpufio.core.offsets import Distribution
+from gpufio.core.options import Option
+from gpufio.core.stats import PERCENTILES
 from gpufio.engines import all_engines
-from gpufio.errors import BadInput, reading
-from gpufio.gnn.options import GNN_OPTIONS
-from gpufio.gnn.options import check as check_gnn
-from gpufio.options import Option
-from gpufio.stats import PERCENTILES
-from gpufio.workload import Distribution
+from gpufio.workloads.gnn.options import GNN_OPTIONS
+from gpufio.workloads.gnn.options import check as check_gnn
 
 COMMON_OPTIONS: tuple[Option, ...] = (
     Option("name", "str", None, "job name (default: the profile's file name, then job index)"),
@@ -242,7 +242,7 @@ def load(path: str, overrides: dict[str, Any] | None = None) -> Profile:
     notes: list[str] = []
     with reading(path, "profile"):
         if path.endswith(".fio"):
-            from gpufio.fiojob import parse
+            from gpufio.fio.jobfile import parse
 
             with open(path, encoding="utf-8") as f:
                 data, notes = parse(f.read(), path)
@@ -296,7 +296,7 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Pro
 
 def _check_limits(table: Any, path: str) -> dict[str, float]:
     """The [check] table: max_drop / max_rise sub-tables of metric = "N%"."""
-    from gpufio.gate import parse_limits
+    from gpufio.results.check import parse_limits
 
     if not isinstance(table, dict):
         raise BadInput(f"{path}: [check] must be a table")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufio import targets
+from gpufio.core import targets
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
-    from gpufio.gpu import probe
+    from gpufio.io.gpu import probe
 
     count, why = probe()
     if count:

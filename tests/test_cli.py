@@ -10,10 +10,10 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from gpufio import gpu
 from gpufio.cli import app
 from gpufio.engines import all_engines, register
 from gpufio.engines.base import Engine
+from gpufio.io import gpu
 
 cli = CliRunner()
 
@@ -226,8 +226,8 @@ def test_live_display_redraws_a_table_on_a_terminal_and_prints_lines_elsewhere(
         monkeypatch, since_boot_s):
     import io
 
-    from gpufio.live import LiveDisplay
-    from gpufio.runner import Snapshot
+    from gpufio.results.live import LiveDisplay
+    from gpufio.run.runner import Snapshot
 
     class Tty(io.StringIO):
         def isatty(self):

@@ -7,11 +7,13 @@ import xml.etree.ElementTree as ET
 import pytest
 from typer.testing import CliRunner
 
-from gpufio import gate, repeat, results
 from gpufio.cli import app
-from gpufio.compare import compare_rows
-from gpufio.errors import BadInput
+from gpufio.core.errors import BadInput
 from gpufio.profile import from_dict
+from gpufio.results import check as gate
+from gpufio.results import load as results
+from gpufio.results import repeat
+from gpufio.results.compare import compare_rows
 
 cli = CliRunner()
 
@@ -151,7 +153,7 @@ def test_repeat_keeps_the_median_run_and_the_spread():
     assert j["repeat"]["max"]["lat_p99"] == 300.0
     assert j["error"] == 1  # a failure in any repetition fails the job
     assert results.job_metrics(j)["iops"] == 2000
-    from gpufio.report import render, summary_rows
+    from gpufio.results.document import render, summary_rows
 
     j.update(usr_cpu=1.0, sys_cpu=2.0, cpu_us_per_io=3.0)
     (row,) = summary_rows(out)

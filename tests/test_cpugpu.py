@@ -5,9 +5,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from gpufio import runner, targets
 from gpufio.cli import app
+from gpufio.core import targets
 from gpufio.profile import from_dict
+from gpufio.run import runner
 
 pytestmark = pytest.mark.gpu
 cli = CliRunner()

@@ -10,9 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from gpufio import runner, targets
-from gpufio.errors import BadInput
+from gpufio.core import targets
+from gpufio.core.errors import BadInput
 from gpufio.profile import from_dict
+from gpufio.run import runner
 
 CPU_ENGINES = [
     {"engine": "psync"},
@@ -168,7 +169,7 @@ def test_a_silently_short_time_based_run_is_a_failure(pattern_file, monkeypatch)
 
 @pytest.mark.parametrize("engine", CPU_ENGINES[:1], ids=IDS[:1])
 def test_ctrl_c_before_all_workers_started_keeps_what_ran(engine, pattern_file, monkeypatch):
-    from gpufio.workers import ProcessWorker
+    from gpufio.run.launch import ProcessWorker
 
     real_start, started = ProcessWorker.start, []
 
@@ -275,7 +276,7 @@ def test_map_rows_and_gather_rows_fault_in_each_row_from_its_target(tmp_path):
 
 def test_spawned_gpu_workers_without_mps_get_a_hint(tmp_path, monkeypatch):
     from gpufio.engines import all_engines
-    from gpufio.runner import hint
+    from gpufio.run.runner import hint
 
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     cpugpu = all_engines()["cpu-gpu"]

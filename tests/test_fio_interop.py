@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from gpufio import profile
 from gpufio.cli import app
-from gpufio.errors import BadInput
-from gpufio.fiojob import parse
+from gpufio.core.errors import BadInput
+from gpufio.fio.jobfile import parse
 
 DATA = Path(__file__).parent / "data"
 cli = CliRunner()
@@ -164,12 +164,12 @@ def test_fio_json_has_fios_schema(tmp_path):
 
 
 def test_fio_json_round_trips_through_compare(tmp_path):
-    from gpufio import results
+    from gpufio.results import load as results
 
     native = tmp_path / "native.json"
     res = cli.invoke(app, ["run", str(DATA / "seq-psync.fio"), "-q", "-f", "json", "-o", str(native)])
     assert res.exit_code == 0, res.output
-    from gpufio.fiojson import to_fio
+    from gpufio.fio.json_out import to_fio
 
     fio_form = tmp_path / "fio-form.json"
     fio_form.write_text(json.dumps(to_fio(json.loads(native.read_text()))))

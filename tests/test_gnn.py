@@ -2,21 +2,21 @@
 stage timing, bad inputs, and whole runs through the CLI."""
 
 import json
-from pathlib import Path
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from gpufio.cli import app
-from gpufio.errors import BadInput
-from gpufio.gnn import features, graph, timing
-from gpufio.gnn.model import GraphSage
-from gpufio.gnn.run import run_job
-from gpufio.gnn.sampler import sample
+from gpufio.core.errors import BadInput
 from gpufio.profile import from_dict
+from gpufio.workloads.gnn import features, graph, timing
+from gpufio.workloads.gnn.model import GraphSage
+from gpufio.workloads.gnn.run import run_job
+from gpufio.workloads.gnn.sampler import sample
 
 cli = CliRunner()
 
@@ -173,7 +173,7 @@ def test_bad_gnn_profiles(extra, message, tmp_path):
 
 
 def test_max_input_nodes_bounds_every_sampled_batch():
-    from gpufio.gnn.sampler import max_input_nodes
+    from gpufio.workloads.gnn.sampler import max_input_nodes
 
     assert max_input_nodes(1024, [10, 5, 5], 10**9) == 1024 * 11 * 6 * 6
     assert max_input_nodes(1024, [10, 5, 5], 50_000) == 50_000
@@ -185,7 +185,7 @@ def test_max_input_nodes_bounds_every_sampled_batch():
 
 
 def test_gpu_cache_needs_more_rows_than_requester_threads():
-    from gpufio.gnn.gpucache import cache_rows
+    from gpufio.io.gio.cache import cache_rows
 
     assert cache_rows(1 << 20, 4096, 128) == 256
     with pytest.raises(BadInput, match=r"key 'cache_size': 524288 bytes hold 128 rows of 4096 "
@@ -322,7 +322,7 @@ def test_a_sweep_over_one_and_two_targets_keeps_whole_and_striped_files_apart(tm
     prof = from_dict(data, "g.toml", {})
     results = [run_job(job) for job in prof.jobs]
     assert [len(r["targets"]) for r in results] == [1, 2]
-    from gpufio.gnn.report import document
+    from gpufio.workloads.gnn.report import document
 
     doc = document(results, "g.toml", False)
     ratio = doc["jobs"][1]["aggregation_vs_one_target"]
@@ -335,7 +335,7 @@ def test_a_sweep_over_one_and_two_targets_keeps_whole_and_striped_files_apart(tm
 
 
 def _can_make_memory_cgroups() -> bool:
-    from gpufio.gnn import memlimit
+    from gpufio.workloads.gnn import memlimit
 
     try:
         parent, home, _ = memlimit._parent()
@@ -366,7 +366,7 @@ def test_memory_limit_runs_the_iterations_in_a_capped_cgroup_and_comes_back(tmp_
 
 @pytest.mark.skipif(not _can_make_memory_cgroups(), reason="cannot create memory cgroups here")
 def test_a_killed_runs_empty_cgroup_is_removed_by_the_next_run():
-    from gpufio.gnn import memlimit
+    from gpufio.workloads.gnn import memlimit
 
     parent, _, _ = memlimit._parent()
     dead = 4_000_000  # above pid_max's default: no such process
@@ -385,7 +385,7 @@ def test_a_killed_runs_empty_cgroup_is_removed_by_the_next_run():
 
 
 def test_memory_limit_where_no_cgroup_can_be_made_is_exit_2(tmp_path, monkeypatch):
-    from gpufio.gnn import memlimit
+    from gpufio.workloads.gnn import memlimit
 
     def refuse():
         raise PermissionError(13, "Permission denied")
@@ -420,7 +420,7 @@ def test_progress_lines_say_where_a_long_run_is(capsys, monkeypatch, since_boot_
     import time
     from types import SimpleNamespace
 
-    from gpufio.gnn.report import ProgressLines
+    from gpufio.workloads.gnn.report import ProgressLines
 
     monkeypatch.setattr(time, "monotonic_ns", lambda: since_boot_s * 10 ** 9)
 
@@ -440,7 +440,7 @@ def test_live_stages_table_shows_each_jobs_iteration_and_phase():
     import io
     from types import SimpleNamespace
 
-    from gpufio.gnn.report import LiveStages
+    from gpufio.workloads.gnn.report import LiveStages
 
     out = io.StringIO()
     a = SimpleNamespace(name="mmap", engine="mmap", gnn={"iterations": 10, "warmup": 5})

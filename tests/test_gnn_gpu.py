@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from gpufio.gnn.run import run_job
 from gpufio.profile import from_dict
+from gpufio.workloads.gnn.run import run_job
 
 pytestmark = pytest.mark.gpu
 
@@ -46,8 +46,8 @@ def test_engines_land_every_row_verified(engine, tmp_path):
 def _uring_fetcher(tmp_path, cache_bytes, rings=1, iodepth=8, nodes=20_000, dim=256):
     """A gpu-uring fetcher (with a GPU cache of cache_bytes) over a generated table."""
     from gpufio.engines.gpuuring import GpuUring, engine_options
-    from gpufio.gnn import dataset
-    from gpufio.gnn.fetch import GpuUringFetch
+    from gpufio.workloads.gnn import dataset
+    from gpufio.workloads.gnn.fetch import GpuUringFetch
 
     if why := GpuUring.unavailable():
         pytest.skip(why)
@@ -65,7 +65,7 @@ def _uring_fetcher(tmp_path, cache_bytes, rings=1, iodepth=8, nodes=20_000, dim=
 def _assert_rows(fetcher, seed, nodes):
     import cupy as cp
 
-    from gpufio.gnn import features
+    from gpufio.workloads.gnn import features
 
     got = fetcher.fetch(cp.asarray(nodes))
     want = features.values(seed, cp.asarray(nodes), fetcher.dim, cp)

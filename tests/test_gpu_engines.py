@@ -7,9 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from gpufio import runner, targets
+from gpufio.core import targets
 from gpufio.engines import all_engines
 from gpufio.profile import from_dict
+from gpufio.run import runner
 
 pytestmark = pytest.mark.gpu
 

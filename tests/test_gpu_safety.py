@@ -10,8 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpufio import cuda, gpu, gpuqueue, gpuring, uring
-from gpufio.errors import BadInput
+from gpufio.core.errors import BadInput
+from gpufio.io import cuda, gpu, uring
+from gpufio.io.gio import queue as gpuqueue
+from gpufio.io.gio import rings as gpuring
 
 
 @pytest.mark.parametrize("env,reason", [
@@ -42,7 +44,7 @@ def test_lazy_module_loading_is_warned_about(monkeypatch):
     assert gpu.module_loading_warning({"CUDA_MODULE_LOADING": "EAGER"}) is None
     from gpufio.engines.gpuuring import GpuUring
     from gpufio.profile import from_dict
-    from gpufio.runner import hint
+    from gpufio.run.runner import hint
 
     monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"]}}, "t.toml", {}).jobs[0]

@@ -9,10 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from gpufio import gpuqueue, runner, targets, uring
-from gpufio.errors import BadInput
-from gpufio.gpuring import GpuRings, ring_sizes
+from gpufio.core import targets
+from gpufio.core.errors import BadInput
+from gpufio.io import uring
+from gpufio.io.gio import queue as gpuqueue
+from gpufio.io.gio.rings import GpuRings, ring_sizes
 from gpufio.profile import from_dict
+from gpufio.run import runner
 
 pytestmark = pytest.mark.gpu
 
@@ -59,7 +62,7 @@ def _launch(q, fn, fd, offs, slot0=0, length=4096):
 def reader():
     import cupy as cp
 
-    from gpufio import cuda
+    from gpufio.io import cuda
 
     mod = cp.RawModule(code=READER, options=("-std=c++17", f"-I{cuda.KERNELS}"))
     return mod.get_function("reader")  # loaded before any agent spins

@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from gpufio import runner, targets
-from gpufio.gpuring import GpuRings
-from gpufio.hostinfo import kernel_version
+from gpufio.core import targets
+from gpufio.facts.host import kernel_version
+from gpufio.io.gio.rings import GpuRings
 from gpufio.profile import from_dict
+from gpufio.run import runner
 
 pytestmark = pytest.mark.gpu
 
@@ -111,9 +112,9 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd, r
     import cupy as cp
     import numpy as np
 
-    from gpufio import cuda
-    from gpufio.gpuqueue import DeviceQueue
-    from gpufio.gpuring import ring_sizes
+    from gpufio.io import cuda
+    from gpufio.io.gio.queue import DeviceQueue
+    from gpufio.io.gio.rings import ring_sizes
 
     sq, cq = ring_sizes(16, None)
     q = DeviceQueue(nrings=2, depth=16, slot_bytes=4096, sq_entries=sq, cq_entries=cq,

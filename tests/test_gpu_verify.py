@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gpufio import pattern
+from gpufio.core import pattern
 
 pytestmark = pytest.mark.gpu
 
@@ -17,7 +17,7 @@ def _ios(offsets, io_len, seed):
 def test_gpu_check_matches_cpu_check(io_len):
     import cupy
 
-    from gpufio import gpuverify
+    from gpufio.io import verify as gpuverify
 
     rng = np.random.default_rng(io_len)
     offsets = (rng.integers(0, 1 << 18, 64) * 512).astype(np.uint64)
@@ -37,7 +37,7 @@ def test_gpu_check_matches_cpu_check(io_len):
 def test_a_block_from_the_wrong_offset_is_caught():
     import cupy
 
-    from gpufio import gpuverify
+    from gpufio.io import verify as gpuverify
 
     offsets = np.array([0, 4096, 8192, 12288], np.uint64)
     host = _ios(offsets[[0, 2, 1, 3]], 4096, 5)    # blocks 1 and 2 swapped

@@ -9,12 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from gpufio import pattern, uring
-from gpufio.errors import BadInput
-from gpufio.gpuring import RingState, Watchdog, default_rings, ring_sizes, stall_report
-from gpufio.uring import busy_shares
+from gpufio.core import pattern
+from gpufio.core.errors import BadInput
+from gpufio.core.targets import aligned_buffer
+from gpufio.io import uring
+from gpufio.io.gio.rings import RingState, Watchdog, default_rings, ring_sizes, stall_report
+from gpufio.io.uring import busy_shares
 from gpufio.profile import from_dict
-from gpufio.targets import aligned_buffer
 
 
 @pytest.mark.parametrize("iodepth,entries,expected", [
@@ -220,7 +221,7 @@ class _Rings:
 
 
 def _queue(rings, agent_polls):
-    from gpufio.gpuqueue import DeviceQueue
+    from gpufio.io.gio.queue import DeviceQueue
 
     q = object.__new__(DeviceQueue)  # the waiting logic only: no GPU behind it
     q.rings, q.agent_stream, q.kernels_done, q.stalled = rings, _Stream(agent_polls), False, None

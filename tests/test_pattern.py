@@ -3,7 +3,7 @@ import zlib
 import numpy as np
 import pytest
 
-from gpufio import pattern
+from gpufio.core import pattern
 
 
 def test_each_block_header_names_its_offset_and_seed():

@@ -4,7 +4,7 @@ import mmap
 
 import pytest
 
-from gpufio import gpu
+from gpufio.io import gpu
 
 
 def test_close_unregisters_once_and_the_memory_is_page_aligned(monkeypatch):

@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from typer.testing import CliRunner
 
-from gpufio import plot
 from gpufio.cli import app
+from gpufio.results import plot
 
 cli = CliRunner()
 pytest.importorskip("matplotlib")

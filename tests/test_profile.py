@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from gpufio import profile
-from gpufio.errors import BadInput
+from gpufio.core.errors import BadInput
 
 
 def load(text, write_profile, overrides=None):

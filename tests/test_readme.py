@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from gpufio.engines import all_engines
-from gpufio.gnn.options import GNN_OPTIONS
 from gpufio.profile import COMMON_OPTIONS, GLOBAL_ONLY
+from gpufio.workloads.gnn.options import GNN_OPTIONS
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

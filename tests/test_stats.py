@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from gpufio.stats import (PERCENTILES, PLAT_NR, LatencyStats, bucket_index, bucket_value)
+from gpufio.core.stats import PERCENTILES, PLAT_NR, LatencyStats, bucket_index, bucket_value
 
 
 def test_small_values_are_exact_and_buckets_match_fio():

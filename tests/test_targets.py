@@ -5,9 +5,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from gpufio import devinfo, pattern, runner, targets
-from gpufio.errors import BadInput
+from gpufio.core import pattern, targets
+from gpufio.core.errors import BadInput
+from gpufio.facts import device as devinfo
 from gpufio.profile import from_dict
+from gpufio.run import runner
 
 
 def test_created_file_carries_the_pattern(pattern_file):

@@ -1,7 +1,7 @@
 import pytest
 
-from gpufio.errors import BadInput
-from gpufio.units import format_size, parse_size, parse_time_ns
+from gpufio.core.errors import BadInput
+from gpufio.core.units import format_size, parse_size, parse_time_ns
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -11,7 +11,8 @@ import threading
 import numpy as np
 import pytest
 
-from gpufio import pattern, targets, uring
+from gpufio.core import pattern, targets
+from gpufio.io import uring
 
 pytestmark = pytest.mark.skipif(not uring.probe()["available"],
                                 reason=f"io_uring unavailable: {uring.probe().get('reason')}")

@@ -5,13 +5,13 @@ import os
 import numpy as np
 import pytest
 
-from gpufio import uring
+from gpufio.core.context import JobShared, WorkerContext
+from gpufio.core.errors import BadInput
+from gpufio.core.offsets import Distribution, OffsetStream
+from gpufio.core.targets import Target
 from gpufio.engines import uring as uring_engine
-from gpufio.errors import BadInput
+from gpufio.io import uring
 from gpufio.profile import from_dict
-from gpufio.targets import Target
-from gpufio.worker import JobShared, WorkerContext
-from gpufio.workload import Distribution, OffsetStream
 
 
 def worker_context(nblocks: int, budget: int) -> WorkerContext:
@@ -105,8 +105,8 @@ def test_a_lagging_sq_head_does_not_end_the_job(pattern_file):
 def test_an_sqpoll_run_reports_its_threads_working_share(pattern_file, sqpoll, numjobs):
     """One share per SQPOLL thread: each worker (a forked process) has its own ring and
     thread, and the result gathers every worker's."""
-    from gpufio import runner
-    from gpufio.hostinfo import kernel_version
+    from gpufio.facts.host import kernel_version
+    from gpufio.run import runner
 
     profile = from_dict({"global": {"engine": "uring", "targets": [str(pattern_file)],
                                     "sqpoll": sqpoll, "iodepth": 8, "runtime": "500ms",

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from gpufio.errors import BadInput
-from gpufio.workload import Distribution, OffsetStream, sample_ranks
+from gpufio.core.errors import BadInput
+from gpufio.core.offsets import Distribution, OffsetStream, sample_ranks
 
 
 def stream(random=True, dist="random", regions=((0, 1000),), fs="roundrobin", seed=(1, 0),

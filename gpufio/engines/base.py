@@ -10,12 +10,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpufio.options import Option
+from gpufio.core.options import Option
 
 if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.targets import Target
     from gpufio.profile import Job
-    from gpufio.targets import Target
-    from gpufio.worker import WorkerContext
 
 
 def label(engine: str, facts: dict[str, Any]) -> str:
@@ -59,7 +59,7 @@ class Engine(ABC):
     def unavailable(cls) -> str | None:
         """Why this engine cannot run on this host, or None if it can."""
         if cls.uses_gpu:
-            from gpufio.gpu import probe
+            from gpufio.io.gpu import probe
 
             return probe()[1]
         return None
@@ -79,7 +79,7 @@ class Engine(ABC):
         spawned workers, whether the CUDA MPS daemon lets their contexts share the GPU)."""
         facts: dict[str, Any] = {"page_cache": not job.direct}
         if PROCESSES in cls.options:
-            from gpufio.gpu import mps_active
+            from gpufio.io.gpu import mps_active
 
             facts["processes"] = job.engine_options["processes"]
             if facts["processes"]:

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufio import uring
+from gpufio.core.options import Option
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
-from gpufio.landing import Landing
-from gpufio.options import Option
+from gpufio.io import uring
+from gpufio.io.staging import Landing
 
 if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.targets import Target
     from gpufio.profile import Job
-    from gpufio.targets import Target
-    from gpufio.worker import WorkerContext
 
 FREE, READING, COPYING = 0, 1, 2
 WAIT_NS = 200_000_000

@@ -17,16 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufio import gpu, gpuverify
+from gpufio.core.errors import BadInput
+from gpufio.core.options import Option
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
-from gpufio.errors import BadInput
-from gpufio.options import Option
+from gpufio.io import gpu
+from gpufio.io import verify as gpuverify
 
 if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.targets import Target
     from gpufio.profile import Job
-    from gpufio.targets import Target
-    from gpufio.worker import WorkerContext
 
 POLL_S = 5e-6
 STALL_LIMIT_NS = 10_000_000_000

@@ -18,21 +18,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufio import gpu, pattern, uring
+from gpufio.core import pattern
+from gpufio.core.context import DeviceTotals
+from gpufio.core.errors import BadInput
+from gpufio.core.options import Option
+from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.engines.uring import Uring
-from gpufio.errors import BadInput
-from gpufio.gpuqueue import C_MEASURING, C_STOP, DeviceQueue
-from gpufio.gpuring import Watchdog, default_rings, ring_sizes
-from gpufio.options import Option
-from gpufio.stats import PLAT_NR
-from gpufio.worker import DeviceTotals
+from gpufio.io import gpu, uring
+from gpufio.io.gio.queue import C_MEASURING, C_STOP, DeviceQueue
+from gpufio.io.gio.rings import Watchdog, default_rings, ring_sizes
 
 if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.targets import Target
     from gpufio.profile import Job
-    from gpufio.targets import Target
-    from gpufio.worker import WorkerContext
 
 B_RANDOM, B_FILE_RANDOM, B_LAND_GPU, B_VERIFY, B_CONTINUE = 1, 2, 4, 8, 16
 ERRNO_SLOTS = 256

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufio.core.options import Option
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
-from gpufio.landing import Landing
-from gpufio.options import Option
+from gpufio.io.staging import Landing
 
 if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.targets import Target
     from gpufio.profile import Job
-    from gpufio.targets import Target
-    from gpufio.worker import WorkerContext
 
 SEGMENTS = 2
 

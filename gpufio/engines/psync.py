@@ -1,7 +1,7 @@
 """psync: one pread at a time per worker, like fio's psync engine and gdsio -x 1.
 
 The simplest CPU path and the floor every other engine is compared against. Each of the
-numjobs workers is its own process (see gpufio.workers), so they overlap their I/O.
+numjobs workers is its own process (see gpufio.run.launch), so they overlap their I/O.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufio.core.targets import aligned_buffer
 from gpufio.engines import register
 from gpufio.engines.base import Engine
-from gpufio.targets import aligned_buffer
 
 if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.targets import Target
     from gpufio.profile import Job
-    from gpufio.targets import Target
-    from gpufio.worker import WorkerContext
 
 BATCH = 64
 

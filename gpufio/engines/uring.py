@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufio import uring
+from gpufio.core.errors import BadInput
+from gpufio.core.options import Option
+from gpufio.core.targets import aligned_buffer
 from gpufio.engines import register
 from gpufio.engines.base import Engine
-from gpufio.errors import BadInput
-from gpufio.options import Option
-from gpufio.targets import aligned_buffer
+from gpufio.io import uring
 
 if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.targets import Target
     from gpufio.profile import Job
-    from gpufio.targets import Target
-    from gpufio.worker import WorkerContext
 
 WAIT_NS = 200_000_000
 STALL_LIMIT_NS = 10_000_000_000

@@ -1,0 +1,357 @@
+"""What an engine sees of the runner: work to do, and where to record what happened.
+
+Each worker gets its own context and recorder, so the hot path takes no locks. A job's
+control words (stop, measuring) and every worker's live counters and latency histogram sit
+in one anonymous shared mapping, so the runner can steer and watch workers whether they are
+threads or forked processes. Completions are recorded in numpy batches (latencies, byte
+counts or negative errnos), never one Python object per I/O.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpufio.core import pattern
+from gpufio.core.stats import PLAT_NR, CpuTimes, LatencyStats
+
+MAX_BAD_OFFSETS = 8
+PENDING = 8192
+FLUSH_NS = 100_000_000
+_LIVE = 3  # completed, ios, bytes
+_BLOCK = _LIVE + PLAT_NR
+
+
+class JobShared:
+    """One job's shared memory: control words plus a live block per worker.
+
+    The memory is a memfd mapped MAP_SHARED: forked workers inherit the mapping, threads
+    share it, and spawned workers (fresh interpreters) map the same memfd again through
+    /proc/<runner pid>/fd/<fd> (``source`` says which), with no name in any filesystem.
+    """
+
+    def __init__(self, nworkers: int, source: tuple[int, int] | None = None) -> None:
+        size = 8 * (2 + nworkers * _BLOCK)
+        if source is None:
+            fd = os.memfd_create("gpufio-job", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)
+            self.source = (os.getpid(), fd)
+        else:
+            fd = os.open(f"/proc/{source[0]}/fd/{source[1]}", os.O_RDWR | os.O_CLOEXEC)
+            self.source = source
+        try:
+            self._mem = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        finally:
+            if source is not None:
+                os.close(fd)
+        self._fd = fd if source is None else -1
+        words = np.frombuffer(self._mem, dtype=np.int64)
+        self.control = JobControl((ctypes.c_int64 * 2).from_buffer(self._mem))
+        self.blocks = [words[2 + i * _BLOCK:2 + (i + 1) * _BLOCK] for i in range(nworkers)]
+
+    def close_source(self) -> None:
+        """Close the memfd once every worker has mapped it (the mappings stay valid)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def live(self, worker: int) -> tuple[int, int, int, np.ndarray]:
+        """A worker's (completed, ios, bytes, histogram) as last published."""
+        block = self.blocks[worker]
+        return int(block[0]), int(block[1]), int(block[2]), block[_LIVE:]
+
+
+class JobControl:
+    """The runner's side of steering: stop, and whether the measured phase has begun."""
+
+    def __init__(self, words: ctypes.Array) -> None:
+        self._w = words  # ctypes, not numpy: a flag read costs a third as much
+
+    @property
+    def stopping(self) -> bool:
+        """True once workers must issue nothing more."""
+        return bool(self._w[0])
+
+    def stop(self) -> None:
+        """Tell every worker to stop issuing."""
+        self._w[0] = 1
+
+    @property
+    def measuring(self) -> bool:
+        """True from the end of ramp_time on."""
+        return bool(self._w[1])
+
+    def begin_measuring(self) -> None:
+        """Start recording (end of ramp)."""
+        self._w[1] = 1
+
+
+@dataclass
+class Recorder:
+    """One worker's counts. Measured fields cover the measured phase only (ramp excluded).
+
+    Latencies are buffered and binned PENDING at a time (or every FLUSH_NS): binning costs
+    a dozen numpy calls, which per small batch would dominate a fast engine's loop. The
+    counters and the histogram live in the worker's shared block, where the runner reads them.
+    """
+
+    ntargets: int
+    block: np.ndarray
+    lat: LatencyStats = field(init=False)
+    errors: Counter = field(default_factory=Counter)
+    bad_offsets: list[tuple[int, int]] = field(default_factory=list)
+    cpu: CpuTimes | None = None
+    facts: dict[str, list[Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # ctypes view of the block's counters: an increment costs half a numpy element update
+        self.live = (ctypes.c_int64 * _LIVE).from_address(self.block.ctypes.data)
+        self.lat = LatencyStats(hist=self.block[_LIVE:])
+        self.short = np.zeros(self.ntargets, dtype=np.int64)
+        self.multi_ios = np.zeros(self.ntargets, dtype=np.int64)
+        self.multi_bytes = np.zeros(self.ntargets, dtype=np.int64)
+        self.verify_failures = np.zeros(self.ntargets, dtype=np.int64)
+        self._pending = np.empty(PENDING, dtype=np.int64)
+        self._npending = 0
+        self._flushed_at = time.monotonic_ns()
+
+    @property
+    def completed(self) -> int:
+        """I/Os finished in any phase, with any outcome (progress of I/O-bound jobs)."""
+        return self.live[0]
+
+    @property
+    def ios(self) -> int:
+        """Measured I/Os that transferred all their bytes."""
+        return self.live[1]
+
+    @property
+    def bytes(self) -> int:
+        """Measured bytes transferred."""
+        return self.live[2]
+
+    @property
+    def target_ios(self) -> np.ndarray:
+        """Measured I/Os per target (kept per target only when there are several)."""
+        return self.multi_ios if self.ntargets > 1 else np.array([self.ios])
+
+    @property
+    def target_bytes(self) -> np.ndarray:
+        """Measured bytes per target (kept per target only when there are several)."""
+        return self.multi_bytes if self.ntargets > 1 else np.array([self.bytes])
+
+    def add_latencies(self, lat_ns: np.ndarray) -> None:
+        """Buffer latencies; bin them when the buffer fills or FLUSH_NS has passed."""
+        k = len(lat_ns)
+        if self._npending + k > PENDING:
+            self.flush()
+            if k > PENDING:
+                self.lat.add(lat_ns)
+                return
+        self._pending[self._npending:self._npending + k] = lat_ns
+        self._npending += k
+        now = time.monotonic_ns()
+        if now - self._flushed_at > FLUSH_NS:
+            self.flush(now)
+
+    def flush(self, now: int | None = None) -> None:
+        """Bin the buffered latencies into ``lat`` (the worker calls it; so does the end)."""
+        self.lat.add(self._pending[:self._npending])
+        self._npending = 0
+        self._flushed_at = now or time.monotonic_ns()
+
+    def final(self) -> "FinalRecord":
+        """A picklable copy of everything the result needs, for the trip back from a process."""
+        self.flush()
+        lat = LatencyStats(hist=self.lat.hist.copy(), n=self.lat.n, mean=self.lat.mean,
+                           m2=self.lat.m2, min=self.lat.min, max=self.lat.max)
+        return FinalRecord(lat=lat, ios=self.ios, bytes=self.bytes, short=self.short,
+                           target_ios=self.target_ios, target_bytes=self.target_bytes,
+                           errors=self.errors, verify_failures=self.verify_failures,
+                           bad_offsets=self.bad_offsets, cpu=self.cpu, facts=self.facts)
+
+
+@dataclass
+class FinalRecord:
+    """What a finished worker reports; plain data, safe to pickle."""
+
+    lat: LatencyStats
+    ios: int
+    bytes: int
+    short: np.ndarray
+    target_ios: np.ndarray
+    target_bytes: np.ndarray
+    errors: Counter
+    verify_failures: np.ndarray
+    bad_offsets: list[tuple[int, int]]
+    cpu: CpuTimes | None
+    facts: dict[str, list[Any]]
+
+
+@dataclass
+class DeviceTotals:
+    """A worker's counts kept by the engine itself (binned in GPU memory), in the Recorder's
+    terms: latency sums instead of samples, per-target arrays, errors by (target, errno)."""
+
+    completed: int
+    ios: int
+    bytes: int
+    hist: np.ndarray
+    lat_sum: int
+    lat_sumsq: float
+    lat_min: int
+    lat_max: int
+    target_ios: np.ndarray
+    target_bytes: np.ndarray
+    short: np.ndarray
+    verify_failures: np.ndarray
+    errors: dict[tuple[int, int], int]
+    bad_offsets: list[tuple[int, int]]
+
+
+class WorkerContext:
+    """Hands one worker its I/Os and records their outcomes."""
+
+    def __init__(self, *, bs: int, stream, control: JobControl, ntargets: int, block: np.ndarray,
+                 verify_seeds: list[int | None] | None, continue_on_error: bool,
+                 own_cpu: bool = False, worker: int = 0) -> None:
+        self.bs = bs
+        self.worker = worker
+        self.stream = stream
+        self.control = control
+        self.rec = Recorder(ntargets, block)
+        self._verify_seeds = verify_seeds
+        self._continue = continue_on_error
+        self._halted = False
+        self._own_cpu = own_cpu
+        self._cpu0: CpuTimes | None = None
+        self._all_ok = np.full(PENDING, bs, dtype=np.int32).tobytes()
+        self._measuring = False
+
+    def spawn_args(self) -> dict:
+        """What a spawned worker needs to build this context again around the job's shared
+        memory (everything here pickles; the shared views do not)."""
+        return {"bs": self.bs, "stream": self.stream, "ntargets": self.rec.ntargets,
+                "verify_seeds": self._verify_seeds, "continue_on_error": self._continue,
+                "worker": self.worker}
+
+    @property
+    def done(self) -> bool:
+        """True once the worker should issue nothing more."""
+        return self._halted or self.control.stopping
+
+    def next_batch(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n`` (target index, offset) pairs; empty arrays mean: stop issuing."""
+        if self.done:
+            return np.empty(0, np.int32), np.empty(0, np.uint64)
+        return self.stream.next(n)
+
+    def finish(self) -> None:
+        """Close the books: bin pending latencies, and take this process's CPU if asked."""
+        self.rec.flush()
+        if self._own_cpu and self._cpu0 is not None:
+            self.rec.cpu = CpuTimes.now() - self._cpu0
+
+    def publish(self, completed: int, ios: int, nbytes: int, hist: np.ndarray) -> None:
+        """Live counters of an engine that counts on the device, for the live display."""
+        live = self.rec.live
+        live[0], live[1], live[2] = completed, ios, nbytes
+        self.rec.lat.hist[:] = hist
+
+    def note(self, key: str, values: list[Any]) -> None:
+        """An engine's own measurement of the run (one value per kernel thread, ring, ...):
+        the result's engine facts carry every worker's values under ``key``."""
+        self.rec.facts.setdefault(key, []).extend(values)
+
+    def absorb(self, t: DeviceTotals) -> None:
+        """Take an engine's own final counts as this worker's record (instead of ``complete``)."""
+        rec = self.rec
+        self.publish(t.completed, t.ios, t.bytes, t.hist)
+        if t.ios:
+            mean = t.lat_sum / t.ios
+            rec.lat.n, rec.lat.mean, rec.lat.min, rec.lat.max = t.ios, mean, t.lat_min, t.lat_max
+            rec.lat.m2 = max(t.lat_sumsq - t.ios * mean * mean, 0.0)
+        rec.multi_ios[:] = t.target_ios
+        rec.multi_bytes[:] = t.target_bytes
+        rec.short += t.short
+        rec.verify_failures += t.verify_failures
+        rec.errors.update(t.errors)
+        rec.bad_offsets.extend(t.bad_offsets[:MAX_BAD_OFFSETS - len(rec.bad_offsets)])
+
+    def complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray) -> None:
+        """Record finished I/Os: latency (ns), target index, result (int32 bytes, or -errno)."""
+        rec = self.rec
+        live = rec.live
+        n = len(res)
+        live[0] += n
+        # one bytes comparison instead of a numpy reduction, which costs ten times more
+        all_ok = n <= PENDING and res.tobytes() == self._all_ok[:4 * n]
+        if not all_ok:
+            self._record_failures(tgt, np.asarray(res, dtype=np.int64))
+        if not self._measuring:  # once on, measuring never turns off: skip the shared read
+            if not self.control.measuring:
+                return
+            self._measuring = True
+            if self._own_cpu:
+                self._cpu0 = CpuTimes.now()
+        if all_ok:
+            rec.add_latencies(lat_ns)
+            live[1] += n
+            live[2] += n * self.bs
+            if rec.ntargets > 1:
+                counts = np.bincount(tgt, minlength=rec.ntargets)
+                rec.multi_ios += counts
+                rec.multi_bytes += counts * self.bs
+            return
+        res = np.asarray(res, dtype=np.int64)
+        ok = res == self.bs
+        rec.add_latencies(np.asarray(lat_ns)[ok])
+        live[1] += int(np.count_nonzero(ok))
+        nbytes = np.where(res > 0, res, 0)
+        live[2] += int(nbytes.sum())
+        rec.multi_ios += np.bincount(tgt[ok], minlength=rec.ntargets)
+        rec.multi_bytes += np.bincount(tgt, weights=nbytes, minlength=rec.ntargets).astype(np.int64)
+
+    def _record_failures(self, tgt: np.ndarray, res: np.ndarray) -> None:
+        """Count short reads and errnos per target; halt unless continue_on_error."""
+        rec = self.rec
+        short = (res != self.bs) & (res >= 0)
+        rec.short += np.bincount(tgt[short], minlength=rec.ntargets)
+        failed = res < 0
+        for t, err in zip(tgt[failed].tolist(), (-res[failed]).tolist()):
+            rec.errors[(t, err)] += 1
+        if not self._continue:
+            self._halted = True
+
+    @property
+    def verifying(self) -> bool:
+        """True when completed buffers must be passed to ``verify``."""
+        return self._verify_seeds is not None
+
+    def verify(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray, res: np.ndarray) -> None:
+        """Check completed I/Os against the pattern; ``slots`` is (n, bs) bytes, one row each."""
+        if self._verify_seeds is None:
+            return
+        bad = [i for i in np.flatnonzero(np.asarray(res) == self.bs).tolist()
+               if len(pattern.mismatched_ios(slots[i], offs[i:i + 1], self.bs,
+                                             self._verify_seeds[int(tgt[i])]))]
+        self.record_mismatches(tgt, offs, bad)
+
+    def seeds(self, tgt: np.ndarray) -> np.ndarray:
+        """The pattern seed of each I/O's target, for checks that run elsewhere (the GPU)."""
+        return np.asarray(self._verify_seeds, dtype=np.uint64)[tgt]
+
+    def record_mismatches(self, tgt: np.ndarray, offs: np.ndarray, bad: list[int]) -> None:
+        """Count the I/Os at indices ``bad`` as failed verification; keep the first offsets."""
+        for i in bad:
+            t = int(tgt[i])
+            self.rec.verify_failures[t] += 1
+            if len(self.rec.bad_offsets) < MAX_BAD_OFFSETS:
+                self.rec.bad_offsets.append((t, int(offs[i])))

@@ -1,0 +1,323 @@
+"""The SSD list: resolve, create, open and check the targets a job reads.
+
+gpufio never writes to a target that exists, except to grow its own scratch files: it
+creates missing files (filled with the self-describing pattern, written under a temporary
+name and renamed when complete, so an interrupted fill never looks ready), and only plain
+files in existing directories, never where a device was meant. Existing files and block
+devices are opened read-only.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import re
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gpufio.core import pattern
+from gpufio.core.errors import BadInput
+from gpufio.core.units import format_size
+from gpufio.facts import device as devinfo
+
+FILL_CHUNK = 8 << 20
+# kernel and runtime trees: a file created there lives in RAM or is refused by the kernel
+SYSTEM_DIRS = ("/dev", "/proc", "/sys", "/run")
+# the one place under /dev meant for files: the shared-memory tmpfs (targets there are
+# labelled ram-backed like any tmpfs file)
+SHM_DIR = "/dev/shm"
+# names the kernel gives block devices: a missing path with such a name is a mistyped device
+_DEVICE_NAME = re.compile(r"(nvme\d+n\d+(p\d+)?|nvme\d+c\d+n\d+|[shvx]+d[a-z]+\d*|loop\d+|"
+                          r"zram\d+|ram\d+|md\d+|dm-\d+|nbd\d+|pmem\d+|mmcblk\d+(p\d+)?|"
+                          r"rbd\d+|sr\d+)")
+_PARTIAL = re.compile(r"\.partial-(\d+)$")
+# what gpufio itself leaves in a scratch directory (see 'gpufio clean')
+SCRATCH_NAMES = re.compile(r"(gpufio-.*\.dat|gnn-features-.*\.f32|gnn-graph-.*\.npz)"
+                           r"(\.partial-\d+)?")
+
+
+def default_scratch_dir() -> str:
+    """Where auto-created target files go when a profile names neither targets nor directory."""
+    env = os.environ.get("GPUFIO_SCRATCH")
+    if env:
+        return env
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "gpufio")
+
+
+def scratch_path(directory: str | None, seed: int) -> str:
+    """The scratch file a job without targets reads: one per seed, grown to the largest size
+    asked for, since the pattern at an offset does not depend on the file's length."""
+    return os.path.join(directory or default_scratch_dir(), f"gpufio-seed{seed}.dat")
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory + "/")
+
+
+def _system_dir(path: str) -> str | None:
+    real = os.path.realpath(path)
+    if _under(real, SHM_DIR) and real != SHM_DIR:
+        return None
+    return next((d for d in SYSTEM_DIRS if _under(real, d)), None)
+
+
+def check_creatable(path: str) -> None:
+    """BadInput unless a missing ``path`` may become a plain file: never under the kernel's
+    trees, never with a block device's name, only in a directory that exists."""
+    parent = os.path.dirname(os.path.abspath(path))
+    system = _system_dir(parent) if parent != SHM_DIR else None
+    if system == "/dev":
+        raise BadInput(f"target {path}: no such block device (gpufio never creates files "
+                       "under /dev)")
+    if system:
+        raise BadInput(f"target {path}: does not exist (gpufio never creates files under "
+                       f"{system})")
+    if _DEVICE_NAME.fullmatch(os.path.basename(path)):
+        raise BadInput(f"target {path}: does not exist, and its name is a block device's "
+                       "(gpufio never creates a file where a device was named)")
+    if not os.path.isdir(parent):
+        raise BadInput(f"target {path}: directory {parent} does not exist (gpufio creates "
+                       "files only in existing directories)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_partials(directory: str) -> list[str]:
+    """Remove half-written ``*.partial-PID`` files of processes that no longer run, if they
+    carry gpufio's pattern (or are empty); returns the paths removed."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = _PARTIAL.search(name)
+        path = os.path.join(directory, name)
+        if not m or _pid_alive(int(m.group(1))) or not os.path.isfile(path):
+            continue
+        if os.path.getsize(path) and pattern.read_seed(_read_first_block(path)) is None \
+                and not SCRATCH_NAMES.fullmatch(name):
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def scratch_files(directories: list[str]) -> list[str]:
+    """The files gpufio left in ``directories``: scratch targets, GNN tables and graphs, and
+    partial files of dead processes (what ``gpufio clean`` removes)."""
+    found = []
+    for d in directories:
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(d, name)
+            m = _PARTIAL.search(name)
+            if m and _pid_alive(int(m.group(1))):
+                continue  # a fill under way
+            if os.path.isfile(path) and SCRATCH_NAMES.fullmatch(name):
+                found.append(path)
+    return found
+
+
+@dataclass
+class Target:
+    """One opened target: its descriptor, usable size, alignment needs and device facts."""
+
+    path: str
+    fd: int
+    size: int
+    is_block: bool
+    dio_align: int
+    pattern_seed: int | None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Close the descriptor; safe to call twice."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def create_file(path: str, nbytes: int, seed: int,
+                progress: Callable[[int, int], None] | None = None) -> None:
+    """Create ``path`` holding ``nbytes`` of the pattern; refuses to touch an existing path,
+    or to create one where a device was meant (``check_creatable``)."""
+    if os.path.lexists(path):
+        raise BadInput(f"target {path}: already exists; gpufio never overwrites a target")
+    check_creatable(path)
+    remove_stale_partials(os.path.dirname(os.path.abspath(path)))
+    tmp = f"{path}.partial-{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as e:
+        raise BadInput(f"target {path}: cannot create: {e.strerror}") from None
+    try:
+        _fill(fd, path, 0, nbytes, seed, progress)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+
+
+def _fill(fd: int, path: str, start: int, end: int, seed: int,
+          progress: Callable[[int, int], None] | None) -> None:
+    """Write the pattern for bytes [start, end) of ``fd``, flushed and out of the page cache
+    (a later O_DIRECT-less read must come from storage, not from this fill)."""
+    try:
+        done = start
+        while done < end:
+            n = min(FILL_CHUNK, end - done)
+            os.pwrite(fd, pattern.fill(seed, done, n), done)
+            done += n
+            if progress:
+                progress(done, end)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError as e:
+        raise BadInput(f"target {path}: cannot fill: {e.strerror}") from None
+
+
+def ensure_scratch(path: str, nbytes: int, seed: int, quiet: bool = False) -> None:
+    """Make the scratch file ``path`` hold at least ``nbytes`` (rounded up to whole pattern
+    blocks) of seed ``seed``'s pattern: create it, or grow it under a lock."""
+    nbytes = -(-nbytes // pattern.BLOCK) * pattern.BLOCK
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.lexists(path):
+        if directory == os.path.abspath(default_scratch_dir()):
+            try:
+                os.makedirs(directory, exist_ok=True)  # gpufio's own cache directory
+            except OSError as e:
+                raise BadInput(f"scratch directory {directory}: cannot create: "
+                               f"{e.strerror}") from None
+        try:
+            create_file(path, nbytes, seed, None if quiet else _stderr_progress(path))
+            return
+        except BadInput:
+            if not os.path.lexists(path):  # not lost to a concurrent creator: a real error
+                raise
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as e:
+        raise BadInput(f"scratch file {path}: cannot open: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if pattern.read_seed(os.pread(fd, pattern.BLOCK, 0)) != seed:
+            raise BadInput(f"scratch file {path}: does not carry gpufio's pattern of seed "
+                           f"{seed}; remove it ('gpufio clean')")
+        size = os.fstat(fd).st_size
+        if size < nbytes:
+            _fill(fd, path, size, nbytes, seed, None if quiet else _stderr_progress(path))
+    finally:
+        os.close(fd)
+
+
+def _stderr_progress(path: str) -> Callable[[int, int], None]:
+    def report(done: int, total: int) -> None:
+        if done == total or done % (256 << 20) == 0:
+            print(f"gpufio: laying out {path}: {format_size(done)} of {format_size(total)}",
+                  file=sys.stderr, flush=True)
+    return report
+
+
+def ensure_exists(path: str, nbytes: int | None, seed: int, quiet: bool = False) -> bool:
+    """Create ``path`` if missing (True when created); BadInput if it cannot be."""
+    if os.path.lexists(path):
+        return False
+    if nbytes is None:
+        check_creatable(path)  # a mistyped device gets the device message, not "no size"
+        raise BadInput(f"target {path}: does not exist, and the job gives no size to create it with")
+    create_file(path, nbytes, seed, None if quiet else _stderr_progress(path))
+    return True
+
+
+def _read_first_block(path: str) -> bytes:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read(pattern.BLOCK)
+    except OSError:
+        return b""
+
+
+def open_target(path: str, direct: bool) -> Target:
+    """Open ``path`` read-only (O_DIRECT when ``direct``) and gather its facts."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise BadInput(f"target {path}: does not exist") from None
+    except OSError as e:
+        raise BadInput(f"target {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise BadInput(f"target {path}: is a directory, not a file or block device")
+    is_block = stat.S_ISBLK(st.st_mode)
+    if stat.S_ISREG(st.st_mode) and devinfo.ram_backing(path) == "devtmpfs":
+        raise BadInput(f"target {path}: is a regular file in /dev (RAM), not a block device; "
+                       "remove it (an older gpufio created such files)")
+    if not (is_block or stat.S_ISREG(st.st_mode)):
+        raise BadInput(f"target {path}: is neither a regular file nor a block device")
+    flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+    try:
+        fd = os.open(path, flags)
+    except PermissionError:
+        raise BadInput(f"target {path}: permission denied (gpufio needs read access)") from None
+    except OSError as e:
+        if e.errno == errno.EINVAL and direct:
+            raise BadInput(f"target {path}: its filesystem does not support O_DIRECT "
+                           "(set direct = false to read through the page cache)") from None
+        raise BadInput(f"target {path}: cannot open: {e.strerror}") from None
+    size = os.lseek(fd, 0, os.SEEK_END)
+    facts = devinfo.path_facts(path)
+    align = facts.get("dio_offset_align") or facts.get("logical_block_size") or 512
+    return Target(path=path, fd=fd, size=size, is_block=is_block, dio_align=int(align),
+                  pattern_seed=pattern.read_seed(_read_first_block(path)), facts=facts)
+
+
+def check_region(target: Target, *, offset: int, size: int | None, bs: int, direct: bool,
+                 need_pattern: bool) -> tuple[int, int]:
+    """The (first byte, number of bs blocks) a job may touch on ``target``, or BadInput."""
+    length = size if size is not None else target.size - offset
+    if offset + max(length, 0) > target.size or length <= 0:
+        raise BadInput(f"target {target.path}: is {format_size(target.size)} ({target.size} bytes), "
+                       f"smaller than offset+size = {offset + max(length, 0)} bytes")
+    if direct:
+        for key, value in (("bs", bs), ("offset", offset)):
+            if value % target.dio_align:
+                raise BadInput(f"target {target.path}: {key} {value} is not a multiple of its "
+                               f"O_DIRECT alignment {target.dio_align} (or set direct = false)")
+    if length < bs:
+        raise BadInput(f"target {target.path}: region of {length} bytes holds no block of bs {bs}")
+    if need_pattern and target.pattern_seed is None:
+        raise BadInput(f"target {target.path}: does not carry gpufio's data pattern, so verify "
+                       "cannot check it (create it with 'gpufio prepare')")
+    return offset, length // bs
+
+
+def aligned_buffer(nbytes: int) -> mmap.mmap:
+    """Page-aligned anonymous memory, suitable for O_DIRECT and for registration."""
+    return mmap.mmap(-1, max(nbytes, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
+def resolve(paths: tuple[str, ...]) -> list[str]:
+    """Absolute target paths, in profile order, for messages and results."""
+    return [str(Path(p).expanduser()) for p in paths]

@@ -1,0 +1,1 @@
+"""fio interoperability: job files in, fio's JSON schema out."""

@@ -1,0 +1,167 @@
+"""``gpufio run job.fio``: read a fio job file as a gpufio profile.
+
+fio's INI dialect ([global] and one section per job, key=value or a bare flag, # and ;
+comments, ``${VAR}`` from the environment) is translated key by key into gpufio's profile
+keys, then validated exactly like a TOML profile. fio's engine names come from each engine's
+``fio_engines`` table, so this module names none. Everything that cannot be honoured is
+listed in one error, with line numbers and gpufio's equivalent where it has one, so a user
+converting a job file sees everything to change at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufio.core.errors import BadInput
+from gpufio.engines import all_engines
+
+# fio key -> gpufio key; a bare flag (no '=') means 1
+KEYS = {
+    "name": "name", "rw": "rw", "readwrite": "rw", "bs": "bs",
+    "blocksize": "bs", "size": "size", "filesize": "size", "offset": "offset",
+    "io_size": "io_size", "io_limit": "io_size", "direct": "direct", "iodepth": "iodepth",
+    "numjobs": "numjobs", "runtime": "runtime", "timeout": "runtime", "ramp_time": "ramp_time",
+    "time_based": "time_based", "filename": "targets", "directory": "directory",
+    "file_service_type": "file_service", "random_distribution": "random_distribution",
+    "randseed": "randseed", "sqthread_poll": "sqpoll", "fixedbufs": "fixedbufs",
+    "registerfiles": "registerfiles", "verify": "verify", "gpu_dev_ids": "gpus",
+    "percentile_list": "percentile_list",
+}
+# accepted as they are: gpufio already behaves so (random offsets never repeat within a pass,
+# jobs run one after another, results are reported per job, workers may be threads) or they
+# only describe the job
+ACCEPTED = {"norandommap", "stonewall", "wait_for_previous", "group_reporting", "thread",
+            "description"}
+# keys read together with ioengine
+ENGINE_KEYS = {"ioengine", "cuda_io"}
+_FLAG_KEYS = {"direct", "time_based", "sqthread_poll", "fixedbufs", "registerfiles"}
+# what a user can do instead, for fio keys gpufio cannot honour
+EQUIVALENTS = {
+    "rwmixread": "gpufio reads only", "rwmixwrite": "gpufio reads only",
+    "nrfiles": "list the files in filename=a:b", "openfiles": "list the files in filename",
+    "iodepth_batch_submit": "engines submit what is free in one call",
+    "iodepth_batch_complete_min": "engines reap what has completed",
+    "iodepth_batch": "engines submit what is free in one call",
+    "hipri": "none (polled I/O is not offered)", "loops": "use runtime with time_based",
+    "startdelay": "none", "thinktime": "none", "rate_iops": "none", "rate": "none",
+    "cpus_allowed": "none (use taskset)", "numa_cpu_nodes": "none (use numactl)",
+    "output-format": "gpufio run --format", "write_bw_log": "samples are in the JSON result",
+    "write_lat_log": "the latency histogram is in the JSON result",
+    "write_iops_log": "samples are in the JSON result", "log_avg_msec": "sample_interval",
+    "mem": "engines choose their buffers", "iomem": "engines choose their buffers",
+    "randrepeat": "randseed", "random_generator": "none",
+}
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass
+class _Problems:
+    """Everything wrong with a job file, gathered so one error can list it all."""
+
+    found: list[tuple[int, str]] = field(default_factory=list)
+
+    def add(self, lineno: int, section: str, text: str) -> None:
+        self.found.append((lineno, f"line {lineno} [{section}]: {text}"))
+
+    def lines(self) -> list[str]:
+        """The problems in file order."""
+        return [text for _, text in sorted(self.found, key=lambda p: p[0])]
+
+
+def _expand(raw: str, lineno: int, section: str, problems: _Problems) -> str:
+    """fio's ${VAR}: the environment's value; an unset variable is a problem, as in fio."""
+    def sub(m: re.Match[str]) -> str:
+        value = os.environ.get(m.group(1))
+        if value is None:
+            problems.add(lineno, section, f"${{{m.group(1)}}} is not set in the environment")
+            return ""
+        return value
+    return _VAR.sub(sub, raw)
+
+
+def _value(key: str, raw: str | None) -> Any:
+    if raw is None:
+        return True if key in _FLAG_KEYS else "1"
+    if key in _FLAG_KEYS:
+        return raw.strip() not in ("0", "false")
+    if key == "filename":
+        return [p.replace("\\:", ":") for p in re.split(r"(?<!\\):", raw) if p]
+    if key in ("gpu_dev_ids", "percentile_list"):
+        return [v for v in re.split(r"[:,]", raw) if v]
+    if key == "verify":
+        return raw not in ("0", "none")
+    return raw
+
+
+def fio_engine_names() -> dict[str, tuple[str, str]]:
+    """fio's ``ioengine`` (or ``ioengine:cuda_io``) -> (gpufio engine, note)."""
+    return {fio: (name, note) for name, cls in all_engines().items()
+            for fio, note in cls.fio_engines.items()}
+
+
+def _engine(keys: dict[str, tuple[int, str]], section: str, problems: _Problems,
+            notes: list[str]) -> str | None:
+    """The gpufio engine of a section's ioengine (and cuda_io), or None where it names none."""
+    if "ioengine" not in keys:
+        return None
+    lineno, ioengine = keys["ioengine"]
+    cuda_io = keys.get("cuda_io", (0, ""))[1]
+    names = fio_engine_names()
+    key = f"{ioengine}:{cuda_io}" if cuda_io else ioengine
+    if key not in names:
+        known = ", ".join(f"{k.replace(':', ' cuda_io=')} -> {v[0]}" for k, v in names.items())
+        problems.add(lineno, section, f"ioengine={key.replace(':', ' cuda_io=')} has no gpufio "
+                     f"engine (supported: {known})")
+        return None
+    name, note = names[key]
+    if note and note not in notes:
+        notes.append(note)
+    return name
+
+
+def parse(text: str, path: str) -> tuple[dict[str, Any], list[str]]:
+    """fio job-file text as the dict a TOML profile would give ({global, job}), and the notes
+    to show the user (how fio's engines map onto gpufio's)."""
+    sections: list[tuple[str, dict[str, Any], dict[str, tuple[int, str]]]] = []
+    problems = _Problems()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].split(";", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            sections.append((line[1:-1].strip(), {}, {}))
+            continue
+        if not sections:
+            raise BadInput(f"{path}: line {lineno}: option before any [section]")
+        name, options, engine_keys = sections[-1]
+        key, sep, raw = line.partition("=")
+        key = key.strip()
+        value = _expand(raw.strip(), lineno, name, problems) if sep else None
+        if key in ACCEPTED:
+            continue
+        if key in ENGINE_KEYS:
+            engine_keys[key] = (lineno, value or "")
+            continue
+        if key not in KEYS:
+            hint = EQUIVALENTS.get(key, "no gpufio equivalent")
+            problems.add(lineno, name, f"{key} is not supported ({hint})")
+            continue
+        options[KEYS[key]] = _value(key, value)
+    notes: list[str] = []
+    glob_keys = next((keys for name, _, keys in sections if name == "global"), {})
+    for name, options, engine_keys in sections:
+        if name != "global" and not engine_keys:
+            continue  # the job runs the [global] engine
+        keys = engine_keys if name == "global" else {**glob_keys, **engine_keys}
+        engine = _engine(keys, name, problems, notes)
+        if engine is not None:
+            options["engine"] = engine
+    if problems.found:
+        raise BadInput(f"{path}: fio job file gpufio cannot run as written: "
+                       + "; ".join(problems.lines()))
+    glob = next((opts for name, opts, _ in sections if name == "global"), {})
+    jobs = [{"name": name, **opts} for name, opts, _ in sections if name != "global"]
+    return {"global": glob, "job": jobs or [{}]}, notes

@@ -1,0 +1,99 @@
+"""``--format fio-json``: a result in fio's own JSON schema, for fio's tools and fio-plot.
+
+gpufio measures one latency per I/O, from issue to completion; fio splits it into submission
+(slat) and completion (clat) latency. Here it is reported as both ``clat_ns`` (with
+percentiles, where fio's tools look) and ``lat_ns``. Fields gpufio does not measure
+(submission latency, context switches, page faults, queue-depth distributions, disk
+utilisation) are left out rather than written as zeros; write, trim and sync sections are
+zero because gpufio only reads.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import numpy as np
+
+from gpufio.core.stats import PLAT_NR, bucket_value
+
+_US_EDGES = (2, 4, 10, 20, 50, 100, 250, 500, 750, 1000)
+_MS_EDGES = (2, 4, 10, 20, 50, 100, 250, 500, 750, 1000, 2000)
+
+
+def _stat_block(lat: dict[str, Any], with_pct: bool) -> dict[str, Any]:
+    block = {k: lat[k] for k in ("min", "max", "mean", "stddev", "N")}
+    if with_pct:
+        block["percentile"] = lat["percentile"]
+    return block
+
+
+def _zero_block() -> dict[str, Any]:
+    zero = {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}
+    return {"io_bytes": 0, "io_kbytes": 0, "bw_bytes": 0, "bw": 0, "iops": 0.0, "runtime": 0,
+            "total_ios": 0, "short_ios": 0, "drop_ios": 0, "clat_ns": dict(zero),
+            "lat_ns": dict(zero), "bw_min": 0, "bw_max": 0, "bw_agg": 0.0, "bw_mean": 0.0,
+            "bw_dev": 0.0, "bw_samples": 0, "iops_min": 0, "iops_max": 0, "iops_mean": 0.0,
+            "iops_stddev": 0.0, "iops_samples": 0}
+
+
+def _sample_stats(values: list[float]) -> tuple[float, float, float, float, int]:
+    if not values:
+        return 0, 0, 0.0, 0.0, 0
+    dev = statistics.stdev(values) if len(values) > 1 else 0.0
+    return min(values), max(values), statistics.fmean(values), dev, len(values)
+
+
+def _distribution(bins: dict[str, int], scale_ns: int, edges: tuple[int, ...]) -> dict[str, float]:
+    """fio's latency_us / latency_ms: percent of I/Os up to each edge, from the histogram."""
+    counts = np.zeros(PLAT_NR, dtype=np.int64)
+    for index, count in bins.items():
+        counts[int(index)] = count
+    total = counts.sum()
+    values = bucket_value(np.arange(PLAT_NR))
+    out, lower = {}, (0 if scale_ns == 1 else scale_ns)  # each unit starts where the last ended
+    for edge in edges:
+        upper = edge * scale_ns
+        share = counts[(values > lower) & (values <= upper)].sum()
+        out[str(edge)] = 100.0 * share / total if total else 0.0
+        lower = upper
+    if scale_ns == 1_000_000:
+        out[f">={edges[-1]}"] = 100.0 * counts[values > lower].sum() / total if total else 0.0
+    return out
+
+
+def _job(job: dict[str, Any]) -> dict[str, Any]:
+    rd = job["read"]
+    samples = job.get("samples", [])
+    bw_kib = [s["bw_bytes"] / 1024 for s in samples]
+    iops = [s["iops"] for s in samples]
+    bmin, bmax, bmean, bdev, bn = _sample_stats(bw_kib)
+    imin, imax, imean, idev, inum = _sample_stats(iops)
+    read = {k: rd[k] for k in ("io_bytes", "io_kbytes", "iops", "total_ios", "short_ios",
+                               "drop_ios")}
+    read.update(bw_bytes=int(rd["bw_bytes"]), bw=int(rd["bw"]), runtime=int(rd["runtime"]),
+                clat_ns=_stat_block(rd["lat_ns"], True), lat_ns=_stat_block(rd["lat_ns"], False),
+                bw_min=int(bmin), bw_max=int(bmax), bw_agg=100.0, bw_mean=bmean, bw_dev=bdev,
+                bw_samples=bn, iops_min=int(imin), iops_max=int(imax), iops_mean=imean,
+                iops_stddev=idev, iops_samples=inum)
+    hist = job.get("lat_hist", {}).get("bins")
+    out = {"jobname": job["jobname"], "groupid": job.get("groupid", 0), "error": job["error"],
+           "eta": 0, "elapsed": int(rd["runtime"] / 1000),
+           "job options": {**job["job options"], "ioengine": job["engine"]},
+           "read": read, "write": _zero_block(), "trim": _zero_block(),
+           "sync": {"total_ios": 0, "lat_ns": {"min": 0, "max": 0, "mean": 0.0,
+                                                "stddev": 0.0, "N": 0}},
+           "job_runtime": int(rd["runtime"]), "usr_cpu": job["usr_cpu"],
+           "sys_cpu": job["sys_cpu"], "latency_target": 0, "latency_percentile": 100.0, "latency_window": 0}
+    if hist:
+        out["latency_ns"] = _distribution(hist, 1, _US_EDGES)
+        out["latency_us"] = _distribution(hist, 1_000, _US_EDGES)
+        out["latency_ms"] = _distribution(hist, 1_000_000, _MS_EDGES)
+    return out
+
+
+def to_fio(doc: dict[str, Any]) -> dict[str, Any]:
+    """The fio-schema document for a gpufio result document."""
+    return {"fio version": f"gpufio-{doc['gpufio version']}", "timestamp": doc["timestamp"],
+            "timestamp_ms": doc["timestamp"] * 1000, "time": doc["time"],
+            "jobs": [_job(j) for j in doc["jobs"]], "disk_util": []}

@@ -1,0 +1,83 @@
+"""``gpufio compare``: results side by side, each against the first file (the baseline).
+
+Built for the drive questions (Gen4 vs Gen5, one SSD vs two) and for reading a CI gate's
+verdict: per job and metric, every file's value, its ratio to the baseline and its change.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from tabulate import tabulate
+
+from gpufio.core.errors import BadInput
+from gpufio.results.load import METRICS, job_metrics, jobs_by_name, setup_facts
+
+FORMATS = ("table", "markdown", "csv", "json")
+
+
+def compare_rows(docs: list[dict[str, Any]], labels: list[str]) -> list[dict[str, Any]]:
+    """One row per (job, metric): each file's value, ratio and change against the first."""
+    if len(docs) < 2:
+        raise BadInput("compare: give at least two result files (the first is the baseline)")
+    base_jobs = jobs_by_name(docs[0])
+    rows = []
+    names = list(base_jobs) + [n for d in docs[1:] for n in jobs_by_name(d) if n not in base_jobs]
+    for name in dict.fromkeys(names):
+        base_job = base_jobs.get(name)
+        base = job_metrics(base_job) if base_job else None
+        per_file = [jobs_by_name(d).get(name) for d in docs]
+        values = [job_metrics(job) if job else None for job in per_file]
+        for metric in METRICS:
+            row: dict[str, Any] = {"job": name, "metric": metric, "unit": METRICS[metric].unit}
+            for label, v in zip(labels, values):
+                row[label] = v[metric] if v else None
+            for label in labels[1:]:
+                value = row[label]
+                ok = base is not None and value is not None and base[metric]
+                row[f"{label} ratio"] = value / base[metric] if ok else None
+                row[f"{label} change %"] = 100 * (value / base[metric] - 1) if ok else None
+            rows.append(row)
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "missing"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    return str(value)
+
+
+def render(docs: list[dict[str, Any]], labels: list[str], fmt: str, console: Console) -> str:
+    """The comparison in ``fmt``; 'table' prints to ``console`` and returns ''."""
+    rows = compare_rows(docs, labels)
+    setups = {label: setup_facts(d) for label, d in zip(labels, docs)}
+    if fmt == "json":
+        return json.dumps({"baseline": labels[0], "setups": setups, "rows": rows}, indent=2) + "\n"
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue()
+    header = [f"{label}: {s['host']}, kernel {s['kernel']}, GPUs {s['gpus']}; targets {s['targets']}"
+              for label, s in setups.items()]
+    text_rows = [{k: _cell(v) for k, v in r.items()} for r in rows]
+    if fmt == "markdown":
+        return "\n".join(f"- {h}" for h in header) + "\n\n" + \
+            tabulate(text_rows, headers="keys", tablefmt="github") + "\n"
+    for h in header:
+        console.print(h, markup=False, highlight=False)
+    table = Table(title=f"baseline: {labels[0]}")
+    for key in text_rows[0]:
+        table.add_column(key, justify="left" if key in ("job", "metric", "unit") else "right")
+    for r in text_rows:
+        table.add_row(*r.values())
+    console.print(table)
+    return ""

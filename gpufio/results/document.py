@@ -1,0 +1,228 @@
+"""Results as data (fio-style JSON) and as tables (Rich, CSV, Markdown).
+
+The document is built once from the runner's results; every other format is rendered from
+that document, so a table can never disagree with the JSON, and later tools (compare, check)
+can render loaded result files the same way.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import io
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from tabulate import tabulate
+
+from gpufio.core.stats import LatencyStats
+from gpufio.engines import all_engines
+from gpufio.engines.base import label
+from gpufio.facts.host import host_facts
+from gpufio.profile import Profile
+from gpufio.run.runner import JobResult, Outcome
+
+FORMATS = ("table", "json", "fio-json", "csv", "markdown")
+
+
+# the percentiles every table shows, reported whatever percentile_list asks for
+TABLE_PERCENTILES = (50.0, 99.0, 99.9)
+
+
+def _lat_block(lat: LatencyStats, plist: tuple[float, ...]) -> dict[str, Any]:
+    wanted = tuple(sorted(set(plist) | set(TABLE_PERCENTILES)))
+    return {"min": lat.min, "max": lat.max, "mean": lat.mean, "stddev": lat.stddev, "N": lat.n,
+            "percentile": {f"{p:f}": v for p, v in lat.percentiles(wanted).items()}}
+
+
+def _rw_block(ios: int, nbytes: int, runtime_ns: int, short: int, lat: LatencyStats,
+              plist: tuple[float, ...]) -> dict[str, Any]:
+    secs = runtime_ns / 1e9
+    return {
+        "io_bytes": nbytes, "io_kbytes": nbytes // 1024,
+        "bw_bytes": nbytes / secs if secs else 0.0,
+        "bw": nbytes / 1024 / secs if secs else 0.0,
+        "iops": ios / secs if secs else 0.0,
+        "runtime": runtime_ns / 1e6,
+        "total_ios": ios, "short_ios": short, "drop_ios": 0,
+        "lat_ns": _lat_block(lat, plist),
+    }
+
+
+def _cpu_fields(usr: float, sys: float, runtime_ns: int, ios: int) -> dict[str, float]:
+    secs = runtime_ns / 1e9
+    return {"usr_cpu": 100.0 * usr / secs if secs else 0.0,
+            "sys_cpu": 100.0 * sys / secs if secs else 0.0,
+            "cpu_us_per_io": 1e6 * (usr + sys) / ios if ios else 0.0}
+
+
+def _job_document(r: JobResult) -> dict[str, Any]:
+    job = r.job
+    resolved = {k: v for k, v in vars(job).items() if k not in ("engine_options", "options_as_given")}
+    resolved["random_distribution"] = str(job.random_distribution)
+    resolved.update(job.engine_options)
+    per_target = {p["path"]: p for p in r.per_target}
+    return {
+        "jobname": job.name, "groupid": 0, "error": 0 if r.ok else 1,
+        "engine": job.engine, "engine_facts": r.engine_facts,
+        "job options": {k: str(v) for k, v in job.options_as_given.items()},
+        "resolved options": resolved,
+        "read": _rw_block(r.ios, r.bytes, r.runtime_ns, r.short_ios, r.lat,
+                          job.percentile_list),
+        **_cpu_fields(r.cpu.usr, r.cpu.sys, r.runtime_ns, r.ios),
+        "targets": [{**t, **per_target.get(t["path"], {})} for t in r.targets],
+        "workers": r.per_worker,
+        "errors": [{**e, "errno_name": errno.errorcode.get(e["errno"], "?")} for e in r.errors],
+        "verify": {"enabled": job.verify, "failures": r.verify_failures,
+                   "bad_offsets": r.bad_offsets},
+        "samples": r.samples,
+        "lat_hist": {"layout": "fio plat: 64 buckets per power of two, 29 groups, ns",
+                     "bins": {str(i): int(c) for i, c in enumerate(r.lat.hist.tolist()) if c}},
+        "interrupted": r.interrupted,
+        "failure": r.failure,
+    }
+
+
+def _group_total(results: list[JobResult]) -> dict[str, Any]:
+    lat = LatencyStats()
+    for r in results:
+        lat.merge(r.lat)
+    runtime = max(r.runtime_ns for r in results)
+    ios = sum(r.ios for r in results)
+    plist = tuple(sorted({p for r in results for p in r.job.percentile_list}))
+    return {"read": _rw_block(ios, sum(r.bytes for r in results), runtime,
+                              sum(r.short_ios for r in results), lat, plist),
+            **_cpu_fields(max(r.cpu.usr for r in results), max(r.cpu.sys for r in results),
+                          runtime, ios)}
+
+
+def _gpus_if_used(outcome: Outcome) -> list[dict[str, Any]]:
+    """GPU facts when a job used a GPU engine; CPU-only runs never load CUDA for them."""
+    if not any(all_engines()[r.job.engine].uses_gpu for r in outcome.results):
+        return []
+    from gpufio.io.gpu import gpu_facts
+
+    return gpu_facts()
+
+
+def build_document(outcome: Outcome, profile: Profile) -> dict[str, Any]:
+    """The result file: fio's field names where fio has them, gpufio's own beside them."""
+    now = time.time()
+    host = host_facts()
+    doc: dict[str, Any] = {
+        "gpufio version": host["gpufio_version"],
+        "timestamp": int(now), "time": time.ctime(now),
+        "profile": profile.path,
+        "host": host,
+        "gpus": _gpus_if_used(outcome),
+        "interrupted": outcome.interrupted,
+        "jobs": [_job_document(r) for r in outcome.results],
+    }
+    if profile.check:
+        doc["check"] = profile.check
+    if profile.concurrent and outcome.results:
+        doc["group_total"] = _group_total(outcome.results)
+    return doc
+
+
+def _status(job: dict[str, Any]) -> str:
+    if job.get("failure"):
+        return "failed"
+    if job["errors"] or job["read"]["short_ios"]:
+        return "io-errors"
+    if job["verify"]["failures"]:
+        return "bad-data"
+    return "interrupted" if job.get("interrupted") else "ok"
+
+
+def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per job (and the group total): the numbers every table format shows."""
+    rows = []
+    entries = [(j["jobname"], j.get("engine", ""), j) for j in doc["jobs"]]
+    if "group_total" in doc:
+        entries.append(("group total", "", doc["group_total"]))
+    for name, engine, j in entries:
+        rd = j["read"]
+        pct = rd["lat_ns"]["percentile"]
+        rows.append({
+            "job": name, "engine": label(engine, j.get("engine_facts", {})),
+            "IOPS": round(rd["iops"]), "MB/s": round(rd["bw_bytes"] / 1e6, 1),
+            "mean_us": round(rd["lat_ns"]["mean"] / 1e3, 1),
+            "p50_us": round(pct["50.000000"] / 1e3, 1), "p99_us": round(pct["99.000000"] / 1e3, 1),
+            "p99.9_us": round(pct["99.900000"] / 1e3, 1),
+            "usr%": round(j["usr_cpu"], 1), "sys%": round(j["sys_cpu"], 1),
+            "cpu_us/io": round(j["cpu_us_per_io"], 2),
+            "status": _status(j) if "errors" in j else "",
+        })
+        if "repeat" in j:  # --repeat promises the spread: the table shows it beside the median
+            rep = j["repeat"]
+            rows[-1]["IOPS"] = round(rep["median"]["iops"])
+            rows[-1]["IOPS min-max"] = (f"{rep['min']['iops']:,.0f}-{rep['max']['iops']:,.0f} "
+                                        f"(n={rep['n']})")
+    return rows
+
+
+def ram_backed_targets(doc: dict[str, Any]) -> list[str]:
+    """'path (why)' for each target of the document that lives in memory, not on a drive."""
+    seen: dict[str, str] = {}
+    for job in doc["jobs"]:
+        for t in job.get("targets", []):
+            if t.get("ram_backed"):
+                seen.setdefault(t["path"], f"{t['path']} ({t.get('ram_backing', 'RAM')})")
+    return list(seen.values())
+
+
+def _title(doc: dict[str, Any]) -> str:
+    ram = ram_backed_targets(doc)
+    return f"gpufio {doc['gpufio version']} · {doc['profile']}" + (
+        f" · ram-backed (not a drive): {', '.join(ram)}" if ram else "")
+
+
+def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str:
+    """The document in ``fmt``; 'table' is printed to ``console`` and returns ''."""
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    if fmt == "fio-json":
+        from gpufio.fio.json_out import to_fio
+
+        return json.dumps(to_fio(doc), indent=2) + "\n"
+    rows = summary_rows(doc)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["job"])
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue()
+    if fmt == "markdown":
+        return f"{_title(doc)}\n\n" + tabulate(rows, headers="keys", tablefmt="github") + "\n"
+    table = Table(title=Text(_title(doc)))  # a path is text, never Rich markup
+    for key in (rows[0] if rows else {"job": ""}):
+        table.add_column(key, justify="left" if key in ("job", "engine", "status") else "right")
+    for row in rows:
+        table.add_row(*[str(v) for v in row.values()])
+    (console or Console()).print(table)
+    for job in doc["jobs"]:
+        for line in problem_lines(job):
+            (console or Console()).print(f"[red]{line}[/red]")
+    return ""
+
+
+def problem_lines(job: dict[str, Any]) -> list[str]:
+    """Human lines for everything that makes a job's numbers untrustworthy."""
+    name = job["jobname"]
+    lines = []
+    if job.get("failure"):
+        lines.append(f"job '{name}': {job['failure']}")
+    for e in job["errors"]:
+        lines.append(f"job '{name}': {e['count']} I/O errors {e['errno_name']} on {e['target']}")
+    for t in job["targets"]:
+        if t.get("short_ios"):
+            lines.append(f"job '{name}': {t['short_ios']} short reads on {t['path']}")
+    if job["verify"]["failures"]:
+        offs = ", ".join(f"{b['target']}@{b['offset']}" for b in job["verify"]["bad_offsets"])
+        lines.append(f"job '{name}': {job['verify']['failures']} blocks failed verify; first: {offs}")
+    return lines

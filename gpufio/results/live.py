@@ -1,0 +1,114 @@
+"""Live progress while jobs run: a Rich table on a terminal, plain lines in CI logs.
+
+It only renders the runner's Snapshots; it never touches measurement state. Output goes to
+stderr so that ``--format json`` on stdout stays machine-readable.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from gpufio.run.runner import Snapshot
+
+PLAIN_EVERY_S = 2.0
+
+
+class Interval:
+    """Says whether ``every_s`` seconds have passed since it last said yes; the first call
+    always says yes. The clock is monotonic (seconds since boot), so "never" must be a
+    sentinel, not 0: on a host up for less than ``every_s`` a 0 would hide the first line."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_ns = int(every_s * 1e9)
+        self._last: int | None = None
+
+    def due(self, force: bool = False) -> bool:
+        """True (and restart the interval) when the interval has passed, or ``force``."""
+        now = time.monotonic_ns()
+        if not force and self._last is not None and now - self._last < self.every_ns:
+            return False
+        self._last = now
+        return True
+
+
+def _eta(s: Snapshot) -> str:
+    return f"{s.eta_s:.0f}s" if s.eta_s is not None and s.state != "done" else "-"
+
+
+def table(title: str, columns: tuple[str, ...], left: tuple[str, ...],
+          rows: list[list[str]]) -> Table:
+    """A progress table: the ``left`` columns (names) left-aligned, the figures right."""
+    t = Table(title=title, expand=False)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right")
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+class LiveTable:
+    """A table redrawn in place on ``stream`` (stderr, so stdout stays the result)."""
+
+    def __init__(self, stream: TextIO, first: Table) -> None:
+        self._live = Live(first, console=Console(file=stream), refresh_per_second=4,
+                          transient=False)
+
+    def __enter__(self) -> "LiveTable":
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._live.__exit__(None, None, None)
+
+    def show(self, t: Table) -> None:
+        self._live.update(t)
+
+
+def _table(snaps: list[Snapshot]) -> Table:
+    finished = bool(snaps) and all(s.state == "done" for s in snaps)
+    return table("gpufio: finished" if finished else "gpufio: running",
+                 ("job", "engine", "state", "IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA"),
+                 ("job", "engine", "state"),
+                 [[s.name, s.engine, s.state, f"{s.iops:,.0f}", f"{s.bw_bytes / 1e6:,.1f}",
+                   f"{s.p50_ns / 1e3:,.1f}", f"{s.p99_ns / 1e3:,.1f}",
+                   f"{100 * s.progress:.0f}%" if s.progress is not None else "-", _eta(s)]
+                  for s in snaps])
+
+
+class LiveDisplay:
+    """Context manager; pass ``update`` to the runner as its on_tick callback."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream or sys.stderr
+        self._tty = self._stream.isatty()
+        self._live: LiveTable | None = None
+        self._plain = Interval(PLAIN_EVERY_S)
+
+    def __enter__(self) -> "LiveDisplay":
+        if self._tty:
+            self._live = LiveTable(self._stream, _table([])).__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def update(self, snaps: list[Snapshot]) -> None:
+        """Show the latest snapshots (throttled to one plain line set per 2 s off a TTY)."""
+        if self._live is not None:
+            self._live.show(_table(snaps))
+            return
+        running = [s for s in snaps if s.state in ("ramp", "run")]
+        if not running or not self._plain.due():
+            return
+        for s in running:
+            progress = f"{100 * s.progress:.0f}%" if s.progress is not None else "-"
+            print(f"gpufio: {s.name} [{s.engine}] {s.state} {progress} iops={s.iops:,.0f} "
+                  f"MB/s={s.bw_bytes / 1e6:,.1f} p50={s.p50_ns / 1e3:,.1f}us "
+                  f"p99={s.p99_ns / 1e3:,.1f}us eta={_eta(s)}", file=self._stream, flush=True)

@@ -1,0 +1,120 @@
+"""Reading result files back: validation, the metrics every comparison uses, setup facts.
+
+``compare`` and ``check`` both work on result documents, never on live runs, so that a
+baseline stored in CI months ago compares exactly like one made a minute ago.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gpufio.core.errors import BadInput, reading
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One number per job: how to read it from a job document, and which way is better."""
+
+    name: str
+    unit: str
+    higher_is_better: bool
+    read: Callable[[dict[str, Any]], float]
+
+
+def _pct(p: str) -> Callable[[dict[str, Any]], float]:
+    return lambda job: job["read"]["lat_ns"]["percentile"][p] / 1e3
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("iops", "IOPS", True, lambda j: j["read"]["iops"]),
+    Metric("bw", "MB/s", True, lambda j: j["read"]["bw_bytes"] / 1e6),
+    Metric("lat_mean", "us", False, lambda j: j["read"]["lat_ns"]["mean"] / 1e3),
+    Metric("lat_p50", "us", False, _pct("50.000000")),
+    Metric("lat_p99", "us", False, _pct("99.000000")),
+    Metric("lat_p99.9", "us", False, _pct("99.900000")),
+    Metric("cpu_per_io", "us", False, lambda j: j["cpu_us_per_io"]),
+)}
+
+
+def load(path: str) -> dict[str, Any]:
+    """A result document from ``path`` (gpufio's JSON), or BadInput naming the file."""
+    with reading(path, "result file"), open(path) as f:
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{path}: not JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+        raise BadInput(f"{path}: not a gpufio result (no 'jobs' list)")
+    if doc.get("workload") == "gnn":
+        raise BadInput(f"{path}: a GNN workload result; compare, check and plot read I/O "
+                       "results (a GNN result carries its own stage table)")
+    if "fio version" in doc:
+        doc = from_fio(doc, path)
+    for job in doc["jobs"]:
+        if not isinstance(job, dict) or "jobname" not in job or "read" not in job:
+            raise BadInput(f"{path}: a job lacks 'jobname' or 'read'")
+    return doc
+
+
+def from_fio(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    """A fio JSON result (fio's own, or gpufio's fio-json) as the fields compare/check read.
+
+    fio reports percentiles on completion latency (clat_ns) unless lat_percentiles=1 put
+    them on lat_ns; the total latency's are used when present. fio's usr_cpu and sys_cpu
+    under group_reporting are per-job averages, so CPU per I/O multiplies by numjobs.
+    """
+    jobs = []
+    for job in doc["jobs"]:
+        try:
+            rd = job["read"]
+            lat = dict(rd["lat_ns"])
+            lat["percentile"] = rd["lat_ns"].get("percentile") or rd["clat_ns"]["percentile"]
+            numjobs = int(job.get("job options", {}).get("numjobs", 1))
+            cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rd["runtime"] / 1000 * numjobs
+            jobs.append({
+                "jobname": job["jobname"], "error": job.get("error", 0),
+                "engine": job.get("job options", {}).get("ioengine", "fio"),
+                "read": {**rd, "lat_ns": lat},
+                "cpu_us_per_io": 1e6 * cpu_s / rd["total_ios"] if rd["total_ios"] else 0.0,
+                "resolved options": job.get("job options", {}), "targets": []})
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadInput(f"{path}: fio result lacks a field gpufio needs: {e}") from None
+    return {"host": {"cpu": doc["fio version"]}, "gpus": [], "jobs": jobs,
+            "interrupted": False}
+
+
+def job_metrics(job: dict[str, Any]) -> dict[str, float]:
+    """Every metric of one job; with ``--repeat`` results, the medians over the repeats."""
+    repeats = job.get("repeat", {}).get("runs")
+    if repeats:
+        return {name: statistics.median(run[name] for run in repeats) for name in METRICS}
+    return {name: m.read(job) for name, m in METRICS.items()}
+
+
+def jobs_by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Jobs keyed by name, in file order."""
+    return {job["jobname"]: job for job in doc["jobs"]}
+
+
+def setup_facts(doc: dict[str, Any]) -> dict[str, str]:
+    """What was measured: host, kernel, GPUs and each target's drive, for headers and warnings."""
+    host = doc.get("host", {})
+    facts = {"host": f"{host.get('cpu', '?')} x{host.get('cpus', '?')}",
+             "kernel": str(host.get("kernel", "?")),
+             "gpus": ", ".join(g.get("name", "?") for g in doc.get("gpus", [])) or "none"}
+    targets = []
+    for job in doc["jobs"]:
+        for t in job.get("targets", []):
+            desc = t.get("model") or t.get("filesystem") or t.get("kind", "?")
+            if "current_pcie_gen" in t:
+                desc += f" Gen{t['current_pcie_gen']}x{t.get('current_link_width', '?')}"
+            if t.get("ram_backed"):
+                desc += f", ram-backed: {t.get('ram_backing', 'RAM')}"
+            entry = f"{t.get('path', '?')} ({desc})"
+            if entry not in targets:
+                targets.append(entry)
+    facts["targets"] = "; ".join(targets) or "none"
+    return facts

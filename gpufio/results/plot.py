@@ -1,0 +1,82 @@
+"""``gpufio plot``: pictures of result files, drawn headless with matplotlib (extra 'plot').
+
+One figure with four panels: IOPS and bandwidth over time per job (from the interval
+samples), latency against percentile per job (fio's percentile list, on a "nines" axis so
+that p99, p99.9 and p99.99 are apart), and grouped IOPS bars, one group per job and one bar
+per result file, for engine or drive comparisons.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gpufio.core.errors import BadInput
+from gpufio.results.load import job_metrics
+
+FIGSIZE = (12, 13)
+NINES = (50.0, 90.0, 99.0, 99.9, 99.99)
+
+
+def _nines(p: float) -> float:
+    """Percentile on a log-of-the-tail axis: 90 -> 1, 99 -> 2, 99.9 -> 3."""
+    return -math.log10(1 - p / 100)
+DPI = 100
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+    except ImportError:
+        raise BadInput("plot needs matplotlib: pip install 'gpufio[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def draw(docs: list[dict[str, Any]], labels: list[str], output: str) -> None:
+    """Write the figure for ``docs`` to ``output`` (.png or .svg)."""
+    if not output.endswith((".png", ".svg")):
+        raise BadInput(f"-o {output}: give a .png or .svg file name")
+    plt = _matplotlib()
+    fig, (ax_t, ax_w, ax_p, ax_b) = plt.subplots(4, 1, figsize=FIGSIZE, dpi=DPI)
+    multi = len(docs) > 1
+    for label, doc in zip(labels, docs):
+        for job in doc["jobs"]:
+            name = f"{label}: {job['jobname']}" if multi else job["jobname"]
+            samples = job.get("samples", [])
+            if samples:
+                t = [s["t_ms"] / 1000 for s in samples]
+                ax_t.plot(t, [s["iops"] for s in samples], marker=".", label=name)
+                ax_w.plot(t, [s["bw_bytes"] / 1e6 for s in samples], marker=".", label=name)
+            pct = job["read"]["lat_ns"]["percentile"]
+            points = sorted((float(p), v / 1e3) for p, v in pct.items())
+            ax_p.plot([_nines(p) for p, _ in points], [v for _, v in points], marker="o",
+                      label=name)
+    ax_t.set(title="IOPS over time", xlabel="seconds into the measured run", ylabel="IOPS")
+    ax_w.set(title="bandwidth over time", xlabel="seconds into the measured run",
+             ylabel="MB/s")
+    ax_p.set(title="latency by percentile", xlabel="percentile", ylabel="latency (us)",
+             yscale="log")
+    ax_p.set_xticks([_nines(p) for p in NINES], [f"p{p:g}" for p in NINES])
+    jobs = list(dict.fromkeys(j["jobname"] for d in docs for j in d["jobs"]))
+    width = 0.8 / len(docs)
+    for i, (label, doc) in enumerate(zip(labels, docs)):
+        values = {j["jobname"]: job_metrics(j)["iops"] for j in doc["jobs"]}
+        ax_b.bar([x + i * width for x in range(len(jobs))], [values.get(n, 0) for n in jobs],
+                 width=width, label=label)
+    ax_b.set_xticks([x + width * (len(docs) - 1) / 2 for x in range(len(jobs))], jobs,
+                    rotation=15, ha="right")
+    ax_b.set(title="IOPS per job", ylabel="IOPS")
+    for ax in (ax_t, ax_w, ax_p, ax_b):
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    try:
+        fig.savefig(output)
+    except OSError as e:
+        raise BadInput(f"-o {output}: {e.strerror}") from None
+    finally:
+        plt.close(fig)

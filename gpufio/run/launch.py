@@ -1,0 +1,217 @@
+"""How a job's workers run: as threads, forked processes (fio's default), or spawned ones.
+
+Python threads share one interpreter lock, so CPU engines that spend Python time per batch
+cannot scale with numjobs as threads; each of their workers is a forked process instead.
+CUDA does not survive fork, so engines that hold a CUDA context run as threads, or, to scale
+past the lock, as spawned processes: fresh interpreters, each with its own CUDA context, that
+reopen the targets and map the job's shared memory again. Every kind of worker builds its
+engine, reports ready, waits for the clock to start, runs, and hands back a FinalRecord; the
+runner sees the same interface for all three.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from gpufio.core.context import FinalRecord, WorkerContext
+from gpufio.core.errors import BadInput
+from gpufio.engines.base import Engine
+
+_FORK = multiprocessing.get_context("fork")
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+@dataclass
+class Outcome:
+    """A finished worker: its record, when it stopped, and what went wrong if anything."""
+
+    record: FinalRecord | None
+    finished_ns: int
+    failure: str | None
+    bad_input: str | None = None
+
+
+def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
+         ready: Callable[[], None], wait_go: Callable[[], None]) -> Outcome:
+    engine, failure, bad_input = None, None, None
+    try:
+        engine = engine_cls(job, targets, ctx)
+    except BadInput as e:  # e.g. a GPU index out of range: the user's to fix, exit 2
+        bad_input = str(e)
+        ctx.control.stop()
+    except Exception as e:  # reported in the result; the run exits 1
+        failure = f"worker {index} setup: {type(e).__name__}: {e}"
+        ctx.control.stop()
+    ready()
+    wait_go()
+    try:
+        if engine is not None:
+            engine.run()
+    except Exception as e:  # reported in the result; the run exits 1
+        failure = f"worker {index}: {type(e).__name__}: {e}"
+    finally:
+        finished = time.monotonic_ns()
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception as e:  # a worker must always report, or its numbers vanish
+                failure = failure or f"worker {index} close: {type(e).__name__}: {e}"
+        ctx.finish()
+    return Outcome(ctx.rec.final(), finished, failure, bad_input)
+
+
+class ThreadWorker:
+    """A worker in a thread of this process."""
+
+    def __init__(self, engine_cls: type[Engine], job, targets, ctx: WorkerContext,
+                 index: int, go: threading.Event, shared=None) -> None:
+        self._ready = threading.Event()
+        self.outcome: Outcome | None = None
+
+        def body() -> None:
+            self.outcome = _run(engine_cls, job, targets, ctx, index, self._ready.set, go.wait)
+
+        self._thread = threading.Thread(target=body, daemon=True, name=f"{job.name}/{index}")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self._ready.wait(timeout)
+
+    def poll(self) -> bool:
+        """True once the worker has finished (its outcome is then set)."""
+        return not self._thread.is_alive() and self._thread.ident is not None
+
+    def join(self) -> None:
+        if self._thread.ident is not None:  # Ctrl-C can land before every worker started
+            self._thread.join()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """End this worker process the moment the runner dies, however it dies (kill -9, the OOM
+    killer, a CI timeout): a worker left alone would keep reading, holding its rings, pinned
+    memory and GPU context. The kernel sends SIGKILL on the parent's death (prctl), and a
+    thread watching the parent's sentinel covers a parent that died before the prctl and
+    any parent thread exiting early."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
+    if not parent.is_alive():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def _forked_main(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
+                 conn, go) -> None:
+    die_with_parent()
+    _serve(engine_cls, job, targets, ctx, index, conn, go)
+
+
+def _serve(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
+           conn, go) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner stops us, not Ctrl-C
+    conn.send(_run(engine_cls, job, targets, ctx, index, lambda: conn.send("ready"), go.wait))
+
+
+def _spawned_main(engine_name: str, job, paths: list[str], spec: dict, shared_source,
+                  nworkers: int, conn, go) -> None:
+    """A fresh interpreter: reopen the targets, map the shared memory, run like a fork."""
+    from gpufio.core import targets as tg
+    from gpufio.core.context import JobShared
+    from gpufio.engines import all_engines
+
+    die_with_parent()
+    shared = JobShared(nworkers, shared_source)
+    opened = [tg.open_target(p, job.direct) for p in paths]
+    try:
+        ctx = WorkerContext(**spec, control=shared.control, block=shared.blocks[spec["worker"]],
+                            own_cpu=True)
+        _serve(all_engines()[engine_name], job, opened, ctx, spec["worker"], conn, go)
+    finally:
+        for t in opened:
+            t.close()
+
+
+class ProcessWorker:
+    """A worker in a forked child process; its outcome comes back through a pipe."""
+
+    context = _FORK
+
+    def __init__(self, engine_cls: type[Engine], job, targets, ctx: WorkerContext,
+                 index: int, go, shared=None) -> None:
+        self._conn, child_conn = self.context.Pipe(duplex=False)
+        self.outcome: Outcome | None = None
+        self._index = index
+        target, args = self._entry(engine_cls, job, targets, ctx, index, child_conn, go, shared)
+        self._proc = self.context.Process(target=target, args=args, daemon=True,
+                                          name=f"{job.name}/{index}")
+        self._ready = False
+
+    def _entry(self, engine_cls, job, targets, ctx, index, conn, go, shared) -> tuple:
+        return _forked_main, (engine_cls, job, targets, ctx, index, conn, go)
+
+    def start(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._proc.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        if not self._ready and self._conn.poll(timeout):
+            self._receive()
+        return self._ready or self.outcome is not None
+
+    def _receive(self) -> None:
+        try:
+            msg = self._conn.recv()
+        except EOFError:
+            self._proc.join()
+            self.outcome = Outcome(None, time.monotonic_ns(),
+                                   f"worker {self._index} died (exit code {self._proc.exitcode})")
+            return
+        if msg == "ready":
+            self._ready = True
+        else:
+            self.outcome = msg
+
+    def poll(self) -> bool:
+        """True once the worker's outcome has arrived (or the process died)."""
+        while self.outcome is None and self._conn.poll(0):
+            self._receive()
+        return self.outcome is not None
+
+    def join(self) -> None:
+        if self._proc.pid is None:  # Ctrl-C can land before every worker started
+            return
+        while not self.poll():
+            self._conn.poll(0.05)
+        self._proc.join()
+
+
+class SpawnWorker(ProcessWorker):
+    """A worker in a spawned process: a fresh interpreter, so it may hold a CUDA context."""
+
+    context = _SPAWN
+
+    def _entry(self, engine_cls, job, targets, ctx, index, conn, go, shared) -> tuple:
+        return _spawned_main, (engine_cls.name, job, [t.path for t in targets],
+                               ctx.spawn_args(), shared.source, len(shared.blocks), conn, go)

@@ -1,0 +1,439 @@
+"""Runs a profile: opens targets, starts workers, times phases, samples, collects results.
+
+The clock starts only when every worker has finished its engine's setup, so ring creation,
+buffer registration and kernel compilation never land inside a measurement. Phases follow
+fio: ramp_time first (not recorded), then the measured runtime or I/O budget.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gpufio.core import targets as tg
+from gpufio.core.context import JobShared, WorkerContext
+from gpufio.core.errors import BadInput
+from gpufio.core.offsets import OffsetStream
+from gpufio.core.stats import CpuTimes, LatencyStats
+from gpufio.engines import all_engines
+from gpufio.engines.base import Engine, label
+from gpufio.profile import Job, Profile
+from gpufio.run.launch import ProcessWorker, SpawnWorker, ThreadWorker
+
+TICK_S = 0.02
+
+
+@dataclass
+class JobResult:
+    """Everything measured for one job, as plain data for the report layer."""
+
+    job: Job
+    engine_facts: dict[str, Any]
+    targets: list[dict[str, Any]]
+    lat: LatencyStats
+    ios: int
+    bytes: int
+    runtime_ns: int
+    cpu: CpuTimes
+    samples: list[dict[str, float]]
+    per_target: list[dict[str, Any]]
+    errors: list[dict[str, Any]]
+    short_ios: int
+    verify_failures: int
+    bad_offsets: list[dict[str, Any]]
+    interrupted: bool
+    failure: str | None
+    # each worker's measured I/Os and bytes, as fio's per-thread report without group_reporting
+    per_worker: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the numbers can be trusted: no errors, short reads or bad data."""
+        return not (self.errors or self.short_ios or self.verify_failures or self.failure)
+
+
+@dataclass
+class Snapshot:
+    """A job's state for the live display: plain numbers, no rendering."""
+
+    name: str
+    engine: str
+    state: str
+    iops: float
+    bw_bytes: float
+    p50_ns: int
+    p99_ns: int
+    progress: float | None
+    eta_s: float | None
+
+
+def job_target_paths(job: Job) -> tuple[list[str], int | None]:
+    """The job's target paths and the size gpufio creates missing ones with (None: never)."""
+    if job.targets:
+        return tg.resolve(job.targets), None if job.size is None else job.offset + job.size
+    if job.size is None:
+        raise BadInput(f"job '{job.name}': no targets and no size: give targets, or a size "
+                       "for gpufio to create a scratch file of")
+    return [tg.scratch_path(job.directory, job.randseed)], job.offset + job.size
+
+
+def job_targets(job: Job, quiet: bool) -> list[str]:
+    """The job's target paths, creating missing files that the job gives a size for."""
+    paths, create_size = job_target_paths(job)
+    if job.targets:
+        for path in paths:
+            tg.ensure_exists(path, create_size, job.randseed, quiet=quiet)
+        return paths
+    if job.directory is not None and not os.path.isdir(job.directory):
+        raise BadInput(f"job '{job.name}': key 'directory': {job.directory} does not exist "
+                       "(as in fio, gpufio does not create it)")
+    tg.ensure_scratch(paths[0], create_size or 0, job.randseed, quiet=quiet)
+    return paths
+
+
+class JobRun:
+    """One job in flight: its workers, phases and samples."""
+
+    def __init__(self, job: Job, engine: type[Engine], targets: list[tg.Target],
+                 regions: list[tuple[int, int]]) -> None:
+        self.job = job
+        self.engine = engine
+        self.engine_facts = engine.describe(job)
+        self.targets = targets
+        self.shared = JobShared(job.numjobs)
+        self.control = self.shared.control
+        budget = None
+        if not job.time_based:
+            io_size = job.io_size or sum(n * job.bs for _, n in regions)
+            budget = max(io_size // job.bs, 1)
+        self.budget = budget
+        seeds = [t.pattern_seed for t in targets] if job.verify else None
+        kind = engine.worker_kind_for(job)
+        in_process = kind != "thread"
+        handle = {"process": ProcessWorker, "spawn": SpawnWorker, "thread": ThreadWorker}[kind]
+        self._go = (multiprocessing.get_context("fork" if kind == "process" else "spawn").Event()
+                    if in_process else threading.Event())
+        self.workers = [
+            handle(engine, job, targets, WorkerContext(
+                bs=job.bs, stream=OffsetStream(
+                    random=job.random, bs=job.bs, regions=regions, dist=job.random_distribution,
+                    file_service=job.file_service, seed=(job.randseed, w), budget=budget),
+                control=self.control, ntargets=len(targets), block=self.shared.blocks[w],
+                verify_seeds=seeds, continue_on_error=job.continue_on_error,
+                own_cpu=in_process, worker=w), w, self._go, self.shared)
+            for w in range(job.numjobs)]
+        self._in_process = in_process
+        self.state = "setup"
+        self.t_start = self.t_measure = 0
+        self.cpu0 = CpuTimes.now()
+        self.samples: list[dict[str, float]] = []
+        self._last_sample = (0, 0, 0)
+        self.interrupted = False
+
+    def start(self) -> None:
+        """Start the workers; they set up their engines and wait for the clock."""
+        for w in self.workers:
+            w.start()
+
+    def _begin_measure(self, now: int) -> None:
+        self.control.begin_measuring()
+        self.cpu0 = CpuTimes.now()
+        self.t_measure = now
+        self._last_sample = (now, 0, 0)
+        self.state = "run"
+
+    def tick(self, now: int) -> None:
+        """Advance phases; called by the runner's loop every TICK_S."""
+        job = self.job
+        if self.state == "setup":
+            for w in self.workers:
+                while not w.wait_ready(0.1):
+                    pass
+            self.shared.close_source()  # every worker has mapped the shared memory by now
+            self.t_start = time.monotonic_ns()
+            self.state = "ramp"
+            if job.ramp_time == 0:  # before the go: a worker's first completions must count
+                self._begin_measure(self.t_start)
+            self._go.set()
+            return
+        if self.state == "ramp" and now >= self.t_start + job.ramp_time:
+            self._begin_measure(now)
+        if self.state == "run":
+            if job.runtime is not None and now >= self.t_measure + job.runtime:
+                self.control.stop()
+            if now >= self._last_sample[0] + job.sample_interval:
+                self._sample(now)
+
+    def _live_totals(self) -> tuple[int, int, int]:
+        live = [self.shared.live(w) for w in range(len(self.workers))]
+        return (sum(x[0] for x in live), sum(x[1] for x in live), sum(x[2] for x in live))
+
+    def _sample(self, now: int) -> None:
+        t0, ios0, bytes0 = self._last_sample
+        _, ios, nbytes = self._live_totals()
+        dt = (now - t0) / 1e9
+        self.samples.append({"t_ms": (now - self.t_measure) / 1e6, "iops": (ios - ios0) / dt,
+                             "bw_bytes": (nbytes - bytes0) / dt})
+        self._last_sample = (now, ios, nbytes)
+
+    @property
+    def done(self) -> bool:
+        """True once every worker has finished."""
+        return self.state != "setup" and all(w.poll() for w in self.workers)
+
+    def stop(self) -> None:
+        """Ask the workers to stop (Ctrl-C); results so far are kept."""
+        self.interrupted = True
+        self.control.stop()
+        self._go.set()
+
+    def join(self) -> None:
+        """Wait for the workers to finish."""
+        for w in self.workers:
+            w.join()
+        self.shared.close_source()
+
+    def raise_bad_input(self) -> None:
+        """Raise BadInput if a worker's engine refused its setup (GPU missing, out of memory)."""
+        for w in self.workers:
+            if w.outcome is not None and w.outcome.bad_input:
+                raise BadInput(f"job '{self.job.name}': {w.outcome.bad_input}")
+
+    def snapshot(self, now: int) -> Snapshot:
+        """Where this job stands, for the live display."""
+        lat = LatencyStats()
+        for w in range(len(self.workers)):
+            lat.hist += self.shared.live(w)[3]
+        lat.n = int(lat.hist.sum())
+        pct = lat.percentiles((50.0, 99.0))
+        iops = self.samples[-1]["iops"] if self.samples else 0.0
+        bw = self.samples[-1]["bw_bytes"] if self.samples else 0.0
+        progress = None
+        if self.state != "setup":
+            fractions = []
+            if self.job.runtime is not None:
+                total = self.job.ramp_time + self.job.runtime
+                fractions.append(max(now - self.t_start, 0) / total)
+            if self.budget is not None:
+                fractions.append(self._live_totals()[0] / (self.budget * self.job.numjobs))
+            progress = min(max(fractions), 1.0) if fractions else None
+        elapsed = (now - self.t_start) / 1e9 if self.t_start else 0.0
+        eta = elapsed * (1 - progress) / progress if progress else None
+        state = "done" if self.done else self.state
+        return Snapshot(self.job.name, label(self.job.engine, self.engine_facts), state, iops, bw,
+                        pct[50.0], pct[99.0], progress, eta)
+
+    def result(self) -> JobResult:
+        """Merge the workers' records into one JobResult (call after join)."""
+        outcomes = [w.outcome for w in self.workers if w.outcome is not None]
+        recs = [o.record for o in outcomes if o.record is not None]
+        per_worker = [{"worker": i, "ios": w.outcome.record.ios, "bytes": w.outcome.record.bytes}
+                      for i, w in enumerate(self.workers)
+                      if w.outcome is not None and w.outcome.record is not None]
+        measured = self.control.measuring and bool(outcomes)
+        end = max((o.finished_ns for o in outcomes), default=self.t_measure)
+        runtime = max(end - self.t_measure, 0) if measured else 0
+        if self._in_process:
+            cpu = CpuTimes(sum(r.cpu.usr for r in recs if r.cpu), sum(r.cpu.sys for r in recs if r.cpu))
+        else:
+            cpu = CpuTimes.now() - self.cpu0
+        lat = LatencyStats()
+        for r in recs:
+            lat.merge(r.lat)
+        per_target, errors, bad = [], [], []
+        for i, t in enumerate(self.targets):
+            per_target.append({
+                "path": t.path, "ios": int(sum(r.target_ios[i] for r in recs)),
+                "bytes": int(sum(r.target_bytes[i] for r in recs)),
+                "short_ios": int(sum(r.short[i] for r in recs)),
+                "verify_failures": int(sum(r.verify_failures[i] for r in recs))})
+        merged: dict[tuple[int, int], int] = {}
+        for r in recs:
+            for key, count in r.errors.items():
+                merged[key] = merged.get(key, 0) + count
+            bad.extend({"target": self.targets[t].path, "offset": off} for t, off in r.bad_offsets)
+        for (t, err), count in sorted(merged.items()):
+            errors.append({"target": self.targets[t].path, "errno": err, "count": count})
+        facts = [{"path": t.path, "size": t.size, "pattern_seed": t.pattern_seed, **t.facts}
+                 for t in self.targets]
+        failures = [o.failure for o in outcomes if o.failure]
+        lost = len(self.workers) - len(outcomes)
+        if lost and not self.interrupted:
+            failures.append(f"{lost} worker(s) ended without reporting a result")
+        job = self.job
+        if (job.time_based and measured and not self.interrupted and not failures
+                and not merged and runtime < 0.95 * job.runtime
+                and not any(p["short_ios"] for p in per_target)):
+            # nothing asked the workers to stop early: a silent early end is an engine bug,
+            # and numbers from a cut-short run must not pass as a full one
+            failures.append(f"workers ended after {runtime / 1e9:.3f} s of a "
+                            f"{job.runtime / 1e9:g} s time-based run without an error")
+        noted: dict[str, list[Any]] = {}
+        for r in recs:
+            for key, values in r.facts.items():
+                noted.setdefault(key, []).extend(values)
+        return JobResult(
+            job=self.job, engine_facts={**self.engine_facts, **noted}, targets=facts, lat=lat,
+            ios=sum(r.ios for r in recs), bytes=sum(r.bytes for r in recs), runtime_ns=runtime,
+            cpu=cpu, samples=self.samples, per_target=per_target, errors=errors,
+            short_ios=sum(p["short_ios"] for p in per_target),
+            verify_failures=sum(p["verify_failures"] for p in per_target),
+            bad_offsets=bad[:8], interrupted=self.interrupted,
+            failure="; ".join(failures) or None, per_worker=per_worker)
+
+
+@dataclass
+class Outcome:
+    """The results of the jobs that ran, and whether Ctrl-C cut the run short."""
+
+    results: list[JobResult] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def hint(job: Job, facts: dict) -> str | None:
+    """One line of advice before a job set up in a way that will cost it or may hang: an
+    engine's own warning (facts["warning"]), or spawned GPU workers with no MPS daemon, whose
+    contexts the GPU time-slices (docs/PERFORMANCE.md has the cost)."""
+    if facts.get("warning"):
+        return f"gpufio: job '{job.name}': {facts['warning']}"
+    if facts.get("mps") is False and job.numjobs > 1:
+        return (f"gpufio: job '{job.name}': {job.numjobs} spawned workers and no CUDA MPS "
+                "daemon: the GPU time-slices their contexts (start one with "
+                "nvidia-cuda-mps-control -d)")
+    return None
+
+
+def _open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], list[tuple[int, int]]]:
+    engine = all_engines()[job.engine]
+    why = engine.unavailable()
+    if why:
+        raise BadInput(f"job '{job.name}': engine '{job.engine}' cannot run here: {why}")
+    opened: list[tg.Target] = []
+    try:
+        for path in job_targets(job, quiet):
+            opened.append(tg.open_target(path, job.direct))
+        regions = [tg.check_region(t, offset=job.offset, size=job.size, bs=job.bs,
+                                   direct=job.direct, need_pattern=job.verify) for t in opened]
+    except BaseException:
+        for t in opened:
+            t.close()
+        raise
+    return engine, opened, regions
+
+
+# descriptors the runner holds per worker (its pipe, its sentinel, a ring and an eventfd
+# when the worker is a thread), beside the targets it opens once per job
+FDS_PER_WORKER = 4
+FDS_SPARE = 64
+
+
+def _open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return FDS_SPARE
+
+
+def _process_room() -> int:
+    """How many more processes (threads) the kernel will start: threads-max and pid_max,
+    less what already runs."""
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[1])
+        limits = [int(Path(p).read_text()) for p in ("/proc/sys/kernel/threads-max",
+                                                      "/proc/sys/kernel/pid_max")]
+    except (OSError, ValueError, IndexError):
+        return sys.maxsize
+    return min(limits) - running
+
+
+def check_machine_limits(profile: Profile) -> None:
+    """BadInput, before any target is laid out, for jobs this machine cannot start: more
+    open files than RLIMIT_NOFILE allows (the soft limit is raised to the hard one when that
+    suffices, as a user's ulimit -n would), more processes than the kernel has room for."""
+    batches = [profile.jobs] if profile.concurrent else [[j] for j in profile.jobs]
+    target_fds = sum(max(len(j.targets), 1) for j in profile.jobs)
+    worst = max(batches, key=lambda b: sum(j.numjobs for j in b))
+    need = _open_fds() + FDS_SPARE + target_fds + FDS_PER_WORKER * sum(j.numjobs for j in worst)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if need > soft:
+        if hard != resource.RLIM_INFINITY and need > hard:
+            job = max(worst, key=lambda j: j.numjobs)
+            raise BadInput(f"job '{job.name}': numjobs {job.numjobs} needs about {need} open "
+                           f"files; this process may open {hard} (ulimit -Hn)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    room = _process_room()
+    for batch in batches:
+        procs = sum(j.numjobs for j in batch
+                    if all_engines()[j.engine].worker_kind_for(j) != "thread")
+        if procs > room:
+            job = max(batch, key=lambda j: j.numjobs)
+            raise BadInput(f"job '{job.name}': numjobs {job.numjobs} needs {procs} worker "
+                           f"processes; the kernel has room for {room} more "
+                           "(kernel.threads-max, kernel.pid_max)")
+
+
+def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | None = None,
+                quiet: bool = False, tick_every_s: float = 0.25) -> Outcome:
+    """Run every job of ``profile`` (sequentially, or all at once if concurrent)."""
+    check_machine_limits(profile)
+    prepared = []
+    try:
+        for job in profile.jobs:
+            prepared.append((job, *_open_job(job, quiet)))
+        batches = [prepared] if profile.concurrent else [[p] for p in prepared]
+        outcome = Outcome()
+        finished: list[JobRun] = []
+        for batch in batches:
+            runs = [JobRun(job, engine, tgts, regions) for job, engine, tgts, regions in batch]
+            for r in runs:
+                advice = hint(r.job, r.engine_facts)
+                if advice and not quiet:
+                    print(advice, file=sys.stderr, flush=True)
+            try:
+                _drive(runs, finished, on_tick, tick_every_s)
+            except KeyboardInterrupt:
+                for r in runs:
+                    r.stop()
+                for r in runs:
+                    r.join()
+                outcome.interrupted = True
+                finished.extend(runs)
+                break
+            finished.extend(runs)
+            for r in runs:
+                r.raise_bad_input()
+        outcome.results = [r.result() for r in finished]
+        return outcome
+    finally:
+        for _, _, tgts, _ in prepared:
+            for t in tgts:
+                t.close()
+
+
+def _drive(runs: list[JobRun], finished: list[JobRun],
+           on_tick: Callable[[list[Snapshot]], None] | None, tick_every_s: float) -> None:
+    for r in runs:
+        r.start()
+    next_show = 0.0
+    while True:
+        now = time.monotonic_ns()
+        for r in runs:
+            r.tick(now)
+        if on_tick and time.monotonic() >= next_show:
+            next_show = time.monotonic() + tick_every_s
+            on_tick([r.snapshot(now) for r in finished + runs])
+        if all(r.done for r in runs):
+            break
+        time.sleep(TICK_S)
+    for r in runs:
+        r.join()
+    if on_tick:
+        on_tick([r.snapshot(time.monotonic_ns()) for r in finished + runs])

@@ -1,0 +1,1 @@
+"""Workloads: what a job does with the engines (the block benchmark, GNN training)."""

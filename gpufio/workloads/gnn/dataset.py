@@ -1,0 +1,102 @@
+"""The GNN workload's data: the cached graph and the feature files on the targets.
+
+Generated feature files are laid out on the job's targets (or files gpufio creates in its
+scratch directory) and reused when they already have the right size; existing files given
+by ``feature_file`` are checked for size against ``nodes`` before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufio.core import targets as tg
+from gpufio.core.errors import BadInput
+from gpufio.profile import Job
+from gpufio.workloads.gnn import features, graph
+
+
+@dataclass
+class Dataset:
+    graph: graph.Graph
+    paths: list[str]
+    layout: features.Layout
+    generated: bool  # rows carry the generator's values (so they can be verified)
+
+
+def _feature_paths(job: Job) -> list[str]:
+    """Where generated features go: a file per target directory (or the given file paths),
+    else one file in the scratch directory."""
+    g = job.gnn
+    n = max(len(job.targets), 1)
+
+    def name(i: int) -> str:  # a stripe of n holds other rows than the whole table
+        part = f"-part{i}of{n}" if n > 1 else ""
+        return f"gnn-features-{g['nodes']}x{g['feature_dim']}-seed{job.randseed}{part}.f32"
+
+    if not job.targets:
+        return [os.path.join(job.directory or tg.default_scratch_dir(), name(0))]
+    paths = []
+    for i, t in enumerate(job.targets):
+        if os.path.isdir(t):
+            paths.append(os.path.join(t, name(i)))
+        elif os.path.exists(t) and not os.path.isfile(t):
+            raise BadInput(f"target {t}: gpufio writes generated features only to files or "
+                           "directories; use feature_file to read a device as it is")
+        else:
+            if not os.path.exists(t):
+                tg.check_creatable(t)
+            paths.append(t)
+    return paths
+
+
+def prepare(job: Job, xp: Any = np) -> Dataset:
+    """Graph and feature files for ``job``, built or checked; BadInput if they do not fit.
+    ``xp`` computes generated feature values (CuPy on a GPU job)."""
+    g = job.gnn
+    nodes, dim = g["nodes"], g["feature_dim"]
+    gr = graph.cached(nodes, g["avg_degree"], job.randseed,
+                      Path(job.directory or tg.default_scratch_dir()))
+    if g["feature_file"]:
+        paths = list(g["feature_file"])
+        header = g["feature_offset"]
+        if paths[0].endswith(".npy"):
+            header, shape, dtype = features.npy_header(paths[0])
+            row = dtype.itemsize * (shape[1] if len(shape) > 1 else 1)
+            if row != dim * 4:
+                raise BadInput(f"feature file {paths[0]}: rows of {row} bytes, not {dim} "
+                               "float32 (key 'feature_dim')")
+        layout = features.Layout(len(paths), dim * 4, header)
+        for t, path in enumerate(paths):
+            features.check_file(path, layout, t, nodes)
+        return Dataset(gr, paths, layout, generated=False)
+    paths = _feature_paths(job)
+    layout = features.Layout(len(paths), dim * 4)
+    for t, path in enumerate(paths):
+        if os.path.exists(path):
+            if (os.path.getsize(path) == layout.bytes_needed(t, nodes)
+                    and features.holds_generated(path, t, layout, dim, job.randseed)):
+                continue
+            raise BadInput(f"target {path}: exists and does not hold gpufio's generated "
+                           "features for these nodes; remove it, or read it with feature_file")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        size = layout.bytes_needed(t, nodes)
+        print(f"gpufio: writing generated features to {path} ({size / 1e9:.1f} GB, once; "
+              "later runs reuse the file)", file=sys.stderr, flush=True)
+        features.write_share(path, t, layout, nodes, dim, job.randseed, xp)
+    return Dataset(gr, paths, layout, generated=True)
+
+
+def evict(paths: list[str]) -> None:
+    """Drop the files' pages from the page cache (posix_fadvise DONTNEED), for cold runs."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

@@ -1,0 +1,122 @@
+"""``memory_limit``: run a GNN job's iterations inside a memory cgroup, so the page cache
+cannot hold a feature table larger than the limit, as with the experiment's 892 GB data set.
+
+The process moves itself into a new memory cgroup with the limit set (cgroup v1: a child of
+its own memory cgroup; v2: a sibling of its own cgroup, or a child of the root, where the
+parent can delegate the memory controller), and moves back afterwards; memory charged before
+the move stays where it was, so only what the iterations allocate, the page cache of the
+reads included, counts. The result records the limit, the control file, the cgroup used and
+the peak usage measured there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from gpufio.core.errors import BadInput
+
+# v2 caps with memory.high: over it the group is throttled and reclaimed, never OOM-killed.
+# A hard memory.max kills a loader whose mapped pages are faulted back as fast as reclaim
+# takes them, which is exactly the thrashing an out-of-core mmap run is meant to show.
+# v1 has only the hard limit.
+V1 = {"limit": "memory.limit_in_bytes", "peak": "memory.max_usage_in_bytes"}
+V2 = {"limit": "memory.high", "peak": "memory.peak"}
+
+
+def _mounts() -> tuple[Path | None, Path | None]:
+    """(cgroup v1 memory hierarchy mount, cgroup v2 mount), either may be None."""
+    v1 = v2 = None
+    with open("/proc/mounts") as f:
+        for line in f:
+            _, point, fstype, opts = line.split()[:4]
+            if fstype == "cgroup" and "memory" in opts.split(","):
+                v1 = Path(point)
+            elif fstype == "cgroup2" and v2 is None:
+                v2 = Path(point)
+    return v1, v2
+
+
+def _own_paths() -> tuple[str | None, str | None]:
+    """This process's cgroup path in the v1 memory hierarchy and in v2."""
+    v1 = v2 = None
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                v1 = path
+            elif controllers == "":
+                v2 = path
+    return v1, v2
+
+
+def _parent() -> tuple[Path, Path, dict[str, str]]:
+    """The memory cgroup to create our group in, the cgroup to come back to, and the
+    control file names."""
+    v1_mount, v2_mount = _mounts()
+    v1_path, v2_path = _own_paths()
+    if v1_mount is not None and v1_path is not None:
+        own = v1_mount / v1_path.lstrip("/")
+        return own, own, V1
+    if v2_mount is not None and v2_path is not None:
+        own = v2_mount / v2_path.lstrip("/")
+        # v2 lets a cgroup that holds processes (ours holds us) have no children with
+        # controllers, so the new group is a sibling, except under the root, which may
+        parent = own if own == v2_mount else own.parent
+        if "memory" not in (parent / "cgroup.controllers").read_text().split():
+            raise OSError("the memory controller is not delegated to this cgroup")
+        if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
+            (parent / "cgroup.subtree_control").write_text("+memory")
+        return parent, own, V2
+    raise OSError("no memory cgroup (v1 or v2) is mounted")
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove the groups of earlier gpufio runs that were killed (an OOM kill on cgroup v1)
+    before they could remove their own: empty, and named after a process that is gone."""
+    for group in parent.glob("gpufio-*"):
+        pid = group.name.removeprefix("gpufio-")
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        try:
+            if not (group / "cgroup.procs").read_text().strip():
+                group.rmdir()
+        except OSError:
+            pass  # not ours to remove, or not empty after all
+
+
+@contextmanager
+def limited(limit: int) -> Iterator[dict[str, Any]]:
+    """Run the block with this process's new memory charged to a cgroup capped at ``limit``
+    bytes; yields the facts for the result (peak usage filled in on the way out)."""
+    try:
+        parent, home, files = _parent()
+        _remove_stale(parent)
+        child = parent / f"gpufio-{os.getpid()}"
+        child.mkdir(exist_ok=True)
+        (child / files["limit"]).write_text(str(limit))
+        (child / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError as e:
+        raise BadInput(f"key 'memory_limit': cannot run under a memory cgroup here: "
+                       f"{e.strerror or e}; run gpufio under one instead (e.g. systemd-run "
+                       "--scope -p MemoryHigh=...)") from None
+    facts: dict[str, Any] = {"limit_bytes": limit, "cgroup": str(child),
+                             "cgroup_version": 1 if files is V1 else 2,
+                             "control": files["limit"]}
+    try:
+        yield facts
+    finally:
+        try:
+            facts["peak_bytes"] = int((child / files["peak"]).read_text())
+        except OSError:  # memory.peak needs Linux 5.19 on cgroup v2
+            facts["peak_bytes"] = None
+        (home / "cgroup.procs").write_text(str(os.getpid()))
+        for _ in range(50):  # the kernel may take a moment to let go of the emptied group
+            try:
+                child.rmdir()
+                break
+            except OSError:
+                time.sleep(0.02)

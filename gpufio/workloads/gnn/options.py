@@ -1,0 +1,83 @@
+"""Profile keys of the GNN workload (``workload = "gnn"``), and their cross-checks.
+
+The experiment's defaults: 1100 iterations of which the first 1000 are warm-up, batch 1024,
+fanout [10, 5, 5], 1024 float32 features (4 KiB per node), 19 classes as in IGB.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from gpufio.core.errors import BadInput
+from gpufio.core.options import Option
+
+GNN_OPTIONS: tuple[Option, ...] = (
+    Option("nodes", "int", 558_000, "nodes of the synthetic graph (IGBH-tiny 558 k, small "
+           "3.15 M; more than memory holds for the out-of-core case)", minimum=2),
+    Option("avg_degree", "int", 10, "average neighbours per node of the generated graph",
+           minimum=1),
+    Option("feature_dim", "int", 1024, "float32 features per node (1024 = 4 KiB rows)",
+           minimum=1),
+    Option("feature_file", "strlist", (), "existing feature files (raw rows or .npy), one per "
+           "target, instead of generated ones"),
+    Option("feature_offset", "size", 0, "bytes before the first row of a raw feature file "
+           "(.npy files: read from their header)", minimum=0),
+    Option("batch_size", "int", 1024, "seed nodes per mini-batch", minimum=1),
+    Option("fanout", "intlist", (10, 5, 5), "neighbours sampled per node, per layer"),
+    Option("hidden", "int", 256, "hidden width of the GraphSAGE layers", minimum=1),
+    Option("classes", "int", 19, "output classes (IGB: 19)", minimum=2),
+    Option("iterations", "int", 1100, "mini-batches in all", minimum=1),
+    Option("warmup", "int", 1000, "mini-batches before the timed ones", minimum=0),
+    Option("learning_rate", "str", "0.01", "SGD step size"),
+    Option("device", "str", "gpu", "'gpu', or 'cpu' to run the whole pipeline with NumPy "
+           "(a correctness check on machines without a GPU; not a measurement of a GPU path)",
+           choices=("gpu", "cpu")),
+    Option("memory_limit", "size", None, "run the iterations in a memory cgroup capped at this "
+           "many bytes, page cache included, so the features cannot all be cached; the "
+           "feature files' cached pages are dropped first", minimum=1),
+    Option("mmap_advice", "str", "normal", "mmap only: madvise of the feature mapping: "
+           "'normal' (the kernel's read-around, as DGL's loader leaves it) or 'random' (a fault "
+           "reads only its page: the tuned loader)", choices=("normal", "random")),
+    Option("cache_size", "size", 0, "gpu-uring only: a software cache of feature rows in GPU "
+           "memory of this many bytes in front of the reads (CLOCK replacement, as BaM's), "
+           "warmed by the warm-up iterations; 0: none", minimum=0),
+    Option("verify_rows", "int", 64, "aggregated rows per iteration compared with the "
+           "generator's values (0: none)", minimum=0),
+)
+ENGINES = ("mmap", "cpu-gpu", "cufile", "gpu-uring")
+
+
+def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:
+    """Cross-field checks that one key alone cannot make; ``where`` names file and job."""
+    if engine not in ENGINES:
+        raise BadInput(f"{where}engine '{engine}' does not aggregate GNN features yet "
+                       f"(workload 'gnn' supports: {', '.join(ENGINES)})")
+    if engine in ("gpu-uring", "cufile") and gnn["device"] == "cpu":
+        raise BadInput(f"{where}engine '{engine}': reads into GPU memory, so it needs "
+                       "device = \"gpu\"")
+    if gnn["mmap_advice"] != "normal" and engine != "mmap":
+        raise BadInput(f"{where}key 'mmap_advice': only engine 'mmap' maps the features, "
+                       f"not '{engine}'")
+    if gnn["cache_size"] and engine != "gpu-uring":
+        raise BadInput(f"{where}key 'cache_size': the GPU cache sits in front of engine "
+                       f"'gpu-uring', not '{engine}'")
+    if engine == "gpu-uring" and gnn["feature_dim"] % 4:
+        raise BadInput(f"{where}key 'feature_dim': gpu-uring copies rows in 16-byte words, so "
+                       f"it needs a multiple of 4, got {gnn['feature_dim']}")
+    if not gnn["fanout"]:
+        raise BadInput(f"{where}key 'fanout': needs at least one layer, e.g. [10, 5, 5]")
+    if any(f < 1 for f in gnn["fanout"]):
+        raise BadInput(f"{where}key 'fanout': every layer needs at least 1, got "
+                       f"{list(gnn['fanout'])}")
+    if gnn["warmup"] >= gnn["iterations"]:
+        raise BadInput(f"{where}key 'warmup': {gnn['warmup']} leaves no timed iteration of "
+                       f"{gnn['iterations']}")
+    if gnn["batch_size"] > gnn["nodes"]:
+        raise BadInput(f"{where}key 'batch_size': {gnn['batch_size']} is more than the "
+                       f"{gnn['nodes']} nodes")
+    try:
+        if float(gnn["learning_rate"]) <= 0:
+            raise ValueError
+    except ValueError:
+        raise BadInput(f"{where}key 'learning_rate': expected a positive number, got "
+                       f"{gnn['learning_rate']!r}") from None

@@ -1,0 +1,176 @@
+"""One GNN job: sample, aggregate, train, for ``iterations`` mini-batches, each stage timed.
+
+Stage boundaries wait for the device (a CuPy synchronize), so each stage's time is its own.
+After each iteration, outside the timed stages, a sample of the aggregated rows is compared
+with the generator's values (``verify_rows``). Ctrl-C ends the job after the current
+iteration with the iterations done so far reported; so does a row that cannot be read
+(the job then fails, exit 1, with the node and errno named).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpufio.io import gpu
+from gpufio.profile import Job
+from gpufio.workloads.gnn import dataset, features, memlimit, timing
+from gpufio.workloads.gnn.fetch import CuFileFetch, FetchError, GpuUringFetch, MmapFetch, UringFetch
+from gpufio.workloads.gnn.model import GraphSage
+from gpufio.workloads.gnn.sampler import max_input_nodes, sample
+
+
+def _array_module(job: Job) -> Any:
+    return np if job.gnn["device"] == "cpu" else gpu.use(job.gpu)
+
+
+def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
+    """The aggregation backend of the job's engine; host staging buffers are sized for the
+    largest possible mini-batch here, before any memory_limit applies."""
+    most = max_input_nodes(job.gnn["batch_size"], list(job.gnn["fanout"]), ds.graph.nodes)
+    if job.engine == "cpu-gpu":
+        return UringFetch(ds, xp, job.gnn["feature_dim"], job.iodepth, job.direct, most,
+                          job.engine_options["sqe_async"])
+    if job.engine == "cufile":
+        return CuFileFetch(ds, xp, job.gnn["feature_dim"], job.engine_options["threads"],
+                           job.iodepth, job.direct)
+    if job.engine == "gpu-uring":
+        from gpufio.engines.gpuuring import engine_options
+
+        return GpuUringFetch(ds, xp, job.gnn["feature_dim"], engine_options(job), job.iodepth,
+                             job.direct, job.gnn["cache_size"])
+    return MmapFetch(ds, xp, job.gnn["feature_dim"], job.engine_options.get("drop_cache", False),
+                     most, job.gnn["mmap_advice"])
+
+
+@dataclass
+class _Tally:
+    """What the iterations leave behind for the result."""
+
+    stage_ns: np.ndarray
+    done: int = 0
+    rows_timed: int = 0
+    checked: int = 0
+    mismatches: int = 0
+    losses: list[float] = field(default_factory=list)
+    failure: str | None = None
+    cache_at_warmup: dict[str, int] = field(default_factory=dict)
+
+
+def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
+    """Run one GNN job; ``stop()`` returning True ends it early (Ctrl-C); ``progress(job,
+    iterations done, last iteration's stage ns)`` is called after each iteration."""
+    g = job.gnn
+    xp = _array_module(job)
+    ds = dataset.prepare(job, xp)
+    fetcher = _fetcher(job, ds, xp)
+    tally = _Tally(np.zeros((g["iterations"], 3), dtype=np.int64))
+    limit = g["memory_limit"]
+    if limit:
+        dataset.evict(ds.paths)  # pages cached before the move would not count against it
+    try:
+        with memlimit.limited(limit) if limit else contextlib.nullcontext({}) as limit_facts:
+            try:
+                _iterate(job, ds, xp, fetcher, tally, stop, progress)
+            except FetchError as e:  # the run ends; what was measured so far is reported
+                tally.failure = f"iteration {tally.done}: {e}"
+    finally:
+        fetcher.close()
+    result = _result(job, ds, tally, fetcher.page_cache)
+    result["memory_limit"] = limit_facts or None
+    if _cache_of(fetcher) is not None:
+        result["cache"] = _cache_result(fetcher, tally)
+    if getattr(fetcher, "mode", None):
+        result["engine_mode"] = fetcher.mode  # cufile: gds or compat, never left unsaid
+    if tally.failure:
+        result.update(failure=tally.failure, error=1, interrupted=False)
+    return result
+
+
+def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally,
+             stop: Any, progress: Any) -> None:
+    """Sample, aggregate, train, ``iterations`` times, each stage timed to a device sync."""
+    g = job.gnn
+    sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
+    indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
+    model = GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
+                      job.randseed)
+    rng = (np.random.default_rng([job.randseed, 1]) if xp is np
+           else xp.random.default_rng(job.randseed))
+    lr = float(g["learning_rate"])
+    for it in range(g["iterations"]):
+        if stop is not None and stop():
+            break
+        if it == g["warmup"] and _cache_of(fetcher) is not None:
+            tally.cache_at_warmup = fetcher.counters()
+        t0 = time.perf_counter_ns()
+        seeds = xp.floor(rng.random(g["batch_size"]) * ds.graph.nodes).astype(xp.int64)
+        mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
+        sync()
+        t1 = time.perf_counter_ns()
+        x = fetcher.fetch(mb.input_nodes)
+        sync()
+        t2 = time.perf_counter_ns()
+        loss, grads = model.loss_and_grads(mb, x, seeds % g["classes"])
+        model.step(grads, lr)
+        sync()
+        t3 = time.perf_counter_ns()
+        tally.stage_ns[it] = (t1 - t0, t2 - t1, t3 - t2)
+        tally.losses.append(loss)
+        if it >= g["warmup"]:
+            tally.rows_timed += len(mb.input_nodes)
+        if ds.generated and g["verify_rows"]:
+            k = min(g["verify_rows"], len(mb.input_nodes))
+            want = features.values(job.randseed, mb.input_nodes[:k], g["feature_dim"], xp)
+            tally.mismatches += int((x[:k] != want).any(axis=1).sum())
+            tally.checked += k
+        tally.done = it + 1
+        if progress is not None:
+            progress(job, tally.done, tally.stage_ns[it])
+
+
+def _cache_of(fetcher: Any) -> Any:
+    """The fetcher's GPU cache, or None (only gpu-uring has one, when cache_size is set)."""
+    return getattr(fetcher, "cache", None)
+
+
+def _cache_result(fetcher: Any, t: _Tally) -> dict[str, Any]:
+    """The cache's size and its hits and reads over the timed iterations."""
+    now = fetcher.counters()
+    timed = {k: v - t.cache_at_warmup.get(k, 0) for k, v in now.items()} \
+        if t.cache_at_warmup else dict.fromkeys(now, 0)
+    looked = timed["hits"] + timed["reads"]
+    return {**fetcher.cache.facts(), **timed,
+            "hit_rate": timed["hits"] / looked if looked else 0.0}
+
+
+def _result(job: Job, ds: dataset.Dataset, t: _Tally, page_cache: bool) -> dict[str, Any]:
+    g = job.gnn
+    done, rows_timed, losses = t.done, t.rows_timed, t.losses
+    stages = timing.summarize(t.stage_ns[:done], g["warmup"]) if done > g["warmup"] else {}
+    agg_s = stages.get("aggregation_ms", 0.0) * stages.get("timed_iterations", 0) / 1e3
+    row_bytes = ds.layout.row_bytes
+    return {
+        "jobname": job.name, "engine": job.engine, "workload": "gnn",
+        "device": g["device"], "nodes": ds.graph.nodes, "edges": int(len(ds.graph.indices)),
+        "degree": {"mean": float(ds.graph.degrees.mean()), "max": int(ds.graph.degrees.max())},
+        "feature_dim": g["feature_dim"], "batch_size": g["batch_size"],
+        "fanout": list(g["fanout"]), "hidden": g["hidden"], "targets": ds.paths,
+        "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": page_cache,
+        "iodepth": job.iodepth if job.engine != "mmap" else None,
+        "drop_cache": bool(job.engine_options.get("drop_cache", False)),
+        "mmap_advice": g["mmap_advice"] if job.engine == "mmap" else None,
+        "iterations": g["iterations"], "warmup": g["warmup"], "iterations_done": done,
+        "stages": stages,
+        "aggregation": {"rows": rows_timed, "bytes": rows_timed * row_bytes,
+                        "iops": rows_timed / agg_s if agg_s else 0.0,
+                        "bw_bytes": rows_timed * row_bytes / agg_s if agg_s else 0.0},
+        "verify": {"rows_checked": t.checked, "mismatches": t.mismatches},
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "interrupted": done < g["iterations"],
+        "error": int(t.mismatches > 0),
+    }
