@@ -14,8 +14,8 @@ from gpufio.core.options import Option
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
+    from gpufio.core.job import Job
     from gpufio.core.targets import Target
-    from gpufio.profile import Job
 
 
 def label(engine: str, facts: dict[str, Any]) -> str:

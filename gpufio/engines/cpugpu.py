@@ -27,8 +27,8 @@ from gpufio.io.staging import Landing
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
+    from gpufio.core.job import Job
     from gpufio.core.targets import Target
-    from gpufio.profile import Job
 
 FREE, READING, COPYING = 0, 1, 2
 WAIT_NS = 200_000_000

@@ -26,8 +26,8 @@ from gpufio.io import verify as gpuverify
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
+    from gpufio.core.job import Job
     from gpufio.core.targets import Target
-    from gpufio.profile import Job
 
 POLL_S = 5e-6
 STALL_LIMIT_NS = 10_000_000_000

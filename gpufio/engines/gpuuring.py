@@ -32,8 +32,8 @@ from gpufio.io.gio.rings import Watchdog, default_rings, ring_sizes
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
+    from gpufio.core.job import Job
     from gpufio.core.targets import Target
-    from gpufio.profile import Job
 
 B_RANDOM, B_FILE_RANDOM, B_LAND_GPU, B_VERIFY, B_CONTINUE = 1, 2, 4, 8, 16
 ERRNO_SLOTS = 256

@@ -25,8 +25,8 @@ from gpufio.io.staging import Landing
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
+    from gpufio.core.job import Job
     from gpufio.core.targets import Target
-    from gpufio.profile import Job
 
 SEGMENTS = 2
 

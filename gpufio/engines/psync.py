@@ -18,8 +18,8 @@ from gpufio.engines.base import Engine
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
+    from gpufio.core.job import Job
     from gpufio.core.targets import Target
-    from gpufio.profile import Job
 
 BATCH = 64
 

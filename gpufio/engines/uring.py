@@ -22,8 +22,8 @@ from gpufio.io import uring
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
+    from gpufio.core.job import Job
     from gpufio.core.targets import Target
-    from gpufio.profile import Job
 
 WAIT_NS = 200_000_000
 STALL_LIMIT_NS = 10_000_000_000

@@ -19,11 +19,11 @@ from rich.table import Table
 from rich.text import Text
 from tabulate import tabulate
 
+from gpufio.core.job import Profile
 from gpufio.core.stats import LatencyStats
 from gpufio.engines import all_engines
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
-from gpufio.profile import Profile
 from gpufio.run.runner import JobResult, Outcome
 
 FORMATS = ("table", "json", "fio-json", "csv", "markdown")

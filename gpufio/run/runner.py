@@ -20,11 +20,11 @@ from typing import Any, Callable
 from gpufio.core import targets as tg
 from gpufio.core.context import JobShared, WorkerContext
 from gpufio.core.errors import BadInput
+from gpufio.core.job import Job, Profile
 from gpufio.core.offsets import OffsetStream
 from gpufio.core.stats import CpuTimes, LatencyStats
 from gpufio.engines import all_engines
 from gpufio.engines.base import Engine, label
-from gpufio.profile import Job, Profile
 from gpufio.run.launch import ProcessWorker, SpawnWorker, ThreadWorker
 
 TICK_S = 0.02

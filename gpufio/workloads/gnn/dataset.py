@@ -17,7 +17,7 @@ import numpy as np
 
 from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
-from gpufio.profile import Job
+from gpufio.core.job import Job
 from gpufio.workloads.gnn import features, graph
 
 

@@ -20,9 +20,9 @@ from rich.table import Table
 from tabulate import tabulate
 
 from gpufio import __version__
+from gpufio.core.job import Profile
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
-from gpufio.profile import Profile
 from gpufio.results.live import Interval, LiveTable, table
 from gpufio.workloads.gnn import timing
 from gpufio.workloads.gnn.run import run_job

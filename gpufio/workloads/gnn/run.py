@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from gpufio.core.job import Job
 from gpufio.io import gpu
-from gpufio.profile import Job
 from gpufio.workloads.gnn import dataset, features, memlimit, timing
 from gpufio.workloads.gnn.fetch import CuFileFetch, FetchError, GpuUringFetch, MmapFetch, UringFetch
 from gpufio.workloads.gnn.model import GraphSage

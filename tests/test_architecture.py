@@ -1,0 +1,60 @@
+"""The layering rule of docs/ARCHITECTURE.md, kept by a test: every module of gpufio imports
+only from its own band or a band below it, lazy and TYPE_CHECKING imports included, and no
+file outside engines/ names an engine."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "gpufio"
+# highest first; the package root (gpufio/__init__.py: the version) sits below everything
+BANDS = ("cli", "profile", "workloads", "results", "fio", "run", "engines", "io", "core",
+         "facts", "")
+
+
+def band_of(module: str) -> str:
+    """'gpufio.io.gio.queue' -> 'io'; 'gpufio.cli' -> 'cli'; 'gpufio' -> ''."""
+    parts = module.split(".")[1:]
+    return parts[0] if parts and parts[0] != "__main__" else ("cli" if parts else "")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        name = ".".join(rel.parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imports(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, imported gpufio module) for every import in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("gpufio")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.startswith("gpufio"):
+            for a in node.names:  # "from gpufio.io import uring" imports gpufio.io.uring
+                sub = f"{node.module}.{a.name}"
+                found.append((node.lineno, sub if sub in ALL else node.module))
+    return found
+
+
+ALL = modules()
+
+
+def test_every_module_sits_in_a_known_band():
+    assert {band_of(m) for m in ALL} <= set(BANDS)
+
+
+@pytest.mark.parametrize("module", sorted(ALL))
+def test_no_module_imports_from_a_band_above_it(module):
+    mine = BANDS.index(band_of(module))
+    upward = [f"line {line}: {target} ({band_of(target)})"
+              for line, target in imports(ALL[module], module)
+              if BANDS.index(band_of(target)) < mine]
+    assert not upward, f"{module} ({band_of(module)}) imports from above: {upward}"
