@@ -19,13 +19,13 @@ from gpufio.core.job import Job, Profile
 from gpufio.core.offsets import Distribution
 from gpufio.core.options import Option
 from gpufio.core.stats import PERCENTILES
-from gpufio.engines import all_engines
+from gpufio.engines import DEFAULT_ENGINE, all_engines
 from gpufio.workloads.gnn.options import GNN_OPTIONS
 from gpufio.workloads.gnn.options import check as check_gnn
 
 COMMON_OPTIONS: tuple[Option, ...] = (
     Option("name", "str", None, "job name (default: the profile's file name, then job index)"),
-    Option("engine", "str", "psync", "data path; see 'gpufio engines'"),
+    Option("engine", "str", DEFAULT_ENGINE, "data path; see 'gpufio engines'"),
     Option("workload", "str", "block", "'block': the I/O benchmark; 'gnn': GNN training with "
            "feature aggregation through the engine (see README)", choices=("block", "gnn")),
     Option("rw", "str", "randread", "read (sequential) or randread", choices=("read", "randread")),
@@ -81,7 +81,7 @@ def _unknown_key(key: str, where: str, known: list[str]) -> BadInput:
 
 def _build_job(raw: dict[str, Any], where: str) -> Job:
     engines = _engine_options()
-    engine_name = _COMMON["engine"].convert(raw.get("engine", "psync"), where)
+    engine_name = _COMMON["engine"].convert(raw.get("engine", DEFAULT_ENGINE), where)
     if engine_name not in engines:
         close = difflib.get_close_matches(engine_name, list(engines), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""

@@ -58,3 +58,20 @@ def test_no_module_imports_from_a_band_above_it(module):
               for line, target in imports(ALL[module], module)
               if BANDS.index(band_of(target)) < mine]
     assert not upward, f"{module} ({band_of(module)}) imports from above: {upward}"
+
+
+def test_no_engine_is_named_outside_engines():
+    """Engines are plug-ins: outside engines/ no code names one (a workload asks the
+    registry; fio's names are each engine's fio_engines). Strings and comparisons alike."""
+    from gpufio.engines import all_engines
+
+    names = set(all_engines())
+    found = []
+    for module, path in ALL.items():
+        if band_of(module) == "engines":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.strip() in names:  # a bare engine name
+                found.append(f"{module}:{node.lineno} {node.value!r}")
+    assert found == []

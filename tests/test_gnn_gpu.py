@@ -45,9 +45,9 @@ def test_engines_land_every_row_verified(engine, tmp_path):
 
 def _uring_fetcher(tmp_path, cache_bytes, rings=1, iodepth=8, nodes=20_000, dim=256):
     """A gpu-uring fetcher (with a GPU cache of cache_bytes) over a generated table."""
-    from gpufio.engines.gpuuring import GpuUring, engine_options
+    from gpufio.core.rows import RowRequest
+    from gpufio.engines.gpuuring import GpuUring
     from gpufio.workloads.gnn import dataset
-    from gpufio.workloads.gnn.fetch import GpuUringFetch
 
     if why := GpuUring.unavailable():
         pytest.skip(why)
@@ -58,8 +58,8 @@ def _uring_fetcher(tmp_path, cache_bytes, rings=1, iodepth=8, nodes=20_000, dim=
         "feature_dim": dim, "batch_size": 16, "rings": rings, "iodepth": iodepth,
         "directory": str(tmp_path)}}, "g.toml", {}).jobs[0]
     ds = dataset.prepare(job)
-    return GpuUringFetch(ds, cp, dim, engine_options(job), iodepth, job.direct,
-                         cache_bytes), job.randseed
+    request = RowRequest(dim=dim, max_rows=nodes, direct=job.direct, cache_bytes=cache_bytes)
+    return GpuUring.row_fetcher(job, ds.table, cp, request), job.randseed
 
 
 def _assert_rows(fetcher, seed, nodes):

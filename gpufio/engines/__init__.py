@@ -1,6 +1,7 @@
 """Engine registry: every module in this package that defines an Engine subclass registers it.
 
-Adding a data path means adding one module here; nothing else in gpufio names engines.
+Adding a data path means adding one module here; nothing else in gpufio names engines
+(tests/test_architecture.py checks it).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import pkgutil
 
 from gpufio.engines.base import Engine
 
+# the engine of a job that names none: fio's default (psync) too
+DEFAULT_ENGINE = "psync"
 _REGISTRY: dict[str, type[Engine]] = {}
 _loaded = False
 

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpufio.core.options import Option
+from gpufio.core.rows import RowRequest, RowSupport, RowTable
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -39,6 +40,8 @@ class Engine(ABC):
     peer: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
     uses_gpu: ClassVar[bool] = False
+    # what the engine's row fetcher offers (None: it fetches no rows for workloads)
+    rows: ClassVar[RowSupport | None] = None
     # fio's names for this path, for job files: "ioengine" or "ioengine:cuda_io", each with
     # the note a user reads when it maps to gpufio's engine ("" when it is the same path)
     fio_engines: ClassVar[dict[str, str]] = {}
@@ -54,6 +57,14 @@ class Engine(ABC):
         if PROCESSES in cls.options and job.engine_options["processes"]:
             return "spawn"
         return cls.worker_kind
+
+    @classmethod
+    def row_fetcher(cls, job: "Job", table: RowTable, xp: Any, request: RowRequest) -> Any:
+        """This path's row fetcher for a workload: ``fetch(rows)`` returns the rows, in
+        order, as an ``xp`` array of ``request.dim`` float32 columns (in GPU memory for CuPy),
+        ``rows`` counts the rows fetched, ``facts`` says how (for the result), ``close()``.
+        Engines with ``rows`` set implement it."""
+        raise NotImplementedError(f"engine '{cls.name}' fetches no rows")
 
     @classmethod
     def unavailable(cls) -> str | None:

@@ -22,12 +22,14 @@ from gpufio.core import pattern
 from gpufio.core.context import DeviceTotals
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
+from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, close_all, open_rows, row_error
 from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.engines.uring import Uring
-from gpufio.io import gpu, uring
-from gpufio.io.gio.queue import C_MEASURING, C_STOP, DeviceQueue
+from gpufio.io import cuda, gpu, uring
+from gpufio.io.gio.cache import GpuCache, cache_rows
+from gpufio.io.gio.queue import C_MEASURING, C_STOP, DeviceQueue, QueueStalled
 from gpufio.io.gio.rings import Watchdog, default_rings, ring_sizes
 
 if TYPE_CHECKING:
@@ -55,11 +57,23 @@ def engine_options(job: Job) -> dict[str, Any]:
     return o
 
 
+
+def make_queue(opts: dict[str, Any], *, depth: int, slot_bytes: int,
+               fds: list[int]) -> DeviceQueue:
+    """The request queue a job's resolved options (engine_options) describe, with ``depth``
+    slots per ring: the block benchmark's and the row fetcher's."""
+    sq, cq = ring_sizes(depth, opts["ring_entries"] or None)
+    return DeviceQueue(nrings=opts["rings"], depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
+                       cq_entries=cq, idle_ms=opts["sq_thread_idle"] // 1_000_000,
+                       cpus=opts["sq_thread_cpu"], sqe_async=opts["sqe_async"], fds=fds,
+                       registered=opts["registered"], sq_threads=opts["sq_threads"])
+
 @register
 class GpuUring(Engine):
     """GPU requester threads and agent warps driving SQPOLL rings in registered host memory."""
 
     name = "gpu-uring"
+    rows = RowSupport(gpu_only=True, cache=True, dim_multiple=4)
     summary = ("GPU threads issue the reads: agent warps write io_uring SQEs into rings in "
                "CUDA-registered host memory, SQPOLL kernel threads run them, no CPU code per I/O")
     peer = "BaM (needs its own kernel module and an unbound NVMe drive)"
@@ -92,6 +106,11 @@ class GpuUring(Engine):
         Option("stall_timeout", "time", 10_000_000_000, "stop the kernels and fail when no read "
                "completes for this long", minimum=1_000_000),
     )
+
+    @classmethod
+    def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
+        return GpuUringFetch(table, xp, request.dim, engine_options(job), job.iodepth,
+                             request.direct, request.cache_bytes)
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -129,7 +148,7 @@ class GpuUring(Engine):
         super().__init__(job, targets, ctx)
         o = self._opts = engine_options(job)
         cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
-        self.queue = DeviceQueue.for_options(o, depth=job.iodepth, slot_bytes=job.bs,
+        self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
                                              fds=[t.fd for t in targets])
         self._bench_fn = self.queue.module.get_function("gio_bench")
         self._blocks = -(-o["threads"] // TPB)
@@ -259,3 +278,81 @@ class GpuUring(Engine):
         arrays alive with its own (keep_alive), since the kernel still writes into them."""
         self._dev = {}
         self.queue.close()
+
+
+class GpuUringFetch:
+    """The ``gpu-uring`` path for aggregation: GPU threads post the reads of the rows
+    themselves through the request queue (gpuqueue.DeviceQueue, kernels/gnn_gather.cu) and
+    copy each landed row into the tensor, through a software cache in GPU memory when
+    ``cache_bytes`` is given (gpucache.py); the host only starts the kernels, wakes SQPOLL
+    threads and watches for a stall. Needs a GPU (``device = "gpu"``)."""
+
+    page_cache = False
+
+    def __init__(self, table: RowTable, xp: Any, dim: int, opts: dict[str, Any], iodepth: int,
+                 direct: bool, cache_bytes: int = 0) -> None:
+
+        self.xp, self.dim, self.layout = xp, dim, table.layout
+        self.rows = 0
+        self.facts = {"iodepth": iodepth}  # how the rows were fetched, for the result
+        self.stall_ns = opts["stall_timeout"]
+        self._threads = opts["rings"] * iodepth
+        self.cache = None
+        if cache_bytes:
+            self.cache = GpuCache(xp, cache_rows(cache_bytes, table.layout.row_bytes, self._threads),
+                                  table.layout.row_bytes, table.rows)
+        self._fds = open_rows(table, direct)
+        try:
+            self.queue = make_queue(opts, depth=iodepth,
+                                                 slot_bytes=table.layout.row_bytes, fds=self._fds)
+        except BaseException:
+            close_all(self._fds)
+            raise
+        try:
+            # loaded now: never while the agents spin (see DeviceQueue.start)
+            self._gather = cuda.module("gnn_gather").get_function("gio_gather")
+            self._d_fds = xp.asarray(self.queue.file_refs)
+            self._stats = xp.zeros(6, xp.uint64)  # failed, node, result, hits, reads, coalesced
+            self._stream = xp.cuda.Stream(non_blocking=True)
+        except BaseException:
+            self.close()
+            raise
+        self.queue.keep_alive(self._d_fds, self._stats, self._stream, self.cache)
+
+    def counters(self) -> dict[str, int]:
+        """Rows served since the start: from the cache, read from storage, and duplicates
+        of a warp coalesced into one fetch."""
+        s = self._stats.get()
+        return {"hits": int(s[3]), "reads": int(s[4]), "coalesced": int(s[5])}
+
+    def fetch(self, nodes: Any) -> Any:
+        xp, q = self.xp, self.queue
+        n = len(nodes)
+        with self._stream:  # ordered before the kernel, which runs on this stream
+            out = xp.empty((n, self.dim), xp.float32)
+            ids = xp.ascontiguousarray(nodes, dtype=xp.int64)
+            self._stats[:3] = 0
+        blocks = -(-self._threads // 128)
+        try:
+            q.start(requesters=blocks * 128, keep=(ids, out))  # the gather writes them
+            self._gather((blocks,), (128,), (
+                q.descriptor, self.cache.descriptor if self.cache else np.uint64(0),
+                self._d_fds, np.uint64(self.layout.ntargets), np.uint64(self.layout.header),
+                np.uint64(self.layout.row_bytes), ids, np.uint64(n), out,
+                np.uint64(self.dim * 4 // 16), self._stats), stream=self._stream)
+            q.wait((self._stream,), self.stall_ns, poll_s=0.0001)
+        except QueueStalled as e:
+            raise RowFetchError(str(e)) from None
+        except BaseException:
+            q.abort_quietly((self._stream,))  # the agents must not spin on after any error
+            raise
+        failed = self._stats[:3].get()
+        if failed[0]:
+            raise row_error(int(failed[1]), int(np.int64(failed[2])),
+                             f"; {int(failed[0])} rows failed")
+        self.rows += n
+        return out
+
+    def close(self) -> None:
+        self.queue.close()
+        close_all(self._fds)

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufio.core.options import Option
+from gpufio.core.rows import RowRequest, RowSupport, RowTable, evict
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
+from gpufio.io import gpu
 from gpufio.io.staging import Landing
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ class Mmap(Engine):
     summary = ("targets memory-mapped, blocks gathered through page faults into pinned memory, "
                "then copied to GPU memory")
     peer = "DGL/PyG memory-mapped feature loaders"
+    rows = RowSupport(advice=True, baseline=True)
     uses_gpu = True
     worker_kind = "thread"
     options = (
@@ -70,6 +73,11 @@ class Mmap(Engine):
                "(posix_fadvise DONTNEED), for cold numbers"),
         PROCESSES,
     )
+
+    @classmethod
+    def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
+        return MmapFetch(table, xp, request.dim, job.engine_options["drop_cache"],
+                         request.max_rows, request.advice)
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
@@ -128,3 +136,51 @@ class Mmap(Engine):
         self.landing.close()
         for m in self._maps:
             m.close()
+
+
+class MmapFetch:
+    """Page-fault gathers from memory-mapped feature files, then one copy to the device."""
+
+    page_cache = True
+
+    def __init__(self, table: RowTable, xp: Any, dim: int, drop_cache: bool, max_rows: int,
+                 advice: str) -> None:
+        self.xp, self.dim, self.layout = xp, dim, table.layout
+        self.rows = 0
+        self.facts = {"mmap_advice": advice}  # how the rows were fetched, for the result
+        self._maps, self._views = [], []
+        if drop_cache:
+            evict(table.paths)
+        for t, path in enumerate(table.paths):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                m, view = map_rows(fd, os.fstat(fd).st_size, table.layout.header,
+                                   table.layout.rows_on(t, table.rows), table.layout.row_bytes,
+                                   mm.MADV_RANDOM if advice == "random" else mm.MADV_NORMAL)
+            finally:
+                os.close(fd)  # the mapping keeps the file
+            self._maps.append(m)
+            self._views.append(view.view(np.float32)[:, :dim])
+        self._staging = np.empty((0, dim), np.float32)
+        self._buffer(max_rows)  # now, not under memory_limit, where it would crowd the cache
+
+    def _buffer(self, n: int) -> np.ndarray:
+        """Staging rows, grown as needed (page-locked for GPU copies)."""
+        if len(self._staging) < n:
+            self._staging = gpu.host_rows(self.xp, max(n, 2 * len(self._staging)), self.dim)
+        return self._staging[:n]
+
+    def fetch(self, nodes: Any) -> Any:
+        """The feature rows of ``nodes`` (on the device), in order."""
+        ids = nodes if self.xp is np else self.xp.asnumpy(nodes)
+        out = self._buffer(len(ids))
+        tgt, off = self.layout.locate(ids)
+        gather_rows(self._views, tgt, (off - self.layout.header) // self.layout.row_bytes, out)
+        self.rows += len(ids)
+        return out.copy() if self.xp is np else self.xp.asarray(out)
+
+    def close(self) -> None:
+        self._views.clear()  # views must go before the mappings they point into
+        for m in self._maps:
+            m.close()
+        self._maps.clear()

@@ -171,6 +171,16 @@ def unregister_host(addr: int) -> None:
     cupy.cuda.runtime.hostUnregister(addr)
 
 
+def host_rows(xp: Any, rows: int, cols: int) -> np.ndarray:
+    """float32 host rows to gather into: page-locked when ``xp`` is CuPy (they go on to a
+    GPU in one asynchronous copy), plain NumPy otherwise."""
+    if xp is np:
+        return np.empty((rows, cols), np.float32)
+    import cupyx
+
+    return cupyx.empty_pinned((rows, cols), np.float32)
+
+
 class PinnedBuffer:
     """``nbytes`` of page-aligned host memory gpufio owns, page-locked (register_host) from
     construction to ``close``: landing slots, marks, request slots. One place that pairs

@@ -23,7 +23,7 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu, uring
-from gpufio.io.gio.rings import GpuRings, Watchdog, ring_sizes, stall_report
+from gpufio.io.gio.rings import GpuRings, Watchdog, stall_report
 
 C_STOP, C_ABORT, C_MEASURING, C_REQUESTERS, C_AGENTS, C_GEN, C_BAD_SLOT = range(7)
 SLOT_STATES = ("free", "claimed", "ready", "submitted", "done")
@@ -102,17 +102,6 @@ class DeviceQueue:
         self.agent_stream = cp.cuda.Stream(non_blocking=True)
         self.control_stream = cp.cuda.Stream(non_blocking=True)
 
-    @classmethod
-    def for_options(cls, opts: dict[str, Any], *, depth: int, slot_bytes: int,
-                    fds: list[int]) -> DeviceQueue:
-        """The queue a gpu-uring job's resolved options (engines/gpuuring.engine_options)
-        describe, with ``depth`` slots per ring: the block benchmark's and the GNN loader's."""
-        sq, cq = ring_sizes(depth, opts["ring_entries"] or None)
-        return cls(nrings=opts["rings"], depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
-                   cq_entries=cq, idle_ms=opts["sq_thread_idle"] // 1_000_000,
-                   cpus=opts["sq_thread_cpu"], sqe_async=opts["sqe_async"], fds=fds,
-                   registered=opts["registered"], sq_threads=opts["sq_threads"])
-
     def _register(self, fds: list[int], ring_bytes: int) -> None:
         """Every ring registers the files and its own slots, as buffer 0."""
         try:
@@ -120,7 +109,7 @@ class DeviceQueue:
                 ring.register_files(fds)
                 ring.register_buffers([uring.Region(self.landing + r * ring_bytes, ring_bytes)])
         except uring.UringError as e:
-            raise BadInput(f"engine 'gpu-uring': {e} (buffers of {ring_bytes} bytes per ring; "
+            raise BadInput(f"GPU-initiated I/O: {e} (buffers of {ring_bytes} bytes per ring; "
                            "io_uring takes at most 1 GiB each, and charges them to "
                            "RLIMIT_MEMLOCK without CAP_IPC_LOCK): set registered = false") from None
 

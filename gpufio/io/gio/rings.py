@@ -117,7 +117,7 @@ class GpuRings:
                     self._registered.append(region.addr)
         except uring.UringError as e:
             self.close()
-            raise BadInput(f"engine 'gpu-uring': {e}") from None
+            raise BadInput(f"GPU-initiated I/O rings: {e}") from None
         except BaseException:
             self.close()
             raise

@@ -18,6 +18,7 @@ import numpy as np
 from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
+from gpufio.core.rows import RowTable
 from gpufio.workloads.gnn import features, graph
 
 
@@ -27,6 +28,11 @@ class Dataset:
     paths: list[str]
     layout: features.Layout
     generated: bool  # rows carry the generator's values (so they can be verified)
+
+    @property
+    def table(self) -> RowTable:
+        """The feature table as the engines' row fetchers read it."""
+        return RowTable(tuple(self.paths), self.layout, self.graph.nodes)
 
 
 def _feature_paths(job: Job) -> list[str]:
@@ -90,13 +96,3 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
               "later runs reuse the file)", file=sys.stderr, flush=True)
         features.write_share(path, t, layout, nodes, dim, job.randseed, xp)
     return Dataset(gr, paths, layout, generated=True)
-
-
-def evict(paths: list[str]) -> None:
-    """Drop the files' pages from the page cache (posix_fadvise DONTNEED), for cold runs."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)

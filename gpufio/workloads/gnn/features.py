@@ -10,12 +10,12 @@ without reading the file again.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.core.pattern import seed_mix, splitmix64
+from gpufio.core.rows import Layout
 
 WRITE_ROWS = 4096
 
@@ -26,27 +26,6 @@ def values(seed: int, nodes: np.ndarray, dim: int, xp=np) -> "np.ndarray":
     z = (n[:, None] * xp.uint64(dim) + xp.arange(dim, dtype=xp.uint64)[None, :])
     z = splitmix64(z ^ seed_mix(seed))  # the data pattern's mixing, over (node, column)
     return ((z >> xp.uint64(40)).astype(xp.float32) / xp.float32(1 << 23) - xp.float32(1.0))
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where node i's row is: target i % ntargets, byte header + (i // ntargets) * row_bytes."""
-
-    ntargets: int
-    row_bytes: int
-    header: int = 0
-
-    def locate(self, nodes: np.ndarray, xp=np) -> tuple:
-        """(target index, byte offset) of each node's row."""
-        n = xp.asarray(nodes, dtype=xp.int64)
-        return n % self.ntargets, self.header + (n // self.ntargets) * self.row_bytes
-
-    def rows_on(self, target: int, nodes: int) -> int:
-        """How many rows target ``target`` holds for ``nodes`` nodes."""
-        return len(range(target, nodes, self.ntargets))
-
-    def bytes_needed(self, target: int, nodes: int) -> int:
-        return self.header + self.rows_on(target, nodes) * self.row_bytes
 
 
 def npy_header(path: str) -> tuple[int, tuple[int, ...], np.dtype]:

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
+from gpufio.engines import all_engines
 
 GNN_OPTIONS: tuple[Option, ...] = (
     Option("nodes", "int", 558_000, "nodes of the synthetic graph (IGBH-tiny 558 k, small "
@@ -35,35 +36,44 @@ GNN_OPTIONS: tuple[Option, ...] = (
     Option("memory_limit", "size", None, "run the iterations in a memory cgroup capped at this "
            "many bytes, page cache included, so the features cannot all be cached; the "
            "feature files' cached pages are dropped first", minimum=1),
-    Option("mmap_advice", "str", "normal", "mmap only: madvise of the feature mapping: "
+    Option("mmap_advice", "str", "normal", "engines that map the features: madvise of the "
+           "mapping: "
            "'normal' (the kernel's read-around, as DGL's loader leaves it) or 'random' (a fault "
            "reads only its page: the tuned loader)", choices=("normal", "random")),
-    Option("cache_size", "size", 0, "gpu-uring only: a software cache of feature rows in GPU "
-           "memory of this many bytes in front of the reads (CLOCK replacement, as BaM's), "
+    Option("cache_size", "size", 0, "engines with a GPU cache: a software cache of feature "
+           "rows in GPU memory of this many bytes in front of the reads (CLOCK replacement, as BaM's), "
            "warmed by the warm-up iterations; 0: none", minimum=0),
     Option("verify_rows", "int", 64, "aggregated rows per iteration compared with the "
            "generator's values (0: none)", minimum=0),
 )
-ENGINES = ("mmap", "cpu-gpu", "cufile", "gpu-uring")
+def _offering(what: str) -> str:
+    """"engine 'x'" or "engines 'x', 'y'": those whose row fetchers offer ``what`` (a
+    RowSupport field), for messages."""
+    names = [f"'{n}'" for n, c in all_engines().items() if c.rows and getattr(c.rows, what)]
+    return ("engine " if len(names) == 1 else "engines ") + ", ".join(names)
 
 
 def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:
-    """Cross-field checks that one key alone cannot make; ``where`` names file and job."""
-    if engine not in ENGINES:
+    """Cross-field checks that one key alone cannot make; ``where`` names file and job. What
+    an engine's row fetcher offers comes from its ``rows`` (RowSupport), so this names none."""
+    rows = all_engines()[engine].rows
+    if rows is None:
+        fetching = ", ".join(n for n, c in all_engines().items() if c.rows)
         raise BadInput(f"{where}engine '{engine}' does not aggregate GNN features yet "
-                       f"(workload 'gnn' supports: {', '.join(ENGINES)})")
-    if engine in ("gpu-uring", "cufile") and gnn["device"] == "cpu":
+                       f"(workload 'gnn' supports: {fetching})")
+    if rows.gpu_only and gnn["device"] == "cpu":
         raise BadInput(f"{where}engine '{engine}': reads into GPU memory, so it needs "
                        "device = \"gpu\"")
-    if gnn["mmap_advice"] != "normal" and engine != "mmap":
-        raise BadInput(f"{where}key 'mmap_advice': only engine 'mmap' maps the features, "
-                       f"not '{engine}'")
-    if gnn["cache_size"] and engine != "gpu-uring":
-        raise BadInput(f"{where}key 'cache_size': the GPU cache sits in front of engine "
-                       f"'gpu-uring', not '{engine}'")
-    if engine == "gpu-uring" and gnn["feature_dim"] % 4:
-        raise BadInput(f"{where}key 'feature_dim': gpu-uring copies rows in 16-byte words, so "
-                       f"it needs a multiple of 4, got {gnn['feature_dim']}")
+    if gnn["mmap_advice"] != "normal" and not rows.advice:
+        raise BadInput(f"{where}key 'mmap_advice': only {_offering('advice')} maps the "
+                       f"features, not '{engine}'")
+    if gnn["cache_size"] and not rows.cache:
+        raise BadInput(f"{where}key 'cache_size': the GPU cache sits in front of "
+                       f"{_offering('cache')}, not '{engine}'")
+    if gnn["feature_dim"] % rows.dim_multiple:
+        raise BadInput(f"{where}key 'feature_dim': {engine} copies rows in "
+                       f"{rows.dim_multiple * 4}-byte words, so it needs a multiple of "
+                       f"{rows.dim_multiple}, got {gnn['feature_dim']}")
     if not gnn["fanout"]:
         raise BadInput(f"{where}key 'fanout': needs at least one layer, e.g. [10, 5, 5]")
     if any(f < 1 for f in gnn["fanout"]):

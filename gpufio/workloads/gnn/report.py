@@ -116,8 +116,8 @@ def _same_path(job: dict[str, Any]) -> tuple:
 def document(results: list[dict[str, Any]], path: str, interrupted: bool) -> dict[str, Any]:
     """The result file; each job gets speedup_vs_mmap when its group has an mmap run."""
     baselines: dict[tuple, dict[str, Any]] = {}
-    for r in results:  # the first mmap run of each group is the baseline
-        if r["engine"] == "mmap" and r["stages"]:
+    for r in results:  # the first run of the loaders' baseline in each group
+        if r.get("baseline") and r["stages"]:
             baselines.setdefault(_group(r), r)
     for r in results:
         base = baselines.get(_group(r))

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from gpufio.core.job import Job
+from gpufio.core.rows import RowFetchError, RowRequest, evict
+from gpufio.engines import all_engines
 from gpufio.io import gpu
 from gpufio.workloads.gnn import dataset, features, memlimit, timing
-from gpufio.workloads.gnn.fetch import CuFileFetch, FetchError, GpuUringFetch, MmapFetch, UringFetch
 from gpufio.workloads.gnn.model import GraphSage
 from gpufio.workloads.gnn.sampler import max_input_nodes, sample
 
@@ -29,22 +30,14 @@ def _array_module(job: Job) -> Any:
 
 
 def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
-    """The aggregation backend of the job's engine; host staging buffers are sized for the
-    largest possible mini-batch here, before any memory_limit applies."""
-    most = max_input_nodes(job.gnn["batch_size"], list(job.gnn["fanout"]), ds.graph.nodes)
-    if job.engine == "cpu-gpu":
-        return UringFetch(ds, xp, job.gnn["feature_dim"], job.iodepth, job.direct, most,
-                          job.engine_options["sqe_async"])
-    if job.engine == "cufile":
-        return CuFileFetch(ds, xp, job.gnn["feature_dim"], job.engine_options["threads"],
-                           job.iodepth, job.direct)
-    if job.engine == "gpu-uring":
-        from gpufio.engines.gpuuring import engine_options
-
-        return GpuUringFetch(ds, xp, job.gnn["feature_dim"], engine_options(job), job.iodepth,
-                             job.direct, job.gnn["cache_size"])
-    return MmapFetch(ds, xp, job.gnn["feature_dim"], job.engine_options.get("drop_cache", False),
-                     most, job.gnn["mmap_advice"])
+    """The job's engine's row fetcher (aggregation goes through the engine's data path);
+    host staging buffers are sized for the largest possible mini-batch here, before any
+    memory_limit applies."""
+    g = job.gnn
+    most = max_input_nodes(g["batch_size"], list(g["fanout"]), ds.graph.nodes)
+    request = RowRequest(dim=g["feature_dim"], max_rows=most, direct=job.direct,
+                         cache_bytes=g["cache_size"], advice=g["mmap_advice"])
+    return all_engines()[job.engine].row_fetcher(job, ds.table, xp, request)
 
 
 @dataclass
@@ -71,16 +64,16 @@ def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
     tally = _Tally(np.zeros((g["iterations"], 3), dtype=np.int64))
     limit = g["memory_limit"]
     if limit:
-        dataset.evict(ds.paths)  # pages cached before the move would not count against it
+        evict(ds.paths)  # pages cached before the move would not count against it
     try:
         with memlimit.limited(limit) if limit else contextlib.nullcontext({}) as limit_facts:
             try:
                 _iterate(job, ds, xp, fetcher, tally, stop, progress)
-            except FetchError as e:  # the run ends; what was measured so far is reported
+            except RowFetchError as e:  # the run ends; what was measured so far is reported
                 tally.failure = f"iteration {tally.done}: {e}"
     finally:
         fetcher.close()
-    result = _result(job, ds, tally, fetcher.page_cache)
+    result = _result(job, ds, tally, fetcher)
     result["memory_limit"] = limit_facts or None
     if _cache_of(fetcher) is not None:
         result["cache"] = _cache_result(fetcher, tally)
@@ -148,7 +141,7 @@ def _cache_result(fetcher: Any, t: _Tally) -> dict[str, Any]:
             "hit_rate": timed["hits"] / looked if looked else 0.0}
 
 
-def _result(job: Job, ds: dataset.Dataset, t: _Tally, page_cache: bool) -> dict[str, Any]:
+def _result(job: Job, ds: dataset.Dataset, t: _Tally, fetcher: Any) -> dict[str, Any]:
     g = job.gnn
     done, rows_timed, losses = t.done, t.rows_timed, t.losses
     stages = timing.summarize(t.stage_ns[:done], g["warmup"]) if done > g["warmup"] else {}
@@ -160,10 +153,11 @@ def _result(job: Job, ds: dataset.Dataset, t: _Tally, page_cache: bool) -> dict[
         "degree": {"mean": float(ds.graph.degrees.mean()), "max": int(ds.graph.degrees.max())},
         "feature_dim": g["feature_dim"], "batch_size": g["batch_size"],
         "fanout": list(g["fanout"]), "hidden": g["hidden"], "targets": ds.paths,
-        "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": page_cache,
-        "iodepth": job.iodepth if job.engine != "mmap" else None,
+        "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": fetcher.page_cache,
+        "iodepth": fetcher.facts.get("iodepth"),
         "drop_cache": bool(job.engine_options.get("drop_cache", False)),
-        "mmap_advice": g["mmap_advice"] if job.engine == "mmap" else None,
+        "mmap_advice": fetcher.facts.get("mmap_advice"),
+        "baseline": all_engines()[job.engine].rows.baseline,
         "iterations": g["iterations"], "warmup": g["warmup"], "iterations_done": done,
         "stages": stages,
         "aggregation": {"rows": rows_timed, "bytes": rows_timed * row_bytes,

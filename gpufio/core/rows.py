@@ -1,0 +1,106 @@
+"""Tables of fixed-size rows striped over files, and what fetching their rows means.
+
+A workload that gathers rows (the GNN workload's feature aggregation: one row per node) asks
+the job's engine for a row fetcher (``Engine.row_fetcher``); the engine reads the rows
+through its own data path. The table, the request and the errors are defined here, below
+both, so neither names the other.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where row i is: file i % ntargets, byte header + (i // ntargets) * row_bytes."""
+
+    ntargets: int
+    row_bytes: int
+    header: int = 0
+
+    def locate(self, nodes: np.ndarray, xp=np) -> tuple:
+        """(target index, byte offset) of each row."""
+        n = xp.asarray(nodes, dtype=xp.int64)
+        return n % self.ntargets, self.header + (n // self.ntargets) * self.row_bytes
+
+    def rows_on(self, target: int, nodes: int) -> int:
+        """How many rows target ``target`` holds for ``nodes`` rows in all."""
+        return len(range(target, nodes, self.ntargets))
+
+    def bytes_needed(self, target: int, nodes: int) -> int:
+        return self.header + self.rows_on(target, nodes) * self.row_bytes
+
+
+@dataclass(frozen=True)
+class RowTable:
+    """The files of a row table, its layout and its number of rows."""
+
+    paths: tuple[str, ...]
+    layout: Layout
+    rows: int
+
+
+@dataclass(frozen=True)
+class RowRequest:
+    """What a workload asks of a row fetcher: ``dim`` float32 columns of each row, at most
+    ``max_rows`` rows a fetch (buffers are sized for it before any memory limit applies),
+    O_DIRECT where the layout allows it, a GPU cache of ``cache_bytes`` and the mapping
+    advice ('normal' or 'random') where the engine offers them."""
+
+    dim: int
+    max_rows: int
+    direct: bool
+    cache_bytes: int = 0
+    advice: str = "normal"
+
+
+@dataclass(frozen=True)
+class RowSupport:
+    """What an engine's row fetcher offers, for the workloads' checks: it needs GPU memory
+    (no ``device = "cpu"``), a GPU cache, mapping advice, a multiple the row width must be
+    of, and whether it is the loaders' baseline the experiment compares against."""
+
+    gpu_only: bool = False
+    cache: bool = False
+    advice: bool = False
+    dim_multiple: int = 1
+    baseline: bool = False
+
+
+class RowFetchError(RuntimeError):
+    """A row could not be read whole (the job fails, naming the row and why)."""
+
+
+def row_error(row: int, res: int, more: str = "") -> RowFetchError:
+    """The one-line failure of a row read that returned ``res`` (-errno, or too few bytes)."""
+    why = errno.errorcode.get(-res, str(-res)) if res < 0 else f"short read of {res} bytes"
+    return RowFetchError(f"feature row of node {row} ({why}){more}")
+
+
+def open_rows(table: RowTable, direct: bool) -> list[int]:
+    """The table's files opened for reading, with O_DIRECT when asked and the layout allows
+    it (4 KiB-aligned first row, rows a multiple of 512 bytes)."""
+    aligned = table.layout.header % 4096 == 0 and table.layout.row_bytes % 512 == 0
+    flags = os.O_RDONLY | (os.O_DIRECT if direct and aligned else 0)
+    return [os.open(p, flags) for p in table.paths]
+
+
+def close_all(fds: list[int]) -> None:
+    """Close every descriptor of ``fds``."""
+    for fd in fds:
+        os.close(fd)
+
+
+def evict(paths: list[str] | tuple[str, ...]) -> None:
+    """Drop the files' pages from the page cache (posix_fadvise DONTNEED), for cold runs."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
