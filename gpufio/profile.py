@@ -231,7 +231,7 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Pro
             raw["name"] = f"{base_name}[{label}]" if label else base_name
             jobs.append(_build_job(raw, f"{path}: job '{raw['name']}': "))
     return Profile(path=path, jobs=jobs, concurrent=concurrent,
-                   check=_check_limits(data.get("check", {}), path))
+                   limits=_check_limits(data.get("check", {}), path))
 
 
 def _check_limits(table: Any, path: str) -> dict[str, float]:

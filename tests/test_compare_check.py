@@ -136,7 +136,7 @@ def test_check_uses_the_profiles_table_and_needs_some_limit(tmp_path):
 def test_profile_check_table_is_validated():
     p = from_dict({"check": {"max_drop": {"iops": "5%"}, "max_rise": {"lat_p99": "10%"}}},
                   "p.toml", {})
-    assert p.check == {"iops": 0.05, "lat_p99": 0.10}
+    assert p.limits == {"iops": 0.05, "lat_p99": 0.10}
     with pytest.raises(BadInput, match=r"\[check\]: unknown key 'max_dorp'"):
         from_dict({"check": {"max_dorp": {}}}, "p.toml", {})
     with pytest.raises(BadInput, match=r"\[check\] max_rise: 'iops' is better higher"):

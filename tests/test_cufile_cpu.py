@@ -54,7 +54,7 @@ def test_require_gds_in_compat_mode_is_a_one_line_exit_2(monkeypatch, write_prof
     from gpufio.cli import app
     from gpufio.engines import cufile
 
-    monkeypatch.setattr(cufile.CuFileEngine, "unavailable", classmethod(lambda cls: None))
+    monkeypatch.setattr(cufile.CuFile, "unavailable", classmethod(lambda cls: None))
     monkeypatch.setattr(cufile, "cufile_mode", lambda: "compat")
     monkeypatch.setattr(gpu, "use", lambda index: None)
     path = write_profile(f'[global]\nengine = "cufile"\ntargets = ["{pattern_file}"]\n'
@@ -69,10 +69,10 @@ def test_require_gds_in_compat_mode_is_a_one_line_exit_2(monkeypatch, write_prof
 def test_info_says_how_cufile_would_run(monkeypatch):
     from gpufio.engines import cufile
 
-    monkeypatch.setattr(cufile.CuFileEngine, "unavailable", classmethod(lambda cls: None))
+    monkeypatch.setattr(cufile.CuFile, "unavailable", classmethod(lambda cls: None))
     monkeypatch.setattr(cufile, "cufile_mode", lambda: "compat")
     assert all_engines()["cufile"].status() == "available, mode compat"
-    monkeypatch.setattr(cufile.CuFileEngine, "unavailable",
+    monkeypatch.setattr(cufile.CuFile, "unavailable",
                         classmethod(lambda cls: "KvikIO is not installed"))
     assert all_engines()["cufile"].status() == "KvikIO is not installed"
     assert all_engines()["psync"].status() == "available"

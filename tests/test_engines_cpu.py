@@ -276,20 +276,20 @@ def test_map_rows_and_gather_rows_fault_in_each_row_from_its_target(tmp_path):
 
 def test_spawned_gpu_workers_without_mps_get_a_hint(tmp_path, monkeypatch):
     from gpufio.engines import all_engines
-    from gpufio.run.runner import hint
+    from gpufio.run.runner import job_advice
 
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     cpugpu = all_engines()["cpu-gpu"]
     job = _job("cpu-gpu", processes=True, numjobs=8)
-    assert hint(job, cpugpu.describe(job)) == (
+    assert job_advice(job, cpugpu.describe(job)) == (
         "gpufio: job 't': 8 spawned workers and no CUDA MPS daemon: the GPU time-slices "
         "their contexts (start one with nvidia-cuda-mps-control -d)")
     one = _job("cpu-gpu", processes=True)
     threads = _job("cpu-gpu", numjobs=8)
-    assert hint(one, cpugpu.describe(one)) is None
-    assert hint(threads, cpugpu.describe(threads)) is None
+    assert job_advice(one, cpugpu.describe(one)) is None
+    assert job_advice(threads, cpugpu.describe(threads)) is None
     (tmp_path / "control").touch()
-    assert hint(job, cpugpu.describe(job)) is None
+    assert job_advice(job, cpugpu.describe(job)) is None
 
 
 @pytest.mark.parametrize("iodepth,segments,facts", [(128, 4, (4, 256)), (2, 3, (2, 4)), (10, 3, (3, 18))])

@@ -46,7 +46,7 @@ def test_engines_land_every_row_verified(engine, tmp_path):
 def _uring_fetcher(tmp_path, cache_bytes, rings=1, iodepth=8, nodes=20_000, dim=256):
     """A gpu-uring fetcher (with a GPU cache of cache_bytes) over a generated table."""
     from gpufio.core.rows import RowRequest
-    from gpufio.engines.gpuuring import GpuUring
+    from gpufio.engines.gpu_uring import GpuUring
     from gpufio.workloads.gnn import dataset
 
     if why := GpuUring.unavailable():
@@ -118,7 +118,7 @@ def test_gnn_job_with_gpu_cache_reports_its_hit_rate_over_timed_iterations(tmp_p
         "feature_dim": 256, "hidden": 32, "batch_size": 256, "fanout": [5, 3],
         "iterations": 8, "warmup": 3, "verify_rows": 100_000, "rings": 2, "iodepth": 32,
         "cache_size": "8m", "directory": str(tmp_path)}}, "g.toml", {})
-    from gpufio.engines.gpuuring import GpuUring
+    from gpufio.engines.gpu_uring import GpuUring
 
     if why := GpuUring.unavailable():
         pytest.skip(why)

@@ -42,14 +42,14 @@ def test_lazy_module_loading_is_warned_about(monkeypatch):
     assert gpu.module_loading_warning({"CUDA_MODULE_LOADING": "LAZY"}).startswith(
         "CUDA_MODULE_LOADING=LAZY")
     assert gpu.module_loading_warning({"CUDA_MODULE_LOADING": "EAGER"}) is None
-    from gpufio.engines.gpuuring import GpuUring
+    from gpufio.engines.gpu_uring import GpuUring
     from gpufio.profile import from_dict
-    from gpufio.run.runner import hint
+    from gpufio.run.runner import job_advice
 
     monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"]}}, "t.toml", {}).jobs[0]
     facts = GpuUring.describe(job)
-    assert hint(job, facts).startswith("gpufio: job 't': CUDA_MODULE_LOADING=LAZY")
+    assert job_advice(job, facts).startswith("gpufio: job 't': CUDA_MODULE_LOADING=LAZY")
 
 
 def test_the_kernel_cache_key_covers_every_included_file(tmp_path, monkeypatch):
@@ -187,7 +187,7 @@ def test_a_queue_whose_kernels_never_stopped_keeps_everything(monkeypatch):
 
 
 def test_any_error_after_start_stops_the_agents():
-    from gpufio.engines.gpuuring import GpuUring
+    from gpufio.engines.gpu_uring import GpuUring
 
     calls = []
     engine = GpuUring.__new__(GpuUring)

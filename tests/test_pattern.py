@@ -34,16 +34,16 @@ def test_read_seed_recognises_only_our_pattern():
     assert pattern.read_seed(b"short") is None
 
 
-def test_mismatched_ios_finds_a_single_flipped_bit():
+def test_bad_ios_host_finds_a_single_flipped_bit():
     offsets = np.array([0, 8192, 65536, 4096], dtype=np.uint64)
     buf = np.concatenate([np.frombuffer(pattern.fill(3, int(o), 4096), np.uint8) for o in offsets])
-    assert len(pattern.mismatched_ios(buf, offsets, 4096, 3)) == 0
+    assert len(pattern.bad_ios_host(buf, offsets, 3, 4096)) == 0
     buf[2 * 4096 + 1000] ^= 0x10
-    assert pattern.mismatched_ios(buf, offsets, 4096, 3).tolist() == [2]
+    assert pattern.bad_ios_host(buf, offsets, 3, 4096).tolist() == [2]
     # a block read from the wrong offset is caught too
     swapped = offsets[[1, 0, 2, 3]]
     buf[2 * 4096 + 1000] ^= 0x10
-    assert pattern.mismatched_ios(buf, swapped, 4096, 3).tolist() == [0, 1]
+    assert pattern.bad_ios_host(buf, swapped, 3, 4096).tolist() == [0, 1]
 
 
 def test_unaligned_ranges_are_refused():

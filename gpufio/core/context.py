@@ -340,8 +340,8 @@ class WorkerContext:
         if self._verify_seeds is None:
             return
         bad = [i for i in np.flatnonzero(np.asarray(res) == self.bs).tolist()
-               if len(pattern.mismatched_ios(slots[i], offs[i:i + 1], self.bs,
-                                             self._verify_seeds[int(tgt[i])]))]
+               if len(pattern.bad_ios_host(slots[i], offs[i:i + 1],
+                                           self._verify_seeds[int(tgt[i])], self.bs))]
         self.record_mismatches(tgt, offs, bad)
 
     def seeds(self, tgt: np.ndarray) -> np.ndarray:

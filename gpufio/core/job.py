@@ -68,6 +68,6 @@ class Profile:
     path: str
     jobs: list[Job]
     concurrent: bool
-    check: dict[str, float] = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)
     # what the user should know about how the profile was read (a fio engine's mapping)
     notes: tuple[str, ...] = ()

@@ -71,12 +71,16 @@ def read_seed(first_block: bytes) -> int | None:
     return seed
 
 
-def mismatched_ios(buf: np.ndarray, offsets: np.ndarray, io_len: int, seed: int) -> np.ndarray:
-    """Indices of the I/Os in ``buf`` whose bytes differ from the pattern at their offset.
+def bad_ios_host(buf: np.ndarray, offsets: np.ndarray, seeds: np.ndarray | int,
+                 io_len: int) -> np.ndarray:
+    """Indices of the I/Os in ``buf`` whose bytes differ from the pattern at their offset
+    (the CPU's check; io/verify.bad_ios_device is the GPU's, with the same arguments).
 
-    ``buf`` holds len(offsets) consecutive I/Os of ``io_len`` bytes each.
+    ``buf`` holds len(offsets) consecutive I/Os of ``io_len`` bytes each; ``seeds`` is each
+    I/O's target seed, or one seed for all.
     """
     words = buf.view("<u8").reshape(len(offsets), io_len // 8)
-    bad = [i for i, off in enumerate(offsets.tolist())
-           if not np.array_equal(words[i], expected_words(seed, off, io_len))]
+    per_io = np.broadcast_to(np.asarray(seeds, dtype=np.uint64), (len(offsets),))
+    bad = [i for i, (off, seed) in enumerate(zip(offsets.tolist(), per_io.tolist()))
+           if not np.array_equal(words[i], expected_words(int(seed), off, io_len))]
     return np.asarray(bad, dtype=np.int64)

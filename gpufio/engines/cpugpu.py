@@ -26,7 +26,7 @@ from gpufio.core.targets import aligned_buffer
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import gpu, uring
-from gpufio.io.staging import Landing
+from gpufio.io.staging import SegmentedStaging
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -93,7 +93,7 @@ class CpuGpu(Engine):
         nseg, self._seg = segment_shape(job)
         self._nseg = SPARE * nseg
         self._cap = nseg * self._seg  # reads in flight, at most
-        self.landing = Landing(job.gpu_of(ctx.worker), self._nseg, self._seg, job.bs,
+        self.landing = SegmentedStaging(job.gpu_of(ctx.worker), self._nseg, self._seg, job.bs,
                                ctx.verifying)
         self.ring = uring.Ring(self._cap)
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
@@ -105,7 +105,7 @@ class CpuGpu(Engine):
         first = s * self._seg
         slots = np.arange(first, first + k, dtype=np.uint64)
         bs = self.job.bs
-        self.ring.push(uring.read_sqes(
+        self.ring.push(uring.read_sqe_words(
             opcode=uring.OP_READ, sqe_flags=self._sqe_flags, fd=self._fds[tgt], off=offs,
             addr=np.uint64(self.landing.host_addr) + slots * np.uint64(bs), length=bs,
             user_data=slots))
@@ -229,7 +229,7 @@ class UringFetch:
             k = min(ring.space(), n - pushed)
             if k:
                 idx = np.arange(pushed, pushed + k, dtype=np.uint64)
-                ring.push(uring.read_sqes(
+                ring.push(uring.read_sqe_words(
                     opcode=uring.OP_READ, sqe_flags=self._sqe_flags,
                     fd=self._fds[tgt[pushed:pushed + k]],
                     off=off[pushed:pushed + k].astype(np.uint64), addr=base + idx * np.uint64(rb),

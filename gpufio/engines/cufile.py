@@ -77,7 +77,7 @@ def _threads(job: Job) -> int:
 
 
 @register
-class CuFileEngine(Engine):
+class CuFile(Engine):
     """KvikIO futures reading straight into GPU memory; mode gds or compat, always labelled."""
 
     name = "cufile"

@@ -23,7 +23,7 @@ from gpufio.core.rows import RowRequest, RowSupport, RowTable, evict
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import gpu
-from gpufio.io.staging import Landing
+from gpufio.io.staging import SegmentedStaging
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -87,7 +87,7 @@ class Mmap(Engine):
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
-        self.landing = Landing(job.gpu_of(ctx.worker), SEGMENTS, job.iodepth, job.bs, ctx.verifying)
+        self.landing = SegmentedStaging(job.gpu_of(ctx.worker), SEGMENTS, job.iodepth, job.bs, ctx.verifying)
         self._maps: list[mm.mmap] = []
         self._views: list[np.ndarray] = []
         advice = mm.MADV_RANDOM if job.random else mm.MADV_SEQUENTIAL

@@ -94,11 +94,11 @@ class Uring(Engine):
         slots = np.arange(depth, dtype=np.uint64)
         # One ready-made SQE per buffer slot, written into the ring once: a batch only sets the
         # offset (and the descriptor when there are several targets).
-        self._template = uring.read_sqes(
+        self._template = uring.read_sqe_words(
             opcode=self._opcode, sqe_flags=self._sqe_flags, fd=np.full(depth, self._fds[0]),
             off=np.zeros(depth, np.uint64), addr=self._base + slots * np.uint64(job.bs),
             length=job.bs, user_data=slots)
-        self._word0 = uring.read_sqes(
+        self._word0 = uring.read_sqe_words(
             opcode=self._opcode, sqe_flags=self._sqe_flags, fd=self._fds,
             off=np.zeros(len(targets), np.uint64), addr=np.zeros(len(targets), np.uint64),
             length=0, user_data=np.zeros(len(targets), np.uint64))[:, 0]

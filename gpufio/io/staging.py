@@ -1,4 +1,4 @@
-"""Landing data in GPU memory from page-locked host memory, segment by segment.
+"""SegmentedStaging data in GPU memory from page-locked host memory, segment by segment.
 
 Shared by the CPU-mediated GPU engines (cpu-gpu, mmap): host slots are grouped in segments;
 a full segment goes to GPU memory in one asynchronous copy on its own CUDA stream, recorded
@@ -21,7 +21,7 @@ from gpufio.io import gpu
 from gpufio.io import verify as gpuverify
 
 
-class Landing:
+class SegmentedStaging:
     """``segments`` x ``per_segment`` slots of ``bs`` bytes, in host and GPU memory."""
 
     def __init__(self, gpu_index: int, segments: int, per_segment: int, bs: int,

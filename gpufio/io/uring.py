@@ -345,7 +345,7 @@ class Ring:
         return max(min(sq_free, self.cq_entries - self.inflight), 0)
 
     def push(self, words: np.ndarray) -> None:
-        """Write SQEs (rows of 8 little-endian u64 words, see ``read_sqes``) and publish them."""
+        """Write SQEs (rows of 8 little-endian u64 words, see ``read_sqe_words``) and publish them."""
         self._publish(self.sqes, words)
 
     def push_slots(self, slots: np.ndarray) -> None:
@@ -534,7 +534,7 @@ _EMPTY_U64 = np.empty(0, np.uint64)
 _EMPTY_I32 = np.empty(0, np.int32)
 
 
-def read_sqes(*, opcode: int, sqe_flags: int | np.ndarray, fd: np.ndarray, off: np.ndarray,
+def read_sqe_words(*, opcode: int, sqe_flags: int | np.ndarray, fd: np.ndarray, off: np.ndarray,
               addr: np.ndarray, length: int, user_data: np.ndarray,
               buf_index: int = 0) -> np.ndarray:
     """Rows of 8 u64 words, one SQE each, for reads; every other field is zero."""

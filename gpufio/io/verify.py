@@ -38,7 +38,7 @@ def check_landed(rows: Any, ctx: Any, tgt: np.ndarray, offs: np.ndarray, res: np
     if not len(ok):
         return
     data = (rows if len(ok) == len(res) else rows[cupy.asarray(ok)]).ravel()
-    bad = mismatched_ios(data, offs[ok], ctx.seeds(tgt[ok]), bs)
+    bad = bad_ios_device(data, offs[ok], ctx.seeds(tgt[ok]), bs)
     ctx.record_mismatches(tgt[ok], offs[ok], bad.tolist())
 
 
@@ -56,7 +56,7 @@ def launch(words: Any, offsets: Any, seeds: Any, n: int, io_len: int, mark: int,
         np.uint32(mark), np.uint64(bad) if isinstance(bad, int) else bad), stream=stream)
 
 
-def mismatched_ios(data: Any, offsets: np.ndarray, seeds: np.ndarray, io_len: int) -> np.ndarray:
+def bad_ios_device(data: Any, offsets: np.ndarray, seeds: np.ndarray, io_len: int) -> np.ndarray:
     """Indices of the I/Os in ``data`` (a CuPy array of len(offsets) * io_len bytes, one I/O
     after another) whose bytes differ from the pattern at their offset; ``seeds`` per I/O."""
     import cupy

@@ -23,7 +23,7 @@
 
 enum CacheLook { LOOK_WAIT = 0, LOOK_HIT = 1, LOOK_FILL = 2 };
 
-// Host-built descriptor (every field 8 bytes; gpufio/gnn/gpucache.py writes the same order).
+// Host-built descriptor (every field 8 bytes; gpufio/io/gio/cache.py writes the same order).
 struct GioCache {
     uint4* pages;        // nslots pages of page16 16-byte words, in GPU memory
     unsigned long long nslots, page16;
@@ -37,7 +37,7 @@ __device__ __forceinline__ unsigned cache_ld(const unsigned* p) { return *(volat
 
 // A slot nobody uses, locked for the caller, its old row unmapped. There is always one
 // eventually: every thread holds at most one pin or lock, and the cache has more slots
-// than threads (gpucache.py checks), so at most two sweeps of the hand find one.
+// than threads (io/gio/cache.py checks), so at most two sweeps of the hand find one.
 __device__ unsigned long long cache_victim(const GioCache* c)
 {
     for (;;) {

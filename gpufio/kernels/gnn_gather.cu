@@ -10,7 +10,7 @@
 //  - each fetching lane looks its row up in the cache: a hit is copied from the cache page;
 //    a miss (or every row, without a cache) is read from storage (target node % ntargets,
 //    offset header + (node / ntargets) * row_bytes: the striped layout of
-//    gpufio/gnn/features.py) into the thread's slot, and the warp copies each landed row into
+//    gpufio/workloads/gnn/features.py) into the thread's slot, and the warp copies each landed row into
 //    dst, and into its cache page, with coalesced 16-byte loads. A lane whose row another
 //    thread is filling asks again in the next pass, after its warp has finished and
 //    published its own fills, so no two warps can wait for each other.

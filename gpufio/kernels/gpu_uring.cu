@@ -45,7 +45,7 @@ struct GioRing {
     u64 sqes, sq_head, sq_tail, sq_flags, cqes, cq_head, cq_tail, entries;  // sq | cq << 32
 };
 
-// Host-built request queue (every field 8 bytes; gpufio/gpuqueue.py writes the same order).
+// Host-built request queue (every field 8 bytes; gpufio/io/gio/queue.py writes the same order).
 struct GioQueue {
     const GioRing* rings;
     u64 nrings, depth;

@@ -1,4 +1,4 @@
-// The data pattern on the GPU, word for word as gpufio/pattern.py writes it: the word at byte
+// The data pattern on the GPU, word for word as gpufio/core/pattern.py writes it: the word at byte
 // offset x of a target is a function of (seed, x). The first header_words words of every
 // block_bytes block are magic, the block's own offset, the seed and a check word; every
 // other word is splitmix64(x ^ seed_mix), seed_mix = seed * golden ratio.

@@ -24,7 +24,7 @@ from gpufio.core.stats import LatencyStats
 from gpufio.engines import all_engines
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
-from gpufio.run.runner import JobResult, Outcome
+from gpufio.run.runner import JobResult, RunOutcome
 
 FORMATS = ("table", "json", "fio-json", "csv", "markdown")
 
@@ -100,7 +100,7 @@ def _group_total(results: list[JobResult]) -> dict[str, Any]:
                           runtime, ios)}
 
 
-def _gpus_if_used(outcome: Outcome) -> list[dict[str, Any]]:
+def _gpus_if_used(outcome: RunOutcome) -> list[dict[str, Any]]:
     """GPU facts when a job used a GPU engine; CPU-only runs never load CUDA for them."""
     if not any(all_engines()[r.job.engine].uses_gpu for r in outcome.results):
         return []
@@ -109,7 +109,7 @@ def _gpus_if_used(outcome: Outcome) -> list[dict[str, Any]]:
     return gpu_facts()
 
 
-def build_document(outcome: Outcome, profile: Profile) -> dict[str, Any]:
+def build_document(outcome: RunOutcome, profile: Profile) -> dict[str, Any]:
     """The result file: fio's field names where fio has them, gpufio's own beside them."""
     now = time.time()
     host = host_facts()
@@ -122,8 +122,8 @@ def build_document(outcome: Outcome, profile: Profile) -> dict[str, Any]:
         "interrupted": outcome.interrupted,
         "jobs": [_job_document(r) for r in outcome.results],
     }
-    if profile.check:
-        doc["check"] = profile.check
+    if profile.limits:
+        doc["check"] = profile.limits
     if profile.concurrent and outcome.results:
         doc["group_total"] = _group_total(outcome.results)
     return doc

@@ -31,7 +31,7 @@ _SPAWN = multiprocessing.get_context("spawn")
 
 
 @dataclass
-class Outcome:
+class WorkerOutcome:
     """A finished worker: its record, when it stopped, and what went wrong if anything."""
 
     record: FinalRecord | None
@@ -41,7 +41,7 @@ class Outcome:
 
 
 def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
-         ready: Callable[[], None], wait_go: Callable[[], None]) -> Outcome:
+         ready: Callable[[], None], wait_go: Callable[[], None]) -> WorkerOutcome:
     engine, failure, bad_input = None, None, None
     try:
         engine = engine_cls(job, targets, ctx)
@@ -66,7 +66,7 @@ def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
             except Exception as e:  # a worker must always report, or its numbers vanish
                 failure = failure or f"worker {index} close: {type(e).__name__}: {e}"
         ctx.finish()
-    return Outcome(ctx.rec.final(), finished, failure, bad_input)
+    return WorkerOutcome(ctx.rec.final(), finished, failure, bad_input)
 
 
 class ThreadWorker:
@@ -75,7 +75,7 @@ class ThreadWorker:
     def __init__(self, engine_cls: type[Engine], job, targets, ctx: WorkerContext,
                  index: int, go: threading.Event, shared=None) -> None:
         self._ready = threading.Event()
-        self.outcome: Outcome | None = None
+        self.outcome: WorkerOutcome | None = None
 
         def body() -> None:
             self.outcome = _run(engine_cls, job, targets, ctx, index, self._ready.set, go.wait)
@@ -160,7 +160,7 @@ class ProcessWorker:
     def __init__(self, engine_cls: type[Engine], job, targets, ctx: WorkerContext,
                  index: int, go, shared=None) -> None:
         self._conn, child_conn = self.context.Pipe(duplex=False)
-        self.outcome: Outcome | None = None
+        self.outcome: WorkerOutcome | None = None
         self._index = index
         target, args = self._entry(engine_cls, job, targets, ctx, index, child_conn, go, shared)
         self._proc = self.context.Process(target=target, args=args, daemon=True,
@@ -185,7 +185,7 @@ class ProcessWorker:
             msg = self._conn.recv()
         except EOFError:
             self._proc.join()
-            self.outcome = Outcome(None, time.monotonic_ns(),
+            self.outcome = WorkerOutcome(None, time.monotonic_ns(),
                                    f"worker {self._index} died (exit code {self._proc.exitcode})")
             return
         if msg == "ready":

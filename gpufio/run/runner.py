@@ -290,14 +290,14 @@ class JobRun:
 
 
 @dataclass
-class Outcome:
+class RunOutcome:
     """The results of the jobs that ran, and whether Ctrl-C cut the run short."""
 
     results: list[JobResult] = field(default_factory=list)
     interrupted: bool = False
 
 
-def hint(job: Job, facts: dict) -> str | None:
+def job_advice(job: Job, facts: dict) -> str | None:
     """One line of advice before a job set up in a way that will cost it or may hang: an
     engine's own warning (facts["warning"]), or spawned GPU workers with no MPS daemon, whose
     contexts the GPU time-slices (docs/PERFORMANCE.md has the cost)."""
@@ -381,7 +381,7 @@ def check_machine_limits(profile: Profile) -> None:
 
 
 def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | None = None,
-                quiet: bool = False, tick_every_s: float = 0.25) -> Outcome:
+                quiet: bool = False, tick_every_s: float = 0.25) -> RunOutcome:
     """Run every job of ``profile`` (sequentially, or all at once if concurrent)."""
     check_machine_limits(profile)
     prepared = []
@@ -389,14 +389,14 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
         for job in profile.jobs:
             prepared.append((job, *_open_job(job, quiet)))
         batches = [prepared] if profile.concurrent else [[p] for p in prepared]
-        outcome = Outcome()
+        outcome = RunOutcome()
         finished: list[JobRun] = []
         for batch in batches:
             runs = [JobRun(job, engine, tgts, regions) for job, engine, tgts, regions in batch]
             for r in runs:
-                advice = hint(r.job, r.engine_facts)
-                if advice and not quiet:
-                    print(advice, file=sys.stderr, flush=True)
+                line = job_advice(r.job, r.engine_facts)
+                if line and not quiet:
+                    print(line, file=sys.stderr, flush=True)
             try:
                 _drive(runs, finished, on_tick, tick_every_s)
             except KeyboardInterrupt:

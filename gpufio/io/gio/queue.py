@@ -3,9 +3,9 @@
 Any kernel that includes kernels/gpu_uring.cu can post reads into this queue through the
 device request API (gio_try_post / gio_done / gio_read ...); the queue's agent warps (one per
 ring) turn them into SQEs. This class owns everything that lives outside those kernels: the
-rings (gpuring.GpuRings), the pinned landing slots mapped into the GPU, the slot and
+rings (rings.GpuRings), the pinned landing slots mapped into the GPU, the slot and
 control arrays in GPU memory, the agents' launch, the control words a host may set while
-kernels run, and the stop-with-a-diagnostic path. The block benchmark (engines/gpuuring.py)
+kernels run, and the stop-with-a-diagnostic path. The block benchmark (engines/gpu_uring.py)
 is one user; the GNN gather (kernels/gnn_gather.cu, through a GPU cache) is another.
 
 Teardown is the delicate part: a read the kernel still runs writes into its landing slot, and

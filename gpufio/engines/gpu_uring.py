@@ -7,7 +7,7 @@ agents hand the completions back; the requesting warps copy the landed blocks in
 memory and bin their latencies on the GPU. No CPU user code runs per I/O: the host thread
 only sets flags, wakes SQPOLL threads that fell asleep, reads live counters every 100 ms,
 and stops the kernels with a diagnostic when completions stop (the watchdog). The kernels
-are in kernels/gpu_uring.cu; the ring plumbing in gpufio/gpuring.py.
+are in kernels/gpu_uring.cu; the ring plumbing in gpufio/io/gio/rings.py.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ PULL_NS = 100_000_000
 U64_MAX = (1 << 64) - 1
 
 
-def engine_options(job: Job) -> dict[str, Any]:
+def resolved_options(job: Job) -> dict[str, Any]:
     """The job's gpu-uring options with the defaults that depend on the host resolved."""
     o = dict(job.engine_options)
     o["rings"] = o["rings"] or default_rings(max(len(job.targets), 1), os.cpu_count() or 1)
@@ -109,7 +109,7 @@ class GpuUring(Engine):
 
     @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-        return GpuUringFetch(table, xp, request.dim, engine_options(job), job.iodepth,
+        return GpuUringFetch(table, xp, request.dim, resolved_options(job), job.iodepth,
                              request.direct, request.cache_bytes)
 
     @classmethod
@@ -136,7 +136,7 @@ class GpuUring(Engine):
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
-        o = engine_options(job)
+        o = resolved_options(job)
         return {**super().describe(job), "gpus": list(job.gpu_list),
                 "lands_in": "gpu memory" if o["land"] == "gpu" else "pinned host memory",
                 "rings": o["rings"], "iodepth_per_ring": job.iodepth,
@@ -146,7 +146,7 @@ class GpuUring(Engine):
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
-        o = self._opts = engine_options(job)
+        o = self._opts = resolved_options(job)
         cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
         self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
                                              fds=[t.fd for t in targets])
@@ -282,9 +282,9 @@ class GpuUring(Engine):
 
 class GpuUringFetch:
     """The ``gpu-uring`` path for aggregation: GPU threads post the reads of the rows
-    themselves through the request queue (gpuqueue.DeviceQueue, kernels/gnn_gather.cu) and
+    themselves through the request queue (io/gio/queue.DeviceQueue, kernels/gnn_gather.cu) and
     copy each landed row into the tensor, through a software cache in GPU memory when
-    ``cache_bytes`` is given (gpucache.py); the host only starts the kernels, wakes SQPOLL
+    ``cache_bytes`` is given (io/gio/cache.py); the host only starts the kernels, wakes SQPOLL
     threads and watches for a stall. Needs a GPU (``device = "gpu"``)."""
 
     page_cache = False

@@ -256,20 +256,20 @@ def test_queue_wait_stops_a_queue_whose_completions_stopped():
     ({"registered": True}, True),
 ])
 def test_rings_register_files_and_slots_by_default_only_when_inline(given, registered):
-    from gpufio.engines.gpuuring import engine_options
+    from gpufio.engines.gpu_uring import resolved_options
 
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
                     "t.toml", {}).jobs[0]
-    assert engine_options(job)["registered"] is registered
+    assert resolved_options(job)["registered"] is registered
 
 
 @pytest.mark.parametrize("given,threads", [({"rings": 4}, 4), ({"rings": 4, "sq_threads": 1}, 1),
                                            ({"sq_threads": 3}, 1)])
 def test_sq_threads_default_to_one_per_ring_and_never_exceed_the_rings(given, threads,
                                                                         monkeypatch):
-    from gpufio.engines import gpuuring
+    from gpufio.engines import gpu_uring
 
-    monkeypatch.setattr(gpuuring.os, "cpu_count", lambda: 2)  # default rings: 1
+    monkeypatch.setattr(gpu_uring.os, "cpu_count", lambda: 2)  # default rings: 1
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
                     "t.toml", {}).jobs[0]
-    assert gpuuring.engine_options(job)["sq_threads"] == threads
+    assert gpu_uring.resolved_options(job)["sq_threads"] == threads
