@@ -75,3 +75,19 @@ def test_no_engine_is_named_outside_engines():
                     and node.value.strip() in names:  # a bare engine name
                 found.append(f"{module}:{node.lineno} {node.value!r}")
     assert found == []
+
+
+def test_engines_never_import_each_other():
+    """As fio's engines: each data path is one module that needs no other."""
+    engine_modules = {m for m in ALL if band_of(m) == "engines"
+                      and m not in ("gpufio.engines", "gpufio.engines.base")}
+    crossed = [f"{m} imports {target} (line {line})" for m in sorted(engine_modules)
+               for line, target in imports(ALL[m], m) if target in engine_modules - {m}]
+    assert crossed == []
+
+
+def test_plumbing_returns_data_instead_of_writing_the_engine_context():
+    """io/ hands results back (mismatch indices, thread shares); engines record them."""
+    writers = [f"{m} imports {target} (line {line})" for m in sorted(ALL) if band_of(m) == "io"
+               for line, target in imports(ALL[m], m) if target == "gpufio.core.context"]
+    assert writers == []

@@ -267,8 +267,9 @@ class WorkerContext:
 
     def note(self, key: str, values: list[Any]) -> None:
         """An engine's own measurement of the run (one value per kernel thread, ring, ...):
-        the result's engine facts carry every worker's values under ``key``."""
-        self.rec.facts.setdefault(key, []).extend(values)
+        the result's engine facts carry every worker's values under ``key`` (none: no key)."""
+        if values:
+            self.rec.facts.setdefault(key, []).extend(values)
 
     def absorb(self, t: DeviceTotals) -> None:
         """Take an engine's own final counts as this worker's record (instead of ``complete``)."""

@@ -175,7 +175,7 @@ class CpuGpu(Engine):
         lo = s * self._seg
         tgt, offs, res = slot_tgt[lo:lo + k], slot_off[lo:lo + k], slot_res[lo:lo + k]
         if self.ctx.verifying:
-            self.landing.verify(s, self.ctx, tgt, offs, res)
+            self.ctx.record_mismatches(tgt, offs, self.landing.mismatches(s, res))
         self.ctx.complete(now - t_issue[lo:lo + k], tgt.copy(), res.copy())
 
     def close(self) -> None:

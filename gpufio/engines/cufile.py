@@ -192,7 +192,9 @@ class CuFile(Engine):
             futures[s] = None
         tgt, offs = slot_tgt[slots], slot_off[slots]
         if self.ctx.verifying:
-            gpuverify.check_landed(self._rows[self._cp.asarray(slots)], self.ctx, tgt, offs, res)
+            bad = gpuverify.landed_mismatches(self._rows[self._cp.asarray(slots)],
+                                              self.ctx.seeds(tgt), offs, res)
+            self.ctx.record_mismatches(tgt, offs, bad)
         self.ctx.complete(now - t_issue[slots], tgt, res)
 
     def close(self) -> None:

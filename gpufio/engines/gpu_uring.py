@@ -26,7 +26,6 @@ from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, cl
 from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
 from gpufio.engines.base import Engine
-from gpufio.engines.uring import Uring
 from gpufio.io import cuda, gpu, uring
 from gpufio.io.gio.cache import GpuCache, cache_rows
 from gpufio.io.gio.queue import C_MEASURING, C_STOP, DeviceQueue, QueueStalled
@@ -114,9 +113,9 @@ class GpuUring(Engine):
 
     @classmethod
     def unavailable(cls) -> str | None:
-        if why := Uring.unavailable():
-            return why
         facts = uring.probe()
+        if not facts["available"]:
+            return facts["reason"]
         for need in ("sqpoll", "no_mmap", "no_sqarray"):  # rings the GPU can drive
             if not facts.get(need):
                 return facts.get(f"{need}_reason", f"io_uring lacks {need}")
@@ -243,7 +242,7 @@ class GpuUring(Engine):
             q.rings.wake()
             running = self._running()
             if stopping or not running:
-                share.note(ctx)
+                ctx.note("sq_thread_busy", share.shares())
             now = time.monotonic_ns()
             if not running or now - last_pull > PULL_NS:
                 live = self._get("live")

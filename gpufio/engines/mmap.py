@@ -123,7 +123,7 @@ class Mmap(Engine):
                 now = time.perf_counter_ns()
                 res = ok[:len(poffs)]
                 if ctx.verifying:
-                    landing.verify(pseg, ctx, ptgt, poffs, res)
+                    ctx.record_mismatches(ptgt, poffs, landing.mismatches(pseg, res))
                 ctx.complete(np.full(len(poffs), now - t0, dtype=np.int64), ptgt, res)
             if not len(offs):
                 return

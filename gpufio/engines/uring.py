@@ -109,7 +109,7 @@ class Uring(Engine):
             self._run(share)
         finally:
             if share is not None:
-                share.note(self.ctx)
+                self.ctx.note("sq_thread_busy", share.shares())
 
     def _run(self, share: uring.SqThreadShare | None) -> None:
         ctx, ring = self.ctx, self.ring

@@ -15,7 +15,6 @@ import ctypes
 
 import numpy as np
 
-from gpufio.core.context import WorkerContext
 from gpufio.core.errors import BadInput
 from gpufio.io import gpu
 from gpufio.io import verify as gpuverify
@@ -95,13 +94,11 @@ class SegmentedStaging:
         """Block until segment ``seg``'s last copy has finished."""
         self._events[seg].synchronize()
 
-    def verify(self, seg: int, ctx: WorkerContext, tgt: np.ndarray, offs: np.ndarray,
-               res: np.ndarray) -> None:
-        """Record the mismatches the queued check found in a finished segment; only I/Os
-        that brought all their bytes count (the others are already failures)."""
+    def mismatches(self, seg: int, res: np.ndarray) -> list[int]:
+        """Indices of the I/Os of a finished segment that the queued check found bad; only
+        I/Os that brought all their bytes count (the others are already failures)."""
         marked = self._marked[seg, :len(res)] == self._mark(seg)
-        bad = np.flatnonzero(marked & (np.asarray(res) == self.bs))
-        ctx.record_mismatches(tgt, offs, bad.tolist())
+        return np.flatnonzero(marked & (np.asarray(res) == self.bs)).tolist()
 
     def close(self) -> None:
         """Wait for outstanding copies, then release the buffers."""

@@ -21,15 +21,12 @@ import mmap
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.facts.host import io_uring_disabled, kernel_version
-
-if TYPE_CHECKING:
-    from gpufio.core.context import WorkerContext
 
 SYS_SETUP, SYS_ENTER, SYS_REGISTER = 425, 426, 427
 
@@ -505,7 +502,7 @@ def busy_shares(before: dict[int, tuple[int, int]],
 
 class SqThreadShare:
     """The working share of the SQPOLL threads behind ``rings`` over a run's measured phase:
-    ``begin`` when it starts, ``note`` at its end puts one share per thread in the result's
+    ``begin`` when it starts, ``shares`` at its end gives one share per thread for the result's
     engine facts (``sq_thread_busy``). An SQPOLL thread's CPU time is a whole core whether it
     works or spins, so this is what tells a busy thread from an idle one."""
 
@@ -521,13 +518,13 @@ class SqThreadShare:
     def begin(self) -> None:
         self._before = sq_thread_times(self._rings)
 
-    def note(self, ctx: WorkerContext) -> None:
-        """Record the shares once (nothing if the measured phase never began)."""
+    def shares(self) -> list[float]:
+        """The threads' shares, once (empty if the measured phase never began, or on a
+        second call): the caller notes them as the worker's ``sq_thread_busy``."""
         if self._before is None or self._noted:
-            return
+            return []
         self._noted = True
-        if shares := busy_shares(self._before, sq_thread_times(self._rings)):
-            ctx.note("sq_thread_busy", shares)
+        return busy_shares(self._before, sq_thread_times(self._rings))
 
 
 _EMPTY_U64 = np.empty(0, np.uint64)

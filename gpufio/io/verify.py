@@ -28,18 +28,19 @@ def compile_kernel() -> None:
     _kernel()
 
 
-def check_landed(rows: Any, ctx: Any, tgt: np.ndarray, offs: np.ndarray, res: np.ndarray) -> None:
-    """Verify the I/Os that brought all their bytes, given ``rows``: a CuPy (n, bs) array
-    holding each I/O's landed bytes in order; mismatches go to the worker context ``ctx``."""
+def landed_mismatches(rows: Any, seeds: np.ndarray, offs: np.ndarray,
+                      res: np.ndarray) -> list[int]:
+    """Indices of the I/Os that brought all their bytes but not the right ones, given
+    ``rows``: a CuPy (n, bs) array holding each I/O's landed bytes in order, and each I/O's
+    target seed and offset."""
     import cupy
 
     bs = rows.shape[1]
     ok = np.flatnonzero(np.asarray(res) == bs)
     if not len(ok):
-        return
+        return []
     data = (rows if len(ok) == len(res) else rows[cupy.asarray(ok)]).ravel()
-    bad = bad_ios_device(data, offs[ok], ctx.seeds(tgt[ok]), bs)
-    ctx.record_mismatches(tgt[ok], offs[ok], bad.tolist())
+    return ok[bad_ios_device(data, offs[ok], seeds[ok], bs)].tolist()
 
 
 def launch(words: Any, offsets: Any, seeds: Any, n: int, io_len: int, mark: int, bad: Any,
