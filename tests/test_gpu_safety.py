@@ -4,7 +4,6 @@ tests/test_gpu_teardown.py runs the same paths on a GPU."""
 
 from __future__ import annotations
 
-import re
 import shutil
 from types import SimpleNamespace
 
@@ -203,17 +202,3 @@ def test_any_error_after_start_stops_the_agents():
     with pytest.raises(uring.UringError):
         engine.run()
     assert calls == ["start", "abort"]
-
-
-def test_the_host_and_kernel_agree_on_control_words_and_slot_states():
-    src = (cuda.KERNELS / "gpu_uring.cu").read_text()
-
-    def enum(name):
-        body = re.search(r"enum " + name + r" \{([^}]*)\}", src).group(1)
-        return {k.strip(): int(v) for k, v in (e.split("=") for e in body.split(","))}
-
-    control = enum("Control")
-    assert control == {name: getattr(gpuqueue, name) for name in control}
-    states = enum("SlotState")
-    assert [k.lower() for k, _ in sorted(states.items(), key=lambda kv: kv[1])] == \
-        list(gpuqueue.SLOT_STATES)

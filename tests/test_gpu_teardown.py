@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 # each thread i reads offs[i] through slot slot0 + i % 32 (a slot per lane of a warp) and
 # keeps the landed block's word 1 (its own offset, in the pattern's header)
 READER = r'''
-#include "gpu_uring.cu"
+#include "gio_queue.cuh"
 extern "C" __global__ void reader(const GioQueue* q, int fd, const u64* offs, int n, u64 slot0,
                                   unsigned len, u64* word1, int* res)
 {
@@ -60,11 +60,10 @@ def _launch(q, fn, fd, offs, slot0=0, length=4096):
 
 @pytest.fixture
 def reader():
-    import cupy as cp
 
     from gpufio.io import cuda
 
-    mod = cp.RawModule(code=READER, options=("-std=c++17", f"-I{cuda.KERNELS}"))
+    mod = cuda.raw_module(READER)
     return mod.get_function("reader")  # loaded before any agent spins
 
 

@@ -87,7 +87,7 @@ def test_a_planted_stall_is_caught_by_the_watchdog(pattern_file, monkeypatch):
 
 
 READ_EACH = r'''
-#include "gpu_uring.cu"
+#include "gio_queue.cuh"
 extern "C" __global__ void read_each(const GioQueue* q, int fd, const u64* offs, int n,
                                      u64* word1, int* res)
 {
@@ -121,7 +121,7 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd, r
                     idle_ms=1000, cpus=(), sqe_async=True, fds=[pattern_fd], registered=registered)
     assert q.file_refs.tolist() == [0 if registered else pattern_fd]
     try:
-        mod = cp.RawModule(code=READ_EACH, options=("-std=c++17", f"-I{cuda.KERNELS}"))
+        mod = cuda.raw_module(READ_EACH)
         read_each = mod.get_function("read_each")  # load before the agents spin (see start)
         n = 2000
         offs = np.random.default_rng(3).integers(0, 1024, n).astype(np.uint64) * 4096

@@ -17,8 +17,8 @@ HEADER_WORDS = 4
 MAGIC = int.from_bytes(b"GPUFIO\x01\x00", "little")
 _WORDS_PER_BLOCK = BLOCK // 8
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+M1 = np.uint64(0xBF58476D1CE4E5B9)
+M2 = np.uint64(0x94D049BB133111EB)
 _MASK64 = (1 << 64) - 1
 
 
@@ -30,8 +30,8 @@ def seed_mix(seed: int) -> np.uint64:
 def splitmix64(z: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser on uint64 arrays (NumPy or CuPy); arithmetic wraps as in C."""
     z = z + GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
+    z = (z ^ (z >> np.uint64(30))) * M1
+    z = (z ^ (z >> np.uint64(27))) * M2
     return z ^ (z >> np.uint64(31))
 
 

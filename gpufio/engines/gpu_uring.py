@@ -27,6 +27,7 @@ from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.io import cuda, gpu, uring
+from gpufio.io.gio import contract
 from gpufio.io.gio.cache import GpuCache, cache_rows
 from gpufio.io.gio.queue import C_MEASURING, C_STOP, DeviceQueue, QueueStalled
 from gpufio.io.gio.rings import Watchdog, default_rings, ring_sizes
@@ -36,9 +37,8 @@ if TYPE_CHECKING:
     from gpufio.core.job import Job
     from gpufio.core.targets import Target
 
-B_RANDOM, B_FILE_RANDOM, B_LAND_GPU, B_VERIFY, B_CONTINUE = 1, 2, 4, 8, 16
-ERRNO_SLOTS = 256
-BAD_KEEP = 8
+FLAGS = contract.BENCH_FLAGS
+ERRNO_SLOTS, BAD_KEEP = contract.CONSTANTS["ERRNO_SLOTS"], contract.CONSTANTS["BAD_KEEP"]
 TPB = 128
 POLL_S = 0.001
 PULL_NS = 100_000_000
@@ -149,7 +149,7 @@ class GpuUring(Engine):
         cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
         self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
                                              fds=[t.fd for t in targets])
-        self._bench_fn = self.queue.module.get_function("gio_bench")
+        self._bench_fn = cuda.module("gio_bench").get_function("gio_bench")
         self._blocks = -(-o["threads"] // TPB)
         try:
             self._dev = self._bench_arrays(job, targets, ctx, o)
@@ -166,8 +166,8 @@ class GpuUring(Engine):
 
     def _bench_arrays(self, job: Job, targets: list[Target], ctx: WorkerContext,
                       o: dict[str, Any]) -> dict[str, Any]:
-        """The block benchmark's own arrays, and its GioBench descriptor (same field order
-        as the struct in gpu_uring.cu)."""
+        """The block benchmark's own arrays, and its GioBench descriptor (contract.GIO_BENCH,
+        the struct in kernels/gio_bench.cu)."""
         cp, bs, nt, nthreads = self._cp, job.bs, len(targets), o["threads"]
         seeds = np.array([t.pattern_seed or 0 for t in targets], np.uint64)
         starts, nblocks = ctx.stream.region_arrays()
@@ -181,19 +181,18 @@ class GpuUring(Engine):
              "lat_sq": cp.zeros(1, cp.float64), "tstats": cp.zeros(4 * nt, cp.uint64),
              "errs": cp.zeros(nt * ERRNO_SLOTS, cp.uint64),
              "bad": cp.zeros(1 + 2 * BAD_KEEP, cp.uint64)}
-        flags = ((B_RANDOM if job.random else 0)
-                 | (B_FILE_RANDOM if job.file_service == "random" else 0)
-                 | (B_LAND_GPU if o["land"] == "gpu" else 0) | (B_VERIFY if ctx.verifying else 0)
-                 | (B_CONTINUE if job.continue_on_error else 0))
+        chosen = {"B_RANDOM": job.random, "B_FILE_RANDOM": job.file_service == "random",
+                  "B_LAND_GPU": o["land"] == "gpu", "B_VERIFY": ctx.verifying,
+                  "B_CONTINUE": job.continue_on_error}
+        flags = sum(FLAGS[name] for name, on in chosen.items() if on)
         budget = ctx.stream.remaining
         seed = int(np.random.default_rng([job.randseed, ctx.worker]).integers(0, 1 << 63))
         p = {name: arr.data.ptr for name, arr in d.items()}
-        d["bench"] = cp.asarray(np.array([
-            p["fds"], p["starts"], p["nblocks"], nt, bs, flags, seed,
-            U64_MAX if budget is None else budget, p["claim"], p["dst"], nthreads,
-            p["pat_seed"], pattern.MAGIC, pattern.BLOCK, pattern.HEADER_WORDS,
-            p["live"], p["hist"], p["lat"], p["lat_sq"], p["tstats"], p["errs"], p["bad"]],
-            np.uint64))
+        d["bench"] = cp.asarray(contract.build(contract.GIO_BENCH, {
+            **p, "ntargets": nt, "bs": bs, "flags": flags, "seed": seed,
+            "budget": U64_MAX if budget is None else budget, "nthreads": nthreads,
+            "magic": pattern.MAGIC, "block_bytes": pattern.BLOCK,
+            "header_words": pattern.HEADER_WORDS}))
         return d
 
     def _get(self, name: str) -> np.ndarray:

@@ -20,12 +20,21 @@ KERNELS = Path(__file__).parent.parent / "kernels"
 @lru_cache(maxsize=None)
 def module(name: str) -> Any:
     """The compiled ``kernels/<name>.cu`` as a cupy.RawModule (compiled on first call)."""
-    import cupy
-
-    source = f"// gpufio kernels {kernels_digest()}\n" + (KERNELS / f"{name}.cu").read_text()
-    mod = cupy.RawModule(code=source, options=("-std=c++17", f"-I{KERNELS}"))
+    mod = raw_module((KERNELS / f"{name}.cu").read_text())
     mod.compile()
     return mod
+
+
+def raw_module(code: str) -> Any:
+    """A cupy.RawModule of ``code`` that may include gpufio's kernel headers: the include
+    path, the shared constants (io/gio/contract.py) and, for CuPy's disk cache, a digest
+    of every kernel file. Kernels of one's own that use the request API compile so."""
+    import cupy
+
+    from gpufio.io.gio import contract
+
+    return cupy.RawModule(code=f"// gpufio kernels {kernels_digest()}\n" + code,
+                          options=("-std=c++17", f"-I{KERNELS}", *contract.defines()))
 
 
 def kernels_digest(directory: Path | None = None) -> str:

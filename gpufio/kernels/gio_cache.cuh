@@ -23,7 +23,7 @@
 
 enum CacheLook { LOOK_WAIT = 0, LOOK_HIT = 1, LOOK_FILL = 2 };
 
-// Host-built descriptor (every field 8 bytes; gpufio/io/gio/cache.py writes the same order).
+// Host-built descriptor (contract.GIO_CACHE's order, every field 8 bytes).
 struct GioCache {
     uint4* pages;        // nslots pages of page16 16-byte words, in GPU memory
     unsigned long long nslots, page16;

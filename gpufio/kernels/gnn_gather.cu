@@ -16,7 +16,7 @@
 //    published its own fills, so no two warps can wait for each other.
 // stats: [0] failed rows, [1] first failed node, [2] its result, [3] cache hits,
 //        [4] rows read from storage, [5] coalesced duplicates.
-#include "gpu_uring.cu"
+#include "gio_queue.cuh"
 #include "gio_cache.cuh"
 
 // One row copied by the whole warp (warp_load16): landed bytes with system-scope loads,

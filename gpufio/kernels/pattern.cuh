@@ -4,13 +4,17 @@
 // other word is splitmix64(x ^ seed_mix), seed_mix = seed * golden ratio.
 #pragma once
 
-#define PATTERN_GOLDEN 0x9E3779B97F4A7C15ULL  // gpufio.pattern.GOLDEN
+// PATTERN_GOLDEN, PATTERN_M1 and PATTERN_M2 come from gpufio/core/pattern.py through
+// gpufio/io/gio/contract.py, as NVRTC macros
+#ifndef PATTERN_GOLDEN
+#error "compile through gpufio.io.cuda (module or raw_module): it defines the pattern's constants"
+#endif
 
 __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z)
 {
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z += PATTERN_GOLDEN;
+    z = (z ^ (z >> 30)) * PATTERN_M1;
+    z = (z ^ (z >> 27)) * PATTERN_M2;
     return z ^ (z >> 31);
 }
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from gpufio.core.errors import BadInput
+from gpufio.io.gio import contract
 
 
 def cache_rows(cache_bytes: int, row_bytes: int, requesters: int) -> int:
@@ -42,9 +41,10 @@ class GpuCache:
         except xp.cuda.memory.OutOfMemoryError:
             raise BadInput(f"key 'cache_size': out of GPU memory for a cache of {rows} rows of "
                            f"{row_bytes} bytes") from None
-        self.descriptor = xp.asarray(np.array([
-            self._pages.data.ptr, rows, page16, self._map.data.ptr,
-            self._ctl.data.ptr, self._key.data.ptr, self._hand.data.ptr], np.uint64))
+        self.descriptor = xp.asarray(contract.build(contract.GIO_CACHE, {
+            "pages": self._pages.data.ptr, "nslots": rows, "page16": page16,
+            "map": self._map.data.ptr, "ctl": self._ctl.data.ptr, "key": self._key.data.ptr,
+            "hand": self._hand.data.ptr}))
 
     def facts(self) -> dict[str, int]:
         """What the result says about the cache itself."""

@@ -23,10 +23,14 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu, uring
+from gpufio.io.gio import contract
+from gpufio.io.gio.contract import index
 from gpufio.io.gio.rings import GpuRings, Watchdog, stall_report
 
-C_STOP, C_ABORT, C_MEASURING, C_REQUESTERS, C_AGENTS, C_GEN, C_BAD_SLOT = range(7)
-SLOT_STATES = ("free", "claimed", "ready", "submitted", "done")
+C_STOP, C_ABORT, C_MEASURING = index("C_STOP"), index("C_ABORT"), index("C_MEASURING")
+C_REQUESTERS, C_AGENTS = index("C_REQUESTERS"), index("C_AGENTS")
+C_GEN, C_BAD_SLOT = index("C_GEN"), index("C_BAD_SLOT")
+SLOT_STATES = tuple(s.lower() for s in contract.SLOT_STATES)
 POLL_S = 0.001
 START_LIMIT_S = 10.0
 ABORT_WAIT_S = 5.0
@@ -61,8 +65,7 @@ class DeviceQueue:
         self._aborted = False
         self._kept: list[Any] = []
         self._launch_kept: tuple[Any, ...] = ()
-        self.module = cuda.module("gpu_uring")
-        self._agent = self.module.get_function("gio_agent")
+        self._agent = cuda.module("gio_agent").get_function("gio_agent")
         self._slots: gpu.PinnedBuffer | None = None
         self._dev: dict[str, Any] = {}
         self.kernels_done = True
@@ -86,13 +89,12 @@ class DeviceQueue:
             d = self._dev = {
                 "rings": cp.asarray(self.rings.descriptors), "state": cp.zeros(slots, cp.int32),
                 "res": cp.zeros(slots, cp.int32), "off": cp.zeros(slots, cp.uint64),
-                "len_fd": cp.zeros(slots, cp.uint64), "control": cp.zeros(8, cp.int32),
+                "len_fd": cp.zeros(slots, cp.uint64), "control": cp.zeros(contract.CONTROL_WORDS, cp.int32),
                 "ring_stats": cp.zeros(2 * nrings, cp.uint64)}
-            d["queue"] = cp.asarray(np.array([
-                self.ptr("rings"), nrings, depth, self.ptr("state"), self.ptr("res"),
-                self.ptr("off"), self.ptr("len_fd"), self.landing, slot_bytes, head,
-                self.ptr("control"), self.ptr("ring_stats")],
-                np.uint64))
+            arrays = ("rings", "state", "res", "off", "len_fd", "control", "ring_stats")
+            d["queue"] = cp.asarray(contract.build(contract.GIO_QUEUE, {
+                **{name: self.ptr(name) for name in arrays}, "nrings": nrings, "depth": depth,
+                "landing": self.landing, "slot_bytes": slot_bytes, "sqe_head": head}))
         except cp.cuda.memory.OutOfMemoryError:
             self.close()
             raise BadInput(f"out of GPU memory for a queue of {slots} slots") from None

@@ -16,6 +16,7 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.io import uring
+from gpufio.io.gio import contract
 
 CQ_FACTOR = 2
 
@@ -121,10 +122,9 @@ class GpuRings:
         except BaseException:
             self.close()
             raise
-        self.descriptors = np.array([
-            [r.ring_words[k] for k in ("sqes", "sq_head", "sq_tail", "sq_flags", "cqes",
-                                       "cq_head", "cq_tail")]
-            + [r.sq_entries | r.cq_entries << 32] for r in self.rings], dtype=np.uint64)
+        self.descriptors = np.array([contract.build(contract.GIO_RING, {
+            **{k: r.ring_words[k] for k in contract.GIO_RING if k != "entries"},
+            "entries": r.sq_entries | r.cq_entries << 32}) for r in self.rings], np.uint64)
 
     def wake(self, check: bool = True) -> int:
         """Wake every SQPOLL thread that went to sleep (NEED_WAKEUP); how many were woken.

@@ -1,0 +1,99 @@
+// The request queue's agent: one warp per ring turns READY request slots into SQEs and CQEs
+// into results (gio_queue.cuh describes the protocol). Launched by gpufio/io/gio/queue.py.
+#include "gio_queue.cuh"
+
+// ---- 2. The agent: one warp per ring ----------------------------------------------------
+
+extern "C" __global__ void gio_agent(const GioQueue* q)
+{
+    const unsigned r = blockIdx.x, lane = threadIdx.x;
+    const GioRing R = q->rings[r];
+    const unsigned sq_n = (unsigned)(R.entries & 0xffffffffu), cq_n = (unsigned)(R.entries >> 32);
+    const unsigned depth = (unsigned)q->depth;
+    const u64 first = (u64)r * depth, nslots = q->nrings * q->depth;
+    int* state = q->state + first;
+    // every lane takes lane 0's reading of the ring words and control words: the agent's
+    // batch, tail and exit must be the same in all 32 lanes
+    unsigned tail = warp_word(lane == 0 ? ld_acquire_sys(R.sq_tail) : 0u);
+    unsigned head = warp_word(lane == 0 ? ld_acquire_sys(R.sq_head) : 0u);
+    unsigned cqh = warp_word(lane == 0 ? ld_acquire_sys(R.cq_head) : 0u);
+    const u64 gen = (u64)(unsigned)warp_word(lane == 0 ? ld_flag(&q->control[C_GEN]) : 0);
+    unsigned inflight = 0, idle_ns = AGENT_IDLE_MIN_NS;
+    u64 submitted = 0, completed = 0;
+    if (lane == 0) atomicAdd(&q->control[C_AGENTS], 1);
+    while (!warp_word(lane == 0 ? (unsigned)gio_aborted(q) : 0u)) {
+        unsigned batch = 0;
+        for (unsigned base = 0; base < depth; base += 32) {
+            const unsigned s = base + lane;
+            const bool ready = s < depth && ld_acquire_gpu(&state[s]) == READY;
+            const unsigned m = __ballot_sync(FULL, ready);
+            if (!m) continue;
+            unsigned room = sq_n - (tail + batch - head);
+            if (room < (unsigned)__popc(m)) {
+                head = warp_word(lane == 0 ? ld_acquire_sys(R.sq_head) : 0u);
+                room = sq_n - (tail + batch - head);
+            }
+            const unsigned rank = __popc(m & ((1u << lane) - 1u));
+            if (ready && rank < room) {
+                const u64 g = first + s;
+                const u64 lf = q->len_fd[g];
+                u64* sqe = (u64*)(R.sqes + (u64)((tail + batch + rank) & (sq_n - 1)) * 64);
+                // opcode | flags | ioprio 0 | fd (or file index); off; addr; len | rw_flags 0;
+                // user_data = slot | generation << 32; buf_index 0 (the ring's own slots),
+                // personality, splice_fd_in, addr3, pad = 0
+                st_sys_v2(sqe, q->sqe_head | ((lf >> 32) << 32), q->off[g]);
+                st_sys_v2(sqe + 2, q->landing + g * q->slot_bytes, lf & 0xffffffffu);
+                st_sys_v2(sqe + 4, g | gen << 32, 0ull);
+                st_sys_v2(sqe + 6, 0ull, 0ull);
+                st_relaxed_gpu(&state[s], SUBMITTED);
+            }
+            batch += min((unsigned)__popc(m), room);
+        }
+        if (batch) {
+            __threadfence_system();  // each lane's SQE stores, before the barrier and the tail
+            __syncwarp();
+            if (lane == 0) st_release_sys(R.sq_tail, tail + batch);
+            tail += batch;
+            inflight += batch;
+            submitted += batch;
+        }
+        const unsigned t = warp_word(lane == 0 ? ld_acquire_sys(R.cq_tail) : 0u);
+        __syncwarp();
+        const unsigned got = t - cqh;
+        unsigned mine = 0;  // completions of this start's reads (stale ones are only reaped)
+        for (unsigned base = 0; base < got; base += 32) {
+            const unsigned i = base + lane;
+            bool current = false;
+            if (i < got) {
+                const u64* c = (const u64*)(R.cqes + (u64)((cqh + i) & (cq_n - 1)) * 16);
+                u64 w0, w1;
+                asm volatile("ld.relaxed.sys.global.v2.u64 {%0,%1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(c) : "memory");
+                const u64 slot = w0 & 0xffffffffu;
+                current = (w0 >> 32) == gen && slot < nslots;
+                if (current) {
+                    q->res[slot] = (int)(unsigned)(w1 & 0xffffffffu);
+                    st_release_gpu(&q->state[slot], DONE);
+                }
+            }
+            mine += __popc(__ballot_sync(FULL, current));
+        }
+        if (got) {
+            __syncwarp();
+            if (lane == 0) st_release_sys(R.cq_head, t);
+            cqh = t;
+            inflight -= mine;
+            completed += mine;
+            idle_ns = AGENT_IDLE_MIN_NS;
+        } else if (!batch) {
+            if (inflight == 0 && warp_word(lane == 0 ? ld_flag(&q->control[C_REQUESTERS]) : 1) == 0) break;
+            // back off while the ring is quiet: every CQ-tail poll is a PCIe read of a line
+            // the kernel writes (docs/PERFORMANCE.md has what it gained)
+            __nanosleep(idle_ns);
+            idle_ns = min(idle_ns * 2, AGENT_IDLE_MAX_NS);
+        }
+    }
+    if (lane == 0) {
+        q->ring_stats[2 * r] = submitted;
+        q->ring_stats[2 * r + 1] = completed;
+    }
+}
