@@ -12,7 +12,7 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -21,9 +21,8 @@ from rich.table import Table
 from gpufio import __version__, profile
 from gpufio.core.errors import BadInput
 from gpufio.facts import host as hostinfo
-from gpufio.results import document as report
-from gpufio.results.repeat import combine
 from gpufio.run import runner
+from gpufio.workloads import Workload, all_workloads
 
 # help texts are plain text: Rich markup would eat "[plot]" and "[check]"
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -79,39 +78,37 @@ def _stdout_console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
-def _write(text: str, doc: dict, fmt: str, output: Optional[Path]) -> None:
+def _write(doc: dict, fmt: str, output: Optional[Path],
+           render: Callable[[dict, str, Any], str]) -> None:
+    """The document in ``fmt`` on stdout or in ``output`` (a table's console writes there)."""
     if output is None:
-        if fmt == "table":
-            report.render(doc, fmt, _stdout_console())
-        else:
-            sys.stdout.write(text)
+        sys.stdout.write(render(doc, fmt, _stdout_console()))
         return
     try:
         with open(output, "w") as f:
-            if fmt == "table":
-                report.render(doc, fmt, Console(file=f, width=200))
-            else:
-                f.write(text)
+            f.write(render(doc, fmt, Console(file=f, width=200)))
     except OSError as e:
         raise BadInput(f"--output {output}: {e.strerror}") from None
 
 
-def _run_once(prof: profile.Profile, quiet: bool) -> dict:
-    if quiet:
-        outcome = runner.run_profile(prof, quiet=True)
-    else:
-        from gpufio.results.live import LiveDisplay
+def _all_formats() -> list[str]:
+    return list(dict.fromkeys(f for w in all_workloads().values() for f in w.formats))
 
-        with LiveDisplay() as live:
-            outcome = runner.run_profile(prof, on_tick=live.update)
-    return report.build_document(outcome, prof)
+
+def _workload_of(prof: profile.Profile) -> Workload:
+    """The one workload a profile's jobs run (a profile runs one kind of job)."""
+    names = sorted({job.workload for job in prof.jobs})
+    if len(names) > 1:
+        raise BadInput(f"{prof.path}: a profile runs jobs of one workload, not "
+                       f"{' and '.join(names)}")
+    return all_workloads()[names[0]]
 
 
 @app.command()
 def run(
     profile_path: Path = typer.Argument(..., metavar="PROFILE",
                                         help="job profile: TOML, or a fio job file ending in .fio"),
-    fmt: str = typer.Option("table", "--format", "-f", help=", ".join(report.FORMATS)),
+    fmt: str = typer.Option("table", "--format", "-f", help=", ".join(_all_formats())),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the result here"),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
                                    help="override a profile key in every job (repeatable); "
@@ -122,62 +119,26 @@ def run(
 ) -> None:
     """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
     with _exit_codes():
-        if fmt not in report.FORMATS:
-            raise BadInput(f"--format: {fmt!r} is not one of {', '.join(report.FORMATS)}")
+        if fmt not in _all_formats():
+            raise BadInput(f"--format: {fmt!r} is not one of {', '.join(_all_formats())}")
         prof = profile.load(str(profile_path), profile.parse_set(set_))
         for note in prof.notes:
             typer.echo(f"gpufio: note: {note}", err=True)
-        if any(job.workload == "gnn" for job in prof.jobs):
-            _run_gnn(prof, fmt, output, quiet)
-            return
-        docs = []
-        for _ in range(repeat):
-            docs.append(_run_once(prof, quiet))
-            if docs[-1]["interrupted"]:
-                break
-        doc = docs[0] if repeat == 1 else combine(docs)
-        text = "" if fmt == "table" else report.render(doc, fmt)
-        _write(text, doc, fmt, output)
-        if fmt != "table" or output is not None:
-            for job in doc["jobs"]:
-                for line in report.problem_lines(job):
-                    typer.echo(f"gpufio: {line}", err=True)
+        workload = _workload_of(prof)
+        if fmt not in workload.formats:
+            raise BadInput(f"--format: {fmt!r} is not one of {', '.join(workload.formats)} "
+                           f"for workload '{workload.name}'")
+        doc = workload.run(prof, quiet, repeat)
+        _write(doc, fmt, output, workload.render)
+        if fmt != "table" or output is not None or doc["interrupted"] or \
+                any(job["error"] for job in doc["jobs"]):
+            for line in workload.problems(doc):
+                typer.echo(f"gpufio: {line}", err=True)
         if doc["interrupted"]:
             typer.echo("gpufio: interrupted; results so far were written", err=True)
             raise typer.Exit(EXIT_INTERRUPTED)
         if any(job["error"] for job in doc["jobs"]):
             raise typer.Exit(EXIT_FAILED)
-
-
-def _run_gnn(prof: profile.Profile, fmt: str, output: Optional[Path], quiet: bool) -> None:
-    """A GNN workload profile: its own runner and tables (gnn/report.py)."""
-    from gpufio.workloads.gnn import report as gnn_report
-
-    if not all(job.workload == "gnn" for job in prof.jobs):
-        raise BadInput(f"{prof.path}: a profile runs either block jobs or gnn jobs, not both")
-    if fmt not in gnn_report.FORMATS:
-        raise BadInput(f"--format: {fmt!r} is not one of {', '.join(gnn_report.FORMATS)} "
-                       "for workload 'gnn'")
-    doc = gnn_report.run_profile(prof, quiet)
-    text = gnn_report.render(doc, fmt)
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        try:
-            output.write_text(text)
-        except OSError as e:
-            raise BadInput(f"--output {output}: {e.strerror}") from None
-    if doc["interrupted"]:
-        typer.echo("gpufio: interrupted; results so far were written", err=True)
-        raise typer.Exit(EXIT_INTERRUPTED)
-    if any(job["error"] for job in doc["jobs"]):
-        for job in doc["jobs"]:
-            if job.get("failure"):
-                typer.echo(f"gpufio: {job['jobname']}: {job['failure']}", err=True)
-            elif job["error"]:
-                typer.echo(f"gpufio: {job['jobname']}: {job['verify']['mismatches']} aggregated "
-                           "rows differ from the generator's values", err=True)
-        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()

@@ -20,14 +20,14 @@ from gpufio.core.offsets import Distribution
 from gpufio.core.options import Option
 from gpufio.core.stats import PERCENTILES
 from gpufio.engines import DEFAULT_ENGINE, all_engines
-from gpufio.workloads.gnn.options import GNN_OPTIONS
-from gpufio.workloads.gnn.options import check as check_gnn
+from gpufio.workloads import DEFAULT_WORKLOAD, all_workloads
 
 COMMON_OPTIONS: tuple[Option, ...] = (
     Option("name", "str", None, "job name (default: the profile's file name, then job index)"),
     Option("engine", "str", DEFAULT_ENGINE, "data path; see 'gpufio engines'"),
-    Option("workload", "str", "block", "'block': the I/O benchmark; 'gnn': GNN training with "
-           "feature aggregation through the engine (see README)", choices=("block", "gnn")),
+    Option("workload", "str", DEFAULT_WORKLOAD, "what the job does: "
+           + "; ".join(f"'{n}': {w.summary}" for n, w in all_workloads().items())
+           + " (see README)", choices=tuple(all_workloads())),
     Option("rw", "str", "randread", "read (sequential) or randread", choices=("read", "randread")),
     Option("bs", "size", 4096, "block size of each I/O", minimum=512),
     Option("size", "size", None, "bytes of each target the job may touch, from offset "
@@ -66,7 +66,14 @@ GLOBAL_ONLY: tuple[Option, ...] = (
 _COMMON = {o.name: o for o in COMMON_OPTIONS}
 
 
-_GNN = {o.name: o for o in GNN_OPTIONS}
+
+
+def _workload_options() -> dict[str, dict[str, Option]]:
+    return {name: {o.name: o for o in w.options} for name, w in all_workloads().items()}
+
+
+def _workload_keys() -> dict[str, Option]:
+    return {k: o for opts in _workload_options().values() for k, o in opts.items()}
 
 
 def _engine_options() -> dict[str, dict[str, Option]]:
@@ -88,14 +95,15 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
         raise BadInput(f"{where}key 'engine': unknown engine '{engine_name}'{hint}; "
                        f"known: {', '.join(engines)}")
     own = engines[engine_name]
+    workload_keys = _workload_keys()
     values: dict[str, Any] = {}
     extra: dict[str, Any] = {}
-    gnn: dict[str, Any] = {}
+    given: dict[str, Any] = {}
     for key, value in raw.items():
         if key in _COMMON:
             values[key] = _COMMON[key].convert(value, where)
-        elif key in _GNN:
-            gnn[key] = _GNN[key].convert(value, where)
+        elif key in workload_keys:
+            given[key] = workload_keys[key].convert(value, where)
         elif key in own:
             extra[key] = own[key].convert(value, where)
         else:
@@ -103,18 +111,21 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
             if owners:
                 raise BadInput(f"{where}key '{key}' is an option of engine "
                                f"'{owners[0]}', not of '{engine_name}'")
-            known = list(_COMMON) + list(_GNN) + [k for opts in engines.values() for k in opts]
+            known = (list(_COMMON) + list(workload_keys)
+                     + [k for opts in engines.values() for k in opts])
             raise _unknown_key(key, where, known)
     for opt in COMMON_OPTIONS:
         values.setdefault(opt.name, opt.default)
     for opt in own.values():
         extra.setdefault(opt.name, opt.default)
-    if values["workload"] == "gnn":
-        for opt in GNN_OPTIONS:
-            gnn.setdefault(opt.name, opt.default)
-        check_gnn(where, engine_name, gnn)
-    elif gnn:
-        raise BadInput(f"{where}key '{sorted(gnn)[0]}' needs workload = \"gnn\"")
+    workload = all_workloads()[values["workload"]]
+    mine = {o.name for o in workload.options}
+    for key in sorted(set(given) - mine):
+        owner = next(n for n, opts in _workload_options().items() if key in opts)
+        raise BadInput(f"{where}key '{key}' needs workload = \"{owner}\"")
+    for opt in workload.options:
+        given.setdefault(opt.name, opt.default)
+    workload.check(where, engine_name, given)
     values["random_distribution"] = Distribution.parse(
         values["random_distribution"], f"{where}key 'random_distribution'")
     for key in ("size", "io_size"):
@@ -132,7 +143,8 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
                        "or leave the key out for a scratch file")
     if values["time_based"] and values["runtime"] is None:
         raise BadInput(f"{where}key 'time_based': needs a runtime")
-    job = Job(**values, engine_options=extra, gnn=gnn, options_as_given=dict(raw))
+    job = Job(**values, engine_options=extra, workload_options=given,
+              options_as_given=dict(raw))
     all_engines()[engine_name].check_job(job)
     return job
 
@@ -173,7 +185,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def _is_str_key(key: str) -> bool:
-    owners = [_COMMON, _GNN, *_engine_options().values()]
+    owners = [_COMMON, _workload_keys(), *_engine_options().values()]
     return any(key in opts and opts[key].kind == "str" for opts in owners)
 
 
@@ -210,8 +222,8 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Pro
         raise BadInput(f"{path}: jobs must be [[job]] tables")
     glob = dict(glob)
     concurrent = GLOBAL_ONLY[0].convert(glob.pop("concurrent", False), f"{path}: [global] ")
-    known = list(_COMMON) + list(_GNN) + sorted({k for opts in _engine_options().values()
-                                                 for k in opts})
+    known = list(_COMMON) + list(_workload_keys()) + sorted(
+        {k for opts in _engine_options().values() for k in opts})
     for key in overrides:
         if key not in known and key != "concurrent":
             raise _unknown_key(key, "--set: ", known)

@@ -91,3 +91,17 @@ def test_plumbing_returns_data_instead_of_writing_the_engine_context():
     writers = [f"{m} imports {target} (line {line})" for m in sorted(ALL) if band_of(m) == "io"
                for line, target in imports(ALL[m], m) if target == "gpufio.core.context"]
     assert writers == []
+
+
+def test_the_loader_and_the_cli_name_no_workload():
+    """Workloads are plug-ins too: profile.py and cli.py ask the workload registry."""
+    from gpufio.workloads import all_workloads
+
+    names = set(all_workloads())
+    for module in ("gpufio.profile", "gpufio.cli"):
+        tree = ast.parse(ALL[module].read_text())
+        named = [n.lineno for n in ast.walk(tree)
+                 if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names]
+        workload_imports = [t for _, t in imports(ALL[module], module)
+                            if t.startswith("gpufio.workloads.")]
+        assert named == [] and workload_imports == [], (module, named, workload_imports)

@@ -28,9 +28,9 @@ def test_profile_has_a_job_per_engine_and_target_count_and_loads(tmp_path):
     assert sorted(jobs) == sorted([
         "mmap-1t", "mmap-random-1t", "gpu-uring-1t", "gpu-uring+cache-1t", "gpu-uring-2t",
         "gpu-uring+cache-2t"])  # the mmap loaders only on one drive
-    assert jobs["mmap-1t"].gnn["mmap_advice"] == "normal"
-    assert jobs["mmap-random-1t"].gnn["mmap_advice"] == "random"
-    assert jobs["gpu-uring+cache-2t"].gnn["cache_size"] == 64 << 20
+    assert jobs["mmap-1t"].workload_options["mmap_advice"] == "normal"
+    assert jobs["mmap-random-1t"].workload_options["mmap_advice"] == "random"
+    assert jobs["gpu-uring+cache-2t"].workload_options["cache_size"] == 64 << 20
     assert list(jobs["gpu-uring-2t"].targets) == ["/a", "/b"]
 
 

@@ -42,7 +42,8 @@ class Job:
     sample_interval: int
     percentile_list: tuple[float, ...]
     engine_options: Mapping[str, Any] = field(default_factory=dict)
-    gnn: Mapping[str, Any] = field(default_factory=dict)
+    # the workload's own keys (its registry entry's options), resolved
+    workload_options: Mapping[str, Any] = field(default_factory=dict)
     options_as_given: Mapping[str, Any] = field(default_factory=dict)
 
     @property

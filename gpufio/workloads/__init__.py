@@ -1,1 +1,60 @@
-"""Workloads: what a job does with the engines (the block benchmark, GNN training)."""
+"""Workloads: what a job does with the engines, registered by name like the engines.
+
+A workload declares its own profile keys (``options``), checks a job's values of them
+(``check``), runs a whole profile of its jobs into a result document (``run``), renders that
+document (``formats``, ``render``) and says what went wrong in it (``problems``). The profile
+loader and the CLI ask this registry and name no workload; adding one is a module here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from gpufio.core.options import Option
+
+if TYPE_CHECKING:
+    from gpufio.core.job import Profile
+
+# the workload of a job that names none
+DEFAULT_WORKLOAD = "block"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload's entry in the registry."""
+
+    name: str
+    summary: str
+    options: tuple[Option, ...]
+    # (where, engine name, the job's values of ``options``) -> None, or BadInput
+    check: Callable[[str, str, Mapping[str, Any]], None]
+    formats: tuple[str, ...]
+    # (profile, quiet, repeat) -> the result document
+    run: Callable[["Profile", bool, int], dict[str, Any]]
+    # (document, format, console or None) -> text ('table' may print to the console)
+    render: Callable[[dict[str, Any], str, Any], str]
+    # document -> one line per job whose numbers cannot be trusted
+    problems: Callable[[dict[str, Any]], list[str]]
+
+
+_REGISTRY: dict[str, Workload] = {}
+_loaded = False
+
+
+def register(workload: Workload) -> Workload:
+    """Make ``workload`` available under its name."""
+    _REGISTRY[workload.name] = workload
+    return workload
+
+
+def all_workloads() -> dict[str, Workload]:
+    """Every workload, loading the built-in ones on first use."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for info in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{info.name}")
+    return dict(_REGISTRY)

@@ -1,3 +1,13 @@
 """The GNN feature-aggregation workload (issue 6): an IGB-shaped graph and feature table, a
 neighbour sampler, a GraphSAGE model, and stage timing, written once for NumPy and CuPy
-(``xp``), so the same code runs on the GPU and is tested on the CPU."""
+(``xp``), so the same code runs on the GPU and is tested on the CPU. Registered as workload
+'gnn' here."""
+
+from gpufio.workloads import Workload, register
+from gpufio.workloads.gnn import report
+from gpufio.workloads.gnn.options import GNN_OPTIONS, check
+
+GNN = register(Workload(
+    name="gnn", summary="GNN training with feature aggregation through the engine",
+    options=GNN_OPTIONS, check=check, formats=report.FORMATS, run=report.run_workload,
+    render=report.render_to, problems=report.problems))

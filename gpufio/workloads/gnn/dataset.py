@@ -38,7 +38,7 @@ class Dataset:
 def _feature_paths(job: Job) -> list[str]:
     """Where generated features go: a file per target directory (or the given file paths),
     else one file in the scratch directory."""
-    g = job.gnn
+    g = job.workload_options
     n = max(len(job.targets), 1)
 
     def name(i: int) -> str:  # a stripe of n holds other rows than the whole table
@@ -64,7 +64,7 @@ def _feature_paths(job: Job) -> list[str]:
 def prepare(job: Job, xp: Any = np) -> Dataset:
     """Graph and feature files for ``job``, built or checked; BadInput if they do not fit.
     ``xp`` computes generated feature values (CuPy on a GPU job)."""
-    g = job.gnn
+    g = job.workload_options
     nodes, dim = g["nodes"], g["feature_dim"]
     gr = graph.cached(nodes, g["avg_degree"], job.randseed,
                       Path(job.directory or tg.default_scratch_dir()))

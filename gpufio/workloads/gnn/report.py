@@ -20,6 +20,7 @@ from rich.table import Table
 from tabulate import tabulate
 
 from gpufio import __version__
+from gpufio.core.errors import BadInput
 from gpufio.core.job import Profile
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
@@ -38,7 +39,7 @@ class ProgressLines:
         self._interval = Interval(every_s)
 
     def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
-        g = job.gnn
+        g = job.workload_options
         if not self._interval.due(force=done == g["iterations"]):
             return
         phase = " (warm-up)" if done <= g["warmup"] else ""
@@ -69,7 +70,7 @@ class LiveStages:
         self._live.__exit__()
 
     def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
-        g = job.gnn
+        g = job.workload_options
         phase = "warm-up" if done <= g["warmup"] else "timed"
         self._rows[job.name] = [job.name, job.engine, f"{done}/{g['iterations']}", phase,
                                 *(f"{ns / 1e6:.1f}" for ns in stage_ns)]
@@ -158,6 +159,31 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "verify": f"{j['verify']['mismatches']} bad / {j['verify']['rows_checked']}",
         })
     return out
+
+
+def run_workload(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
+    """The registry's entry: run the profile once (a GNN job times its own iterations)."""
+    if repeat != 1:
+        raise BadInput("--repeat: a GNN job runs once and reports its timed iterations; "
+                       "raise 'iterations' instead")
+    return run_profile(prof, quiet)
+
+
+def problems(doc: dict[str, Any]) -> list[str]:
+    """A line for each job that failed or aggregated rows that differ from the generator's."""
+    out = []
+    for job in doc["jobs"]:
+        if job.get("failure"):
+            out.append(f"{job['jobname']}: {job['failure']}")
+        elif job["error"]:
+            out.append(f"{job['jobname']}: {job['verify']['mismatches']} aggregated rows "
+                       "differ from the generator's values")
+    return out
+
+
+def render_to(doc: dict[str, Any], fmt: str, console: Any = None) -> str:
+    """The registry's entry: the text of ``render`` (GNN tables are plain text)."""
+    return render(doc, fmt)
 
 
 def render(doc: dict[str, Any], fmt: str) -> str:

@@ -26,14 +26,14 @@ from gpufio.workloads.gnn.sampler import max_input_nodes, sample
 
 
 def _array_module(job: Job) -> Any:
-    return np if job.gnn["device"] == "cpu" else gpu.use(job.gpu)
+    return np if job.workload_options["device"] == "cpu" else gpu.use(job.gpu)
 
 
 def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
     """The job's engine's row fetcher (aggregation goes through the engine's data path);
     host staging buffers are sized for the largest possible mini-batch here, before any
     memory_limit applies."""
-    g = job.gnn
+    g = job.workload_options
     most = max_input_nodes(g["batch_size"], list(g["fanout"]), ds.graph.nodes)
     request = RowRequest(dim=g["feature_dim"], max_rows=most, direct=job.direct,
                          cache_bytes=g["cache_size"], advice=g["mmap_advice"])
@@ -57,7 +57,7 @@ class _Tally:
 def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
     """Run one GNN job; ``stop()`` returning True ends it early (Ctrl-C); ``progress(job,
     iterations done, last iteration's stage ns)`` is called after each iteration."""
-    g = job.gnn
+    g = job.workload_options
     xp = _array_module(job)
     ds = dataset.prepare(job, xp)
     fetcher = _fetcher(job, ds, xp)
@@ -87,7 +87,7 @@ def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
 def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally,
              stop: Any, progress: Any) -> None:
     """Sample, aggregate, train, ``iterations`` times, each stage timed to a device sync."""
-    g = job.gnn
+    g = job.workload_options
     sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
     indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
     model = GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
@@ -142,7 +142,7 @@ def _cache_result(fetcher: Any, t: _Tally) -> dict[str, Any]:
 
 
 def _result(job: Job, ds: dataset.Dataset, t: _Tally, fetcher: Any) -> dict[str, Any]:
-    g = job.gnn
+    g = job.workload_options
     done, rows_timed, losses = t.done, t.rows_timed, t.losses
     stages = timing.summarize(t.stage_ns[:done], g["warmup"]) if done > g["warmup"] else {}
     agg_s = stages.get("aggregation_ms", 0.0) * stages.get("timed_iterations", 0) / 1e3
