@@ -16,11 +16,11 @@ from typing import Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from gpufio import __version__, profile
 from gpufio.core.errors import BadInput
 from gpufio.facts import host as hostinfo
+from gpufio.results import render
 from gpufio.run import runner
 from gpufio.workloads import Workload, all_workloads
 
@@ -279,12 +279,9 @@ def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or js
             return
         for r in rows:
             r["options"] = ", ".join(r["options"])
-        table = Table(title="gpufio engines")
-        for col in rows[0]:
-            table.add_column(col)
-        for r in rows:
-            table.add_row(*[("yes" if v else "no") if isinstance(v, bool) else str(v) for v in r.values()])
-        _stdout_console().print(table)
+            r["available"] = "yes" if r["available"] else "no"
+        render.render(rows, "table", title="gpufio engines", left=tuple(rows[0]),
+                      console=_stdout_console())
 
 
 @app.command()
@@ -326,12 +323,8 @@ def info(
             sections.append(("gpus", {"status": facts["gpu_status"]}))
         sections += [(f"target {p}", f) for p, f in facts["targets"].items()]
         for title, mapping in sections:
-            table = Table(title=title, show_header=False)
-            table.add_column("key")
-            table.add_column("value")
-            for k, v in mapping.items():
-                table.add_row(str(k), ", ".join(map(str, v)) if isinstance(v, list) else str(v))
-            console.print(table)
+            rows = [{"key": k, "value": v} for k, v in mapping.items()]
+            console.print(render.table(rows, title, left=("key", "value"), show_header=False))
 
 
 def main() -> None:

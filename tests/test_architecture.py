@@ -105,3 +105,25 @@ def test_the_loader_and_the_cli_name_no_workload():
         workload_imports = [t for _, t in imports(ALL[module], module)
                             if t.startswith("gpufio.workloads.")]
         assert named == [] and workload_imports == [], (module, named, workload_imports)
+
+
+def test_one_renderer_builds_every_table():
+    """Tables come from results/render.py only: no other module builds a Rich table, calls
+    tabulate or writes CSV by hand."""
+    makers = []
+    for module, path in ALL.items():
+        if module == "gpufio.results.render":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in ("Table", "tabulate", "DictWriter", "writer"):
+                    makers.append(f"{module}:{node.lineno} {name}")
+    assert makers == []
+
+
+def test_csv_cells_are_quoted():
+    from gpufio.results.render import render
+
+    text = render([{"job": "a,b", "note": 'say "hi"'}], "csv")
+    assert text.splitlines() == ["job,note", '"a,b","say ""hi"""']

@@ -6,17 +6,14 @@ verdict: per job and metric, every file's value, its ratio to the baseline and i
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
-from tabulate import tabulate
 
 from gpufio.core.errors import BadInput
 from gpufio.results.load import METRICS, job_metrics, jobs_by_name, setup_facts
+from gpufio.results.render import render as render_rows
 
 FORMATS = ("table", "markdown", "csv", "json")
 
@@ -61,23 +58,13 @@ def render(docs: list[dict[str, Any]], labels: list[str], fmt: str, console: Con
     if fmt == "json":
         return json.dumps({"baseline": labels[0], "setups": setups, "rows": rows}, indent=2) + "\n"
     if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-        return out.getvalue()
+        return render_rows(rows, "csv")
     header = [f"{label}: {s['host']}, kernel {s['kernel']}, GPUs {s['gpus']}; targets {s['targets']}"
               for label, s in setups.items()]
     text_rows = [{k: _cell(v) for k, v in r.items()} for r in rows]
     if fmt == "markdown":
-        return "\n".join(f"- {h}" for h in header) + "\n\n" + \
-            tabulate(text_rows, headers="keys", tablefmt="github") + "\n"
+        return "\n".join(f"- {h}" for h in header) + "\n\n" + render_rows(text_rows, "markdown")
     for h in header:
         console.print(h, markup=False, highlight=False)
-    table = Table(title=f"baseline: {labels[0]}")
-    for key in text_rows[0]:
-        table.add_column(key, justify="left" if key in ("job", "metric", "unit") else "right")
-    for r in text_rows:
-        table.add_row(*r.values())
-    console.print(table)
-    return ""
+    return render_rows(text_rows, "table", title=f"baseline: {labels[0]}",
+                       left=("job", "metric", "unit"), console=console)

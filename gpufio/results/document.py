@@ -7,23 +7,20 @@ can render loaded result files the same way.
 
 from __future__ import annotations
 
-import csv
 import errno
-import io
 import json
 import time
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
-from tabulate import tabulate
 
 from gpufio.core.job import Profile
 from gpufio.core.stats import LatencyStats
 from gpufio.engines import all_engines
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
+from gpufio.results.render import render as render_rows
 from gpufio.run.runner import JobResult, RunOutcome
 
 FORMATS = ("table", "json", "fio-json", "csv", "markdown")
@@ -191,23 +188,13 @@ def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str
 
         return json.dumps(to_fio(doc), indent=2) + "\n"
     rows = summary_rows(doc)
-    if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["job"])
-        writer.writeheader()
-        writer.writerows(rows)
-        return out.getvalue()
-    if fmt == "markdown":
-        return f"{_title(doc)}\n\n" + tabulate(rows, headers="keys", tablefmt="github") + "\n"
-    table = Table(title=Text(_title(doc)))  # a path is text, never Rich markup
-    for key in (rows[0] if rows else {"job": ""}):
-        table.add_column(key, justify="left" if key in ("job", "engine", "status") else "right")
-    for row in rows:
-        table.add_row(*[str(v) for v in row.values()])
-    (console or Console()).print(table)
+    text = render_rows(rows, fmt, title=_title(doc), left=("job", "engine", "status"),
+                       columns=("job",), console=console)
+    if fmt != "table":
+        return text
     for job in doc["jobs"]:
         for line in problem_lines(job):
-            (console or Console()).print(f"[red]{line}[/red]")
+            (console or Console()).print(Text(line, style="red"))
     return ""
 
 

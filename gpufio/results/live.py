@@ -14,9 +14,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from gpufio.results.render import table
 from gpufio.run.runner import Snapshot
 
 PLAIN_EVERY_S = 2.0
+LIVE_COLUMNS = ("job", "engine", "state", "IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA")
 
 
 class Interval:
@@ -41,17 +43,6 @@ def _eta(s: Snapshot) -> str:
     return f"{s.eta_s:.0f}s" if s.eta_s is not None and s.state != "done" else "-"
 
 
-def table(title: str, columns: tuple[str, ...], left: tuple[str, ...],
-          rows: list[list[str]]) -> Table:
-    """A progress table: the ``left`` columns (names) left-aligned, the figures right."""
-    t = Table(title=title, expand=False)
-    for col in columns:
-        t.add_column(col, justify="left" if col in left else "right")
-    for row in rows:
-        t.add_row(*row)
-    return t
-
-
 class LiveTable:
     """A table redrawn in place on ``stream`` (stderr, so stdout stays the result)."""
 
@@ -72,13 +63,13 @@ class LiveTable:
 
 def _table(snaps: list[Snapshot]) -> Table:
     finished = bool(snaps) and all(s.state == "done" for s in snaps)
-    return table("gpufio: finished" if finished else "gpufio: running",
-                 ("job", "engine", "state", "IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA"),
-                 ("job", "engine", "state"),
-                 [[s.name, s.engine, s.state, f"{s.iops:,.0f}", f"{s.bw_bytes / 1e6:,.1f}",
-                   f"{s.p50_ns / 1e3:,.1f}", f"{s.p99_ns / 1e3:,.1f}",
-                   f"{100 * s.progress:.0f}%" if s.progress is not None else "-", _eta(s)]
-                  for s in snaps])
+    rows = [{"job": s.name, "engine": s.engine, "state": s.state, "IOPS": f"{s.iops:,.0f}",
+             "MB/s": f"{s.bw_bytes / 1e6:,.1f}", "p50 us": f"{s.p50_ns / 1e3:,.1f}",
+             "p99 us": f"{s.p99_ns / 1e3:,.1f}",
+             "progress": f"{100 * s.progress:.0f}%" if s.progress is not None else "-",
+             "ETA": _eta(s)} for s in snaps]
+    return table(rows, "gpufio: finished" if finished else "gpufio: running",
+                 left=("job", "engine", "state"), columns=LIVE_COLUMNS)
 
 
 class LiveDisplay:

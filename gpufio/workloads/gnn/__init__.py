@@ -10,4 +10,4 @@ from gpufio.workloads.gnn.options import GNN_OPTIONS, check
 GNN = register(Workload(
     name="gnn", summary="GNN training with feature aggregation through the engine",
     options=GNN_OPTIONS, check=check, formats=report.FORMATS, run=report.run_workload,
-    render=report.render_to, problems=report.problems))
+    render=report.render, problems=report.problems))

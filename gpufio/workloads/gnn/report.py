@@ -17,14 +17,15 @@ import sys
 from typing import Any, TextIO
 
 from rich.table import Table
-from tabulate import tabulate
 
 from gpufio import __version__
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Profile
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
-from gpufio.results.live import Interval, LiveTable, table
+from gpufio.results.live import Interval, LiveTable
+from gpufio.results.render import render as render_rows
+from gpufio.results.render import table
 from gpufio.workloads.gnn import timing
 from gpufio.workloads.gnn.run import run_job
 
@@ -55,12 +56,12 @@ class LiveStages:
     COLUMNS = ("job", "engine", "iteration", "phase", *(f"{s} ms" for s in timing.STAGES))
 
     def __init__(self, stream: TextIO | None = None) -> None:
-        self._rows: dict[str, list[str]] = {}
+        self._rows: dict[str, dict[str, str]] = {}
         self._live = LiveTable(stream or sys.stderr, self._table())
 
     def _table(self) -> Table:
-        return table("gpufio: GNN jobs", self.COLUMNS, ("job", "engine", "phase"),
-                     list(self._rows.values()))
+        return table(list(self._rows.values()), "gpufio: GNN jobs",
+                     left=("job", "engine", "phase"), columns=self.COLUMNS)
 
     def __enter__(self) -> "LiveStages":
         self._live.__enter__()
@@ -72,8 +73,9 @@ class LiveStages:
     def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
         g = job.workload_options
         phase = "warm-up" if done <= g["warmup"] else "timed"
-        self._rows[job.name] = [job.name, job.engine, f"{done}/{g['iterations']}", phase,
-                                *(f"{ns / 1e6:.1f}" for ns in stage_ns)]
+        self._rows[job.name] = dict(zip(self.COLUMNS, [
+            job.name, job.engine, f"{done}/{g['iterations']}", phase,
+            *(f"{ns / 1e6:.1f}" for ns in stage_ns)]))
         self._live.show(self._table())
 
 
@@ -181,20 +183,12 @@ def problems(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_to(doc: dict[str, Any], fmt: str, console: Any = None) -> str:
-    """The registry's entry: the text of ``render`` (GNN tables are plain text)."""
-    return render(doc, fmt)
-
-
-def render(doc: dict[str, Any], fmt: str) -> str:
+def render(doc: dict[str, Any], fmt: str, console: Any = None) -> str:
+    """The document in ``fmt``: the whole document as JSON, else the stage table (a 'table'
+    prints to ``console`` and returns '')."""
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
-    table = rows(doc)
-    style = {"table": "simple", "markdown": "github", "csv": None}[fmt]
-    if style is None:
-        header = list(table[0]) if table else []
-        lines = [",".join(header)] + [",".join(str(r[k]) for k in header) for r in table]
-        return "\n".join(lines) + "\n"
-    head = (f"gpufio {doc['gpufio version']} · {doc['profile']} · GNN feature aggregation "
-            f"(device {doc['jobs'][0]['device'] if doc['jobs'] else '-'})\n")
-    return head + tabulate(table, headers="keys", tablefmt=style) + "\n"
+    title = (f"gpufio {doc['gpufio version']} · {doc['profile']} · GNN feature aggregation "
+             f"(device {doc['jobs'][0]['device'] if doc['jobs'] else '-'})")
+    return render_rows(rows(doc), fmt, title=title, left=("job", "engine", "iters", "verify"),
+                       columns=("job",), console=console)
