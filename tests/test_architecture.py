@@ -127,3 +127,27 @@ def test_csv_cells_are_quoted():
 
     text = render([{"job": "a,b", "note": 'say "hi"'}], "csv")
     assert text.splitlines() == ["job,note", '"a,b","say ""hi"""']
+
+
+def test_code_below_the_cli_emits_events_instead_of_printing():
+    """Only the CLI and the result renderers write to the terminal; other bands emit events
+    (core/events.py), so a quiet run or a test decides where their lines go."""
+    allowed = {"gpufio.cli", "gpufio.core.events", "gpufio.results.render",
+               "gpufio.results.document", "gpufio.results.live"}
+    printing = []
+    for module, path in ALL.items():
+        if module in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+                printing.append(f"{module}:{node.lineno}")
+    assert printing == []
+
+
+def test_events_reach_the_sink_that_is_set():
+    from gpufio.core import events
+
+    got = []
+    with events.sink(lambda kind, text: got.append((kind, text))):
+        events.emit("layout", "gpufio: laying out x")
+    assert got == [("layout", "gpufio: laying out x")]

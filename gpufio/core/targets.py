@@ -15,12 +15,11 @@ import mmap
 import os
 import re
 import stat
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gpufio.core import pattern
+from gpufio.core import events, pattern
 from gpufio.core.errors import BadInput
 from gpufio.core.units import format_size
 from gpufio.facts import device as devinfo
@@ -236,8 +235,8 @@ def ensure_scratch(path: str, nbytes: int, seed: int, quiet: bool = False) -> No
 def _stderr_progress(path: str) -> Callable[[int, int], None]:
     def report(done: int, total: int) -> None:
         if done == total or done % (256 << 20) == 0:
-            print(f"gpufio: laying out {path}: {format_size(done)} of {format_size(total)}",
-                  file=sys.stderr, flush=True)
+            events.emit("layout", f"gpufio: laying out {path}: {format_size(done)} of "
+                                  f"{format_size(total)}")
     return report
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from gpufio.core import events
 from gpufio.core import targets as tg
 from gpufio.core.context import JobShared, WorkerContext
 from gpufio.core.errors import BadInput
@@ -396,7 +397,7 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
             for r in runs:
                 line = job_advice(r.job, r.engine_facts)
                 if line and not quiet:
-                    print(line, file=sys.stderr, flush=True)
+                    events.emit("advice", line)
             try:
                 _drive(runs, finished, on_tick, tick_every_s)
             except KeyboardInterrupt:

@@ -8,13 +8,13 @@ by ``feature_file`` are checked for size against ``nodes`` before anything runs.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gpufio.core import events
 from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
@@ -92,7 +92,7 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
                            "features for these nodes; remove it, or read it with feature_file")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         size = layout.bytes_needed(t, nodes)
-        print(f"gpufio: writing generated features to {path} ({size / 1e9:.1f} GB, once; "
-              "later runs reuse the file)", file=sys.stderr, flush=True)
+        events.emit("layout", f"gpufio: writing generated features to {path} "
+                    f"({size / 1e9:.1f} GB, once; later runs reuse the file)")
         features.write_share(path, t, layout, nodes, dim, job.randseed, xp)
     return Dataset(gr, paths, layout, generated=True)

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from rich.table import Table
 
 from gpufio import __version__
+from gpufio.core import events
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Profile
 from gpufio.engines.base import label
@@ -45,8 +46,8 @@ class ProgressLines:
             return
         phase = " (warm-up)" if done <= g["warmup"] else ""
         times = ", ".join(f"{s} {ns / 1e6:.1f} ms" for s, ns in zip(timing.STAGES, stage_ns))
-        print(f"gpufio: {job.name}: iteration {done}/{g['iterations']}{phase}: {times}",
-              file=sys.stderr, flush=True)
+        events.emit("progress", f"gpufio: {job.name}: iteration {done}/{g['iterations']}"
+                                f"{phase}: {times}")
 
 
 class LiveStages:
