@@ -5,8 +5,8 @@ segment of slots, once all its reads are in, is copied to GPU memory in one asyn
 transfer on its own CUDA stream, so many small reads share a copy and the next segments'
 reads overlap the copies. There are twice as many landing segments as the ``iodepth`` reads
 in flight need: a segment still waiting for its slowest read, or for its copy, does not
-hold back new reads (with exactly iodepth slots, the root disk ran at 0.45-0.80x of fio's
-IOPS at the same depth, fewer the smaller the segments). An I/O is complete when its
+hold back new reads (docs/PERFORMANCE.md has what exactly iodepth slots cost on the root
+disk). An I/O is complete when its
 bytes are in GPU memory: its latency runs from issue until its segment's copy event is
 observed done. fio's and elbencho's GPU paths copy synchronously from pageable memory, one
 I/O at a time; this does not.

@@ -95,10 +95,10 @@ class GpuUring(Engine):
         Option("sqe_async", "bool", False, "set IOSQE_ASYNC: always hand reads to the kernel's "
                "io-wq workers, several per ring, instead of letting the SQPOLL thread issue them "
                "(it hands reads the file cannot do without blocking to one io-wq worker per ring); "
-               "on the H200 it cost about 15% of the IOPS on tmpfs and zram"),
+               "docs/PERFORMANCE.md has what it cost"),
         Option("registered", "bool", None, "register the targets and each ring's landing slots "
                "with io_uring (fixed files, READ_FIXED), as fio's registerfiles and fixedbufs "
-               "(default: when sqe_async is off; with io-wq workers it cost IOPS on the H200)"),
+               "(default: when sqe_async is off, where it helps: docs/PERFORMANCE.md)"),
         Option("land", "str", "gpu", "where a read's bytes end: 'gpu' (copied into GPU memory) "
                "or 'host' (left in the pinned host slots, for comparison)",
                choices=("gpu", "host")),

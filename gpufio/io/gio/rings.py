@@ -36,7 +36,7 @@ def ring_sizes(iodepth: int, ring_entries: int | None, where: str = "") -> tuple
 def default_rings(ntargets: int, cpus: int) -> int:
     """Half the cores, at most 8, at least one per target: each ring's SQPOLL thread spins
     on a core, and on RAM-backed targets hands its reads to an io-wq worker that needs
-    another (on the H200's 16 cores 8 rings made 4.75 M IOPS, 16 rings 4.09 M)."""
+    another (docs/PERFORMANCE.md, "gpu-uring, fifth session", has the sweep behind it)."""
     return max(ntargets, min(8, cpus // 2), 1)
 
 
