@@ -151,15 +151,10 @@ class GpuUring(Engine):
                                              fds=[t.fd for t in targets])
         self._bench_fn = cuda.module("gio_bench").get_function("gio_bench")
         self._blocks = -(-o["threads"] // TPB)
-        try:
+        with gpu.undone_on_failure(self.queue.close, f"gpu {job.gpu_of(ctx.worker)}: out of "
+                                   f"memory for {o['threads'] * job.bs} bytes of destination "
+                                   "buffers"):
             self._dev = self._bench_arrays(job, targets, ctx, o)
-        except cp.cuda.memory.OutOfMemoryError:
-            self.queue.close()
-            raise BadInput(f"gpu {job.gpu_of(ctx.worker)}: out of memory for "
-                           f"{o['threads'] * job.bs} bytes of destination buffers") from None
-        except BaseException:
-            self.queue.close()
-            raise
         self._stream = cp.cuda.Stream(non_blocking=True)
         self.queue.keep_alive(self._dev, self._stream)  # if the bench kernel never stops
         cp.cuda.Stream.null.synchronize()  # not the device: other workers' agents run on it

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -179,6 +181,24 @@ def host_rows(xp: Any, rows: int, cols: int) -> np.ndarray:
     import cupyx
 
     return cupyx.empty_pinned((rows, cols), np.float32)
+
+
+@contextmanager
+def undone_on_failure(undo: Callable[[], None], out_of_memory: str) -> Iterator[None]:
+    """Run ``undo`` (release what was built so far) if the block fails; running out of GPU
+    memory becomes the one-line BadInput ``out_of_memory``, anything else propagates."""
+    import cupy
+
+    from gpufio.core.errors import BadInput
+
+    try:
+        yield
+    except cupy.cuda.memory.OutOfMemoryError:
+        undo()
+        raise BadInput(out_of_memory) from None
+    except BaseException:
+        undo()
+        raise
 
 
 class PinnedBuffer:

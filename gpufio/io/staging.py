@@ -15,7 +15,6 @@ import ctypes
 
 import numpy as np
 
-from gpufio.core.errors import BadInput
 from gpufio.io import gpu
 from gpufio.io import verify as gpuverify
 
@@ -33,18 +32,13 @@ class SegmentedStaging:
         self._slots = gpu.PinnedBuffer(nbytes)
         self.host, self.host_addr = self._slots.array, self._slots.addr
         self._marks: gpu.PinnedBuffer | None = None
-        try:
+        with gpu.undone_on_failure(self._release, f"gpu {gpu_index}: out of memory for "
+                                   f"{nbytes} bytes of buffers"):
             self.dev = cp.empty(nbytes, dtype=cp.uint8)
             self._streams = [cp.cuda.Stream(non_blocking=True) for _ in range(segments)]
             self._events = [cp.cuda.Event(disable_timing=True) for _ in range(segments)]
             if verify:
                 self._setup_verify(cp)
-        except cp.cuda.memory.OutOfMemoryError:
-            self._release()
-            raise BadInput(f"gpu {gpu_index}: out of memory for {nbytes} bytes of buffers") from None
-        except BaseException:
-            self._release()
-            raise
 
     def _setup_verify(self, cp: object) -> None:
         """Per segment and slot: the offset and seed the check needs, staged in pinned memory

@@ -71,13 +71,13 @@ class DeviceQueue:
         self.kernels_done = True
         self.rings = GpuRings(nrings, sq_entries, cq_entries, idle_ms=idle_ms, cpus=cpus,
                               sq_threads=sq_threads)
-        try:
+        slots = nrings * depth
+        with gpu.undone_on_failure(self.close, f"out of GPU memory for a queue of {slots} slots"):
             for ring in self.rings.rings:  # what the kernel made of the sizes asked for
                 if not depth <= ring.sq_entries <= ring.cq_entries:
                     raise BadInput(f"a queue of depth {depth} needs depth <= SQ entries <= CQ "
                                    f"entries, got SQ {ring.sq_entries}, CQ {ring.cq_entries}: "
                                    "a CQ that overflows can never be drained by the GPU")
-            slots = nrings * depth
             self._slots = gpu.PinnedBuffer(slots * slot_bytes, mapped=True)
             self.landing = self._slots.addr
             self.file_refs = np.array(range(len(fds)) if registered else fds, np.int32)
@@ -89,18 +89,13 @@ class DeviceQueue:
             d = self._dev = {
                 "rings": cp.asarray(self.rings.descriptors), "state": cp.zeros(slots, cp.int32),
                 "res": cp.zeros(slots, cp.int32), "off": cp.zeros(slots, cp.uint64),
-                "len_fd": cp.zeros(slots, cp.uint64), "control": cp.zeros(contract.CONTROL_WORDS, cp.int32),
+                "len_fd": cp.zeros(slots, cp.uint64),
+                "control": cp.zeros(contract.CONTROL_WORDS, cp.int32),
                 "ring_stats": cp.zeros(2 * nrings, cp.uint64)}
             arrays = ("rings", "state", "res", "off", "len_fd", "control", "ring_stats")
             d["queue"] = cp.asarray(contract.build(contract.GIO_QUEUE, {
                 **{name: self.ptr(name) for name in arrays}, "nrings": nrings, "depth": depth,
                 "landing": self.landing, "slot_bytes": slot_bytes, "sqe_head": head}))
-        except cp.cuda.memory.OutOfMemoryError:
-            self.close()
-            raise BadInput(f"out of GPU memory for a queue of {slots} slots") from None
-        except BaseException:
-            self.close()
-            raise
         self.agent_stream = cp.cuda.Stream(non_blocking=True)
         self.control_stream = cp.cuda.Stream(non_blocking=True)
 
