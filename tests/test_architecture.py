@@ -151,3 +151,41 @@ def test_events_reach_the_sink_that_is_set():
     with events.sink(lambda kind, text: got.append((kind, text))):
         events.emit("layout", "gpufio: laying out x")
     assert got == [("layout", "gpufio: laying out x")]
+
+
+def test_engines_reach_the_run_only_through_the_context():
+    """Engines ask the context (measuring, regions(), budget, next_batch ...), never its
+    runner-side objects (ctx.control, ctx.stream)."""
+    reached = []
+    for module, path in ALL.items():
+        if band_of(module) != "engines":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("control", "stream") \
+                    and isinstance(node.value, ast.Name) and node.value.id == "ctx":
+                reached.append(f"{module}:{node.lineno} ctx.{node.attr}")
+            if isinstance(node, ast.Attribute) and node.attr in ("control", "stream") \
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "ctx":
+                reached.append(f"{module}:{node.lineno} self.ctx.{node.attr}")
+    assert reached == []
+
+
+def test_engines_read_their_options_typed():
+    """Each engine reads its options through its Settings dataclass (built from its Option
+    table), never by string key from job.engine_options."""
+    keyed = []
+    for module, path in ALL.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "engine_options":
+                keyed.append(f"{module}:{node.lineno}")
+    assert keyed == []
+    from gpufio.engines import all_engines
+    from gpufio.profile import from_dict
+
+    job = from_dict({"global": {"engine": "uring", "targets": ["x"], "sqpoll": True}},
+                    "t.toml", {}).jobs[0]
+    s = all_engines()["uring"].settings(job)
+    assert s.sqpoll is True and s.fixedbufs is False
+    with pytest.raises(AttributeError):
+        s.sqpoll = False  # frozen

@@ -260,7 +260,7 @@ def test_rings_register_files_and_slots_by_default_only_when_inline(given, regis
 
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
                     "t.toml", {}).jobs[0]
-    assert resolved_options(job)["registered"] is registered
+    assert resolved_options(job).registered is registered
 
 
 @pytest.mark.parametrize("given,threads", [({"rings": 4}, 4), ({"rings": 4, "sq_threads": 1}, 1),
@@ -272,4 +272,4 @@ def test_sq_threads_default_to_one_per_ring_and_never_exceed_the_rings(given, th
     monkeypatch.setattr(gpu_uring.os, "cpu_count", lambda: 2)  # default rings: 1
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
                     "t.toml", {}).jobs[0]
-    assert gpu_uring.resolved_options(job)["sq_threads"] == threads
+    assert gpu_uring.resolved_options(job).sq_threads == threads

@@ -243,6 +243,21 @@ class WorkerContext:
                 "worker": self.worker}
 
     @property
+    def measuring(self) -> bool:
+        """Whether the measured phase has begun (the ramp is over)."""
+        return self.control.measuring
+
+    def regions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each target's first byte and number of blocks, for engines that draw offsets
+        themselves (on the GPU)."""
+        return self.stream.region_arrays()
+
+    @property
+    def budget(self) -> int | None:
+        """I/Os this worker may still issue (None: time-based, no budget)."""
+        return self.stream.remaining
+
+    @property
     def done(self) -> bool:
         """True once the worker should issue nothing more."""
         return self._halted or self.control.stopping

@@ -7,6 +7,7 @@ help text comes from it, so documentation and validation cannot drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -114,3 +115,16 @@ class Option:
                      f"at least {self.minimum}")
             raise BadInput(f"{what}: must be {bound}, got {value!r}")
         return result
+
+
+# the Python type each kind of option converts to
+_TYPES: dict[str, type] = {"bool": bool, "int": int, "str": str, "size": int, "time": int,
+                           "strlist": tuple, "intlist": tuple, "percentiles": tuple}
+
+
+def settings_class(name: str, options: tuple[Option, ...]) -> type:
+    """A frozen dataclass with one typed field per option (its default the option's): what
+    an engine reads its options through, built once from the same table the loader checks."""
+    fields = [(o.name, _TYPES[o.kind] if o.default is not None else _TYPES[o.kind] | None,
+               dataclasses.field(default=o.default)) for o in options]
+    return dataclasses.make_dataclass(name, fields, frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpufio.core.options import Option
+from gpufio.core.options import Option, settings_class
 from gpufio.core.rows import RowRequest, RowSupport, RowTable
 
 if TYPE_CHECKING:
@@ -45,16 +45,27 @@ class Engine(ABC):
     # fio's names for this path, for job files: "ioengine" or "ioengine:cuda_io", each with
     # the note a user reads when it maps to gpufio's engine ("" when it is the same path)
     fio_engines: ClassVar[dict[str, str]] = {}
+    # this engine's options as a typed, frozen dataclass (settings_class of ``options``)
+    Settings: ClassVar[type]
     # "process": each worker is a forked process, so Python time per batch scales with
     # numjobs as fio's job processes do; "thread" for engines holding a CUDA context.
     worker_kind: ClassVar[str] = "process"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.Settings = settings_class(f"{cls.__name__}Settings", cls.options)
+
+    @classmethod
+    def settings(cls, job: "Job") -> Any:
+        """The job's options of this engine, typed (``settings(job).sqpoll``)."""
+        return cls.Settings(**job.engine_options)
 
     @classmethod
     def worker_kind_for(cls, job: "Job") -> str:
         """How this job's workers run: "process" (forked), "thread", or "spawn" (a fresh
         process, for engines that hold a CUDA context and must not share the interpreter):
         the class's kind, or "spawn" when it offers PROCESSES and the job sets it."""
-        if PROCESSES in cls.options and job.engine_options["processes"]:
+        if PROCESSES in cls.options and cls.settings(job).processes:
             return "spawn"
         return cls.worker_kind
 
@@ -92,7 +103,7 @@ class Engine(ABC):
         if PROCESSES in cls.options:
             from gpufio.io.gpu import mps_active
 
-            facts["processes"] = job.engine_options["processes"]
+            facts["processes"] = cls.settings(job).processes
             if facts["processes"]:
                 facts["mps"] = mps_active()
         return facts

@@ -44,7 +44,7 @@ SPARE = 2  # landing slots per read that may be in flight
 
 def segment_shape(job: Job) -> tuple[int, int]:
     """(segments the reads in flight are grouped in, slots per segment)."""
-    nseg = min(job.engine_options["segments"], job.iodepth)
+    nseg = min(CpuGpu.settings(job).segments, job.iodepth)
     return nseg, job.iodepth // nseg
 
 
@@ -76,7 +76,7 @@ class CpuGpu(Engine):
     @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
         return UringFetch(table, xp, request.dim, job.iodepth, request.direct,
-                          request.max_rows, job.engine_options["sqe_async"])
+                          request.max_rows, cls.settings(job).sqe_async)
 
     @classmethod
     def check_job(cls, job: Job) -> None:
@@ -97,7 +97,7 @@ class CpuGpu(Engine):
                                ctx.verifying)
         self.ring = uring.Ring(self._cap)
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
-        self._sqe_flags = uring.SQE_ASYNC if job.engine_options["sqe_async"] else 0
+        self._sqe_flags = uring.SQE_ASYNC if self.settings(job).sqe_async else 0
 
     def _issue(self, s: int, tgt: np.ndarray, offs: np.ndarray, t_issue: np.ndarray,
                seg_n: np.ndarray, slot_tgt: np.ndarray, slot_off: np.ndarray) -> None:

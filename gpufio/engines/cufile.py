@@ -72,8 +72,8 @@ def configure(threads: int, io_bytes: int, direct: bool) -> None:
 def _threads(job: Job) -> int:
     """KvikIO's pool size (one pool per process): the option, or a thread for every read the
     process keeps queued, iodepth for each of its workers."""
-    per_process = 1 if job.engine_options["processes"] else job.numjobs
-    return job.engine_options["threads"] or job.iodepth * per_process
+    per_process = 1 if CuFile.settings(job).processes else job.numjobs
+    return CuFile.settings(job).threads or job.iodepth * per_process
 
 
 @register
@@ -97,7 +97,7 @@ class CuFile(Engine):
 
     @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-        return CuFileFetch(table, xp, request.dim, job.engine_options["threads"],
+        return CuFileFetch(table, xp, request.dim, cls.settings(job).threads,
                            job.iodepth, request.direct)
 
     @classmethod
@@ -126,7 +126,7 @@ class CuFile(Engine):
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
         cp = gpu.use(job.gpu_of(ctx.worker))
-        if job.engine_options["require_gds"] and cufile_mode() != "gds":
+        if self.settings(job).require_gds and cufile_mode() != "gds":
             raise BadInput("engine 'cufile': require_gds is set, but cuFile runs in compat mode "
                            "here (no GPUDirect Storage driver, or KVIKIO_COMPAT_MODE=on)")
         import kvikio

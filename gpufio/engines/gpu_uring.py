@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,27 +46,23 @@ PULL_NS = 100_000_000
 U64_MAX = (1 << 64) - 1
 
 
-def resolved_options(job: Job) -> dict[str, Any]:
-    """The job's gpu-uring options with the defaults that depend on the host resolved."""
-    o = dict(job.engine_options)
-    o["rings"] = o["rings"] or default_rings(max(len(job.targets), 1), os.cpu_count() or 1)
-    o["threads"] = o["threads"] or o["rings"] * job.iodepth
-    o["sq_threads"] = min(o["sq_threads"] or o["rings"], o["rings"])
-    if o["registered"] is None:
-        o["registered"] = not o["sqe_async"]
-    return o
+def resolved_options(job: Job) -> Any:
+    """The job's gpu-uring settings with the defaults that depend on the host resolved."""
+    o = GpuUring.settings(job)
+    rings = o.rings or default_rings(max(len(job.targets), 1), os.cpu_count() or 1)
+    return replace(o, rings=rings, threads=o.threads or rings * job.iodepth,
+                   sq_threads=min(o.sq_threads or rings, rings),
+                   registered=not o.sqe_async if o.registered is None else o.registered)
 
 
-
-def make_queue(opts: dict[str, Any], *, depth: int, slot_bytes: int,
-               fds: list[int]) -> DeviceQueue:
-    """The request queue a job's resolved options (engine_options) describe, with ``depth``
+def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int]) -> DeviceQueue:
+    """The request queue a job's resolved settings (resolved_options) describe, with ``depth``
     slots per ring: the block benchmark's and the row fetcher's."""
-    sq, cq = ring_sizes(depth, opts["ring_entries"] or None)
-    return DeviceQueue(nrings=opts["rings"], depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
-                       cq_entries=cq, idle_ms=opts["sq_thread_idle"] // 1_000_000,
-                       cpus=opts["sq_thread_cpu"], sqe_async=opts["sqe_async"], fds=fds,
-                       registered=opts["registered"], sq_threads=opts["sq_threads"])
+    sq, cq = ring_sizes(depth, opts.ring_entries or None)
+    return DeviceQueue(nrings=opts.rings, depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
+                       cq_entries=cq, idle_ms=opts.sq_thread_idle // 1_000_000,
+                       cpus=opts.sq_thread_cpu, sqe_async=opts.sqe_async, fds=fds,
+                       registered=opts.registered, sq_threads=opts.sq_threads)
 
 @register
 class GpuUring(Engine):
@@ -127,8 +124,8 @@ class GpuUring(Engine):
             raise BadInput(f"job '{job.name}': gpu-uring draws offsets on the GPU, uniformly; "
                            f"random_distribution '{job.random_distribution.kind}' is not "
                            "supported by this engine")
-        ring_sizes(job.iodepth, job.engine_options["ring_entries"] or None, f"job '{job.name}': ")
-        rings, sq_threads = job.engine_options["rings"], job.engine_options["sq_threads"]
+        ring_sizes(job.iodepth, cls.settings(job).ring_entries or None, f"job '{job.name}': ")
+        rings, sq_threads = cls.settings(job).rings, cls.settings(job).sq_threads
         if rings and sq_threads > rings:
             raise BadInput(f"job '{job.name}': sq_threads ({sq_threads}) exceeds rings ({rings}): "
                            "each SQPOLL thread serves at least one ring")
@@ -137,10 +134,10 @@ class GpuUring(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         o = resolved_options(job)
         return {**super().describe(job), "gpus": list(job.gpu_list),
-                "lands_in": "gpu memory" if o["land"] == "gpu" else "pinned host memory",
-                "rings": o["rings"], "iodepth_per_ring": job.iodepth,
-                "requester_threads": o["threads"], "sq_threads": o["sq_threads"],
-                "sqe_async": o["sqe_async"], "registered": o["registered"],
+                "lands_in": "gpu memory" if o.land == "gpu" else "pinned host memory",
+                "rings": o.rings, "iodepth_per_ring": job.iodepth,
+                "requester_threads": o.threads, "sq_threads": o.sq_threads,
+                "sqe_async": o.sqe_async, "registered": o.registered,
                 **({"warning": w} if (w := gpu.module_loading_warning()) else {})}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
@@ -150,7 +147,7 @@ class GpuUring(Engine):
         self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
                                              fds=[t.fd for t in targets])
         self._bench_fn = cuda.module("gio_bench").get_function("gio_bench")
-        self._blocks = -(-o["threads"] // TPB)
+        self._blocks = -(-o.threads // TPB)
         with gpu.undone_on_failure(self.queue.close, f"gpu {job.gpu_of(ctx.worker)}: out of "
                                    f"memory for {o['threads'] * job.bs} bytes of destination "
                                    "buffers"):
@@ -160,14 +157,14 @@ class GpuUring(Engine):
         cp.cuda.Stream.null.synchronize()  # not the device: other workers' agents run on it
 
     def _bench_arrays(self, job: Job, targets: list[Target], ctx: WorkerContext,
-                      o: dict[str, Any]) -> dict[str, Any]:
+                      o: Any) -> dict[str, Any]:
         """The block benchmark's own arrays, and its GioBench descriptor (contract.GIO_BENCH,
         the struct in kernels/gio_bench.cu)."""
-        cp, bs, nt, nthreads = self._cp, job.bs, len(targets), o["threads"]
+        cp, bs, nt, nthreads = self._cp, job.bs, len(targets), o.threads
         seeds = np.array([t.pattern_seed or 0 for t in targets], np.uint64)
-        starts, nblocks = ctx.stream.region_arrays()
+        starts, nblocks = ctx.regions()
         d = {"claim": cp.zeros(1, cp.uint64),
-             "dst": cp.empty(nthreads * bs if o["land"] == "gpu" else 16, cp.uint8),
+             "dst": cp.empty(nthreads * bs if o.land == "gpu" else 16, cp.uint8),
              "fds": cp.asarray(self.queue.file_refs),
              "starts": cp.asarray(starts), "nblocks": cp.asarray(nblocks),
              "pat_seed": cp.asarray(seeds),
@@ -177,10 +174,10 @@ class GpuUring(Engine):
              "errs": cp.zeros(nt * ERRNO_SLOTS, cp.uint64),
              "bad": cp.zeros(1 + 2 * BAD_KEEP, cp.uint64)}
         chosen = {"B_RANDOM": job.random, "B_FILE_RANDOM": job.file_service == "random",
-                  "B_LAND_GPU": o["land"] == "gpu", "B_VERIFY": ctx.verifying,
+                  "B_LAND_GPU": o.land == "gpu", "B_VERIFY": ctx.verifying,
                   "B_CONTINUE": job.continue_on_error}
         flags = sum(FLAGS[name] for name, on in chosen.items() if on)
-        budget = ctx.stream.remaining
+        budget = ctx.budget
         seed = int(np.random.default_rng([job.randseed, ctx.worker]).integers(0, 1 << 63))
         p = {name: arr.data.ptr for name, arr in d.items()}
         d["bench"] = cp.asarray(contract.build(contract.GIO_BENCH, {
@@ -218,16 +215,16 @@ class GpuUring(Engine):
         start the measurement and the stop when the runner says, and abort on a stall."""
         ctx, o, q = self.ctx, self._opts, self.queue
         share = uring.SqThreadShare(q.rings.rings)
-        if ctx.control.measuring:  # no ramp: the first completions count
+        if ctx.measuring:  # no ramp: the first completions count
             q.set(C_MEASURING, 1)
             share.begin()
         self._bench_fn((self._blocks,), (TPB,), (q.descriptor, self._dev["bench"]),
                        stream=self._stream)
-        watchdog = Watchdog(o["stall_timeout"], time.monotonic_ns())
+        watchdog = Watchdog(o.stall_timeout, time.monotonic_ns())
         last_pull = 0
         stopping = False
         while True:
-            if not share.begun and ctx.control.measuring:
+            if not share.begun and ctx.measuring:
                 q.set(C_MEASURING, 1)
                 share.begin()
             if not stopping and ctx.done:
@@ -243,7 +240,7 @@ class GpuUring(Engine):
                 ctx.publish(int(live[0]), int(live[1]), int(live[2]), self._get("hist"))
                 last_pull = now
                 if running and watchdog.update(int(live[0]), now):
-                    q.stall(o["stall_timeout"], (self._stream,))
+                    q.stall(o.stall_timeout, (self._stream,))
             if not running:
                 break
             time.sleep(POLL_S)
@@ -282,14 +279,14 @@ class GpuUringFetch:
 
     page_cache = False
 
-    def __init__(self, table: RowTable, xp: Any, dim: int, opts: dict[str, Any], iodepth: int,
+    def __init__(self, table: RowTable, xp: Any, dim: int, opts: Any, iodepth: int,
                  direct: bool, cache_bytes: int = 0) -> None:
 
         self.xp, self.dim, self.layout = xp, dim, table.layout
         self.rows = 0
         self.facts = {"iodepth": iodepth}  # how the rows were fetched, for the result
-        self.stall_ns = opts["stall_timeout"]
-        self._threads = opts["rings"] * iodepth
+        self.stall_ns = opts.stall_timeout
+        self._threads = opts.rings * iodepth
         self.cache = None
         if cache_bytes:
             self.cache = GpuCache(xp, cache_rows(cache_bytes, table.layout.row_bytes, self._threads),

@@ -76,13 +76,13 @@ class Mmap(Engine):
 
     @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-        return MmapFetch(table, xp, request.dim, job.engine_options["drop_cache"],
+        return MmapFetch(table, xp, request.dim, cls.settings(job).drop_cache,
                          request.max_rows, request.advice)
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         return {**super().describe(job), "page_cache": True,
-                "drop_cache": job.engine_options["drop_cache"],
+                "drop_cache": cls.settings(job).drop_cache,
                 "gpus": list(job.gpu_list), "lands_in": "gpu memory", "batch": job.iodepth}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
@@ -92,7 +92,7 @@ class Mmap(Engine):
         self._views: list[np.ndarray] = []
         advice = mm.MADV_RANDOM if job.random else mm.MADV_SEQUENTIAL
         for t in targets:
-            if job.engine_options["drop_cache"]:
+            if self.settings(job).drop_cache:
                 os.posix_fadvise(t.fd, 0, 0, os.POSIX_FADV_DONTNEED)
             nblocks = ((job.size or t.size - job.offset)) // job.bs
             m, view = map_rows(t.fd, t.size, job.offset, nblocks, job.bs, advice)
@@ -147,7 +147,8 @@ class MmapFetch:
                  advice: str) -> None:
         self.xp, self.dim, self.layout = xp, dim, table.layout
         self.rows = 0
-        self.facts = {"mmap_advice": advice}  # how the rows were fetched, for the result
+        # how the rows were fetched, for the result
+        self.facts = {"mmap_advice": advice, "drop_cache": drop_cache}
         self._maps, self._views = [], []
         if drop_cache:
             evict(table.paths)

@@ -61,34 +61,34 @@ class Uring(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        uring.sq_entries(job.iodepth, job.engine_options["ring_entries"], f"job '{job.name}': ")
+        uring.sq_entries(job.iodepth, cls.settings(job).ring_entries, f"job '{job.name}': ")
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
-        o = job.engine_options
-        return {**super().describe(job), "sqpoll": o["sqpoll"], "fixedbufs": o["fixedbufs"],
-                "registerfiles": o["registerfiles"], "defer_taskrun": o["defer_taskrun"]}
+        o = cls.settings(job)
+        return {**super().describe(job), "sqpoll": o.sqpoll, "fixedbufs": o.fixedbufs,
+                "registerfiles": o.registerfiles, "defer_taskrun": o.defer_taskrun}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
-        o = job.engine_options
-        if o["sqpoll"] and not uring.probe().get("sqpoll"):
+        o = self.settings(job)
+        if o.sqpoll and not uring.probe().get("sqpoll"):
             raise BadInput(uring.probe().get("sqpoll_reason", "SQPOLL is not available"))
         depth = job.iodepth
         self._mem = aligned_buffer(depth * job.bs)
         self._slots = np.frombuffer(self._mem, dtype=np.uint8).reshape(depth, job.bs)
         self._base = np.uint64(self._slots.ctypes.data)
-        self.ring = uring.Ring(o["ring_entries"] or depth, sqpoll=o["sqpoll"],
-                               sq_thread_idle_ms=max(o["sq_thread_idle"] // 1_000_000, 1),
-                               single_issuer=o["defer_taskrun"])
+        self.ring = uring.Ring(o.ring_entries or depth, sqpoll=o.sqpoll,
+                               sq_thread_idle_ms=max(o.sq_thread_idle // 1_000_000, 1),
+                               single_issuer=o.defer_taskrun)
         self._opcode = uring.OP_READ
         self._sqe_flags = 0
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
-        if o["registerfiles"]:
+        if o.registerfiles:
             self.ring.register_files([t.fd for t in targets])
             self._fds = np.arange(len(targets), dtype=np.int64)
             self._sqe_flags = uring.SQE_FIXED_FILE
-        if o["fixedbufs"]:
+        if o.fixedbufs:
             self.ring.register_buffers([uring.Region(int(self._base), depth * job.bs)])
             self._opcode = uring.OP_READ_FIXED
         slots = np.arange(depth, dtype=np.uint64)
@@ -104,7 +104,7 @@ class Uring(Engine):
             length=0, user_data=np.zeros(len(targets), np.uint64))[:, 0]
 
     def run(self) -> None:
-        share = uring.SqThreadShare([self.ring]) if self.job.engine_options["sqpoll"] else None
+        share = uring.SqThreadShare([self.ring]) if self.settings(self.job).sqpoll else None
         try:
             self._run(share)
         finally:
@@ -168,7 +168,7 @@ class Uring(Engine):
                 ctx.verify(self._slots[done], tgt_done, slot_off[done], res)
             now_arr[()] = now
             ctx.complete(now_arr - t_issue[done], tgt_done, res)
-            if share is not None and not share.begun and ctx.control.measuring:
+            if share is not None and not share.begun and ctx.measuring:
                 share.begin()
             free = np.concatenate((free, done)) if len(free) else done
 
