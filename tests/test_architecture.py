@@ -189,3 +189,22 @@ def test_engines_read_their_options_typed():
     assert s.sqpoll is True and s.fixedbufs is False
     with pytest.raises(AttributeError):
         s.sqpoll = False  # frozen
+
+
+def test_one_watchdog_and_one_stall_error_for_every_path():
+    """The stall limit and its error live in io/watchdog.py; no engine keeps its own."""
+    from gpufio.io.gio.queue import QueueStalled
+    from gpufio.io.watchdog import Stalled
+
+    assert issubclass(QueueStalled, Stalled)
+    own = []
+    for module, path in ALL.items():
+        if module == "gpufio.io.watchdog":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and any(
+                    getattr(t, "id", "") == "STALL_LIMIT_NS" for t in node.targets):
+                own.append(f"{module}:{node.lineno} STALL_LIMIT_NS")
+            if isinstance(node, ast.ClassDef) and node.name.startswith("Stuck"):
+                own.append(f"{module}:{node.lineno} {node.name}")
+    assert own == []

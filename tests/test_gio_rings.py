@@ -13,8 +13,9 @@ from gpufio.core import pattern
 from gpufio.core.errors import BadInput
 from gpufio.core.targets import aligned_buffer
 from gpufio.io import uring
-from gpufio.io.gio.rings import RingState, Watchdog, default_rings, ring_sizes, stall_report
+from gpufio.io.gio.rings import RingState, default_rings, ring_sizes, stall_report
 from gpufio.io.uring import busy_shares
+from gpufio.io.watchdog import Watchdog
 from gpufio.profile import from_dict
 
 

@@ -68,7 +68,7 @@ def test_ios_that_never_complete_end_in_a_diagnostic(tmp_path, monkeypatch):
     ctx = worker_context(nblocks=256, budget=4)
     engine = uring_engine.Uring(j, [Target(str(fifo), fd, 1 << 20, False, 512, None)], ctx)
     try:
-        with pytest.raises(uring_engine.StuckIO,
+        with pytest.raises(uring_engine.Stalled,
                            match="4 I/Os in flight and none completed for 0.3 s: .*'inflight': 4"):
             engine.run()
     finally:

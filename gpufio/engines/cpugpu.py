@@ -27,6 +27,7 @@ from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import gpu, uring
 from gpufio.io.staging import SegmentedStaging
+from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -38,7 +39,6 @@ WAIT_NS = 200_000_000
 # a row fetch with no completion for this long is stuck (rows are read in whole batches)
 ROW_WAIT_NS = 10_000_000_000
 POLL_NS = 20_000
-STALL_LIMIT_NS = 10_000_000_000
 SPARE = 2  # landing slots per read that may be in flight
 
 
@@ -46,10 +46,6 @@ def segment_shape(job: Job) -> tuple[int, int]:
     """(segments the reads in flight are grouped in, slots per segment)."""
     nseg = min(CpuGpu.settings(job).segments, job.iodepth)
     return nseg, job.iodepth // nseg
-
-
-class StuckCopy(RuntimeError):
-    """Reads or copies stopped completing for STALL_LIMIT_NS."""
 
 
 @register
@@ -125,7 +121,7 @@ class CpuGpu(Engine):
         slot_off = np.zeros(slots, dtype=np.uint64)
         slot_res = np.zeros(slots, dtype=np.int32)
         issuing = True
-        last_progress = time.perf_counter_ns()
+        dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0  # reads + copies
         while True:
             for s in np.flatnonzero(state == FREE).tolist() if issuing else ():
                 if ring.inflight + seg > self._cap:
@@ -145,7 +141,7 @@ class CpuGpu(Engine):
                     done = ud.view(np.int64)
                     slot_res[done] = res
                     np.add.at(seg_done, done // seg, 1)
-                    last_progress = time.perf_counter_ns()
+                    progress += len(done)
             elif copying:
                 self.landing.wait(int(np.flatnonzero(state == COPYING)[0]))
             elif not issuing:
@@ -157,10 +153,10 @@ class CpuGpu(Engine):
                 if self.landing.done(s):
                     self._finish(s, int(seg_n[s]), t_issue, slot_tgt, slot_off, slot_res)
                     state[s] = FREE
-                    last_progress = time.perf_counter_ns()
-            if time.perf_counter_ns() - last_progress > STALL_LIMIT_NS:
-                raise StuckCopy(f"no read or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
-                                f"segment states {state.tolist()}, ring {ring.state()}")
+                    progress += 1
+            if dog.update(progress, time.perf_counter_ns()):
+                raise Stalled(f"no read or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
+                              f"segment states {state.tolist()}, ring {ring.state()}")
 
     def _copy(self, s: int, k: int, slot_tgt: np.ndarray, slot_off: np.ndarray) -> None:
         lo = s * self._seg

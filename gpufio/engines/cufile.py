@@ -24,6 +24,7 @@ from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import gpu
 from gpufio.io import verify as gpuverify
+from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -31,12 +32,7 @@ if TYPE_CHECKING:
     from gpufio.core.targets import Target
 
 POLL_S = 5e-6
-STALL_LIMIT_NS = 10_000_000_000
 _settings_lock = threading.Lock()
-
-
-class StuckRead(RuntimeError):
-    """A KvikIO read did not finish within STALL_LIMIT_NS."""
 
 
 def cufile_mode() -> str:
@@ -174,7 +170,7 @@ class CuFile(Engine):
         oldest = min(busy, key=lambda s: t_issue[s])
         while not futures[oldest].done():
             if time.perf_counter_ns() - t_issue[oldest] > STALL_LIMIT_NS:
-                raise StuckRead(f"a KvikIO read has not finished in {STALL_LIMIT_NS / 1e9:g} s "
+                raise Stalled(f"a KvikIO read has not finished in {STALL_LIMIT_NS / 1e9:g} s "
                                 f"({len(busy)} in flight)")
             time.sleep(POLL_S)
         return [s for s in busy if futures[s].done()]

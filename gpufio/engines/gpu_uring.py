@@ -31,7 +31,8 @@ from gpufio.io import cuda, gpu, uring
 from gpufio.io.gio import contract
 from gpufio.io.gio.cache import GpuCache, cache_rows
 from gpufio.io.gio.queue import C_MEASURING, C_STOP, DeviceQueue, QueueStalled
-from gpufio.io.gio.rings import Watchdog, default_rings, ring_sizes
+from gpufio.io.gio.rings import default_rings, ring_sizes
+from gpufio.io.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext

@@ -19,6 +19,7 @@ from gpufio.core.targets import aligned_buffer
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.io import uring
+from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -26,11 +27,6 @@ if TYPE_CHECKING:
     from gpufio.core.targets import Target
 
 WAIT_NS = 200_000_000
-STALL_LIMIT_NS = 10_000_000_000
-
-
-class StuckIO(RuntimeError):
-    """I/Os were in flight but none completed for STALL_LIMIT_NS."""
 
 
 @register
@@ -125,7 +121,7 @@ class Uring(Engine):
         sqes[:depth] = self._template  # SQE row s belongs to buffer slot s for the whole run
         clock = time.perf_counter_ns
         issuing = True
-        last_progress = clock()
+        dog, completed = Watchdog(STALL_LIMIT_NS, clock()), 0
         while True:
             want = min(len(free), ring.space()) if issuing else 0
             if want:
@@ -156,12 +152,12 @@ class Uring(Engine):
             ring.submit(wait=1, timeout_ns=WAIT_NS)
             ud, res = ring.reap()
             now = clock()
+            completed += len(ud)
+            if dog.update(completed, now):
+                raise Stalled(f"{ring.inflight} I/Os in flight and none completed for "
+                              f"{STALL_LIMIT_NS / 1e9:g} s: ring state {ring.state()}")
             if len(ud) == 0:
-                if now - last_progress > STALL_LIMIT_NS:
-                    raise StuckIO(f"{ring.inflight} I/Os in flight and none completed for "
-                                  f"{STALL_LIMIT_NS / 1e9:g} s: ring state {ring.state()}")
                 continue
-            last_progress = now
             done = ud.view(np.int64)
             tgt_done = slot_tgt[done] if multi_target else slot_tgt[:len(done)]
             if verifying:

@@ -25,7 +25,8 @@ from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu, uring
 from gpufio.io.gio import contract
 from gpufio.io.gio.contract import index
-from gpufio.io.gio.rings import GpuRings, Watchdog, stall_report
+from gpufio.io.gio.rings import GpuRings, stall_report
+from gpufio.io.watchdog import Stalled, Watchdog
 
 C_STOP, C_ABORT, C_MEASURING = index("C_STOP"), index("C_ABORT"), index("C_MEASURING")
 C_REQUESTERS, C_AGENTS = index("C_REQUESTERS"), index("C_AGENTS")
@@ -40,7 +41,7 @@ DRAIN_S = 10.0
 WEDGED: list[Any] = []
 
 
-class QueueStalled(RuntimeError):
+class QueueStalled(Stalled):
     """The queue was stopped because reads stopped completing (or agents never started)."""
 
 

@@ -40,23 +40,6 @@ def default_rings(ntargets: int, cpus: int) -> int:
     return max(ntargets, min(8, cpus // 2), 1)
 
 
-class Watchdog:
-    """Notices when completions stop: ``stalled`` is true once the completion count has not
-    moved for ``timeout_ns`` while work was outstanding."""
-
-    def __init__(self, timeout_ns: int, now_ns: int) -> None:
-        self.timeout_ns = timeout_ns
-        self._count = -1
-        self._since = now_ns
-
-    def update(self, completed: int, now_ns: int) -> bool:
-        """Feed the latest completion count; True when the path is stuck."""
-        if completed != self._count:
-            self._count, self._since = completed, now_ns
-            return False
-        return now_ns - self._since > self.timeout_ns
-
-
 class RingOverflow(RuntimeError):
     """A GPU-driven ring's CQ overflowed: the flow-control invariant was broken."""
 
