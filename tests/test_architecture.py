@@ -208,3 +208,12 @@ def test_one_watchdog_and_one_stall_error_for_every_path():
             if isinstance(node, ast.ClassDef) and node.name.startswith("Stuck"):
                 own.append(f"{module}:{node.lineno} {node.name}")
     assert own == []
+
+
+@pytest.mark.parametrize("engine", ["uring", "cpugpu", "cufile"])
+def test_cpu_driven_engines_share_the_slot_table(engine):
+    """Issue stamps, latency and verify dispatch of CPU-driven engines live in core/slots.py."""
+    module = f"gpufio.engines.{engine}"
+    assert any(t == "gpufio.core.slots" for _, t in imports(ALL[module], module))
+    text = ALL[module].read_text()
+    assert "t_issue = np.zeros" not in text and "slot_tgt = np.zeros" not in text

@@ -353,12 +353,16 @@ class WorkerContext:
 
     def verify(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray, res: np.ndarray) -> None:
         """Check completed I/Os against the pattern; ``slots`` is (n, bs) bytes, one row each."""
-        if self._verify_seeds is None:
-            return
-        bad = [i for i in np.flatnonzero(np.asarray(res) == self.bs).tolist()
-               if len(pattern.bad_ios_host(slots[i], offs[i:i + 1],
-                                           self._verify_seeds[int(tgt[i])], self.bs))]
-        self.record_mismatches(tgt, offs, bad)
+        if self._verify_seeds is not None:
+            self.record_mismatches(tgt, offs, self.mismatches(slots, tgt, offs, res))
+
+    def mismatches(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
+                   res: np.ndarray) -> list[int]:
+        """Indices of the completed I/Os (``slots``: (n, bs) bytes in host memory) that
+        brought all their bytes, but not the pattern's."""
+        return [i for i in np.flatnonzero(np.asarray(res) == self.bs).tolist()
+                if len(pattern.bad_ios_host(slots[i], offs[i:i + 1],
+                                            self._verify_seeds[int(tgt[i])], self.bs))]
 
     def seeds(self, tgt: np.ndarray) -> np.ndarray:
         """The pattern seed of each I/O's target, for checks that run elsewhere (the GPU)."""

@@ -22,6 +22,7 @@ import numpy as np
 
 from gpufio.core.options import Option
 from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, open_rows, row_error
+from gpufio.core.slots import SlotTable
 from gpufio.core.targets import aligned_buffer
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
@@ -95,8 +96,8 @@ class CpuGpu(Engine):
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
         self._sqe_flags = uring.SQE_ASYNC if self.settings(job).sqe_async else 0
 
-    def _issue(self, s: int, tgt: np.ndarray, offs: np.ndarray, t_issue: np.ndarray,
-               seg_n: np.ndarray, slot_tgt: np.ndarray, slot_off: np.ndarray) -> None:
+    def _issue(self, s: int, tgt: np.ndarray, offs: np.ndarray, table: SlotTable,
+               seg_n: np.ndarray) -> None:
         k = len(offs)
         first = s * self._seg
         slots = np.arange(first, first + k, dtype=np.uint64)
@@ -105,9 +106,7 @@ class CpuGpu(Engine):
             opcode=uring.OP_READ, sqe_flags=self._sqe_flags, fd=self._fds[tgt], off=offs,
             addr=np.uint64(self.landing.host_addr) + slots * np.uint64(bs), length=bs,
             user_data=slots))
-        t_issue[first:first + k] = time.perf_counter_ns()
-        slot_tgt[first:first + k] = tgt
-        slot_off[first:first + k] = offs
+        table.issue(slice(first, first + k), tgt, offs, time.perf_counter_ns())
         seg_n[s] = k
 
     def run(self) -> None:
@@ -116,9 +115,7 @@ class CpuGpu(Engine):
         state = np.full(self._nseg, FREE, dtype=np.int8)
         seg_n = np.zeros(self._nseg, dtype=np.int64)      # reads issued in each segment
         seg_done = np.zeros(self._nseg, dtype=np.int64)   # reads completed in each segment
-        t_issue = np.zeros(slots, dtype=np.int64)
-        slot_tgt = np.zeros(slots, dtype=np.int32)
-        slot_off = np.zeros(slots, dtype=np.uint64)
+        table = SlotTable(slots)
         slot_res = np.zeros(slots, dtype=np.int32)
         issuing = True
         dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0  # reads + copies
@@ -130,7 +127,7 @@ class CpuGpu(Engine):
                 if not len(offs):
                     issuing = False
                     break
-                self._issue(s, tgt, offs, t_issue, seg_n, slot_tgt, slot_off)
+                self._issue(s, tgt, offs, table, seg_n)
                 seg_done[s] = 0
                 state[s] = READING
             copying = bool(np.any(state == COPYING))
@@ -147,32 +144,29 @@ class CpuGpu(Engine):
             elif not issuing:
                 return
             for s in np.flatnonzero((state == READING) & (seg_done == seg_n)).tolist():
-                self._copy(s, int(seg_n[s]), slot_tgt, slot_off)
+                self._copy(s, int(seg_n[s]), table)
                 state[s] = COPYING
             for s in np.flatnonzero(state == COPYING).tolist():
                 if self.landing.done(s):
-                    self._finish(s, int(seg_n[s]), t_issue, slot_tgt, slot_off, slot_res)
+                    self._finish(s, int(seg_n[s]), table, slot_res)
                     state[s] = FREE
                     progress += 1
             if dog.update(progress, time.perf_counter_ns()):
                 raise Stalled(f"no read or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
                               f"segment states {state.tolist()}, ring {ring.state()}")
 
-    def _copy(self, s: int, k: int, slot_tgt: np.ndarray, slot_off: np.ndarray) -> None:
+    def _copy(self, s: int, k: int, table: SlotTable) -> None:
         lo = s * self._seg
         if self.ctx.verifying:
-            self.landing.copy(s, k, slot_off[lo:lo + k], self.ctx.seeds(slot_tgt[lo:lo + k]))
+            self.landing.copy(s, k, table.off[lo:lo + k], self.ctx.seeds(table.tgt[lo:lo + k]))
         else:
             self.landing.copy(s, k)
 
-    def _finish(self, s: int, k: int, t_issue: np.ndarray, slot_tgt: np.ndarray,
-                slot_off: np.ndarray, slot_res: np.ndarray) -> None:
-        now = time.perf_counter_ns()
+    def _finish(self, s: int, k: int, table: SlotTable, slot_res: np.ndarray) -> None:
         lo = s * self._seg
-        tgt, offs, res = slot_tgt[lo:lo + k], slot_off[lo:lo + k], slot_res[lo:lo + k]
-        if self.ctx.verifying:
-            self.ctx.record_mismatches(tgt, offs, self.landing.mismatches(s, res))
-        self.ctx.complete(now - t_issue[lo:lo + k], tgt.copy(), res.copy())
+        res = slot_res[lo:lo + k].copy()
+        bad = (lambda tgt, offs: self.landing.mismatches(s, res)) if self.ctx.verifying else None
+        table.complete(self.ctx, slice(lo, lo + k), res, time.perf_counter_ns(), bad)
 
     def close(self) -> None:
         self.ring.close()

@@ -20,6 +20,7 @@ import numpy as np
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable
+from gpufio.core.slots import SlotTable
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import gpu
@@ -144,9 +145,7 @@ class CuFile(Engine):
     def run(self) -> None:
         ctx, bs, depth = self.ctx, self.job.bs, self.job.iodepth
         futures = self._futures = [None] * depth
-        t_issue = np.zeros(depth, dtype=np.int64)
-        slot_tgt = np.zeros(depth, dtype=np.int32)
-        slot_off = np.zeros(depth, dtype=np.uint64)
+        table = SlotTable(depth)
         free = list(range(depth))
         issuing = True
         while True:
@@ -157,12 +156,12 @@ class CuFile(Engine):
                 for t, off in zip(tgt.tolist(), offs.tolist()):
                     s = free.pop()
                     futures[s] = self._files[t].pread(self._slots[s], bs, off, task_size=bs)
-                    t_issue[s], slot_tgt[s], slot_off[s] = now, t, off
+                    table.issue(s, t, off, now)
             busy = [s for s in range(depth) if futures[s] is not None]
             if not busy:
                 return
-            done = self._wait_some(futures, busy, t_issue)
-            self._finish(done, futures, t_issue, slot_tgt, slot_off)
+            done = self._wait_some(futures, busy, table.t_issue)
+            self._finish(done, futures, table)
             free.extend(done)
 
     def _wait_some(self, futures: list[Any], busy: list[int], t_issue: np.ndarray) -> list[int]:
@@ -175,8 +174,7 @@ class CuFile(Engine):
             time.sleep(POLL_S)
         return [s for s in busy if futures[s].done()]
 
-    def _finish(self, done: list[int], futures: list[Any], t_issue: np.ndarray,
-                slot_tgt: np.ndarray, slot_off: np.ndarray) -> None:
+    def _finish(self, done: list[int], futures: list[Any], table: SlotTable) -> None:
         now = time.perf_counter_ns()
         slots = np.array(done, dtype=np.int64)
         res = np.empty(len(done), dtype=np.int32)
@@ -186,12 +184,12 @@ class CuFile(Engine):
             except Exception as e:  # KvikIO raises on a failed read without an errno
                 res[i] = -(getattr(e, "errno", None) or errno.EIO)
             futures[s] = None
-        tgt, offs = slot_tgt[slots], slot_off[slots]
+        bad = None
         if self.ctx.verifying:
-            bad = gpuverify.landed_mismatches(self._rows[self._cp.asarray(slots)],
-                                              self.ctx.seeds(tgt), offs, res)
-            self.ctx.record_mismatches(tgt, offs, bad)
-        self.ctx.complete(now - t_issue[slots], tgt, res)
+            def bad(tgt: np.ndarray, offs: np.ndarray) -> list[int]:
+                return gpuverify.landed_mismatches(self._rows[self._cp.asarray(slots)],
+                                                   self.ctx.seeds(tgt), offs, res)
+        table.complete(self.ctx, slots, res, now, bad)
 
     def close(self) -> None:
         """Let reads still in flight (a failed run) land before their buffers go away."""

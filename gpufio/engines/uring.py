@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
+from gpufio.core.slots import SlotTable
 from gpufio.core.targets import aligned_buffer
 from gpufio.engines import register
 from gpufio.engines.base import Engine
@@ -112,10 +113,7 @@ class Uring(Engine):
         depth = self.job.iodepth
         multi_target = len(self.targets) > 1
         verifying = ctx.verifying
-        slot_tgt = np.zeros(depth, dtype=np.int32)
-        slot_off = np.zeros(depth, dtype=np.uint64)
-        t_issue = np.zeros(depth, dtype=np.int64)
-        now_arr = np.zeros((), dtype=np.int64)  # subtracting from a 0-d array beats a Python int
+        table = SlotTable(depth, targets=multi_target, offsets=verifying)
         free = np.arange(depth, dtype=np.int64)
         sqes = ring.sqes
         sqes[:depth] = self._template  # SQE row s belongs to buffer slot s for the whole run
@@ -133,10 +131,7 @@ class Uring(Engine):
                     sqes[slots, 1] = offs
                     if multi_target:
                         sqes[slots, 0] = self._word0[tgt]
-                        slot_tgt[slots] = tgt
-                    if verifying:
-                        slot_off[slots] = offs
-                    t_issue[slots] = clock()
+                    table.issue(slots, tgt, offs, clock())
                     ring.push_slots(slots)
                 else:
                     issuing = False
@@ -159,14 +154,15 @@ class Uring(Engine):
             if len(ud) == 0:
                 continue
             done = ud.view(np.int64)
-            tgt_done = slot_tgt[done] if multi_target else slot_tgt[:len(done)]
-            if verifying:
-                ctx.verify(self._slots[done], tgt_done, slot_off[done], res)
-            now_arr[()] = now
-            ctx.complete(now_arr - t_issue[done], tgt_done, res)
+            table.complete(ctx, done, res, now, self._bad(done, res) if verifying else None)
             if share is not None and not share.begun and ctx.measuring:
                 share.begin()
             free = np.concatenate((free, done)) if len(free) else done
+
+    def _bad(self, done: np.ndarray, res: np.ndarray) -> Callable[[np.ndarray, np.ndarray],
+                                                                   list[int]]:
+        """The CPU check of the slots ``done`` landed in (host memory), for the slot table."""
+        return lambda tgt, offs: self.ctx.mismatches(self._slots[done], tgt, offs, res)
 
     def close(self) -> None:
         self.ring.close()
