@@ -272,7 +272,7 @@ def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or js
         for name, cls in all_engines().items():
             why = cls.unavailable()
             rows.append({"engine": name, "available": why is None, "why not": why or "",
-                         "path": cls.summary, "peer": cls.peer,
+                         "path": cls.summary, "peer": cls.peer, "iodepth": cls.iodepth_means,
                          "options": {o.name: {"default": o.default, "help": o.help} for o in cls.options}})
         if fmt == "json":
             typer.echo(json.dumps(rows, indent=2))

@@ -338,3 +338,10 @@ def test_the_readme_lists_every_shipped_profile():
     readme = open(os.path.join(root, "README.md")).read()
     shipped = sorted(os.listdir(os.path.join(root, "profiles")))
     assert [p for p in shipped if f"`{p}`" not in readme] == []
+
+
+def test_engines_say_what_iodepth_means_for_each_path():
+    rows = {r["engine"]: r for r in json.loads(cli.invoke(app, ["engines", "-f", "json"]).stdout)}
+    assert rows["uring"]["iodepth"] == "I/Os in flight per worker"
+    assert rows["psync"]["iodepth"].startswith("ignored")
+    assert rows["gpu-uring"]["iodepth"].startswith("request slots per ring")

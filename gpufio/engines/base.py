@@ -40,6 +40,8 @@ class Engine(ABC):
     peer: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
     uses_gpu: ClassVar[bool] = False
+    # what the profile's iodepth means for this path (shown by 'gpufio engines')
+    iodepth_means: ClassVar[str] = "I/Os in flight per worker"
     # what the engine's row fetcher offers (None: it fetches no rows for workloads)
     rows: ClassVar[RowSupport | None] = None
     # fio's names for this path, for job files: "ioengine" or "ioengine:cuda_io", each with

@@ -74,6 +74,7 @@ class GpuUring(Engine):
     summary = ("GPU threads issue the reads: agent warps write io_uring SQEs into rings in "
                "CUDA-registered host memory, SQPOLL kernel threads run them, no CPU code per I/O")
     peer = "BaM (needs its own kernel module and an unbound NVMe drive)"
+    iodepth_means = "request slots per ring: rings x iodepth reads in flight per worker"
     uses_gpu = True
     worker_kind = "thread"
     options = (

@@ -65,6 +65,7 @@ class Mmap(Engine):
     summary = ("targets memory-mapped, blocks gathered through page faults into pinned memory, "
                "then copied to GPU memory")
     peer = "DGL/PyG memory-mapped feature loaders"
+    iodepth_means = "blocks gathered per batch (each fault is synchronous)"
     rows = RowSupport(advice=True, baseline=True)
     uses_gpu = True
     worker_kind = "thread"

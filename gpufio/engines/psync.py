@@ -31,6 +31,7 @@ class Psync(Engine):
     name = "psync"
     summary = "CPU workers, pread into host memory, one I/O in flight per worker"
     peer = "fio psync, gdsio -x 1"
+    iodepth_means = "ignored: one read in flight per worker, as fio's psync"
     fio_engines = {"psync": "", "sync": "ioengine=sync runs as psync (pread instead of read)",
                    "pvsync": "ioengine=pvsync runs as psync (pread instead of preadv)"}
 
