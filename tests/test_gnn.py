@@ -466,3 +466,23 @@ def test_the_readme_cpu_check_profile_runs_and_verifies(tmp_path):
     jobs = json.loads(res.stdout)["jobs"]
     assert [j["engine"] for j in jobs] == ["mmap", "cpu-gpu"]
     assert all(j["verify"]["mismatches"] == 0 and j["verify"]["rows_checked"] > 0 for j in jobs)
+
+
+def test_a_full_target_while_writing_features_is_one_line_and_leaves_no_table(tmp_path,
+                                                                              monkeypatch):
+    import errno as errno_mod
+
+    from gpufio.workloads.gnn import dataset
+
+    def full(path, *args, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 4096)
+        raise OSError(errno_mod.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(features, "write_share", full)
+    job = from_dict({"global": {"workload": "gnn", "engine": "mmap", "device": "cpu",
+                                "nodes": 500, "feature_dim": 16, "batch_size": 8,
+                                "directory": str(tmp_path)}}, "g.toml", {}).jobs[0]
+    with pytest.raises(BadInput, match="cannot write the generated features: No space left"):
+        dataset.prepare(job)
+    assert not list(tmp_path.glob("gnn-features-*"))

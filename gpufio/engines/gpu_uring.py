@@ -147,12 +147,13 @@ class GpuUring(Engine):
         o = self._opts = resolved_options(job)
         cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
         self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
-                                             fds=[t.fd for t in targets])
-        self._bench_fn = cuda.module("gio_bench").get_function("gio_bench")
-        self._blocks = -(-o.threads // TPB)
+                                fds=[t.fd for t in targets])
+        # everything after the queue exists is undone with it if it fails
         with gpu.undone_on_failure(self.queue.close, f"gpu {job.gpu_of(ctx.worker)}: out of "
-                                   f"memory for {o['threads'] * job.bs} bytes of destination "
+                                   f"memory for {o.threads * job.bs} bytes of destination "
                                    "buffers"):
+            self._bench_fn = cuda.module("gio_bench").get_function("gio_bench")
+            self._blocks = -(-o.threads // TPB)
             self._dev = self._bench_arrays(job, targets, ctx, o)
         self._stream = cp.cuda.Stream(non_blocking=True)
         self.queue.keep_alive(self._dev, self._stream)  # if the bench kernel never stops

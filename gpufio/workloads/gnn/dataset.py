@@ -94,5 +94,13 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
         size = layout.bytes_needed(t, nodes)
         events.emit("layout", f"gpufio: writing generated features to {path} "
                     f"({size / 1e9:.1f} GB, once; later runs reuse the file)")
-        features.write_share(path, t, layout, nodes, dim, job.randseed, xp)
+        try:
+            features.write_share(path, t, layout, nodes, dim, job.randseed, xp)
+        except BaseException as e:
+            # a half-written table has the right size and first row: never leave one behind
+            Path(path).unlink(missing_ok=True)
+            if isinstance(e, OSError):  # a full or read-only target is the user's to fix
+                raise BadInput(f"target {path}: cannot write the generated features: "
+                               f"{e.strerror}") from None
+            raise
     return Dataset(gr, paths, layout, generated=True)
