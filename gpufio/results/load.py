@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gpufio.core.errors import BadInput, reading
+from gpufio.fio.json_in import from_fio
 
 
 @dataclass(frozen=True)
@@ -57,33 +58,6 @@ def load(path: str) -> dict[str, Any]:
         if not isinstance(job, dict) or "jobname" not in job or "read" not in job:
             raise BadInput(f"{path}: a job lacks 'jobname' or 'read'")
     return doc
-
-
-def from_fio(doc: dict[str, Any], path: str) -> dict[str, Any]:
-    """A fio JSON result (fio's own, or gpufio's fio-json) as the fields compare/check read.
-
-    fio reports percentiles on completion latency (clat_ns) unless lat_percentiles=1 put
-    them on lat_ns; the total latency's are used when present. fio's usr_cpu and sys_cpu
-    under group_reporting are per-job averages, so CPU per I/O multiplies by numjobs.
-    """
-    jobs = []
-    for job in doc["jobs"]:
-        try:
-            rd = job["read"]
-            lat = dict(rd["lat_ns"])
-            lat["percentile"] = rd["lat_ns"].get("percentile") or rd["clat_ns"]["percentile"]
-            numjobs = int(job.get("job options", {}).get("numjobs", 1))
-            cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rd["runtime"] / 1000 * numjobs
-            jobs.append({
-                "jobname": job["jobname"], "error": job.get("error", 0),
-                "engine": job.get("job options", {}).get("ioengine", "fio"),
-                "read": {**rd, "lat_ns": lat},
-                "cpu_us_per_io": 1e6 * cpu_s / rd["total_ios"] if rd["total_ios"] else 0.0,
-                "resolved options": job.get("job options", {}), "targets": []})
-        except (KeyError, TypeError, ValueError) as e:
-            raise BadInput(f"{path}: fio result lacks a field gpufio needs: {e}") from None
-    return {"host": {"cpu": doc["fio version"]}, "gpus": [], "jobs": jobs,
-            "interrupted": False}
 
 
 def job_metrics(job: dict[str, Any]) -> dict[str, float]:
