@@ -202,3 +202,28 @@ def test_any_error_after_start_stops_the_agents():
     with pytest.raises(uring.UringError):
         engine.run()
     assert calls == ["start", "abort"]
+
+
+def test_a_queue_refuses_rings_whose_cq_is_smaller_than_its_sq(monkeypatch):
+    """depth <= SQ <= CQ, checked against what the kernel made of the sizes asked for."""
+    class Rings:
+        def __init__(self, n, sq, cq, **kwargs):
+            self.rings = [SimpleNamespace(sq_entries=sq, cq_entries=cq)]
+            self.closed = False
+
+        def states(self):
+            return []
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(gpuqueue, "GpuRings", Rings)
+    monkeypatch.setattr(gpu, "serialising_reason", lambda: None)
+    monkeypatch.setattr(gpuqueue.cuda, "module",
+                        lambda name: SimpleNamespace(get_function=lambda fn: None))
+    with pytest.raises(BadInput, match="needs depth <= SQ entries <= CQ entries, got SQ 8, CQ 4"):
+        gpuqueue.DeviceQueue(nrings=1, depth=8, slot_bytes=4096, sq_entries=8, cq_entries=4,
+                             idle_ms=10, cpus=(), sqe_async=False, fds=[], registered=False)
+    with pytest.raises(BadInput, match="got SQ 4, CQ 8"):  # fewer SQ entries than slots
+        gpuqueue.DeviceQueue(nrings=1, depth=8, slot_bytes=4096, sq_entries=4, cq_entries=8,
+                             idle_ms=10, cpus=(), sqe_async=False, fds=[], registered=False)
