@@ -7,7 +7,7 @@ agents hand the completions back; the requesting warps copy the landed blocks in
 memory and bin their latencies on the GPU. No CPU user code runs per I/O: the host thread
 only sets flags, wakes SQPOLL threads that fell asleep, reads live counters every 100 ms,
 and stops the kernels with a diagnostic when completions stop (the watchdog). The kernels
-are in kernels/gpu_uring.cu; the ring plumbing in gpufio/io/gio/rings.py.
+are in kernels/gio_agent.cu and gio_bench.cu; the ring plumbing in gpufio/io/gio/rings.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// GNN feature aggregation through the GPU request queue (gpu_uring.cu): GPU threads fetch
+// GNN feature aggregation through the GPU request queue (gio_queue.cuh): GPU threads fetch
 // the feature rows of a mini-batch's nodes themselves, optionally through a software cache
 // in GPU memory (gio_cache.cuh).
 //

@@ -1,6 +1,6 @@
 """The GPU request queue: request slots in GPU memory in front of GPU-driven io_uring rings.
 
-Any kernel that includes kernels/gpu_uring.cu can post reads into this queue through the
+Any kernel that includes kernels/gio_queue.cuh can post reads into this queue through the
 device request API (gio_try_post / gio_done / gio_read ...); the queue's agent warps (one per
 ring) turn them into SQEs. This class owns everything that lives outside those kernels: the
 rings (rings.GpuRings), the pinned landing slots mapped into the GPU, the slot and
