@@ -130,8 +130,7 @@ def run(
                            f"for workload '{workload.name}'")
         doc = workload.run(prof, quiet, repeat)
         _write(doc, fmt, output, workload.render)
-        if fmt != "table" or output is not None or doc["interrupted"] or \
-                any(job["error"] for job in doc["jobs"]):
+        if fmt != "table" or output is not None:  # a table on stdout shows them itself
             for line in workload.problems(doc):
                 typer.echo(f"gpufio: {line}", err=True)
         if doc["interrupted"]:

@@ -16,7 +16,9 @@ import signal
 import sys
 from typing import Any, TextIO
 
+from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpufio import __version__
 from gpufio.core import events
@@ -191,5 +193,9 @@ def render(doc: dict[str, Any], fmt: str, console: Any = None) -> str:
         return json.dumps(doc, indent=2) + "\n"
     title = (f"gpufio {doc['gpufio version']} · {doc['profile']} · GNN feature aggregation "
              f"(device {doc['jobs'][0]['device'] if doc['jobs'] else '-'})")
-    return render_rows(rows(doc), fmt, title=title, left=("job", "engine", "iters", "verify"),
+    text = render_rows(rows(doc), fmt, title=title, left=("job", "engine", "iters", "verify"),
                        columns=("job",), console=console)
+    if fmt == "table":  # what went wrong, under the table it is about
+        for line in problems(doc):
+            (console or Console()).print(Text(line, style="red"))
+    return text
