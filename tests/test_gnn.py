@@ -420,7 +420,7 @@ def test_progress_lines_say_where_a_long_run_is(capsys, monkeypatch, since_boot_
     import time
     from types import SimpleNamespace
 
-    from gpufio.workloads.gnn.report import ProgressLines
+    from gpufio.workloads.gnn.driver import ProgressLines
 
     monkeypatch.setattr(time, "monotonic_ns", lambda: since_boot_s * 10 ** 9)
 
@@ -440,7 +440,7 @@ def test_live_stages_table_shows_each_jobs_iteration_and_phase():
     import io
     from types import SimpleNamespace
 
-    from gpufio.workloads.gnn.report import LiveStages
+    from gpufio.workloads.gnn.driver import LiveStages
 
     out = io.StringIO()
     a = SimpleNamespace(name="mmap", engine="mmap", workload_options={"iterations": 10, "warmup": 5})

@@ -4,10 +4,10 @@ neighbour sampler, a GraphSAGE model, and stage timing, written once for NumPy a
 'gnn' here."""
 
 from gpufio.workloads import Workload, register
-from gpufio.workloads.gnn import report
+from gpufio.workloads.gnn import driver, report
 from gpufio.workloads.gnn.options import GNN_OPTIONS, check
 
 GNN = register(Workload(
     name="gnn", summary="GNN training with feature aggregation through the engine",
-    options=GNN_OPTIONS, check=check, formats=report.FORMATS, run=report.run_workload,
+    options=GNN_OPTIONS, check=check, formats=report.FORMATS, run=driver.run_workload,
     render=report.render, problems=report.problems))
