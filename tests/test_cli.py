@@ -227,7 +227,7 @@ def test_live_display_redraws_a_table_on_a_terminal_and_prints_lines_elsewhere(
     import io
 
     from gpufio.results.live import LiveDisplay
-    from gpufio.run.runner import Snapshot
+    from gpufio.run.records import Snapshot
 
     class Tty(io.StringIO):
         def isatty(self):

@@ -21,7 +21,7 @@ from gpufio.engines import all_engines
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
 from gpufio.results.render import render as render_rows
-from gpufio.run.runner import JobResult, RunOutcome
+from gpufio.run.records import JobResult, RunOutcome
 
 FORMATS = ("table", "json", "fio-json", "csv", "markdown")
 

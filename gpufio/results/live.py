@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 
 from gpufio.results.render import table
-from gpufio.run.runner import Snapshot
+from gpufio.run.records import Snapshot
 
 PLAIN_EVERY_S = 2.0
 LIVE_COLUMNS = ("job", "engine", "state", "IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA")

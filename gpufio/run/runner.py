@@ -13,7 +13,6 @@ import resource
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,52 +26,9 @@ from gpufio.core.stats import CpuTimes, LatencyStats
 from gpufio.engines import all_engines
 from gpufio.engines.base import Engine, label
 from gpufio.run.launch import ProcessWorker, SpawnWorker, ThreadWorker
+from gpufio.run.records import JobResult, RunOutcome, Snapshot
 
 TICK_S = 0.02
-
-
-@dataclass
-class JobResult:
-    """Everything measured for one job, as plain data for the report layer."""
-
-    job: Job
-    engine_facts: dict[str, Any]
-    targets: list[dict[str, Any]]
-    lat: LatencyStats
-    ios: int
-    bytes: int
-    runtime_ns: int
-    cpu: CpuTimes
-    samples: list[dict[str, float]]
-    per_target: list[dict[str, Any]]
-    errors: list[dict[str, Any]]
-    short_ios: int
-    verify_failures: int
-    bad_offsets: list[dict[str, Any]]
-    interrupted: bool
-    failure: str | None
-    # each worker's measured I/Os and bytes, as fio's per-thread report without group_reporting
-    per_worker: list[dict[str, int]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """True when the numbers can be trusted: no errors, short reads or bad data."""
-        return not (self.errors or self.short_ios or self.verify_failures or self.failure)
-
-
-@dataclass
-class Snapshot:
-    """A job's state for the live display: plain numbers, no rendering."""
-
-    name: str
-    engine: str
-    state: str
-    iops: float
-    bw_bytes: float
-    p50_ns: int
-    p99_ns: int
-    progress: float | None
-    eta_s: float | None
 
 
 def job_target_paths(job: Job) -> tuple[list[str], int | None]:
@@ -288,14 +244,6 @@ class JobRun:
             verify_failures=sum(p["verify_failures"] for p in per_target),
             bad_offsets=bad[:8], interrupted=self.interrupted,
             failure="; ".join(failures) or None, per_worker=per_worker)
-
-
-@dataclass
-class RunOutcome:
-    """The results of the jobs that ran, and whether Ctrl-C cut the run short."""
-
-    results: list[JobResult] = field(default_factory=list)
-    interrupted: bool = False
 
 
 def job_advice(job: Job, facts: dict) -> str | None:
