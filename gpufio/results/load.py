@@ -49,9 +49,11 @@ def load(path: str) -> dict[str, Any]:
             raise BadInput(f"{path}: not JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise BadInput(f"{path}: not a gpufio result (no 'jobs' list)")
-    if doc.get("workload") == "gnn":
-        raise BadInput(f"{path}: a GNN workload result; compare, check and plot read I/O "
-                       "results (a GNN result carries its own stage table)")
+    if "workload" in doc:  # a workload's own document (I/O results name none), own tables
+        title = doc.get("workload_title", doc["workload"])
+        raise BadInput(f"{path}: a {title} workload result; compare, check and plot read I/O "
+                       f"results (a {title} result carries its own "
+                       f"{doc.get('own_tables', 'tables')})")
     if "fio version" in doc:
         doc = from_fio(doc, path)
     for job in doc["jobs"]:

@@ -54,6 +54,7 @@ def document(results: list[dict[str, Any]], path: str, interrupted: bool) -> dic
                                               / one["stages"]["aggregation_ms"])
     host = host_facts()
     return {"gpufio version": __version__, "profile": path, "workload": "gnn",
+            "workload_title": "GNN", "own_tables": "stage table",
             "host": host, "interrupted": interrupted, "jobs": results}
 
 
