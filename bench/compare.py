@@ -41,6 +41,9 @@ PATHS = {
     "uring": ({"engine": "uring"}, ["--ioengine=io_uring"], 0.9),
     "uring-sqpoll": ({"engine": "uring", "sqpoll": True},
                      ["--ioengine=io_uring", "--sqthread_poll=1"], 0.9),
+    # no storage on either side: gpufio's own loop against fio's (fio's null engine opens no
+    # file, so it is told the region's size: the bench file's, SIZE)
+    "null": ({"engine": "null"}, ["--ioengine=null", "--size=1g"], None),
 }
 TARGETS = {1: 0.9, 8: 0.8, 16: 0.8}  # numjobs -> minimum ratio for the io_uring paths
 SIZE = 1 << 30

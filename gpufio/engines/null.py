@@ -1,0 +1,59 @@
+"""null: completes every I/O at once without touching storage, like fio's null engine.
+
+What it measures is gpufio's own loop: handing out offsets, stamping and recording each I/O,
+the live counters. Beside ``fio --ioengine=null`` it says what share of a CPU engine's cost
+is gpufio's rather than the kernel's (docs/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpufio.core.errors import BadInput
+from gpufio.engines import register
+from gpufio.engines.base import Engine
+
+if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.job import Job
+    from gpufio.core.targets import Target
+
+
+@register
+class Null(Engine):
+    """I/Os that complete as they are issued, with all their bytes and no data."""
+
+    name = "null"
+    summary = "completes every I/O at once without touching storage: the cost of gpufio's loop"
+    peer = "fio null"
+    iodepth_means = "I/Os handed out and completed per batch"
+    fio_engines = {"null": ""}
+
+    @classmethod
+    def check_job(cls, job: Job) -> None:
+        if job.verify:
+            raise BadInput(f"job '{job.name}': engine 'null' moves no data, so verify has "
+                           "nothing to check")
+
+    @classmethod
+    def describe(cls, job: Job) -> dict[str, Any]:
+        return {**super().describe(job), "moves_data": False}
+
+    def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
+        super().__init__(job, targets, ctx)
+        self._full = np.full(job.iodepth, job.bs, dtype=np.int32)
+
+    def run(self) -> None:
+        ctx, clock, depth = self.ctx, time.perf_counter_ns, self.job.iodepth
+        while True:
+            t0 = clock()
+            tgt, offs = ctx.next_batch(depth)
+            n = len(offs)
+            if n == 0:
+                return
+            # each I/O of the batch completes when the batch is handed out
+            lat = np.full(n, clock() - t0, dtype=np.int64)
+            ctx.complete(lat, tgt, self._full[:n])
