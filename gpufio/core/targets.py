@@ -59,9 +59,10 @@ def _under(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory + "/")
 
 
-def _system_dir(path: str) -> str | None:
-    real = os.path.realpath(path)
-    if _under(real, SHM_DIR) and real != SHM_DIR:
+def _system_dir(directory: str) -> str | None:
+    """The kernel tree ``directory`` lies in (None for /dev/shm and everywhere else)."""
+    real = os.path.realpath(directory)
+    if _under(real, SHM_DIR):
         return None
     return next((d for d in SYSTEM_DIRS if _under(real, d)), None)
 
@@ -70,7 +71,7 @@ def check_creatable(path: str) -> None:
     """BadInput unless a missing ``path`` may become a plain file: never under the kernel's
     trees, never with a block device's name, only in a directory that exists."""
     parent = os.path.dirname(os.path.abspath(path))
-    system = _system_dir(parent) if parent != SHM_DIR else None
+    system = _system_dir(parent)
     if system == "/dev":
         raise BadInput(f"target {path}: no such block device (gpufio never creates files "
                        "under /dev)")
@@ -87,12 +88,18 @@ def check_creatable(path: str) -> None:
 
 def _pid_alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # PermissionError: alive, and someone else's
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
+
+
+def _filling(name: str) -> bool:
+    """Whether ``name`` is a ``.partial-PID`` file whose process still fills it."""
+    m = _PARTIAL.search(name)
+    return bool(m) and _pid_alive(int(m.group(1)))
 
 
 def remove_stale_partials(directory: str) -> list[str]:
@@ -104,9 +111,8 @@ def remove_stale_partials(directory: str) -> list[str]:
     except OSError:
         return removed
     for name in names:
-        m = _PARTIAL.search(name)
         path = os.path.join(directory, name)
-        if not m or _pid_alive(int(m.group(1))) or not os.path.isfile(path):
+        if not _PARTIAL.search(name) or _filling(name) or not os.path.isfile(path):
             continue
         if os.path.getsize(path) and pattern.read_seed(_read_first_block(path)) is None \
                 and not SCRATCH_NAMES.fullmatch(name):
@@ -130,10 +136,7 @@ def scratch_files(directories: list[str]) -> list[str]:
             continue
         for name in names:
             path = os.path.join(d, name)
-            m = _PARTIAL.search(name)
-            if m and _pid_alive(int(m.group(1))):
-                continue  # a fill under way
-            if os.path.isfile(path) and SCRATCH_NAMES.fullmatch(name):
+            if not _filling(name) and os.path.isfile(path) and SCRATCH_NAMES.fullmatch(name):
                 found.append(path)
     return found
 
@@ -211,7 +214,7 @@ def ensure_scratch(path: str, nbytes: int, seed: int, quiet: bool = False) -> No
                 raise BadInput(f"scratch directory {directory}: cannot create: "
                                f"{e.strerror}") from None
         try:
-            create_file(path, nbytes, seed, None if quiet else _stderr_progress(path))
+            create_file(path, nbytes, seed, None if quiet else _layout_progress(path))
             return
         except BadInput:
             if not os.path.lexists(path):  # not lost to a concurrent creator: a real error
@@ -227,12 +230,12 @@ def ensure_scratch(path: str, nbytes: int, seed: int, quiet: bool = False) -> No
                            f"{seed}; remove it ('gpufio clean')")
         size = os.fstat(fd).st_size
         if size < nbytes:
-            _fill(fd, path, size, nbytes, seed, None if quiet else _stderr_progress(path))
+            _fill(fd, path, size, nbytes, seed, None if quiet else _layout_progress(path))
     finally:
         os.close(fd)
 
 
-def _stderr_progress(path: str) -> Callable[[int, int], None]:
+def _layout_progress(path: str) -> Callable[[int, int], None]:
     def report(done: int, total: int) -> None:
         if done == total or done % (256 << 20) == 0:
             events.emit("layout", f"gpufio: laying out {path}: {format_size(done)} of "
@@ -247,7 +250,7 @@ def ensure_exists(path: str, nbytes: int | None, seed: int, quiet: bool = False)
     if nbytes is None:
         check_creatable(path)  # a mistyped device gets the device message, not "no size"
         raise BadInput(f"target {path}: does not exist, and the job gives no size to create it with")
-    create_file(path, nbytes, seed, None if quiet else _stderr_progress(path))
+    create_file(path, nbytes, seed, None if quiet else _layout_progress(path))
     return True
 
 
