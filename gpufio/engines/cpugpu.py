@@ -14,14 +14,13 @@ I/O at a time; this does not.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpufio.core.options import Option
-from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, open_rows, row_error
+from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, close_all, open_rows, row_error
 from gpufio.core.slots import SlotTable
 from gpufio.core.targets import aligned_buffer
 from gpufio.engines import register
@@ -228,8 +227,8 @@ class UringFetch:
             ring.submit(wait=1, timeout_ns=ROW_WAIT_NS)
             ud, res = ring.reap()
             if not len(ud) and ring.inflight:
-                raise RowFetchError(f"no feature row read completed in {ROW_WAIT_NS / 1e9:g} s: "
-                                 f"{ring.state()}")
+                raise RowFetchError(f"no feature row read completed in {ROW_WAIT_NS / 1e9:g} "
+                                    f"s: {ring.state()}")
             bad = np.flatnonzero(res != rb)
             if len(bad):
                 raise row_error(int(ids[int(ud[bad[0]])]), int(res[bad[0]]))
@@ -240,8 +239,7 @@ class UringFetch:
 
     def close(self) -> None:
         self.ring.close()
-        for fd in self._fds.tolist():
-            os.close(fd)
+        close_all(self._fds.tolist())
         self._host = None
         if self._mem is not None:
             self._mem.close()

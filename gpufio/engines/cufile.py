@@ -19,7 +19,7 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable
+from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, row_error
 from gpufio.core.slots import SlotTable
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
@@ -69,8 +69,8 @@ def configure(threads: int, io_bytes: int, direct: bool) -> None:
 def _threads(job: Job) -> int:
     """KvikIO's pool size (one pool per process): the option, or a thread for every read the
     process keeps queued, iodepth for each of its workers."""
-    per_process = 1 if CuFile.settings(job).processes else job.numjobs
-    return CuFile.settings(job).threads or job.iodepth * per_process
+    s = CuFile.settings(job)
+    return s.threads or job.iodepth * (1 if s.processes else job.numjobs)
 
 
 @register
@@ -243,7 +243,7 @@ class CuFileFetch:
         except Exception as e:  # KvikIO raises on a failed read, without an errno
             raise RowFetchError(f"feature row of node {int(ids[i])} ({e})") from None
         if got != self.dim * 4:
-            raise RowFetchError(f"feature row of node {int(ids[i])} (short read of {got} bytes)")
+            raise row_error(int(ids[i]), got)
 
     def close(self) -> None:
         for f in self._files:

@@ -65,6 +65,7 @@ def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int]) -> Dev
                        cpus=opts.sq_thread_cpu, sqe_async=opts.sqe_async, fds=fds,
                        registered=opts.registered, sq_threads=opts.sq_threads)
 
+
 @register
 class GpuUring(Engine):
     """GPU requester threads and agent warps driving SQPOLL rings in registered host memory."""
@@ -126,8 +127,9 @@ class GpuUring(Engine):
             raise BadInput(f"job '{job.name}': gpu-uring draws offsets on the GPU, uniformly; "
                            f"random_distribution '{job.random_distribution.kind}' is not "
                            "supported by this engine")
-        ring_sizes(job.iodepth, cls.settings(job).ring_entries or None, f"job '{job.name}': ")
-        rings, sq_threads = cls.settings(job).rings, cls.settings(job).sq_threads
+        o = cls.settings(job)
+        ring_sizes(job.iodepth, o.ring_entries or None, f"job '{job.name}': ")
+        rings, sq_threads = o.rings, o.sq_threads
         if rings and sq_threads > rings:
             raise BadInput(f"job '{job.name}': sq_threads ({sq_threads}) exceeds rings ({rings}): "
                            "each SQPOLL thread serves at least one ring")
@@ -284,7 +286,6 @@ class GpuUringFetch:
 
     def __init__(self, table: RowTable, xp: Any, dim: int, opts: Any, iodepth: int,
                  direct: bool, cache_bytes: int = 0) -> None:
-
         self.xp, self.dim, self.layout = xp, dim, table.layout
         self.rows = 0
         self.facts = {"iodepth": iodepth}  # how the rows were fetched, for the result
@@ -292,12 +293,12 @@ class GpuUringFetch:
         self._threads = opts.rings * iodepth
         self.cache = None
         if cache_bytes:
-            self.cache = GpuCache(xp, cache_rows(cache_bytes, table.layout.row_bytes, self._threads),
-                                  table.layout.row_bytes, table.rows)
+            rows = cache_rows(cache_bytes, table.layout.row_bytes, self._threads)
+            self.cache = GpuCache(xp, rows, table.layout.row_bytes, table.rows)
         self._fds = open_rows(table, direct)
         try:
-            self.queue = make_queue(opts, depth=iodepth,
-                                                 slot_bytes=table.layout.row_bytes, fds=self._fds)
+            self.queue = make_queue(opts, depth=iodepth, slot_bytes=table.layout.row_bytes,
+                                    fds=self._fds)
         except BaseException:
             close_all(self._fds)
             raise
@@ -342,7 +343,7 @@ class GpuUringFetch:
         failed = self._stats[:3].get()
         if failed[0]:
             raise row_error(int(failed[1]), int(np.int64(failed[2])),
-                             f"; {int(failed[0])} rows failed")
+                            f"; {int(failed[0])} rows failed")
         self.rows += n
         return out
 
