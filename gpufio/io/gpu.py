@@ -19,6 +19,7 @@ import numpy as np
 from gpufio.facts.device import pci_link
 
 NO_GPU = "no NVIDIA GPU or driver found"
+NO_DEVICE = "no NVIDIA GPU found (the driver sees none)"
 
 
 def driver_present() -> bool:
@@ -39,7 +40,7 @@ def _runtime_reason(e: Exception) -> str:
     if "InsufficientDriver" in text:
         return f"the NVIDIA driver is older than CuPy's CUDA runtime ({text})"
     if "NoDevice" in text:
-        return "no NVIDIA GPU found (the driver sees none)"
+        return NO_DEVICE
     return f"no usable GPU ({text})"
 
 
@@ -62,7 +63,7 @@ def probe() -> tuple[int, str | None]:
     except Exception as e:  # CUDARuntimeError without a driver, among others
         return 0, _runtime_reason(e)
     if count == 0:
-        return 0, "no NVIDIA GPU found (the driver sees none)"
+        return 0, NO_DEVICE
     return count, None
 
 
@@ -146,7 +147,7 @@ def register_host(addr: int, size: int, mapped: bool = False) -> None:
     import cupy
 
     cupy.cuda.runtime.hostRegister(addr, size, 3 if mapped else 0)  # PORTABLE | MAPPED
-    if mapped and not _host_pointer_is_device_pointer():
+    if mapped and not _host_pointer_is_device_pointer(cupy.cuda.Device().id):
         cupy.cuda.runtime.hostUnregister(addr)
         raise RuntimeError("this GPU cannot use registered host pointers as device pointers "
                            "(cudaDevAttrCanUseHostPointerForRegisteredMem = 0); gpufio's "
@@ -157,13 +158,13 @@ _CAN_USE_HOST_POINTER = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
 
 
 @lru_cache(maxsize=None)
-def _host_pointer_is_device_pointer(device: int | None = None) -> bool:
-    """cudaDevAttrCanUseHostPointerForRegisteredMem: kernels may use a registered host
-    address as it is (gpufio passes ring words, landing slots and marks so)."""
+def _host_pointer_is_device_pointer(device: int) -> bool:
+    """cudaDevAttrCanUseHostPointerForRegisteredMem of GPU ``device``: kernels may use a
+    registered host address as it is (gpufio passes ring words, landing slots and marks so).
+    Cached per GPU, so the caller names the current one."""
     import cupy
 
-    dev = cupy.cuda.Device().id if device is None else device
-    return bool(cupy.cuda.runtime.deviceGetAttribute(_CAN_USE_HOST_POINTER, dev))
+    return bool(cupy.cuda.runtime.deviceGetAttribute(_CAN_USE_HOST_POINTER, device))
 
 
 def unregister_host(addr: int) -> None:
