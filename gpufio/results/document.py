@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from rich.console import Console
-from rich.text import Text
 
 from gpufio.core.job import Profile
 from gpufio.core.stats import LatencyStats
@@ -187,15 +186,14 @@ def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str
         from gpufio.fio.json_out import to_fio
 
         return json.dumps(to_fio(doc), indent=2) + "\n"
-    rows = summary_rows(doc)
-    text = render_rows(rows, fmt, title=_title(doc), left=("job", "engine", "status"),
-                       columns=("job",), console=console)
-    if fmt != "table":
-        return text
-    for job in doc["jobs"]:
-        for line in problem_lines(job):
-            (console or Console()).print(Text(line, style="red"))
-    return ""
+    return render_rows(summary_rows(doc), fmt, title=_title(doc),
+                       left=("job", "engine", "status"), columns=("job",), console=console,
+                       problems=problems(doc) if fmt == "table" else ())
+
+
+def problems(doc: dict[str, Any]) -> list[str]:
+    """Every job's lines about numbers that cannot be trusted."""
+    return [line for job in doc["jobs"] for line in problem_lines(job)]
 
 
 def problem_lines(job: dict[str, Any]) -> list[str]:

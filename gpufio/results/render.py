@@ -37,9 +37,10 @@ def table(rows: list[dict[str, Any]], title: str = "", left: Iterable[str] = (),
 
 def render(rows: list[dict[str, Any]], fmt: str, *, title: str = "",
            left: Iterable[str] = (), columns: Iterable[str] = (),
-           console: Console | None = None) -> str:
+           console: Console | None = None, problems: Iterable[str] = ()) -> str:
     """``rows`` in ``fmt``; 'table' prints to ``console`` (stdout by default) and returns ''.
-    ``columns`` names the header when there are no rows."""
+    ``columns`` names the header when there are no rows; a table is followed by the
+    ``problems`` (what makes its numbers untrustworthy), in red, under what they are about."""
     if fmt == "json":
         return json.dumps(rows, indent=2) + "\n"
     if fmt == "csv":
@@ -53,5 +54,8 @@ def render(rows: list[dict[str, Any]], fmt: str, *, title: str = "",
         return head + tabulate(rows, headers="keys", tablefmt="github") + "\n"
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}")
-    (console or Console()).print(table(rows, title, left, columns))
+    console = console or Console()
+    console.print(table(rows, title, left, columns))
+    for line in problems:
+        console.print(Text(line, style="red"))
     return ""

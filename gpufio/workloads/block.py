@@ -31,15 +31,11 @@ def run(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
     return docs[0] if len(docs) == 1 else combine(docs)
 
 
-def problems(doc: dict[str, Any]) -> list[str]:
-    """Every job's lines about numbers that cannot be trusted."""
-    return [line for job in doc["jobs"] for line in document.problem_lines(job)]
-
-
 def _check(where: str, engine: str, values: Mapping[str, Any]) -> None:
     """The block workload has no keys of its own to check."""
 
 
 BLOCK = register(Workload(
     name="block", summary="the I/O benchmark", options=(), check=_check,
-    formats=document.FORMATS, run=run, render=document.render, problems=problems))
+    formats=document.FORMATS, run=run, render=document.render,
+    problems=document.problems))

@@ -13,9 +13,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rich.console import Console
-from rich.text import Text
-
 from gpufio import __version__
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
@@ -100,9 +97,5 @@ def render(doc: dict[str, Any], fmt: str, console: Any = None) -> str:
         return json.dumps(doc, indent=2) + "\n"
     title = (f"gpufio {doc['gpufio version']} · {doc['profile']} · GNN feature aggregation "
              f"(device {doc['jobs'][0]['device'] if doc['jobs'] else '-'})")
-    text = render_rows(rows(doc), fmt, title=title, left=("job", "engine", "iters", "verify"),
-                       columns=("job",), console=console)
-    if fmt == "table":  # what went wrong, under the table it is about
-        for line in problems(doc):
-            (console or Console()).print(Text(line, style="red"))
-    return text
+    return render_rows(rows(doc), fmt, title=title, left=("job", "engine", "iters", "verify"),
+                       columns=("job",), console=console, problems=problems(doc) if fmt == "table" else ())
