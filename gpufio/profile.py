@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpufio.core.errors import BadInput, reading
-from gpufio.core.job import Job, Profile
+from gpufio.core.job import RW_MODES, Job, Profile
 from gpufio.core.offsets import Distribution
 from gpufio.core.options import Option
 from gpufio.core.stats import PERCENTILES
@@ -28,7 +28,30 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option("workload", "str", DEFAULT_WORKLOAD, "what the job does: "
            + "; ".join(f"'{n}': {w.summary}" for n, w in all_workloads().items())
            + " (see README)", choices=tuple(all_workloads())),
-    Option("rw", "str", "randread", "read (sequential) or randread", choices=("read", "randread")),
+    Option("rw", "str", "randread", "read, randread, write, randwrite, readwrite (or rw) or "
+           "randrw, as fio's", choices=RW_MODES, aliases=(("rw", "readwrite"),)),
+    Option("rwmixread", "int", 50, "percent of a mixed job's I/Os that read", minimum=0),
+    Option("rwmixwrite", "int", None, "percent of a mixed job's I/Os that write (the rest "
+           "of rwmixread)", minimum=0),
+    Option("fsync", "int", 0, "fsync the target after every N writes (0: never)", minimum=0),
+    Option("fdatasync", "int", 0, "fdatasync the target after every N writes (0: never)",
+           minimum=0),
+    Option("end_fsync", "bool", False, "fsync every target when the writes are done, inside "
+           "the measured time"),
+    Option("overwrite", "bool", False, "allow writes to an existing file that does not carry "
+           "gpufio's pattern (its data is lost)"),
+    Option("write_device", "str", None, "the one block device this job may write to, named "
+           "again to confirm (its data is lost; gpufio refuses devices holding a partition "
+           "table, filesystem, LVM, RAID or swap)"),
+    Option("precondition", "str", "none", "write the whole region sequentially before the "
+           "measured phase: once (seq) or twice (seq2)", choices=("none", "seq", "seq2")),
+    Option("steadystate", "str", None, "end the job once its IOPS or bandwidth settle, as "
+           "fio's: iops:LIMIT, iops_slope:LIMIT, bw:LIMIT or bw_slope:LIMIT (LIMIT absolute "
+           "or N% of the mean)"),
+    Option("steadystate_duration", "time", 0, "the window steadystate judges (fio's ss_dur)",
+           minimum=0),
+    Option("steadystate_ramp_time", "time", 0, "measured time before steadystate starts "
+           "collecting (fio's ss_ramp)", minimum=0),
     Option("bs", "size", 4096, "block size of each I/O", minimum=512),
     Option("size", "size", None, "bytes of each target the job may touch, from offset "
            "(default: the rest of the target); also the size of files gpufio creates"),
@@ -143,10 +166,46 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
                        "or leave the key out for a scratch file")
     if values["time_based"] and values["runtime"] is None:
         raise BadInput(f"{where}key 'time_based': needs a runtime")
+    _check_writes(values, raw, where)
     job = Job(**values, engine_options=extra, workload_options=given,
               options_as_given=dict(raw))
     all_engines()[engine_name].check_job(job)
     return job
+
+
+def _check_writes(values: dict[str, Any], raw: dict[str, Any], where: str) -> None:
+    """Validate the write keys together, folding rwmixwrite into rwmixread."""
+    mixwrite = values.pop("rwmixwrite")
+    for key, value in (("rwmixread", values["rwmixread"]), ("rwmixwrite", mixwrite)):
+        if value is not None and value > 100:
+            raise BadInput(f"{where}key '{key}': a percentage, at most 100, got {raw[key]!r}")
+    if mixwrite is not None:
+        if "rwmixread" in raw and values["rwmixread"] + mixwrite != 100:
+            raise BadInput(f"{where}keys 'rwmixread' ({values['rwmixread']}) and 'rwmixwrite' "
+                           f"({mixwrite}) must add up to 100")
+        values["rwmixread"] = 100 - mixwrite
+    if values["rw"] in ("read", "randread", "write", "randwrite"):
+        for key in ("rwmixread", "rwmixwrite"):
+            if key in raw:
+                raise BadInput(f"{where}key '{key}': needs a mixed job (rw = readwrite or "
+                               f"randrw), not rw = {values['rw']}")
+    writes = values["rw"] not in ("read", "randread")
+    for key in ("fsync", "fdatasync", "end_fsync"):
+        if values[key] and not writes:
+            raise BadInput(f"{where}key '{key}': the job does not write (rw = {values['rw']})")
+    if values["fsync"] and values["fdatasync"]:
+        raise BadInput(f"{where}keys 'fsync' and 'fdatasync': give one of them")
+    if values["steadystate"] is not None:
+        from gpufio.core.steady import Criterion
+
+        Criterion.parse(values["steadystate"], f"{where}key 'steadystate'")
+        if not values["steadystate_duration"]:
+            raise BadInput(f"{where}key 'steadystate': needs a steadystate_duration")
+        if values["runtime"] is None:
+            raise BadInput(f"{where}key 'steadystate': needs a runtime (the longest the job "
+                           "may take to settle)")
+    elif values["steadystate_duration"] or values["steadystate_ramp_time"]:
+        raise BadInput(f"{where}key 'steadystate_duration': needs a steadystate criterion")
 
 
 def _sweep_combinations(sweep: dict[str, Any], where: str, known: list[str],

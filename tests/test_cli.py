@@ -56,7 +56,7 @@ def test_run_json_is_fio_shaped_and_consistent(write_profile):
         assert job["resolved options"]["direct"] is True
 
 
-@pytest.mark.parametrize("fmt,marker", [("csv", "job,engine,IOPS"), ("markdown", "| job "),
+@pytest.mark.parametrize("fmt,marker", [("csv", "job,engine,rw,IOPS"), ("markdown", "| job "),
                                         ("table", "IOPS")])
 def test_table_formats(fmt, marker, write_profile):
     res = cli.invoke(app, ["run", str(write_profile(FAST)), "-f", fmt, "-q", "--set", "runtime=200ms"])

@@ -96,7 +96,7 @@ def test_libcufile_files_map_cuda_io_and_gpu_dev_ids():
 @pytest.mark.parametrize("text,message", [
     ("bs=4k\n", "line 1: option before any \\[section\\]"),
     ("[j]\nioengine=windowsaio\n", "line 2 \\[j\\]: ioengine=windowsaio has no gpufio engine"),
-    ("[j]\nrw=randwrite\nsize=1m\n", "key 'rw': 'randwrite' is not one of read, randread"),
+    ("[j]\nrw=trim\nsize=1m\n", "key 'rw': 'trim' is not one of read, randread, write"),
     ("[j]\npercentile_list=0:50\n", "key 'percentile_list': '0' is not a percentile"),
 ])
 def test_bad_job_files(text, message, tmp_path):

@@ -101,7 +101,7 @@ def read_all(ring, fd, offsets, bs=4096, slots=None):
             del free[:k]
             for j, slot in enumerate(s.tolist()):
                 owner[slot] = nxt + j
-            ring.push(uring.read_sqe_words(opcode=uring.OP_READ, sqe_flags=0, fd=np.full(k, fd),
+            ring.push(uring.sqe_words(opcode=uring.OP_READ, sqe_flags=0, fd=np.full(k, fd),
                                       off=np.asarray(offsets[nxt:nxt + k], np.uint64),
                                       addr=base + s * np.uint64(bs), length=bs, user_data=s))
             nxt += k
@@ -160,7 +160,7 @@ def test_tiny_ring_wraps_over_thousands_of_ios(pattern_fd):
 
 def test_cq_capacity_caps_what_may_be_pushed(pattern_fd):
     with uring.Ring(8, cq_entries=8) as ring:
-        words = uring.read_sqe_words(opcode=uring.OP_NOP, sqe_flags=0, fd=np.zeros(8), off=np.zeros(8),
+        words = uring.sqe_words(opcode=uring.OP_NOP, sqe_flags=0, fd=np.zeros(8), off=np.zeros(8),
                                 addr=np.zeros(8), length=0, user_data=np.arange(8))
         assert ring.space() == 8
         ring.push(words[:6])
@@ -197,7 +197,7 @@ def test_wait_times_out_instead_of_hanging(tmp_path):
     try:
         with uring.Ring(2) as ring:
             addr = np.frombuffer(mem, np.uint8).ctypes.data
-            ring.push(uring.read_sqe_words(opcode=uring.OP_READ, sqe_flags=0, fd=np.array([fd]),
+            ring.push(uring.sqe_words(opcode=uring.OP_READ, sqe_flags=0, fd=np.array([fd]),
                                       off=np.array([0]), addr=np.array([addr]), length=4096,
                                       user_data=np.array([1])))
             ring.submit(wait=1, timeout_ns=50_000_000)
@@ -224,7 +224,7 @@ def test_registered_files_and_buffers(pattern_fd):
         ring.register_buffers([uring.Region(buf.ctypes.data, 4 * 4096)])
         slots = np.arange(4, dtype=np.uint64)
         offs = np.array([0, 4096, 40960, 8192], np.uint64)
-        ring.push(uring.read_sqe_words(opcode=uring.OP_READ_FIXED, sqe_flags=uring.SQE_FIXED_FILE,
+        ring.push(uring.sqe_words(opcode=uring.OP_READ_FIXED, sqe_flags=uring.SQE_FIXED_FILE,
                                   fd=np.zeros(4), off=offs,
                                   addr=np.uint64(buf.ctypes.data) + slots * np.uint64(4096),
                                   length=4096, user_data=slots))

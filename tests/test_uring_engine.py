@@ -21,7 +21,8 @@ def worker_context(nblocks: int, budget: int) -> WorkerContext:
                           dist=Distribution("random"), file_service="roundrobin", seed=(1,),
                           budget=budget)
     return WorkerContext(bs=4096, stream=stream, control=shared.control, ntargets=1,
-                         block=shared.blocks[0], verify_seeds=None, continue_on_error=False)
+                         block=shared.blocks[0], seeds=None, verify=False,
+                         continue_on_error=False)
 
 
 def job(**opts):

@@ -25,8 +25,10 @@ from gpufio.core.stats import PLAT_NR, CpuTimes, LatencyStats
 MAX_BAD_OFFSETS = 8
 PENDING = 8192
 FLUSH_NS = 100_000_000
-_LIVE = 3  # completed, ios, bytes
-_BLOCK = _LIVE + PLAT_NR
+_LIVE = 5  # completed, then measured ios and bytes of each direction (read, write)
+_BLOCK = _LIVE + 2 * PLAT_NR
+READ, WRITE = 0, 1
+DIRECTIONS = ("read", "write")
 
 
 class JobShared:
@@ -63,9 +65,11 @@ class JobShared:
             self._fd = -1
 
     def live(self, worker: int) -> tuple[int, int, int, np.ndarray]:
-        """A worker's (completed, ios, bytes, histogram) as last published."""
+        """A worker's (completed, ios, bytes, histogram) as last published, both
+        directions together."""
         block = self.blocks[worker]
-        return int(block[0]), int(block[1]), int(block[2]), block[_LIVE:]
+        return (int(block[0]), int(block[1] + block[3]), int(block[2] + block[4]),
+                block[_LIVE:_LIVE + PLAT_NR] + block[_LIVE + PLAT_NR:])
 
 
 class JobControl:
@@ -95,31 +99,34 @@ class JobControl:
 
 @dataclass
 class Recorder:
-    """One worker's counts. Measured fields cover the measured phase only (ramp excluded).
+    """One worker's counts. Measured fields cover the measured phase only (ramp excluded),
+    per direction (READ, WRITE): a mixed job reports reads and writes apart, as fio does.
 
     Latencies are buffered and binned PENDING at a time (or every FLUSH_NS): binning costs
     a dozen numpy calls, which per small batch would dominate a fast engine's loop. The
-    counters and the histogram live in the worker's shared block, where the runner reads them.
+    counters and the histograms live in the worker's shared block, where the runner reads them.
     """
 
     ntargets: int
     block: np.ndarray
-    lat: LatencyStats = field(init=False)
     errors: Counter = field(default_factory=Counter)
     bad_offsets: list[tuple[int, int]] = field(default_factory=list)
     cpu: CpuTimes | None = None
     facts: dict[str, list[Any]] = field(default_factory=dict)
+    syncs: int = 0
+    sync_ns: int = 0
 
     def __post_init__(self) -> None:
         # ctypes view of the block's counters: an increment costs half a numpy element update
         self.live = (ctypes.c_int64 * _LIVE).from_address(self.block.ctypes.data)
-        self.lat = LatencyStats(hist=self.block[_LIVE:])
+        self.lats = [LatencyStats(hist=self.block[_LIVE + d * PLAT_NR:_LIVE + (d + 1) * PLAT_NR])
+                     for d in (READ, WRITE)]
         self.short = np.zeros(self.ntargets, dtype=np.int64)
-        self.multi_ios = np.zeros(self.ntargets, dtype=np.int64)
-        self.multi_bytes = np.zeros(self.ntargets, dtype=np.int64)
+        self.multi_ios = np.zeros((2, self.ntargets), dtype=np.int64)
+        self.multi_bytes = np.zeros((2, self.ntargets), dtype=np.int64)
         self.verify_failures = np.zeros(self.ntargets, dtype=np.int64)
-        self._pending = np.empty(PENDING, dtype=np.int64)
-        self._npending = 0
+        self._pending = np.empty((2, PENDING), dtype=np.int64)
+        self._npending = [0, 0]
         self._flushed_at = time.monotonic_ns()
 
     @property
@@ -127,72 +134,98 @@ class Recorder:
         """I/Os finished in any phase, with any outcome (progress of I/O-bound jobs)."""
         return self.live[0]
 
-    @property
-    def ios(self) -> int:
-        """Measured I/Os that transferred all their bytes."""
-        return self.live[1]
+    def ios(self, d: int) -> int:
+        """Measured I/Os of direction ``d`` that transferred all their bytes."""
+        return self.live[1 + 2 * d]
 
-    @property
-    def bytes(self) -> int:
-        """Measured bytes transferred."""
-        return self.live[2]
+    def bytes(self, d: int) -> int:
+        """Measured bytes of direction ``d``."""
+        return self.live[2 + 2 * d]
 
-    @property
-    def target_ios(self) -> np.ndarray:
+    def count(self, d: int, ios: int, nbytes: int) -> None:
+        """Add measured I/Os and bytes of direction ``d``."""
+        self.live[1 + 2 * d] += ios
+        self.live[2 + 2 * d] += nbytes
+
+    def target_ios(self, d: int) -> np.ndarray:
         """Measured I/Os per target (kept per target only when there are several)."""
-        return self.multi_ios if self.ntargets > 1 else np.array([self.ios])
+        return self.multi_ios[d].copy() if self.ntargets > 1 else np.array([self.ios(d)])
 
-    @property
-    def target_bytes(self) -> np.ndarray:
+    def target_bytes(self, d: int) -> np.ndarray:
         """Measured bytes per target (kept per target only when there are several)."""
-        return self.multi_bytes if self.ntargets > 1 else np.array([self.bytes])
+        return self.multi_bytes[d].copy() if self.ntargets > 1 else np.array([self.bytes(d)])
 
-    def add_latencies(self, lat_ns: np.ndarray) -> None:
+    def add_latencies(self, lat_ns: np.ndarray, d: int = READ) -> None:
         """Buffer latencies; bin them when the buffer fills or FLUSH_NS has passed."""
         k = len(lat_ns)
-        if self._npending + k > PENDING:
+        if self._npending[d] + k > PENDING:
             self.flush()
             if k > PENDING:
-                self.lat.add(lat_ns)
+                self.lats[d].add(lat_ns)
                 return
-        self._pending[self._npending:self._npending + k] = lat_ns
-        self._npending += k
+        self._pending[d, self._npending[d]:self._npending[d] + k] = lat_ns
+        self._npending[d] += k
         now = time.monotonic_ns()
         if now - self._flushed_at > FLUSH_NS:
             self.flush(now)
 
     def flush(self, now: int | None = None) -> None:
-        """Bin the buffered latencies into ``lat`` (the worker calls it; so does the end)."""
-        self.lat.add(self._pending[:self._npending])
-        self._npending = 0
+        """Bin the buffered latencies (the worker calls it; so does the end)."""
+        for d in (READ, WRITE):
+            if self._npending[d]:
+                self.lats[d].add(self._pending[d, :self._npending[d]])
+                self._npending[d] = 0
         self._flushed_at = now or time.monotonic_ns()
 
     def final(self) -> "FinalRecord":
         """A picklable copy of everything the result needs, for the trip back from a process."""
         self.flush()
-        lat = LatencyStats(hist=self.lat.hist.copy(), n=self.lat.n, mean=self.lat.mean,
-                           m2=self.lat.m2, min=self.lat.min, max=self.lat.max)
-        return FinalRecord(lat=lat, ios=self.ios, bytes=self.bytes, short=self.short,
-                           target_ios=self.target_ios, target_bytes=self.target_bytes,
-                           errors=self.errors, verify_failures=self.verify_failures,
-                           bad_offsets=self.bad_offsets, cpu=self.cpu, facts=self.facts)
+        dirs = [DirRecord(lat=LatencyStats(hist=lat.hist.copy(), n=lat.n, mean=lat.mean,
+                                           m2=lat.m2, min=lat.min, max=lat.max),
+                          ios=self.ios(d), bytes=self.bytes(d), target_ios=self.target_ios(d),
+                          target_bytes=self.target_bytes(d))
+                for d, lat in enumerate(self.lats)]
+        return FinalRecord(dirs=dirs, short=self.short, errors=self.errors,
+                           verify_failures=self.verify_failures, bad_offsets=self.bad_offsets,
+                           cpu=self.cpu, facts=self.facts, completed=self.completed,
+                           syncs=self.syncs, sync_ns=self.sync_ns)
 
 
 @dataclass
-class FinalRecord:
-    """What a finished worker reports; plain data, safe to pickle."""
+class DirRecord:
+    """One direction's measured counts of a worker."""
 
     lat: LatencyStats
     ios: int
     bytes: int
-    short: np.ndarray
     target_ios: np.ndarray
     target_bytes: np.ndarray
+
+
+@dataclass
+class FinalRecord:
+    """What a finished worker reports; plain data, safe to pickle. ``dirs``: READ, WRITE."""
+
+    dirs: list[DirRecord]
+    short: np.ndarray
     errors: Counter
     verify_failures: np.ndarray
     bad_offsets: list[tuple[int, int]]
     cpu: CpuTimes | None
     facts: dict[str, list[Any]]
+    completed: int = 0
+    syncs: int = 0
+    sync_ns: int = 0
+
+    @property
+    def ios(self) -> int:
+        """Measured I/Os, both directions."""
+        return sum(d.ios for d in self.dirs)
+
+    @property
+    def bytes(self) -> int:
+        """Measured bytes, both directions."""
+        return sum(d.bytes for d in self.dirs)
 
 
 @dataclass
@@ -214,20 +247,25 @@ class DeviceTotals:
     verify_failures: np.ndarray
     errors: dict[tuple[int, int], int]
     bad_offsets: list[tuple[int, int]]
+    direction: int = READ
 
 
 class WorkerContext:
     """Hands one worker its I/Os and records their outcomes."""
 
     def __init__(self, *, bs: int, stream, control: JobControl, ntargets: int, block: np.ndarray,
-                 verify_seeds: list[int | None] | None, continue_on_error: bool,
-                 own_cpu: bool = False, worker: int = 0) -> None:
+                 seeds: list[int] | None, verify: bool, continue_on_error: bool,
+                 own_cpu: bool = False, worker: int = 0, sync_every: int = 0,
+                 datasync: bool = False) -> None:
         self.bs = bs
         self.worker = worker
         self.stream = stream
         self.control = control
         self.rec = Recorder(ntargets, block)
-        self._verify_seeds = verify_seeds
+        # each target's pattern seed: what verify checks against and what writes write
+        self._seeds = seeds
+        self._verify = verify
+        self._sync_every, self._datasync, self._since_sync = sync_every, datasync, 0
         self._continue = continue_on_error
         self._halted = False
         self._own_cpu = own_cpu
@@ -239,7 +277,8 @@ class WorkerContext:
         """What a spawned worker needs to build this context again around the job's shared
         memory (everything here pickles; the shared views do not)."""
         return {"bs": self.bs, "stream": self.stream, "ntargets": self.rec.ntargets,
-                "verify_seeds": self._verify_seeds, "continue_on_error": self._continue,
+                "seeds": self._seeds, "verify": self._verify, "continue_on_error": self._continue,
+                "sync_every": self._sync_every, "datasync": self._datasync,
                 "worker": self.worker}
 
     @property
@@ -268,17 +307,24 @@ class WorkerContext:
             return np.empty(0, np.int32), np.empty(0, np.uint64)
         return self.stream.next(n)
 
+    def last_writes(self) -> np.ndarray | bool:
+        """Which I/Os of the batch ``next_batch`` last handed out write: a bool array for a
+        mixed job, else the job's one direction as a bool (engines branch once, not per I/O)."""
+        return self.stream.last_writes()
+
     def finish(self) -> None:
         """Close the books: bin pending latencies, and take this process's CPU if asked."""
         self.rec.flush()
         if self._own_cpu and self._cpu0 is not None:
             self.rec.cpu = CpuTimes.now() - self._cpu0
 
-    def publish(self, completed: int, ios: int, nbytes: int, hist: np.ndarray) -> None:
-        """Live counters of an engine that counts on the device, for the live display."""
+    def publish(self, completed: int, ios: int, nbytes: int, hist: np.ndarray,
+                d: int = READ) -> None:
+        """Live counters of an engine that counts on the device (direction ``d``), for the
+        live display."""
         live = self.rec.live
-        live[0], live[1], live[2] = completed, ios, nbytes
-        self.rec.lat.hist[:] = hist
+        live[0], live[1 + 2 * d], live[2 + 2 * d] = completed, ios, nbytes
+        self.rec.lats[d].hist[:] = hist
 
     def note(self, key: str, values: list[Any]) -> None:
         """An engine's own measurement of the run (one value per kernel thread, ring, ...):
@@ -288,21 +334,32 @@ class WorkerContext:
 
     def absorb(self, t: DeviceTotals) -> None:
         """Take an engine's own final counts as this worker's record (instead of ``complete``)."""
-        rec = self.rec
-        self.publish(t.completed, t.ios, t.bytes, t.hist)
+        rec, d = self.rec, t.direction
+        self.publish(t.completed, t.ios, t.bytes, t.hist, d)
         if t.ios:
-            mean = t.lat_sum / t.ios
-            rec.lat.n, rec.lat.mean, rec.lat.min, rec.lat.max = t.ios, mean, t.lat_min, t.lat_max
-            rec.lat.m2 = max(t.lat_sumsq - t.ios * mean * mean, 0.0)
-        rec.multi_ios[:] = t.target_ios
-        rec.multi_bytes[:] = t.target_bytes
+            lat, mean = rec.lats[d], t.lat_sum / t.ios
+            lat.n, lat.mean, lat.min, lat.max = t.ios, mean, t.lat_min, t.lat_max
+            lat.m2 = max(t.lat_sumsq - t.ios * mean * mean, 0.0)
+        rec.multi_ios[d] = t.target_ios
+        rec.multi_bytes[d] = t.target_bytes
         rec.short += t.short
         rec.verify_failures += t.verify_failures
         rec.errors.update(t.errors)
         rec.bad_offsets.extend(t.bad_offsets[:MAX_BAD_OFFSETS - len(rec.bad_offsets)])
 
-    def complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray) -> None:
-        """Record finished I/Os: latency (ns), target index, result (int32 bytes, or -errno)."""
+    def complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray,
+                 write: np.ndarray | bool = False) -> None:
+        """Record finished I/Os: latency (ns), target index, result (int32 bytes, or -errno),
+        and whether each wrote (a bool for all of them, or a bool array for a mixed batch)."""
+        if isinstance(write, np.ndarray):
+            for d in (READ, WRITE):
+                mask = write if d else ~write
+                if mask.any():
+                    self._complete(np.asarray(lat_ns)[mask], tgt[mask], res[mask], d)
+            return
+        self._complete(lat_ns, tgt, res, WRITE if write else READ)
+
+    def _complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray, d: int) -> None:
         rec = self.rec
         live = rec.live
         n = len(res)
@@ -318,22 +375,47 @@ class WorkerContext:
             if self._own_cpu:
                 self._cpu0 = CpuTimes.now()
         if all_ok:
-            rec.add_latencies(lat_ns)
-            live[1] += n
-            live[2] += n * self.bs
+            rec.add_latencies(lat_ns, d)
+            rec.count(d, n, n * self.bs)
             if rec.ntargets > 1:
                 counts = np.bincount(tgt, minlength=rec.ntargets)
-                rec.multi_ios += counts
-                rec.multi_bytes += counts * self.bs
+                rec.multi_ios[d] += counts
+                rec.multi_bytes[d] += counts * self.bs
             return
         res = np.asarray(res, dtype=np.int64)
         ok = res == self.bs
-        rec.add_latencies(np.asarray(lat_ns)[ok])
-        live[1] += int(np.count_nonzero(ok))
+        rec.add_latencies(np.asarray(lat_ns)[ok], d)
         nbytes = np.where(res > 0, res, 0)
-        live[2] += int(nbytes.sum())
-        rec.multi_ios += np.bincount(tgt[ok], minlength=rec.ntargets)
-        rec.multi_bytes += np.bincount(tgt, weights=nbytes, minlength=rec.ntargets).astype(np.int64)
+        rec.count(d, int(np.count_nonzero(ok)), int(nbytes.sum()))
+        rec.multi_ios[d] += np.bincount(tgt[ok], minlength=rec.ntargets)
+        rec.multi_bytes[d] += np.bincount(tgt, weights=nbytes,
+                                          minlength=rec.ntargets).astype(np.int64)
+
+    @property
+    def until_sync(self) -> int:
+        """Writes the engine may still issue before the next fsync (no limit without one):
+        it caps its batches there, so a job syncs after every N writes exactly."""
+        return self._sync_every - self._since_sync if self._sync_every else PENDING
+
+    def sync_due(self, nwrites: int) -> bool:
+        """Count ``nwrites`` more writes issued; True when the next fsync (or fdatasync) is
+        due: the engine then lets its writes in flight finish and calls ``sync``."""
+        if not self._sync_every:
+            return False
+        self._since_sync += nwrites
+        return self._since_sync >= self._sync_every
+
+    def sync(self, fds: list[int]) -> None:
+        """fsync (or fdatasync) ``fds``, counted and timed as fio's sync block."""
+        call = os.fdatasync if self._datasync else os.fsync
+        t0 = time.perf_counter_ns()
+        for fd in fds:
+            call(fd)
+        # a mixed batch can pass the mark: the writes beyond it count toward the next sync
+        self._since_sync %= self._sync_every or 1
+        if self.control.measuring:
+            self.rec.syncs += len(fds)
+            self.rec.sync_ns += time.perf_counter_ns() - t0
 
     def _record_failures(self, tgt: np.ndarray, res: np.ndarray) -> None:
         """Count short reads and errnos per target; halt unless continue_on_error."""
@@ -349,11 +431,11 @@ class WorkerContext:
     @property
     def verifying(self) -> bool:
         """True when completed buffers must be passed to ``verify``."""
-        return self._verify_seeds is not None
+        return self._verify
 
     def verify(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray, res: np.ndarray) -> None:
         """Check completed I/Os against the pattern; ``slots`` is (n, bs) bytes, one row each."""
-        if self._verify_seeds is not None:
+        if self._verify:
             self.record_mismatches(tgt, offs, self.mismatches(slots, tgt, offs, res))
 
     def mismatches(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
@@ -362,11 +444,18 @@ class WorkerContext:
         brought all their bytes, but not the pattern's."""
         return [i for i in np.flatnonzero(np.asarray(res) == self.bs).tolist()
                 if len(pattern.bad_ios_host(slots[i], offs[i:i + 1],
-                                            self._verify_seeds[int(tgt[i])], self.bs))]
+                                            self._seeds[int(tgt[i])], self.bs))]
 
     def seeds(self, tgt: np.ndarray) -> np.ndarray:
-        """The pattern seed of each I/O's target, for checks that run elsewhere (the GPU)."""
-        return np.asarray(self._verify_seeds, dtype=np.uint64)[tgt]
+        """The pattern seed of each I/O's target: what a check on the GPU compares against,
+        and what a write writes."""
+        return np.asarray(self._seeds, dtype=np.uint64)[tgt]
+
+    def fill(self, buf: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
+             rows: np.ndarray | None = None) -> None:
+        """Write each I/O's pattern into its row of ``buf`` (host memory; the rows ``rows``
+        of it when given) before it is written: the bytes a later read of that offset proves."""
+        pattern.fill_ios(buf, offs, self.seeds(tgt), rows)
 
     def record_mismatches(self, tgt: np.ndarray, offs: np.ndarray, bad: list[int]) -> None:
         """Count the I/Os at indices ``bad`` as failed verification; keep the first offsets."""

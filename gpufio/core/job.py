@@ -11,6 +11,11 @@ from typing import Any, Mapping
 
 from gpufio.core.offsets import Distribution
 
+# fio's rw values, by what they do ("rw" is fio's other name for readwrite)
+RW_MODES = ("read", "randread", "write", "randwrite", "readwrite", "randrw")
+READ_ONLY = ("read", "randread")
+WRITE_ONLY = ("write", "randwrite")
+
 
 @dataclass(frozen=True)
 class Job:
@@ -38,6 +43,16 @@ class Job:
     gpus: tuple[int, ...]
     workload: str
     verify: bool
+    rwmixread: int
+    fsync: int
+    fdatasync: int
+    end_fsync: bool
+    overwrite: bool
+    write_device: str | None
+    precondition: str
+    steadystate: str | None
+    steadystate_duration: int
+    steadystate_ramp_time: int
     continue_on_error: bool
     sample_interval: int
     percentile_list: tuple[float, ...]
@@ -49,7 +64,29 @@ class Job:
     @property
     def random(self) -> bool:
         """True for random-offset jobs."""
-        return self.rw == "randread"
+        return self.rw.startswith("rand")
+
+    @property
+    def writes(self) -> bool:
+        """True when the job writes (write, randwrite, or a mix)."""
+        return self.rw not in READ_ONLY
+
+    @property
+    def reads(self) -> bool:
+        """True when the job reads (read, randread, or a mix)."""
+        return self.rw not in WRITE_ONLY
+
+    @property
+    def mixed(self) -> bool:
+        """True for jobs that both read and write (fio's readwrite and randrw)."""
+        return self.reads and self.writes
+
+    @property
+    def write_fraction(self) -> float:
+        """The share of I/Os that write: 0 or 1, or 1 - rwmixread/100 for a mix."""
+        if not self.writes:
+            return 0.0
+        return 1.0 - self.rwmixread / 100 if self.mixed else 1.0
 
     @property
     def gpu_list(self) -> tuple[int, ...]:
@@ -72,3 +109,17 @@ class Profile:
     limits: dict[str, float] = field(default_factory=dict)
     # what the user should know about how the profile was read (a fio engine's mapping)
     notes: tuple[str, ...] = ()
+
+
+def job_direction(job: Mapping[str, Any]) -> str:
+    """A result document's job's main direction: write for a write-only job (its rw
+    option), else read."""
+    rw = str(job.get("resolved options", {}).get("rw", "read"))
+    return "write" if rw in WRITE_ONLY else "read"
+
+
+def directions(job: Mapping[str, Any]) -> list[str]:
+    """The directions a result document's job has numbers for ('read', 'write' or both); a
+    job with no I/O at all shows its main direction's (empty) block, as fio does."""
+    found = [d for d in ("read", "write") if job.get(d, {}).get("total_ios")]
+    return found or [job_direction(job)]

@@ -123,7 +123,7 @@ class OffsetStream:
 
     def __init__(self, *, random: bool, bs: int, regions: list[tuple[int, int]],
                  dist: Distribution, file_service: str, seed: tuple[int, ...],
-                 budget: int | None) -> None:
+                 budget: int | None, write_fraction: float = 0.0) -> None:
         self._random = random
         self._bs = bs
         self._starts = np.array([r[0] for r in regions], dtype=np.uint64)
@@ -137,7 +137,13 @@ class OffsetStream:
         self.remaining = budget
         self._tgt = np.empty(0, np.int32)
         self._offs = np.empty(0, np.uint64)
-        self._pos = 0
+        self._pos = self._last = 0
+        # a mixed job draws each I/O's direction from its own stream, so that its offsets
+        # are those of the same job reading only
+        self._write_fraction = write_fraction
+        self._mixed = 0.0 < write_fraction < 1.0
+        self._dir_rng = np.random.default_rng([*seed, 1])
+        self._wr = np.empty(0, bool)
 
     def next(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``n`` I/Os as (target indices int32, offsets uint64); empty when done.
@@ -150,11 +156,21 @@ class OffsetStream:
             self.remaining -= n
         if self._pos + n > len(self._offs):
             tail_t, tail_o = self._tgt[self._pos:], self._offs[self._pos:]
-            new_t, new_o = self._generate(max(CHUNK, n))
+            k = max(CHUNK, n)
+            new_t, new_o = self._generate(k)
             self._tgt, self._offs = np.concatenate((tail_t, new_t)), np.concatenate((tail_o, new_o))
+            if self._mixed:
+                self._wr = np.concatenate((self._wr[self._pos:],
+                                           self._dir_rng.random(k) < self._write_fraction))
             self._pos = 0
-        lo, self._pos = self._pos, self._pos + n
-        return self._tgt[lo:self._pos], self._offs[lo:self._pos]
+        self._last, self._pos = self._pos, self._pos + n
+        return self._tgt[self._last:self._pos], self._offs[self._last:self._pos]
+
+    def last_writes(self) -> np.ndarray | bool:
+        """Whether the I/Os of the last ``next`` batch write (an array for a mixed job)."""
+        if self._mixed:
+            return self._wr[self._last:self._pos]
+        return self._write_fraction == 1.0
 
     def region_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(first byte, number of bs blocks) of each target's region as uint64 arrays, for

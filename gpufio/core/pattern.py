@@ -61,6 +61,35 @@ def fill(seed: int, start: int, length: int) -> bytes:
     return expected_words(seed, lo, hi - lo).tobytes()[start - lo:start - lo + length]
 
 
+def fill_ios(out: np.ndarray, offsets: np.ndarray, seeds: np.ndarray | int,
+             rows: np.ndarray | None = None) -> None:
+    """Write the pattern of each I/O into its row of ``out`` ((n, io_len) bytes, or the
+    rows ``rows`` of it; offsets 8-byte aligned), in one vectorised pass: what a write puts
+    on the target, so that any later read can prove it."""
+    n = len(offsets)
+    if n == 0:
+        return
+    if rows is not None:
+        block = np.empty((n, out.shape[1]), np.uint8)
+        fill_ios(block, offsets, seeds)
+        out[rows] = block
+        return
+    words = out[:n].view("<u8")
+    x = np.asarray(offsets, dtype=np.uint64)[:, None] + np.arange(
+        0, words.shape[1] * 8, 8, dtype=np.uint64)[None, :]
+    seed = np.broadcast_to(np.asarray(seeds, dtype=np.uint64), (n,))[:, None]
+    mixed = (seed * GOLDEN)  # seed_mix, per I/O (wraps mod 2**64 as in C)
+    words[:] = splitmix64(x ^ mixed)
+    pos = (x % np.uint64(BLOCK)) // np.uint64(8)
+    if np.any(pos < HEADER_WORDS):
+        block = x - pos * np.uint64(8)
+        seed_full = np.broadcast_to(seed, x.shape)
+        for w, value in enumerate((np.broadcast_to(np.uint64(MAGIC), x.shape), block, seed_full,
+                                   block ^ (seed_full ^ np.uint64(MAGIC)))):
+            hit = pos == w
+            words[hit] = value[hit]
+
+
 def read_seed(first_block: bytes) -> int | None:
     """The seed a target was made with, from its first block, or None if it is not ours."""
     if len(first_block) < HEADER_WORDS * 8:

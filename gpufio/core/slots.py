@@ -1,5 +1,5 @@
-"""The slot table every CPU-driven engine keeps: for each slot (a buffer an I/O lands in),
-which target and offset its I/O reads and when it was issued. Completing slots checks them
+"""The slot table every CPU-driven engine keeps: for each slot (a buffer an I/O lands in or
+is written from), which target and offset its I/O touches and when it was issued. Completing slots checks them
 (the engine's verify, when verifying) and hands latencies, targets and results to the worker
 context, in one place for uring, cpu-gpu and cufile."""
 
@@ -36,9 +36,9 @@ class SlotTable:
         self.t_issue[slots] = now
 
     def complete(self, ctx: WorkerContext, slots: np.ndarray | slice, res: np.ndarray,
-                 now: int, bad: BadIos | None = None) -> None:
+                 now: int, bad: BadIos | None = None, write: np.ndarray | bool = False) -> None:
         """The I/Os in ``slots`` finished with ``res`` at ``now``: verify them with ``bad``
-        (when given) and record them."""
+        (when given) and record them, as writes where ``write`` says so."""
         n = len(res)
         tgt = self.tgt[slots] if self._targets else self.tgt[:n]
         if isinstance(slots, slice):
@@ -47,4 +47,4 @@ class SlotTable:
             offs = self.off[slots]
             ctx.record_mismatches(tgt, offs, bad(tgt, offs))
         self._now[()] = now
-        ctx.complete(self._now - self.t_issue[slots], tgt, res)
+        ctx.complete(self._now - self.t_issue[slots], tgt, res, write)

@@ -1,10 +1,10 @@
 """The SSD list: resolve, create, open and check the targets a job reads.
 
-gpufio never writes to a target that exists, except to grow its own scratch files: it
-creates missing files (filled with the self-describing pattern, written under a temporary
-name and renamed when complete, so an interrupted fill never looks ready), and only plain
-files in existing directories, never where a device was meant. Existing files and block
-devices are opened read-only.
+gpufio creates missing files (filled with the self-describing pattern, written under a
+temporary name and renamed when complete, so an interrupted fill never looks ready), and only
+plain files in existing directories, never where a device was meant. Existing files and block
+devices are opened read-only, unless the job writes and the write guard (core/guard.py)
+allows it for that target.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from gpufio.core import events, pattern
 from gpufio.core.errors import BadInput
+from gpufio.core.guard import WriteConsent
 from gpufio.core.units import format_size
 from gpufio.facts import device as devinfo
 
@@ -262,8 +263,9 @@ def _read_first_block(path: str) -> bytes:
         return b""
 
 
-def open_target(path: str, direct: bool) -> Target:
-    """Open ``path`` read-only (O_DIRECT when ``direct``) and gather its facts."""
+def open_target(path: str, direct: bool, consent: WriteConsent | None = None) -> Target:
+    """Open ``path`` (O_DIRECT when ``direct``) and gather its facts: read-only, or for
+    writing when the job's ``consent`` passes the write guard for it."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -278,11 +280,14 @@ def open_target(path: str, direct: bool) -> Target:
                        "remove it (an older gpufio created such files)")
     if not (is_block or stat.S_ISREG(st.st_mode)):
         raise BadInput(f"target {path}: is neither a regular file nor a block device")
-    flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+    if consent is not None:
+        consent.check(path, is_block)
+    flags = (os.O_RDONLY if consent is None else os.O_RDWR) | (os.O_DIRECT if direct else 0)
     try:
         fd = os.open(path, flags)
     except PermissionError:
-        raise BadInput(f"target {path}: permission denied (gpufio needs read access)") from None
+        need = "read" if consent is None else "read and write"
+        raise BadInput(f"target {path}: permission denied (gpufio needs {need} access)") from None
     except OSError as e:
         if e.errno == errno.EINVAL and direct:
             raise BadInput(f"target {path}: its filesystem does not support O_DIRECT "

@@ -101,7 +101,7 @@ class CpuGpu(Engine):
         first = s * self._seg
         slots = np.arange(first, first + k, dtype=np.uint64)
         bs = self.job.bs
-        self.ring.push(uring.read_sqe_words(
+        self.ring.push(uring.sqe_words(
             opcode=uring.OP_READ, sqe_flags=self._sqe_flags, fd=self._fds[tgt], off=offs,
             addr=np.uint64(self.landing.host_addr) + slots * np.uint64(bs), length=bs,
             user_data=slots))
@@ -218,7 +218,7 @@ class UringFetch:
             k = min(ring.space(), n - pushed)
             if k:
                 idx = np.arange(pushed, pushed + k, dtype=np.uint64)
-                ring.push(uring.read_sqe_words(
+                ring.push(uring.sqe_words(
                     opcode=uring.OP_READ, sqe_flags=self._sqe_flags,
                     fd=self._fds[tgt[pushed:pushed + k]],
                     off=off[pushed:pushed + k].astype(np.uint64), addr=base + idx * np.uint64(rb),

@@ -1,4 +1,4 @@
-"""psync: one pread at a time per worker, like fio's psync engine and gdsio -x 1.
+"""psync: one pread (or pwrite) at a time per worker, like fio's psync engine and gdsio -x 1.
 
 The simplest CPU path and the floor every other engine is compared against. Each of the
 numjobs workers is its own process (see gpufio.run.launch), so they overlap their I/O.
@@ -26,10 +26,11 @@ BATCH = 64
 
 @register
 class Psync(Engine):
-    """Synchronous reads into page-aligned host memory, one in flight per worker."""
+    """Synchronous reads into (writes from) page-aligned host memory, one in flight per
+    worker."""
 
     name = "psync"
-    summary = "CPU workers, pread into host memory, one I/O in flight per worker"
+    summary = "CPU workers, pread/pwrite on host memory, one I/O in flight per worker"
     peer = "fio psync, gdsio -x 1"
     iodepth_means = "ignored: one read in flight per worker, as fio's psync"
     fio_engines = {"psync": "", "sync": "ioengine=sync runs as psync (pread instead of read)",
@@ -48,26 +49,35 @@ class Psync(Engine):
         self._iovs = [[memoryview(self._mem)[i * job.bs:(i + 1) * job.bs]] for i in range(BATCH)]
 
     def run(self) -> None:
+        ctx = self.ctx
         fds = [t.fd for t in self.targets]
         clock = time.perf_counter_ns
-        preadv = os.preadv
+        calls = (os.preadv, os.pwritev)
         while True:
-            tgt, offs = self.ctx.next_batch(BATCH)
+            tgt, offs = ctx.next_batch(BATCH)
             n = len(offs)
             if n == 0:
                 return
+            writes = ctx.last_writes()
+            if writes is not False:
+                ctx.fill(self._buf[:n], tgt, offs)  # reads land over the rows they use
+            kinds = writes.tolist() if isinstance(writes, np.ndarray) else [writes] * n
             lat, res = [], []
-            for t, off, iov in zip(tgt.tolist(), offs.tolist(), self._iovs):
+            for t, off, iov, w in zip(tgt.tolist(), offs.tolist(), self._iovs, kinds):
                 t0 = clock()
                 try:
-                    r = preadv(fds[t], iov, off)
+                    r = calls[w](fds[t], iov, off)
                 except OSError as e:
                     r = -e.errno
                 lat.append(clock() - t0)
                 res.append(r)
+                if w and ctx.sync_due(1):
+                    ctx.sync(fds)
             results = np.array(res, dtype=np.int32)
-            self.ctx.verify(self._buf[:n], tgt, offs, results)
-            self.ctx.complete(np.array(lat, dtype=np.int64), tgt, results)
+            if writes is not True:
+                read = slice(None) if writes is False else ~writes
+                ctx.verify(self._buf[:n][read], tgt[read], offs[read], results[read])
+            ctx.complete(np.array(lat, dtype=np.int64), tgt, results, writes)
 
     def close(self) -> None:
         self._iovs.clear()

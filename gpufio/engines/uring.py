@@ -1,6 +1,6 @@
-"""uring: io_uring submitted by the CPU into host memory, with real queue depth (fio io_uring).
+"""uring: io_uring submitted by the CPU on host memory, with real queue depth (fio io_uring).
 
-One ring per worker thread keeps ``iodepth`` reads in flight. Each loop pushes a batch of
+One ring per worker thread keeps ``iodepth`` reads (or writes, WRITE / WRITE_FIXED) in flight. Each loop pushes a batch of
 SQEs for the slots that just completed, waits for at least one completion, and reaps every
 CQE available, all with numpy batch operations so Python cost is per batch, not per I/O.
 """
@@ -43,7 +43,8 @@ class Uring(Engine):
         Option("sqpoll", "bool", False, "a kernel thread polls the SQ (IORING_SETUP_SQPOLL)"),
         Option("sq_thread_idle", "time", 1_000_000_000,
                "SQPOLL thread idle time before it sleeps", minimum=1_000_000),
-        Option("fixedbufs", "bool", False, "register the buffers and use READ_FIXED"),
+        Option("fixedbufs", "bool", False, "register the buffers and use READ_FIXED / "
+               "WRITE_FIXED"),
         Option("registerfiles", "bool", False, "register the targets' descriptors"),
         Option("ring_entries", "int", 0, "SQ size (default: iodepth rounded up to a power of 2)",
                minimum=0),
@@ -78,7 +79,7 @@ class Uring(Engine):
         self.ring = uring.Ring(o.ring_entries or depth, sqpoll=o.sqpoll,
                                sq_thread_idle_ms=max(o.sq_thread_idle // 1_000_000, 1),
                                single_issuer=o.defer_taskrun)
-        self._opcode = uring.OP_READ
+        ops = (uring.OP_READ, uring.OP_WRITE)
         self._sqe_flags = 0
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
         if o.registerfiles:
@@ -87,18 +88,19 @@ class Uring(Engine):
             self._sqe_flags = uring.SQE_FIXED_FILE
         if o.fixedbufs:
             self.ring.register_buffers([uring.Region(int(self._base), depth * job.bs)])
-            self._opcode = uring.OP_READ_FIXED
+            ops = (uring.OP_READ_FIXED, uring.OP_WRITE_FIXED)
         slots = np.arange(depth, dtype=np.uint64)
         # One ready-made SQE per buffer slot, written into the ring once: a batch only sets the
-        # offset (and the descriptor when there are several targets).
-        self._template = uring.read_sqe_words(
-            opcode=self._opcode, sqe_flags=self._sqe_flags, fd=np.full(depth, self._fds[0]),
-            off=np.zeros(depth, np.uint64), addr=self._base + slots * np.uint64(job.bs),
-            length=job.bs, user_data=slots)
-        self._word0 = uring.read_sqe_words(
-            opcode=self._opcode, sqe_flags=self._sqe_flags, fd=self._fds,
-            off=np.zeros(len(targets), np.uint64), addr=np.zeros(len(targets), np.uint64),
-            length=0, user_data=np.zeros(len(targets), np.uint64))[:, 0]
+        # offset (and the first word, opcode and descriptor, for several targets or a mix).
+        self._template = uring.sqe_words(
+            opcode=ops[not job.reads], sqe_flags=self._sqe_flags,
+            fd=np.full(depth, self._fds[0]), off=np.zeros(depth, np.uint64),
+            addr=self._base + slots * np.uint64(job.bs), length=job.bs, user_data=slots)
+        zeros = np.zeros(len(targets), np.uint64)
+        # [direction, target] -> first SQE word
+        self._word0 = np.stack([uring.sqe_words(
+            opcode=op, sqe_flags=self._sqe_flags, fd=self._fds, off=zeros, addr=zeros,
+            length=0, user_data=zeros)[:, 0] for op in ops])
 
     def run(self) -> None:
         share = uring.SqThreadShare([self.ring]) if self.settings(self.job).sqpoll else None
@@ -110,10 +112,13 @@ class Uring(Engine):
 
     def _run(self, share: uring.SqThreadShare | None) -> None:
         ctx, ring = self.ctx, self.ring
-        depth = self.job.iodepth
+        depth, job = self.job.iodepth, self.job
         multi_target = len(self.targets) > 1
         verifying = ctx.verifying
         table = SlotTable(depth, targets=multi_target, offsets=verifying)
+        slot_writes = np.full(depth, not job.reads)  # each slot's direction (a mix changes it)
+        fds = [t.fd for t in self.targets]
+        syncing = False  # fsync due: let the writes in flight finish, then sync
         free = np.arange(depth, dtype=np.int64)
         sqes = ring.sqes
         sqes[:depth] = self._template  # SQE row s belongs to buffer slot s for the whole run
@@ -121,21 +126,36 @@ class Uring(Engine):
         issuing = True
         dog, completed = Watchdog(STALL_LIMIT_NS, clock()), 0
         while True:
-            want = min(len(free), ring.space()) if issuing else 0
+            if syncing and ring.inflight == 0:
+                ctx.sync(fds)
+                syncing = False
+            want = min(len(free), ring.space()) if issuing and not syncing else 0
+            if want and job.writes and not job.mixed:
+                want = min(want, ctx.until_sync)
             if want:
                 tgt, offs = ctx.next_batch(want)
                 k = len(offs)
                 if k:
                     slots = free[:k]
                     free = free[k:]
+                    writes = ctx.last_writes()
+                    if writes is not False:
+                        ctx.fill(self._slots, tgt, offs, slots)
+                    if job.mixed:
+                        slot_writes[slots] = writes
+                        sqes[slots, 0] = self._word0[writes.astype(np.intp), tgt]
+                    elif multi_target:
+                        sqes[slots, 0] = self._word0[int(job.writes), tgt]
                     sqes[slots, 1] = offs
-                    if multi_target:
-                        sqes[slots, 0] = self._word0[tgt]
                     table.issue(slots, tgt, offs, clock())
                     ring.push_slots(slots)
+                    nwrites = int(np.count_nonzero(writes)) if job.mixed else k * job.writes
+                    syncing = bool(nwrites) and ctx.sync_due(nwrites)
                 else:
                     issuing = False
             if ring.inflight == 0:
+                if syncing:
+                    continue
                 if not issuing:
                     return
                 if not want:
@@ -154,7 +174,9 @@ class Uring(Engine):
             if len(ud) == 0:
                 continue
             done = ud.view(np.int64)
-            table.complete(ctx, done, res, now, self._bad(done, res) if verifying else None)
+            wrote = slot_writes[done] if job.mixed else job.writes
+            table.complete(ctx, done, res, now, self._bad(done, res) if verifying else None,
+                           wrote)
             if share is not None and not share.begun and ctx.measuring:
                 share.begin()
             free = np.concatenate((free, done)) if len(free) else done

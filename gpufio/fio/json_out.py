@@ -4,8 +4,8 @@ gpufio measures one latency per I/O, from issue to completion; fio splits it int
 (slat) and completion (clat) latency. Here it is reported as both ``clat_ns`` (with
 percentiles, where fio's tools look) and ``lat_ns``. Fields gpufio does not measure
 (submission latency, context switches, page faults, queue-depth distributions, disk
-utilisation) are left out rather than written as zeros; write, trim and sync sections are
-zero because gpufio only reads.
+utilisation) are left out rather than written as zeros; a direction the job did not do, and
+trim, are zero blocks as in fio.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufio.core.job import directions
 from gpufio.core.stats import PLAT_NR, bucket_value
 
 _US_EDGES = (2, 4, 10, 20, 50, 100, 250, 500, 750, 1000)
@@ -62,28 +63,37 @@ def _distribution(bins: dict[str, int], scale_ns: int, edges: tuple[int, ...]) -
     return out
 
 
+def _direction(rd: dict[str, Any], samples: list[dict[str, float]]) -> dict[str, Any]:
+    """One of fio's read/write blocks from gpufio's; ``samples`` are this direction's
+    bandwidth/IOPS samples (none for a mixed job, whose samples count both)."""
+    bmin, bmax, bmean, bdev, bn = _sample_stats([s["bw_bytes"] / 1024 for s in samples])
+    imin, imax, imean, idev, inum = _sample_stats([s["iops"] for s in samples])
+    block = {k: rd[k] for k in ("io_bytes", "io_kbytes", "iops", "total_ios", "short_ios",
+                                "drop_ios")}
+    block.update(bw_bytes=int(rd["bw_bytes"]), bw=int(rd["bw"]), runtime=int(rd["runtime"]),
+                 clat_ns=_stat_block(rd["lat_ns"], True), lat_ns=_stat_block(rd["lat_ns"], False),
+                 bw_min=int(bmin), bw_max=int(bmax), bw_agg=100.0, bw_mean=bmean, bw_dev=bdev,
+                 bw_samples=bn, iops_min=int(imin), iops_max=int(imax), iops_mean=imean,
+                 iops_stddev=idev, iops_samples=inum)
+    return block
+
+
 def _job(job: dict[str, Any]) -> dict[str, Any]:
-    rd = job["read"]
-    samples = job.get("samples", [])
-    bw_kib = [s["bw_bytes"] / 1024 for s in samples]
-    iops = [s["iops"] for s in samples]
-    bmin, bmax, bmean, bdev, bn = _sample_stats(bw_kib)
-    imin, imax, imean, idev, inum = _sample_stats(iops)
-    read = {k: rd[k] for k in ("io_bytes", "io_kbytes", "iops", "total_ios", "short_ios",
-                               "drop_ios")}
-    read.update(bw_bytes=int(rd["bw_bytes"]), bw=int(rd["bw"]), runtime=int(rd["runtime"]),
-                clat_ns=_stat_block(rd["lat_ns"], True), lat_ns=_stat_block(rd["lat_ns"], False),
-                bw_min=int(bmin), bw_max=int(bmax), bw_agg=100.0, bw_mean=bmean, bw_dev=bdev,
-                bw_samples=bn, iops_min=int(imin), iops_max=int(imax), iops_mean=imean,
-                iops_stddev=idev, iops_samples=inum)
+    have = directions(job)
+    samples = job.get("samples", []) if len(have) == 1 else []
+    blocks = {d: _direction(job[d], samples) if d in have or d == have[0] else _zero_block()
+              for d in ("read", "write")}
+    runtime = int(job[have[0]]["runtime"])
+    sync = job.get("sync", {"total_ios": 0, "lat_ns": {"mean": 0.0}})
     hist = job.get("lat_hist", {}).get("bins")
     out = {"jobname": job["jobname"], "groupid": job.get("groupid", 0), "error": job["error"],
-           "eta": 0, "elapsed": int(rd["runtime"] / 1000),
+           "eta": 0, "elapsed": int(runtime / 1000),
            "job options": {**job["job options"], "ioengine": job["engine"]},
-           "read": read, "write": _zero_block(), "trim": _zero_block(),
-           "sync": {"total_ios": 0, "lat_ns": {"min": 0, "max": 0, "mean": 0.0,
-                                                "stddev": 0.0, "N": 0}},
-           "job_runtime": int(rd["runtime"]), "usr_cpu": job["usr_cpu"],
+           **blocks, "trim": _zero_block(),
+           "sync": {"total_ios": sync["total_ios"],
+                    "lat_ns": {"min": 0, "max": 0, "mean": sync["lat_ns"]["mean"],
+                               "stddev": 0.0, "N": sync["total_ios"]}},
+           "job_runtime": runtime, "usr_cpu": job["usr_cpu"],
            "sys_cpu": job["sys_cpu"], "latency_target": 0, "latency_percentile": 100.0, "latency_window": 0}
     if hist:
         out["latency_ns"] = _distribution(hist, 1, _US_EDGES)

@@ -47,7 +47,7 @@ ENTER_EXT_ARG = 1 << 3
 SQ_NEED_WAKEUP = 1 << 0
 SQ_CQ_OVERFLOW = 1 << 1
 
-OP_NOP, OP_READ_FIXED, OP_READ = 0, 4, 22
+OP_NOP, OP_READ_FIXED, OP_WRITE_FIXED, OP_READ, OP_WRITE = 0, 4, 5, 22, 23
 SQE_FIXED_FILE = 1 << 0
 SQE_ASYNC = 1 << 4  # run in the kernel's io-wq workers, not inline in the submitter
 
@@ -342,7 +342,7 @@ class Ring:
         return max(min(sq_free, self.cq_entries - self.inflight), 0)
 
     def push(self, words: np.ndarray) -> None:
-        """Write SQEs (rows of 8 little-endian u64 words, see ``read_sqe_words``) and publish them."""
+        """Write SQEs (rows of 8 little-endian u64 words, see ``sqe_words``) and publish them."""
         self._publish(self.sqes, words)
 
     def push_slots(self, slots: np.ndarray) -> None:
@@ -531,10 +531,11 @@ _EMPTY_U64 = np.empty(0, np.uint64)
 _EMPTY_I32 = np.empty(0, np.int32)
 
 
-def read_sqe_words(*, opcode: int, sqe_flags: int | np.ndarray, fd: np.ndarray, off: np.ndarray,
+def sqe_words(*, opcode: int, sqe_flags: int | np.ndarray, fd: np.ndarray, off: np.ndarray,
               addr: np.ndarray, length: int, user_data: np.ndarray,
               buf_index: int = 0) -> np.ndarray:
-    """Rows of 8 u64 words, one SQE each, for reads; every other field is zero."""
+    """Rows of 8 u64 words, one SQE each, for reads or writes (the opcode says which);
+    every other field is zero."""
     k = len(off)
     words = np.zeros((k, 8), dtype=np.uint64)
     fd32 = np.asarray(fd, dtype=np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)

@@ -65,8 +65,16 @@ def check(result: dict[str, Any], baseline: dict[str, Any], limits: dict[str, fl
         for metric, limit in limits.items():
             if b is None or r is None:
                 where = "baseline" if b is None else "result"
-                findings.append(Finding(name, metric, b and b[metric], r and r[metric],
+                findings.append(Finding(name, metric, b and b.get(metric), r and r.get(metric),
                                         100 * limit, None, False, f"job missing from the {where}"))
+                continue
+            if metric not in b and metric not in r:
+                continue  # a direction this job does not have (a write limit, a read job)
+            if metric not in b or metric not in r:
+                where = "baseline" if metric not in b else "result"
+                findings.append(Finding(name, metric, b.get(metric), r.get(metric), 100 * limit,
+                                        None, False, f"{metric} missing from the {where} "
+                                        "(the job's rw differs)"))
                 continue
             change = (r[metric] / b[metric] - 1) if b[metric] else 0.0
             worse = -change if METRICS[metric].higher_is_better else change

@@ -31,12 +31,14 @@ def compare_rows(docs: list[dict[str, Any]], labels: list[str]) -> list[dict[str
         per_file = [jobs_by_name(d).get(name) for d in docs]
         values = [job_metrics(job) if job else None for job in per_file]
         for metric in METRICS:
+            if not any(v and metric in v for v in values):
+                continue  # a direction no file's job has (a write metric of a read job)
             row: dict[str, Any] = {"job": name, "metric": metric, "unit": METRICS[metric].unit}
             for label, v in zip(labels, values):
-                row[label] = v[metric] if v else None
+                row[label] = v.get(metric) if v else None
             for label in labels[1:]:
                 value = row[label]
-                ok = base is not None and value is not None and base[metric]
+                ok = base is not None and value is not None and base.get(metric)
                 row[f"{label} ratio"] = value / base[metric] if ok else None
                 row[f"{label} change %"] = 100 * (value / base[metric] - 1) if ok else None
             rows.append(row)

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from gpufio.core.job import Profile
+from gpufio.core.job import Job, Profile, directions, job_direction
 from gpufio.core.stats import LatencyStats
 from gpufio.engines import all_engines
 from gpufio.engines.base import label
@@ -67,8 +67,12 @@ def _job_document(r: JobResult) -> dict[str, Any]:
         "engine": job.engine, "engine_facts": r.engine_facts,
         "job options": {k: str(v) for k, v in job.options_as_given.items()},
         "resolved options": resolved,
-        "read": _rw_block(r.ios, r.bytes, r.runtime_ns, r.short_ios, r.lat,
-                          job.percentile_list),
+        **{name: _rw_block(d.ios, d.bytes, r.runtime_ns,
+                           r.short_ios if name == main_direction(job) else 0, d.lat,
+                           job.percentile_list)
+           for name, d in (("read", r.read), ("write", r.write))},
+        "sync": {"total_ios": r.syncs, "lat_ns": {"mean": r.sync_ns / r.syncs if r.syncs else 0.0},
+                 "seconds": r.sync_ns / 1e9},
         **_cpu_fields(r.cpu.usr, r.cpu.sys, r.runtime_ns, r.ios),
         "targets": [{**t, **per_target.get(t["path"], {})} for t in r.targets],
         "workers": r.per_worker,
@@ -80,20 +84,31 @@ def _job_document(r: JobResult) -> dict[str, Any]:
                      "bins": {str(i): int(c) for i, c in enumerate(r.lat.hist.tolist()) if c}},
         "interrupted": r.interrupted,
         "failure": r.failure,
+        **({"steadystate": r.steadystate} if r.steadystate else {}),
+        **({"phases": r.phases} if r.phases else {}),
     }
 
 
+def main_direction(job: Job) -> str:
+    """The direction a job's headline numbers are: write for write-only jobs, else read."""
+    return "read" if job.reads else "write"
+
+
 def _group_total(results: list[JobResult]) -> dict[str, Any]:
-    lat = LatencyStats()
-    for r in results:
-        lat.merge(r.lat)
     runtime = max(r.runtime_ns for r in results)
-    ios = sum(r.ios for r in results)
     plist = tuple(sorted({p for r in results for p in r.job.percentile_list}))
-    return {"read": _rw_block(ios, sum(r.bytes for r in results), runtime,
-                              sum(r.short_ios for r in results), lat, plist),
-            **_cpu_fields(max(r.cpu.usr for r in results), max(r.cpu.sys for r in results),
-                          runtime, ios)}
+    out: dict[str, Any] = {}
+    for name in ("read", "write"):
+        lat = LatencyStats()
+        for r in results:
+            lat.merge(getattr(r, name).lat)
+        out[name] = _rw_block(sum(getattr(r, name).ios for r in results),
+                              sum(getattr(r, name).bytes for r in results), runtime,
+                              sum(r.short_ios for r in results if main_direction(r.job) == name),
+                              lat, plist)
+    return {**out, **_cpu_fields(max(r.cpu.usr for r in results),
+                                 max(r.cpu.sys for r in results), runtime,
+                                 sum(r.ios for r in results))}
 
 
 def _gpus_if_used(outcome: RunOutcome) -> list[dict[str, Any]]:
@@ -128,7 +143,7 @@ def build_document(outcome: RunOutcome, profile: Profile) -> dict[str, Any]:
 def _status(job: dict[str, Any]) -> str:
     if job.get("failure"):
         return "failed"
-    if job["errors"] or job["read"]["short_ios"]:
+    if job["errors"] or any(job.get(d, {}).get("short_ios") for d in ("read", "write")):
         return "io-errors"
     if job["verify"]["failures"]:
         return "bad-data"
@@ -142,24 +157,32 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     if "group_total" in doc:
         entries.append(("group total", "", doc["group_total"]))
     for name, engine, j in entries:
-        rd = j["read"]
-        pct = rd["lat_ns"]["percentile"]
-        rows.append({
-            "job": name, "engine": label(engine, j.get("engine_facts", {})),
-            "IOPS": round(rd["iops"]), "MB/s": round(rd["bw_bytes"] / 1e6, 1),
-            "mean_us": round(rd["lat_ns"]["mean"] / 1e3, 1),
-            "p50_us": round(pct["50.000000"] / 1e3, 1), "p99_us": round(pct["99.000000"] / 1e3, 1),
-            "p99.9_us": round(pct["99.900000"] / 1e3, 1),
-            "usr%": round(j["usr_cpu"], 1), "sys%": round(j["sys_cpu"], 1),
-            "cpu_us/io": round(j["cpu_us_per_io"], 2),
-            "status": _status(j) if "errors" in j else "",
-        })
-        if "repeat" in j:  # --repeat promises the spread: the table shows it beside the median
-            rep = j["repeat"]
-            rows[-1]["IOPS"] = round(rep["median"]["iops"])
-            rows[-1]["IOPS min-max"] = (f"{rep['min']['iops']:,.0f}-{rep['max']['iops']:,.0f} "
-                                        f"(n={rep['n']})")
+        for rw in directions(j):
+            rows.append(_row(name, engine, rw, j))
     return rows
+
+
+def _row(name: str, engine: str, rw: str, j: dict[str, Any]) -> dict[str, Any]:
+    """A table row: one direction of one job."""
+    rd = j[rw]
+    pct = rd["lat_ns"]["percentile"]
+    row = {
+        "job": name, "engine": label(engine, j.get("engine_facts", {})), "rw": rw,
+        "IOPS": round(rd["iops"]), "MB/s": round(rd["bw_bytes"] / 1e6, 1),
+        "mean_us": round(rd["lat_ns"]["mean"] / 1e3, 1),
+        "p50_us": round(pct["50.000000"] / 1e3, 1), "p99_us": round(pct["99.000000"] / 1e3, 1),
+        "p99.9_us": round(pct["99.900000"] / 1e3, 1),
+        "usr%": round(j["usr_cpu"], 1), "sys%": round(j["sys_cpu"], 1),
+        "cpu_us/io": round(j["cpu_us_per_io"], 2),
+        "status": _status(j) if "errors" in j else "",
+    }
+    if "repeat" in j:  # --repeat promises the spread: the table shows it beside the median
+        rep, key = j["repeat"], "iops" if rw == "read" else "write_iops"
+        if key in rep["median"]:
+            row["IOPS"] = round(rep["median"][key])
+            row["IOPS min-max"] = (f"{rep['min'][key]:,.0f}-{rep['max'][key]:,.0f} "
+                                   f"(n={rep['n']})")
+    return row
 
 
 def ram_backed_targets(doc: dict[str, Any]) -> list[str]:
@@ -187,7 +210,7 @@ def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str
 
         return json.dumps(to_fio(doc), indent=2) + "\n"
     return render_rows(summary_rows(doc), fmt, title=_title(doc),
-                       left=("job", "engine", "status"), columns=("job",), console=console,
+                       left=("job", "engine", "rw", "status"), columns=("job",), console=console,
                        problems=problems(doc) if fmt == "table" else ())
 
 
@@ -204,9 +227,15 @@ def problem_lines(job: dict[str, Any]) -> list[str]:
         lines.append(f"job '{name}': {job['failure']}")
     for e in job["errors"]:
         lines.append(f"job '{name}': {e['count']} I/O errors {e['errno_name']} on {e['target']}")
+    short = "short writes" if job_direction(job) == "write" else "short I/Os" \
+        if job.get("write", {}).get("total_ios") else "short reads"
     for t in job["targets"]:
         if t.get("short_ios"):
-            lines.append(f"job '{name}': {t['short_ios']} short reads on {t['path']}")
+            lines.append(f"job '{name}': {t['short_ios']} {short} on {t['path']}")
+    ss = job.get("steadystate")
+    if ss and not ss["attained"] and not job.get("interrupted"):
+        lines.append(f"job '{name}': steady state {ss['criterion']} not attained in the "
+                     "runtime (the numbers are of a drive still settling)")
     if job["verify"]["failures"]:
         offs = ", ".join(f"{b['target']}@{b['offset']}" for b in job["verify"]["bad_offsets"])
         lines.append(f"job '{name}': {job['verify']['failures']} blocks failed verify; first: {offs}")

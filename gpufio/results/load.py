@@ -12,30 +12,40 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gpufio.core.errors import BadInput, reading
+from gpufio.core.job import directions, job_direction
 from gpufio.fio.json_in import from_fio
 
 
 @dataclass(frozen=True)
 class Metric:
-    """One number per job: how to read it from a job document, and which way is better."""
+    """One number per job: how to read it from a job document, which way is better, and
+    the direction it belongs to (None: the job as a whole)."""
 
     name: str
     unit: str
     higher_is_better: bool
     read: Callable[[dict[str, Any]], float]
+    direction: str | None = None
 
 
-def _pct(p: str) -> Callable[[dict[str, Any]], float]:
-    return lambda job: job["read"]["lat_ns"]["percentile"][p] / 1e3
+def _pct(d: str, p: str) -> Callable[[dict[str, Any]], float]:
+    return lambda job: job[d]["lat_ns"]["percentile"][p] / 1e3
+
+
+def _direction_metrics(d: str) -> tuple[Metric, ...]:
+    """The per-direction metrics: read's carry the plain names (iops, lat_p99), write's
+    the prefix write_, as fio's read and write blocks."""
+    pre = "" if d == "read" else "write_"
+    return (Metric(f"{pre}iops", "IOPS", True, lambda j: j[d]["iops"], d),
+            Metric(f"{pre}bw", "MB/s", True, lambda j: j[d]["bw_bytes"] / 1e6, d),
+            Metric(f"{pre}lat_mean", "us", False, lambda j: j[d]["lat_ns"]["mean"] / 1e3, d),
+            Metric(f"{pre}lat_p50", "us", False, _pct(d, "50.000000"), d),
+            Metric(f"{pre}lat_p99", "us", False, _pct(d, "99.000000"), d),
+            Metric(f"{pre}lat_p99.9", "us", False, _pct(d, "99.900000"), d))
 
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("iops", "IOPS", True, lambda j: j["read"]["iops"]),
-    Metric("bw", "MB/s", True, lambda j: j["read"]["bw_bytes"] / 1e6),
-    Metric("lat_mean", "us", False, lambda j: j["read"]["lat_ns"]["mean"] / 1e3),
-    Metric("lat_p50", "us", False, _pct("50.000000")),
-    Metric("lat_p99", "us", False, _pct("99.000000")),
-    Metric("lat_p99.9", "us", False, _pct("99.900000")),
+    *_direction_metrics("read"), *_direction_metrics("write"),
     Metric("cpu_per_io", "us", False, lambda j: j["cpu_us_per_io"]),
 )}
 
@@ -63,11 +73,19 @@ def load(path: str) -> dict[str, Any]:
 
 
 def job_metrics(job: dict[str, Any]) -> dict[str, float]:
-    """Every metric of one job; with ``--repeat`` results, the medians over the repeats."""
+    """Every metric of one job that its directions have; with ``--repeat`` results, the
+    medians over the repeats."""
     repeats = job.get("repeat", {}).get("runs")
     if repeats:
-        return {name: statistics.median(run[name] for run in repeats) for name in METRICS}
-    return {name: m.read(job) for name, m in METRICS.items()}
+        return {name: statistics.median(run[name] for run in repeats) for name in repeats[0]}
+    have = directions(job)
+    return {name: m.read(job) for name, m in METRICS.items()
+            if m.direction is None or m.direction in have}
+
+
+def headline_iops(job: dict[str, Any]) -> float:
+    """The IOPS a job is ranked and plotted by: its main direction's."""
+    return job[job_direction(job)]["iops"]
 
 
 def jobs_by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:

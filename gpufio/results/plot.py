@@ -12,7 +12,8 @@ import math
 from typing import Any
 
 from gpufio.core.errors import BadInput
-from gpufio.results.load import job_metrics
+from gpufio.core.job import directions
+from gpufio.results.load import headline_iops
 
 FIGSIZE = (12, 13)
 NINES = (50.0, 90.0, 99.0, 99.9, 99.99)
@@ -50,10 +51,11 @@ def draw(docs: list[dict[str, Any]], labels: list[str], output: str) -> None:
                 t = [s["t_ms"] / 1000 for s in samples]
                 ax_t.plot(t, [s["iops"] for s in samples], marker=".", label=name)
                 ax_w.plot(t, [s["bw_bytes"] / 1e6 for s in samples], marker=".", label=name)
-            pct = job["read"]["lat_ns"]["percentile"]
-            points = sorted((float(p), v / 1e3) for p, v in pct.items())
-            ax_p.plot([_nines(p) for p, _ in points], [v for _, v in points], marker="o",
-                      label=name)
+            for rw in directions(job):
+                pct = job[rw]["lat_ns"]["percentile"]
+                points = sorted((float(p), v / 1e3) for p, v in pct.items())
+                ax_p.plot([_nines(p) for p, _ in points], [v for _, v in points], marker="o",
+                          label=f"{name} ({rw})" if rw == "write" else name)
     ax_t.set(title="IOPS over time", xlabel="seconds into the measured run", ylabel="IOPS")
     ax_w.set(title="bandwidth over time", xlabel="seconds into the measured run",
              ylabel="MB/s")
@@ -63,7 +65,7 @@ def draw(docs: list[dict[str, Any]], labels: list[str], output: str) -> None:
     jobs = list(dict.fromkeys(j["jobname"] for d in docs for j in d["jobs"]))
     width = 0.8 / len(docs)
     for i, (label, doc) in enumerate(zip(labels, docs)):
-        values = {j["jobname"]: job_metrics(j)["iops"] for j in doc["jobs"]}
+        values = {j["jobname"]: headline_iops(j) for j in doc["jobs"]}
         ax_b.bar([x + i * width for x in range(len(jobs))], [values.get(n, 0) for n in jobs],
                  width=width, label=label)
     ax_b.set_xticks([x + width * (len(docs) - 1) / 2 for x in range(len(jobs))], jobs,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from gpufio.results.load import METRICS
+from gpufio.results.load import headline_iops, job_metrics
 
 
 def combine(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -20,14 +20,16 @@ def combine(docs: list[dict[str, Any]]) -> dict[str, Any]:
     jobs = []
     for j in range(len(docs[0]["jobs"])):
         runs = [d["jobs"][j] for d in docs if j < len(d["jobs"])]
-        by_iops = sorted(runs, key=lambda r: r["read"]["iops"])
+        by_iops = sorted(runs, key=headline_iops)
         chosen = dict(by_iops[(len(by_iops) - 1) // 2])
-        metrics = [{name: m.read(r) for name, m in METRICS.items()} for r in runs]
+        metrics = [job_metrics(r) for r in runs]
+        keys = [k for k in metrics[0] if all(k in m for m in metrics)]
+        metrics = [{k: m[k] for k in keys} for m in metrics]
         chosen["repeat"] = {
             "n": len(runs), "runs": metrics,
-            "median": {k: statistics.median(m[k] for m in metrics) for k in METRICS},
-            "min": {k: min(m[k] for m in metrics) for k in METRICS},
-            "max": {k: max(m[k] for m in metrics) for k in METRICS},
+            "median": {k: statistics.median(m[k] for m in metrics) for k in keys},
+            "min": {k: min(m[k] for m in metrics) for k in keys},
+            "max": {k: max(m[k] for m in metrics) for k in keys},
         }
         chosen["error"] = max(r["error"] for r in runs)
         jobs.append(chosen)

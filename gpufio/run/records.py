@@ -11,15 +11,23 @@ from gpufio.core.stats import CpuTimes, LatencyStats
 
 
 @dataclass
+class DirResult:
+    """One direction's measured I/Os, bytes and latency (fio's read or write block)."""
+
+    lat: LatencyStats = field(default_factory=LatencyStats)
+    ios: int = 0
+    bytes: int = 0
+
+
+@dataclass
 class JobResult:
     """Everything measured for one job, as plain data for the report layer."""
 
     job: Job
     engine_facts: dict[str, Any]
     targets: list[dict[str, Any]]
-    lat: LatencyStats
-    ios: int
-    bytes: int
+    read: DirResult
+    write: DirResult
     runtime_ns: int
     cpu: CpuTimes
     samples: list[dict[str, float]]
@@ -32,6 +40,30 @@ class JobResult:
     failure: str | None
     # each worker's measured I/Os and bytes, as fio's per-thread report without group_reporting
     per_worker: list[dict[str, int]] = field(default_factory=list)
+    syncs: int = 0
+    sync_ns: int = 0
+    # the steady-state watch's verdict (steadystate jobs), the preconditioning passes and
+    # the read-back of a verified write job: what the result says beside the numbers
+    steadystate: dict[str, Any] | None = None
+    phases: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ios(self) -> int:
+        """Measured I/Os, both directions."""
+        return self.read.ios + self.write.ios
+
+    @property
+    def bytes(self) -> int:
+        """Measured bytes, both directions."""
+        return self.read.bytes + self.write.bytes
+
+    @property
+    def lat(self) -> LatencyStats:
+        """Latency of both directions together."""
+        lat = LatencyStats()
+        lat.merge(self.read.lat)
+        lat.merge(self.write.lat)
+        return lat
 
     @property
     def ok(self) -> bool:

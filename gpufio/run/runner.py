@@ -13,20 +13,23 @@ import resource
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from gpufio.core import events
 from gpufio.core import targets as tg
-from gpufio.core.context import JobShared, WorkerContext
+from gpufio.core.context import DIRECTIONS, READ, WRITE, JobShared, WorkerContext
+from gpufio.core.guard import WriteConsent
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job, Profile
 from gpufio.core.offsets import OffsetStream
 from gpufio.core.stats import CpuTimes, LatencyStats
+from gpufio.core.steady import SAMPLE_NS, Criterion, SteadyState
 from gpufio.engines import all_engines
 from gpufio.engines.base import Engine, label
 from gpufio.run.launch import ProcessWorker, SpawnWorker, ThreadWorker
-from gpufio.run.records import JobResult, RunOutcome, Snapshot
+from gpufio.run.records import DirResult, JobResult, RunOutcome, Snapshot
 
 TICK_S = 0.02
 
@@ -59,11 +62,14 @@ class JobRun:
     """One job in flight: its workers, phases and samples."""
 
     def __init__(self, job: Job, engine: type[Engine], targets: list[tg.Target],
-                 regions: list[tuple[int, int]]) -> None:
+                 regions: list[tuple[int, int]], budgets: list[int] | None = None) -> None:
+        """``budgets``: each worker's own number of I/Os (a read-back replaying what each
+        worker wrote), instead of the job's."""
         self.job = job
         self.engine = engine
         self.engine_facts = engine.describe(job)
         self.targets = targets
+        self.stream_regions = regions
         self.shared = JobShared(job.numjobs)
         self.control = self.shared.control
         budget = None
@@ -71,7 +77,15 @@ class JobRun:
             io_size = job.io_size or sum(n * job.bs for _, n in regions)
             budget = max(io_size // job.bs, 1)
         self.budget = budget
-        seeds = [t.pattern_seed for t in targets] if job.verify else None
+        worker_budgets = budgets or [budget] * job.numjobs
+        # a target without gpufio's pattern (written with overwrite or write_device) gets the
+        # pattern of the job's seed
+        seeds = ([job.randseed if t.pattern_seed is None else t.pattern_seed for t in targets]
+                 if job.verify or job.writes else None)
+        self.steady = (SteadyState(Criterion.parse(job.steadystate, "steadystate"),
+                                   job.steadystate_duration, job.steadystate_ramp_time)
+                       if job.steadystate else None)
+        self._steady_last = (0, 0, 0)
         kind = engine.worker_kind_for(job)
         in_process = kind != "thread"
         handle = {"process": ProcessWorker, "spawn": SpawnWorker, "thread": ThreadWorker}[kind]
@@ -81,10 +95,12 @@ class JobRun:
             handle(engine, job, targets, WorkerContext(
                 bs=job.bs, stream=OffsetStream(
                     random=job.random, bs=job.bs, regions=regions, dist=job.random_distribution,
-                    file_service=job.file_service, seed=(job.randseed, w), budget=budget),
+                    file_service=job.file_service, seed=(job.randseed, w),
+                    budget=worker_budgets[w], write_fraction=job.write_fraction),
                 control=self.control, ntargets=len(targets), block=self.shared.blocks[w],
-                verify_seeds=seeds, continue_on_error=job.continue_on_error,
-                own_cpu=in_process, worker=w), w, self._go, self.shared)
+                seeds=seeds, verify=job.verify, continue_on_error=job.continue_on_error,
+                own_cpu=in_process, worker=w, sync_every=job.fsync or job.fdatasync,
+                datasync=bool(job.fdatasync)), w, self._go, self.shared)
             for w in range(job.numjobs)]
         self._in_process = in_process
         self.state = "setup"
@@ -93,6 +109,7 @@ class JobRun:
         self.samples: list[dict[str, float]] = []
         self._last_sample = (0, 0, 0)
         self.interrupted = False
+        self._end_syncs = self._end_sync_ns = 0
 
     def start(self) -> None:
         """Start the workers; they set up their engines and wait for the clock."""
@@ -103,8 +120,20 @@ class JobRun:
         self.control.begin_measuring()
         self.cpu0 = CpuTimes.now()
         self.t_measure = now
-        self._last_sample = (now, 0, 0)
+        self._last_sample = self._steady_last = (now, 0, 0)
         self.state = "run"
+
+    def _watch_steady(self, now: int) -> None:
+        """Feed the steady-state watch one rate a second; stop the job once it is steady."""
+        t0, ios0, bytes0 = self._steady_last
+        if now < t0 + SAMPLE_NS:
+            return
+        _, ios, nbytes = self._live_totals()
+        dt = (now - t0) / 1e9
+        rate = (ios - ios0) / dt if self.steady.criterion.metric == "iops" else (nbytes - bytes0) / dt
+        self._steady_last = (now, ios, nbytes)
+        if self.steady.add(rate, now - self.t_measure):
+            self.control.stop()
 
     def tick(self, now: int) -> None:
         """Advance phases; called by the runner's loop every TICK_S."""
@@ -127,6 +156,8 @@ class JobRun:
                 self.control.stop()
             if now >= self._last_sample[0] + job.sample_interval:
                 self._sample(now)
+            if self.steady is not None and not self.steady.attained:
+                self._watch_steady(now)
 
     def _live_totals(self) -> tuple[int, int, int]:
         live = [self.shared.live(w) for w in range(len(self.workers))]
@@ -152,10 +183,16 @@ class JobRun:
         self._go.set()
 
     def join(self) -> None:
-        """Wait for the workers to finish."""
+        """Wait for the workers to finish; then end_fsync, whose time counts in the measured
+        runtime (as fio's end_fsync)."""
         for w in self.workers:
             w.join()
         self.shared.close_source()
+        if self.job.end_fsync and self.control.measuring and not self._end_syncs:
+            t0 = time.monotonic_ns()
+            for t in self.targets:
+                os.fsync(t.fd)
+            self._end_syncs, self._end_sync_ns = len(self.targets), time.monotonic_ns() - t0
 
     def raise_bad_input(self) -> None:
         """Raise BadInput if a worker's engine refused its setup (GPU missing, out of memory)."""
@@ -191,26 +228,33 @@ class JobRun:
         """Merge the workers' records into one JobResult (call after join)."""
         outcomes = [w.outcome for w in self.workers if w.outcome is not None]
         recs = [o.record for o in outcomes if o.record is not None]
-        per_worker = [{"worker": i, "ios": w.outcome.record.ios, "bytes": w.outcome.record.bytes}
+        per_worker = [{"worker": i, "ios": w.outcome.record.ios, "bytes": w.outcome.record.bytes,
+                       "completed": w.outcome.record.completed}
                       for i, w in enumerate(self.workers)
                       if w.outcome is not None and w.outcome.record is not None]
         measured = self.control.measuring and bool(outcomes)
-        end = max((o.finished_ns for o in outcomes), default=self.t_measure)
+        end = max((o.finished_ns for o in outcomes), default=self.t_measure) + self._end_sync_ns
         runtime = max(end - self.t_measure, 0) if measured else 0
         if self._in_process:
             cpu = CpuTimes(sum(r.cpu.usr for r in recs if r.cpu), sum(r.cpu.sys for r in recs if r.cpu))
         else:
             cpu = CpuTimes.now() - self.cpu0
-        lat = LatencyStats()
+        dirs = [DirResult() for _ in DIRECTIONS]
         for r in recs:
-            lat.merge(r.lat)
+            for d, rd in zip(dirs, r.dirs):
+                d.lat.merge(rd.lat)
+                d.ios += rd.ios
+                d.bytes += rd.bytes
         per_target, errors, bad = [], [], []
         for i, t in enumerate(self.targets):
-            per_target.append({
-                "path": t.path, "ios": int(sum(r.target_ios[i] for r in recs)),
-                "bytes": int(sum(r.target_bytes[i] for r in recs)),
-                "short_ios": int(sum(r.short[i] for r in recs)),
-                "verify_failures": int(sum(r.verify_failures[i] for r in recs))})
+            entry = {"path": t.path}
+            for d, name in enumerate(DIRECTIONS):
+                prefix = "" if d == READ else "write_"
+                entry[f"{prefix}ios"] = int(sum(r.dirs[d].target_ios[i] for r in recs))
+                entry[f"{prefix}bytes"] = int(sum(r.dirs[d].target_bytes[i] for r in recs))
+            entry["short_ios"] = int(sum(r.short[i] for r in recs))
+            entry["verify_failures"] = int(sum(r.verify_failures[i] for r in recs))
+            per_target.append(entry)
         merged: dict[tuple[int, int], int] = {}
         for r in recs:
             for key, count in r.errors.items():
@@ -225,8 +269,9 @@ class JobRun:
         if lost and not self.interrupted:
             failures.append(f"{lost} worker(s) ended without reporting a result")
         job = self.job
+        steady_stop = self.steady is not None and self.steady.attained
         if (job.time_based and measured and not self.interrupted and not failures
-                and not merged and runtime < 0.95 * job.runtime
+                and not merged and runtime < 0.95 * job.runtime and not steady_stop
                 and not any(p["short_ios"] for p in per_target)):
             # nothing asked the workers to stop early: a silent early end is an engine bug,
             # and numbers from a cut-short run must not pass as a full one
@@ -237,14 +282,16 @@ class JobRun:
             for key, values in r.facts.items():
                 noted.setdefault(key, []).extend(values)
         return JobResult(
-            job=self.job, engine_facts={**self.engine_facts, **noted}, targets=facts, lat=lat,
-            ios=sum(r.ios for r in recs), bytes=sum(r.bytes for r in recs), runtime_ns=runtime,
+            job=self.job, engine_facts={**self.engine_facts, **noted}, targets=facts,
+            read=dirs[READ], write=dirs[WRITE], runtime_ns=runtime,
             cpu=cpu, samples=self.samples, per_target=per_target, errors=errors,
             short_ios=sum(p["short_ios"] for p in per_target),
             verify_failures=sum(p["verify_failures"] for p in per_target),
             bad_offsets=bad[:8], interrupted=self.interrupted,
-            failure="; ".join(failures) or None, per_worker=per_worker)
-
+            failure="; ".join(failures) or None, per_worker=per_worker,
+            syncs=sum(r.syncs for r in recs) + self._end_syncs,
+            sync_ns=sum(r.sync_ns for r in recs) + self._end_sync_ns,
+            steadystate=self.steady.report() if self.steady else None)
 
 def job_advice(job: Job, facts: dict) -> str | None:
     """One line of advice before a job set up in a way that will cost it or may hang: an
@@ -267,9 +314,12 @@ def _open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], lis
     opened: list[tg.Target] = []
     try:
         for path in job_targets(job, quiet):
-            opened.append(tg.open_target(path, job.direct))
+            opened.append(tg.open_target(path, job.direct, WriteConsent.of(job)))
+        # a job that only writes verifies by reading back what it wrote; one that reads
+        # checks what was there before, so the target must carry the pattern already
         regions = [tg.check_region(t, offset=job.offset, size=job.size, bs=job.bs,
-                                   direct=job.direct, need_pattern=job.verify) for t in opened]
+                                   direct=job.direct, need_pattern=job.verify and job.reads)
+                   for t in opened]
     except BaseException:
         for t in opened:
             t.close()
@@ -329,9 +379,81 @@ def check_machine_limits(profile: Profile) -> None:
                            "(kernel.threads-max, kernel.pid_max)")
 
 
+def precondition_job(job: Job, index: int) -> Job:
+    """Pass ``index`` of a job's preconditioning: its engine writes the whole region once,
+    sequentially, one worker, synced at the end (fio's usual precondition job)."""
+    passes = 2 if job.precondition == "seq2" else 1
+    return replace(job, name=f"{job.name} (precondition {index + 1}/{passes})", rw="write",
+                   verify=False, numjobs=1, time_based=False, runtime=None, io_size=None,
+                   ramp_time=0, steadystate=None, steadystate_duration=0,
+                   steadystate_ramp_time=0, precondition="none", fsync=0, fdatasync=0,
+                   end_fsync=True)
+
+
+def readback_job(job: Job) -> Job:
+    """The read-back of a verified job that wrote (fio's do_verify): the same engine, seeds
+    and offset streams reading, with verify, so each worker reads every offset it touched."""
+    return replace(job, name=f"{job.name} (verify read-back)", rw="randread" if job.random
+                   else "read", verify=True, time_based=False, runtime=None, ramp_time=0,
+                   steadystate=None, steadystate_duration=0, steadystate_ramp_time=0,
+                   precondition="none", fsync=0, fdatasync=0, end_fsync=False)
+
+
+def _phase_summary(phase: str, r: JobResult) -> dict[str, Any]:
+    return {"phase": phase, "ios": r.ios, "bytes": r.bytes, "seconds": r.runtime_ns / 1e9,
+            "verify_failures": r.verify_failures, "ok": r.ok, "failure": r.failure}
+
+
+def _preconditions(batch: list[tuple], quiet: bool) -> dict[str, list[dict[str, Any]]]:
+    """Run each job's preconditioning passes; their summaries by job name."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for job, engine, tgts, regions in batch:
+        passes = {"none": 0, "seq": 1, "seq2": 2}[job.precondition]
+        for i in range(passes):
+            pre = precondition_job(job, i)
+            if not quiet:
+                events.emit("progress", f"gpufio: job '{job.name}': precondition pass "
+                                        f"{i + 1}/{passes}, writing the whole region")
+            run = JobRun(pre, engine, tgts, regions)
+            _drive([run], [], None, 1.0)
+            r = run.result()
+            out.setdefault(job.name, []).append(_phase_summary(pre.name, r))
+            if not r.ok:
+                raise BadInput(f"job '{job.name}': preconditioning failed: "
+                               f"{r.failure or 'I/O errors'}")
+    return out
+
+
+def _read_back(run: "JobRun", result: JobResult, quiet: bool) -> JobResult:
+    """Verify what a write job wrote: read it back, and put the failures in its result."""
+    job = run.job
+    budgets = [w["completed"] for w in result.per_worker]
+    if not budgets or not any(budgets):
+        return result
+    if not quiet:
+        events.emit("progress", f"gpufio: job '{job.name}': reading back what it wrote, "
+                                "to verify it")
+    back = readback_job(job)
+    rb_run = JobRun(back, run.engine, run.targets,
+                    [(t0, n) for t0, n in run.stream_regions], budgets=budgets)
+    _drive([rb_run], [], None, 1.0)
+    rb = rb_run.result()
+    result.phases.append(_phase_summary(back.name, rb))
+    result.verify_failures += rb.verify_failures
+    result.bad_offsets = (result.bad_offsets + rb.bad_offsets)[:8]
+    for mine, theirs in zip(result.per_target, rb.per_target):
+        mine["verify_failures"] += theirs["verify_failures"]
+    if rb.failure or rb.errors or rb.short_ios:
+        why = rb.failure or f"{sum(e['count'] for e in rb.errors)} I/O errors, " \
+                            f"{rb.short_ios} short reads"
+        result.failure = "; ".join(filter(None, [result.failure, f"verify read-back: {why}"]))
+    return result
+
+
 def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | None = None,
                 quiet: bool = False, tick_every_s: float = 0.25) -> RunOutcome:
-    """Run every job of ``profile`` (sequentially, or all at once if concurrent)."""
+    """Run every job of ``profile`` (sequentially, or all at once if concurrent): each
+    job's preconditioning first, then the job, then the read-back of a verified write job."""
     check_machine_limits(profile)
     prepared = []
     try:
@@ -340,7 +462,13 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
         batches = [prepared] if profile.concurrent else [[p] for p in prepared]
         outcome = RunOutcome()
         finished: list[JobRun] = []
+        results: list[JobResult] = []
         for batch in batches:
+            try:
+                pre = _preconditions(batch, quiet)
+            except KeyboardInterrupt:
+                outcome.interrupted = True
+                break
             runs = [JobRun(job, engine, tgts, regions) for job, engine, tgts, regions in batch]
             for r in runs:
                 line = job_advice(r.job, r.engine_facts)
@@ -355,11 +483,23 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
                     r.join()
                 outcome.interrupted = True
                 finished.extend(runs)
+                results.extend(r.result() for r in runs)
                 break
             finished.extend(runs)
             for r in runs:
                 r.raise_bad_input()
-        outcome.results = [r.result() for r in finished]
+            for r in runs:
+                result = r.result()
+                result.phases[:0] = pre.get(r.job.name, [])
+                if r.job.verify and r.job.writes and not result.interrupted:
+                    try:
+                        result = _read_back(r, result, quiet)
+                    except KeyboardInterrupt:
+                        outcome.interrupted = result.interrupted = True
+                results.append(result)
+            if outcome.interrupted:
+                break
+        outcome.results = results
         return outcome
     finally:
         for _, _, tgts, _ in prepared:
