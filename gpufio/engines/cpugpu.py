@@ -1,4 +1,5 @@
-"""cpu-gpu: the strongest CPU-driven path into GPU memory (gdsio -x 2/3, done properly).
+"""cpu-gpu: the strongest CPU-driven path between storage and GPU memory (gdsio -x 2/3, done
+properly).
 
 Reads go through io_uring (real queue depth, O_DIRECT) into page-locked host memory; each
 segment of slots, once all its reads are in, is copied to GPU memory in one asynchronous
@@ -9,7 +10,10 @@ hold back new reads (docs/PERFORMANCE.md has what exactly iodepth slots cost on 
 disk). An I/O is complete when its
 bytes are in GPU memory: its latency runs from issue until its segment's copy event is
 observed done. fio's and elbencho's GPU paths copy synchronously from pageable memory, one
-I/O at a time; this does not.
+I/O at a time; this does not. Writes run the other way: a segment's blocks are generated in
+GPU memory (the pattern of their offsets), copied down to its pinned slots in one transfer,
+and written from there by io_uring, while the next segments copy; a write's latency runs from
+the start of its segment's copy until the write completes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, close_all, open_rows, row_error
 from gpufio.core.slots import SlotTable
@@ -34,7 +39,7 @@ if TYPE_CHECKING:
     from gpufio.core.job import Job
     from gpufio.core.targets import Target
 
-FREE, READING, COPYING = 0, 1, 2
+FREE, READING, COPYING, WRITING = 0, 1, 2, 3
 WAIT_NS = 200_000_000
 # a row fetch with no completion for this long is stuck (rows are read in whole batches)
 ROW_WAIT_NS = 10_000_000_000
@@ -75,10 +80,6 @@ class CpuGpu(Engine):
                           request.max_rows, cls.settings(job).sqe_async)
 
     @classmethod
-    def check_job(cls, job: Job) -> None:
-        uring.sq_entries(job.iodepth, 0, f"job '{job.name}': ")
-
-    @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         nseg, per_segment = segment_shape(job)
         return {**super().describe(job), "gpus": list(job.gpu_list), "lands_in": "gpu memory",
@@ -90,25 +91,40 @@ class CpuGpu(Engine):
         self._nseg = SPARE * nseg
         self._cap = nseg * self._seg  # reads in flight, at most
         self.landing = SegmentedStaging(job.gpu_of(ctx.worker), self._nseg, self._seg, job.bs,
-                               ctx.verifying)
+                                        ctx.verifying, writes=job.writes)
         self.ring = uring.Ring(self._cap)
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
         self._sqe_flags = uring.SQE_ASYNC if self.settings(job).sqe_async else 0
+
+    def _push(self, s: int, tgt: np.ndarray, offs: np.ndarray, opcode: int) -> None:
+        """Submit segment ``s``'s I/Os (reads into, or writes from, its host slots)."""
+        first = s * self._seg
+        slots = np.arange(first, first + len(offs), dtype=np.uint64)
+        bs = self.job.bs
+        self.ring.push(uring.sqe_words(
+            opcode=opcode, sqe_flags=self._sqe_flags, fd=self._fds[tgt], off=offs,
+            addr=np.uint64(self.landing.host_addr) + slots * np.uint64(bs), length=bs,
+            user_data=slots))
 
     def _issue(self, s: int, tgt: np.ndarray, offs: np.ndarray, table: SlotTable,
                seg_n: np.ndarray) -> None:
         k = len(offs)
         first = s * self._seg
-        slots = np.arange(first, first + k, dtype=np.uint64)
-        bs = self.job.bs
-        self.ring.push(uring.sqe_words(
-            opcode=uring.OP_READ, sqe_flags=self._sqe_flags, fd=self._fds[tgt], off=offs,
-            addr=np.uint64(self.landing.host_addr) + slots * np.uint64(bs), length=bs,
-            user_data=slots))
+        self._push(s, tgt, offs, uring.OP_READ)
         table.issue(slice(first, first + k), tgt, offs, time.perf_counter_ns())
         seg_n[s] = k
 
+    @classmethod
+    def check_job(cls, job: Job) -> None:
+        uring.sq_entries(job.iodepth, 0, f"job '{job.name}': ")
+        if job.mixed:
+            raise BadInput(f"job '{job.name}': cpu-gpu moves a segment one way at a time; "
+                           f"rw = {job.rw} (a mix) is not supported by this engine")
+
     def run(self) -> None:
+        if self.job.writes:
+            self._run_writes()
+            return
         ctx, ring, seg = self.ctx, self.ring, self._seg
         slots = self._nseg * seg
         state = np.full(self._nseg, FREE, dtype=np.int8)
@@ -152,6 +168,66 @@ class CpuGpu(Engine):
                     progress += 1
             if dog.update(progress, time.perf_counter_ns()):
                 raise Stalled(f"no read or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
+                              f"segment states {state.tolist()}, ring {ring.state()}")
+
+    def _run_writes(self) -> None:
+        """Segments go FREE -> COPYING (pattern generated on the GPU, copied down) ->
+        WRITING (io_uring writes from the host slots) -> FREE; fsync between segments."""
+        ctx, ring, seg = self.ctx, self.ring, self._seg
+        state = np.full(self._nseg, FREE, dtype=np.int8)
+        seg_n = np.zeros(self._nseg, dtype=np.int64)
+        seg_done = np.zeros(self._nseg, dtype=np.int64)
+        table = SlotTable(self._nseg * seg)
+        slot_res = np.zeros(self._nseg * seg, dtype=np.int32)
+        fds = [t.fd for t in self.targets]
+        issuing, syncing = True, False
+        dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0
+        while True:
+            if syncing and not np.any(state != FREE):
+                ctx.sync(fds)
+                syncing = False
+            for s in np.flatnonzero(state == FREE).tolist() if issuing and not syncing else ():
+                copying = int(seg_n[state == COPYING].sum())
+                if ring.inflight + copying + seg > self._cap:
+                    break
+                tgt, offs = ctx.next_batch(min(seg, ctx.until_sync))
+                k = len(offs)
+                if not k:
+                    issuing = False
+                    break
+                lo = s * seg
+                table.issue(slice(lo, lo + k), tgt, offs, time.perf_counter_ns())
+                self.landing.stage_out(s, k, offs, ctx.seeds(tgt))
+                seg_n[s], seg_done[s], state[s] = k, 0, COPYING
+                if ctx.sync_due(k):
+                    syncing = True
+                    break
+            for s in np.flatnonzero(state == COPYING).tolist():
+                if self.landing.done(s):
+                    lo, k = s * seg, int(seg_n[s])
+                    self._push(s, table.tgt[lo:lo + k], table.off[lo:lo + k], uring.OP_WRITE)
+                    state[s] = WRITING
+                    progress += 1
+            copying = bool(np.any(state == COPYING))
+            if ring.inflight:
+                ring.submit(wait=1, timeout_ns=POLL_NS if copying else WAIT_NS)
+                ud, res = ring.reap()
+                if len(ud):
+                    done = ud.view(np.int64)
+                    slot_res[done] = res
+                    np.add.at(seg_done, done // seg, 1)
+                    progress += len(done)
+            elif copying:
+                self.landing.wait(int(np.flatnonzero(state == COPYING)[0]))
+            elif not issuing and not syncing:
+                return
+            for s in np.flatnonzero((state == WRITING) & (seg_done == seg_n)).tolist():
+                lo, k = s * seg, int(seg_n[s])
+                table.complete(ctx, slice(lo, lo + k), slot_res[lo:lo + k].copy(),
+                               time.perf_counter_ns(), write=True)
+                state[s] = FREE
+            if dog.update(progress, time.perf_counter_ns()):
+                raise Stalled(f"no write or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
                               f"segment states {state.tolist()}, ring {ring.state()}")
 
     def _copy(self, s: int, k: int, table: SlotTable) -> None:

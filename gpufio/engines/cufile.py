@@ -1,7 +1,8 @@
 """cufile: NVIDIA cuFile through KvikIO, GPUDirect Storage when the host has it.
 
-Each worker keeps ``iodepth`` reads in flight as KvikIO futures, each straight into its own
-slot of GPU memory; KvikIO's thread pool runs them. Without the nvidia-fs driver cuFile (and
+Each worker keeps ``iodepth`` reads (or writes, ``pwrite`` from GPU memory the pattern was
+generated in) in flight as KvikIO futures, each in its own slot of GPU memory; KvikIO's
+thread pool runs them. Without the nvidia-fs driver cuFile (and
 KvikIO) fall back to compat mode: POSIX reads into a host bounce buffer, then a copy to the
 GPU. The two are different data paths, so the mode is part of every label gpufio prints and
 of the result, and ``require_gds`` refuses to run in compat mode at all. A read is complete
@@ -136,32 +137,58 @@ class CuFile(Engine):
                            f"{job.iodepth * job.bs} bytes of buffers") from None
         self._rows = self.dev.reshape(job.iodepth, job.bs)
         self._slots = [self._rows[i] for i in range(job.iodepth)]
-        self._files = [kvikio.CuFile(t.path, "r") for t in targets]
+        self._files = [kvikio.CuFile(t.path, "r+" if job.writes else "r") for t in targets]
         self._cp = cp
         self._futures: list[Any] = []
-        if ctx.verifying:
+        self._words = self.dev.view(cp.uint64)
+        if ctx.verifying or job.writes:
             gpuverify.compile_kernel()
 
+    def _fill(self, slots: list[int], tgt: np.ndarray, offs: np.ndarray) -> None:
+        """The pattern of each write's offset into its slot of GPU memory, finished before
+        KvikIO's threads read the slots."""
+        cp = self._cp
+        gpuverify.fill(self._words, cp.asarray(np.array(slots, np.uint64)),
+                       cp.asarray(offs.astype(np.uint64)), cp.asarray(self.ctx.seeds(tgt)),
+                       len(slots), self.job.bs)
+        cp.cuda.Stream.null.synchronize()
+
     def run(self) -> None:
-        ctx, bs, depth = self.ctx, self.job.bs, self.job.iodepth
+        ctx, bs, depth, job = self.ctx, self.job.bs, self.job.iodepth, self.job
         futures = self._futures = [None] * depth
         table = SlotTable(depth)
+        slot_writes = np.zeros(depth, dtype=bool)
         free = list(range(depth))
-        issuing = True
+        fds = [t.fd for t in self.targets]
+        issuing, syncing = True, False
         while True:
-            if issuing and free:
-                tgt, offs = ctx.next_batch(len(free))
+            if syncing and len(free) == depth:
+                ctx.sync(fds)
+                syncing = False
+            if issuing and free and not syncing:
+                tgt, offs = ctx.next_batch(min(len(free), ctx.until_sync) if job.writes
+                                           else len(free))
                 issuing = bool(len(offs))
+                writes = ctx.last_writes()
+                kinds = writes.tolist() if isinstance(writes, np.ndarray) else [writes] * len(offs)
+                slots = [free.pop() for _ in range(len(offs))]
+                if any(kinds):
+                    self._fill(slots, tgt, offs)
                 now = time.perf_counter_ns()
-                for t, off in zip(tgt.tolist(), offs.tolist()):
-                    s = free.pop()
-                    futures[s] = self._files[t].pread(self._slots[s], bs, off, task_size=bs)
+                for s, t, off, w in zip(slots, tgt.tolist(), offs.tolist(), kinds):
+                    f = self._files[t]
+                    futures[s] = (f.pwrite if w else f.pread)(self._slots[s], bs, off, task_size=bs)
                     table.issue(s, t, off, now)
+                    slot_writes[s] = w
+                nwrites = sum(kinds)
+                syncing = bool(nwrites) and ctx.sync_due(nwrites)
             busy = [s for s in range(depth) if futures[s] is not None]
             if not busy:
+                if syncing:
+                    continue
                 return
             done = self._wait_some(futures, busy, table.t_issue)
-            self._finish(done, futures, table)
+            self._finish(done, futures, table, slot_writes)
             free.extend(done)
 
     def _wait_some(self, futures: list[Any], busy: list[int], t_issue: np.ndarray) -> list[int]:
@@ -169,12 +196,13 @@ class CuFile(Engine):
         oldest = min(busy, key=lambda s: t_issue[s])
         while not futures[oldest].done():
             if time.perf_counter_ns() - t_issue[oldest] > STALL_LIMIT_NS:
-                raise Stalled(f"a KvikIO read has not finished in {STALL_LIMIT_NS / 1e9:g} s "
+                raise Stalled(f"a KvikIO I/O has not finished in {STALL_LIMIT_NS / 1e9:g} s "
                                 f"({len(busy)} in flight)")
             time.sleep(POLL_S)
         return [s for s in busy if futures[s].done()]
 
-    def _finish(self, done: list[int], futures: list[Any], table: SlotTable) -> None:
+    def _finish(self, done: list[int], futures: list[Any], table: SlotTable,
+                slot_writes: np.ndarray) -> None:
         now = time.perf_counter_ns()
         slots = np.array(done, dtype=np.int64)
         res = np.empty(len(done), dtype=np.int32)
@@ -189,7 +217,8 @@ class CuFile(Engine):
             def bad(tgt: np.ndarray, offs: np.ndarray) -> list[int]:
                 return gpuverify.landed_mismatches(self._rows[self._cp.asarray(slots)],
                                                    self.ctx.seeds(tgt), offs, res)
-        table.complete(self.ctx, slots, res, now, bad)
+        table.complete(self.ctx, slots, res, now, bad,
+                       slot_writes[slots] if self.job.mixed else self.job.writes)
 
     def close(self) -> None:
         """Let reads still in flight (a failed run) land before their buffers go away."""
@@ -200,7 +229,7 @@ class CuFile(Engine):
         for f in self._files:
             f.close()
         self._slots.clear()
-        self._rows = None
+        self._rows = self._words = None
         self.dev = None
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufio.core import pattern
-from gpufio.core.context import DeviceTotals
+from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, close_all, open_rows, row_error
@@ -123,6 +123,12 @@ class GpuUring(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
+        if job.mixed:
+            raise BadInput(f"job '{job.name}': gpu-uring's GPU threads either read or write; "
+                           f"rw = {job.rw} (a mix) is not supported by this engine")
+        if job.fsync or job.fdatasync:
+            raise BadInput(f"job '{job.name}': gpu-uring's writes are posted by GPU threads, "
+                           "which the host does not order an fsync among; use end_fsync")
         if job.random_distribution.kind != "random":
             raise BadInput(f"job '{job.name}': gpu-uring draws offsets on the GPU, uniformly; "
                            f"random_distribution '{job.random_distribution.kind}' is not "
@@ -138,7 +144,9 @@ class GpuUring(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         o = resolved_options(job)
         return {**super().describe(job), "gpus": list(job.gpu_list),
-                "lands_in": "gpu memory" if o.land == "gpu" else "pinned host memory",
+                "lands_in": ("written from the slots, the pattern generated there by GPU threads"
+                             if job.writes else "gpu memory" if o.land == "gpu"
+                             else "pinned host memory"),
                 "rings": o.rings, "iodepth_per_ring": job.iodepth,
                 "requester_threads": o.threads, "sq_threads": o.sq_threads,
                 "sqe_async": o.sqe_async, "registered": o.registered,
@@ -166,10 +174,11 @@ class GpuUring(Engine):
         """The block benchmark's own arrays, and its GioBench descriptor (contract.GIO_BENCH,
         the struct in kernels/gio_bench.cu)."""
         cp, bs, nt, nthreads = self._cp, job.bs, len(targets), o.threads
-        seeds = np.array([t.pattern_seed or 0 for t in targets], np.uint64)
+        seeds = ctx.seeds(np.arange(nt)) if ctx.verifying or job.writes else np.zeros(nt, np.uint64)
         starts, nblocks = ctx.regions()
         d = {"claim": cp.zeros(1, cp.uint64),
-             "dst": cp.empty(nthreads * bs if o.land == "gpu" else 16, cp.uint8),
+             "dst": cp.empty(nthreads * bs if o.land == "gpu" and not job.writes else 16,
+                             cp.uint8),
              "fds": cp.asarray(self.queue.file_refs),
              "starts": cp.asarray(starts), "nblocks": cp.asarray(nblocks),
              "pat_seed": cp.asarray(seeds),
@@ -179,8 +188,8 @@ class GpuUring(Engine):
              "errs": cp.zeros(nt * ERRNO_SLOTS, cp.uint64),
              "bad": cp.zeros(1 + 2 * BAD_KEEP, cp.uint64)}
         chosen = {"B_RANDOM": job.random, "B_FILE_RANDOM": job.file_service == "random",
-                  "B_LAND_GPU": o.land == "gpu", "B_VERIFY": ctx.verifying,
-                  "B_CONTINUE": job.continue_on_error}
+                  "B_LAND_GPU": o.land == "gpu" and not job.writes, "B_VERIFY": ctx.verifying,
+                  "B_CONTINUE": job.continue_on_error, "B_WRITE": job.writes}
         flags = sum(FLAGS[name] for name, on in chosen.items() if on)
         budget = ctx.budget
         seed = int(np.random.default_rng([job.randseed, ctx.worker]).integers(0, 1 << 63))
@@ -242,7 +251,8 @@ class GpuUring(Engine):
             now = time.monotonic_ns()
             if not running or now - last_pull > PULL_NS:
                 live = self._get("live")
-                ctx.publish(int(live[0]), int(live[1]), int(live[2]), self._get("hist"))
+                ctx.publish(int(live[0]), int(live[1]), int(live[2]), self._get("hist"),
+                            WRITE if self.job.writes else READ)
                 last_pull = now
                 if running and watchdog.update(int(live[0]), now):
                     q.stall(o.stall_timeout, (self._stream,))
@@ -266,7 +276,8 @@ class GpuUring(Engine):
             target_ios=tstats[:, 0], target_bytes=tstats[:, 1], short=tstats[:, 2],
             verify_failures=tstats[:, 3],
             errors={(int(t), int(e)): int(errs[t, e]) for t, e in zip(*np.nonzero(errs))},
-            bad_offsets=[(int(bad[1 + 2 * i]), int(bad[2 + 2 * i])) for i in range(nbad)]))
+            bad_offsets=[(int(bad[1 + 2 * i]), int(bad[2 + 2 * i])) for i in range(nbad)],
+            direction=WRITE if self.job.writes else READ))
 
     def close(self) -> None:
         """Tear down the queue; if a kernel never stopped, the queue keeps this engine's

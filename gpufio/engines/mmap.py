@@ -6,7 +6,10 @@ gathers the next batch while the copy runs (double buffering). An I/O is done wh
 is in GPU memory; its latency runs from the start of its batch's gather. This path reads
 through the page cache by nature (the result says page_cache: true); ``drop_cache`` evicts
 the targets' cached pages during setup, so a run starts cold. A target that shrinks under a
-mapping makes the kernel raise SIGBUS, as it would in any mmap loader.
+mapping makes the kernel raise SIGBUS, as it would in any mmap loader. Writes go the other
+way: a batch's blocks are generated in GPU memory, copied down to page-locked memory and
+stored through a shared writable mapping (the next batch's copy overlapping the stores), and
+the mappings are flushed (msync) before the job ends, inside its time.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.rows import RowRequest, RowSupport, RowTable, evict
 from gpufio.engines import register
@@ -34,11 +38,13 @@ SEGMENTS = 2
 
 
 def map_rows(fd: int, size: int, offset: int, rows: int, row_bytes: int,
-             advice: int) -> tuple[mm.mmap, np.ndarray]:
-    """``fd`` mapped read-only (all ``size`` bytes: mmap offsets must be page-aligned, a row's
-    need not be) with ``advice``, and its ``rows`` rows of ``row_bytes`` from ``offset`` as a
-    (rows, row_bytes) uint8 view. Drop the view before closing the mapping."""
-    m = mm.mmap(fd, size, flags=mm.MAP_SHARED, prot=mm.PROT_READ)
+             advice: int, writable: bool = False) -> tuple[mm.mmap, np.ndarray]:
+    """``fd`` mapped shared, read-only unless ``writable`` (all ``size`` bytes: mmap offsets
+    must be page-aligned, a row's need not be) with ``advice``, and its ``rows`` rows of
+    ``row_bytes`` from ``offset`` as a (rows, row_bytes) uint8 view. Drop the view before
+    closing the mapping."""
+    m = mm.mmap(fd, size, flags=mm.MAP_SHARED,
+                prot=mm.PROT_READ | (mm.PROT_WRITE if writable else 0))
     m.madvise(advice)
     view = np.frombuffer(m, dtype=np.uint8)[offset:offset + rows * row_bytes]
     return m, view.reshape(rows, row_bytes)
@@ -81,6 +87,12 @@ class Mmap(Engine):
                          request.max_rows, request.advice)
 
     @classmethod
+    def check_job(cls, job: Job) -> None:
+        if job.mixed:
+            raise BadInput(f"job '{job.name}': mmap gathers or stores a batch one way; "
+                           f"rw = {job.rw} (a mix) is not supported by this engine")
+
+    @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         return {**super().describe(job), "page_cache": True,
                 "drop_cache": cls.settings(job).drop_cache,
@@ -88,7 +100,8 @@ class Mmap(Engine):
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
-        self.landing = SegmentedStaging(job.gpu_of(ctx.worker), SEGMENTS, job.iodepth, job.bs, ctx.verifying)
+        self.landing = SegmentedStaging(job.gpu_of(ctx.worker), SEGMENTS, job.iodepth, job.bs,
+                                        ctx.verifying, writes=job.writes)
         self._maps: list[mm.mmap] = []
         self._views: list[np.ndarray] = []
         advice = mm.MADV_RANDOM if job.random else mm.MADV_SEQUENTIAL
@@ -96,17 +109,64 @@ class Mmap(Engine):
             if self.settings(job).drop_cache:
                 os.posix_fadvise(t.fd, 0, 0, os.POSIX_FADV_DONTNEED)
             nblocks = ((job.size or t.size - job.offset)) // job.bs
-            m, view = map_rows(t.fd, t.size, job.offset, nblocks, job.bs, advice)
+            m, view = map_rows(t.fd, t.size, job.offset, nblocks, job.bs, advice, job.writes)
             self._maps.append(m)
             self._views.append(view)
         self._rows = self.landing.host.reshape(SEGMENTS * job.iodepth, job.bs)
 
     def _gather(self, seg: int, tgt: np.ndarray, offs: np.ndarray) -> None:
         lo, k = seg * self.job.iodepth, len(offs)
-        rows = ((offs - np.uint64(self.job.offset)) // np.uint64(self.job.bs)).astype(np.intp)
-        gather_rows(self._views, tgt, rows, self._rows[lo:lo + k])
+        gather_rows(self._views, tgt, self._rows_of(offs), self._rows[lo:lo + k])
+
+    def _rows_of(self, offs: np.ndarray) -> np.ndarray:
+        """The mapped rows (bs blocks from the job's offset) the I/Os at ``offs`` touch."""
+        return ((offs - np.uint64(self.job.offset)) // np.uint64(self.job.bs)).astype(np.intp)
+
+    def _store(self, seg: int, tgt: np.ndarray, offs: np.ndarray) -> None:
+        """Store segment ``seg``'s blocks through the mappings, each to its offset."""
+        lo, k = seg * self.job.iodepth, len(offs)
+        rows, src = self._rows_of(offs), self._rows[lo:lo + k]
+        for t, view in enumerate(self._views):
+            mask = tgt == t if len(self._views) > 1 else slice(None)
+            view[rows[mask]] = src[mask]
+
+    def _run_writes(self) -> None:
+        """Batches: pattern generated on the GPU and copied down (stage_out), then stored;
+        a batch after which an fsync is due is stored and synced before the next is drawn."""
+        ctx, landing, clock = self.ctx, self.landing, time.perf_counter_ns
+        ok = np.full(self.job.iodepth, self.job.bs, dtype=np.int32)
+        fds = [t.fd for t in self.targets]
+        pending: tuple[int, int, np.ndarray, np.ndarray] | None = None
+        seg = 0
+        while True:
+            tgt, offs = ctx.next_batch(min(self.job.iodepth, ctx.until_sync))
+            started = clock()
+            due = False
+            if len(offs):
+                landing.stage_out(seg, len(offs), offs, ctx.seeds(tgt))
+                due = ctx.sync_due(len(offs))
+            batches = [pending] if pending is not None else []
+            pending = (seg, started, tgt.copy(), offs.copy()) if len(offs) else None
+            if due:
+                batches.append(pending)
+                pending = None
+            for pseg, t0, ptgt, poffs in batches:
+                landing.wait(pseg)
+                self._store(pseg, ptgt, poffs)
+                ctx.complete(np.full(len(poffs), clock() - t0, dtype=np.int64), ptgt,
+                             ok[:len(poffs)], write=True)
+            if due:
+                ctx.sync(fds)
+            if not len(offs):
+                for m in self._maps:
+                    m.flush()  # msync: the stores reach the files inside the job's time
+                return
+            seg ^= 1
 
     def run(self) -> None:
+        if self.job.writes:
+            self._run_writes()
+            return
         ctx, landing = self.ctx, self.landing
         ok = np.full(self.job.iodepth, self.job.bs, dtype=np.int32)
         pending: tuple[int, int, np.ndarray, np.ndarray] | None = None

@@ -1,8 +1,9 @@
 """uring: io_uring submitted by the CPU on host memory, with real queue depth (fio io_uring).
 
-One ring per worker thread keeps ``iodepth`` reads (or writes, WRITE / WRITE_FIXED) in flight. Each loop pushes a batch of
-SQEs for the slots that just completed, waits for at least one completion, and reaps every
-CQE available, all with numpy batch operations so Python cost is per batch, not per I/O.
+One ring per worker thread keeps ``iodepth`` reads (or writes, WRITE / WRITE_FIXED) in
+flight. Each loop pushes a batch of SQEs for the slots that just completed, waits for at
+least one completion, and reaps every CQE available, all with numpy batch operations so
+Python cost is per batch, not per I/O.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``verify = true`` for GPU engines: check the pattern where the data landed, in GPU memory.
+"""The pattern in GPU memory: ``verify = true`` for GPU engines checks it where the data
+landed, and writes from GPU memory are filled with it there.
 
 Copying every block back to the host to check it would measure the check, not the path. The
 kernel (kernels/verify.cu) recomputes each word from (seed, offset) exactly as
@@ -19,13 +20,28 @@ THREADS = 256
 MAX_BLOCKS = 4096
 
 
-def _kernel() -> Any:
-    return cuda.module("verify").get_function("mark_mismatches")
+def _kernel(name: str = "mark_mismatches") -> Any:
+    return cuda.module("verify").get_function(name)
 
 
 def compile_kernel() -> None:
     """Compile now (engine setup), so the first verified batch does not pay for it."""
     _kernel()
+
+
+def fill(data: Any, rows: Any, offsets: Any, seeds: Any, n: int, io_len: int,
+         stream: Any = None) -> None:
+    """Queue on ``stream`` the pattern of ``n`` I/Os into GPU memory: I/O i's ``io_len``
+    bytes (at ``offsets[i]``, seed ``seeds[i]``) into row ``rows[i]`` of ``data`` (CuPy
+    arrays; rows, offsets and seeds uint64). What a write from GPU memory sends."""
+    if n == 0:
+        return
+    total = n * (io_len // 8)
+    blocks = int(min(MAX_BLOCKS, max(1, -(-total // THREADS))))
+    _kernel("fill_pattern")((blocks,), (THREADS,), (
+        data, rows, offsets, seeds, np.uint64(pattern.MAGIC), np.uint64(io_len // 8),
+        np.uint64(pattern.BLOCK), np.uint64(pattern.HEADER_WORDS), np.uint64(total)),
+        stream=stream)
 
 
 def landed_mismatches(rows: Any, seeds: np.ndarray, offs: np.ndarray,

@@ -41,8 +41,9 @@ extern "C" __global__ void gio_agent(const GioQueue* q)
                 // opcode | flags | ioprio 0 | fd (or file index); off; addr; len | rw_flags 0;
                 // user_data = slot | generation << 32; buf_index 0 (the ring's own slots),
                 // personality, splice_fd_in, addr3, pad = 0
-                st_sys_v2(sqe, q->sqe_head | ((lf >> 32) << 32), q->off[g]);
-                st_sys_v2(sqe + 2, q->landing + g * q->slot_bytes, lf & 0xffffffffu);
+                const u64 write = (lf & GIO_WRITE_BIT) ? 1ull : 0ull;  // WRITE = READ + 1
+                st_sys_v2(sqe, (q->sqe_head + write) | ((lf >> 32) << 32), q->off[g]);
+                st_sys_v2(sqe + 2, q->landing + g * q->slot_bytes, lf & (GIO_WRITE_BIT - 1ull));
                 st_sys_v2(sqe + 4, g | gen << 32, 0ull);
                 st_sys_v2(sqe + 6, 0ull, 0ull);
                 st_relaxed_gpu(&state[s], SUBMITTED);

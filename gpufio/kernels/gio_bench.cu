@@ -1,6 +1,7 @@
 // The block benchmark on the request queue (gio_queue.cuh): requester threads claim I/O
-// numbers, post reads, copy (and check) what landed, and bin the latency. Launched by
-// gpufio/engines/gpu_uring.py.
+// numbers, post reads, copy (and check) what landed, and bin the latency; with B_WRITE they
+// write the pattern of their block's offset into their slot and post a write instead.
+// Launched by gpufio/engines/gpu_uring.py.
 #include "gio_queue.cuh"
 
 // ---- 3. The block benchmark -------------------------------------------------------------
@@ -106,6 +107,19 @@ __device__ bool land_block(const GioBench* b, const uint4* src, u64 gthread, int
     return __any_sync(FULL, bad != 0);
 }
 
+// The warp writes lane l's block: the pattern of (tgt, off), 16 bytes a lane at a time,
+// straight into the slot's host memory (the kernel reads it from there).
+__device__ void fill_block(const GioBench* b, uint4* dst, int tgt, u64 off, unsigned lane)
+{
+    const u64 seed = b->pat_seed[tgt], n16 = b->bs / 16;
+    for (u64 i = lane; i < n16; i += 32) {
+        const u64 x = off + 16 * i;
+        const u64 w0 = pattern_word(x, seed, b->magic, b->block_bytes, b->header_words);
+        const u64 w1 = pattern_word(x + 8, seed, b->magic, b->block_bytes, b->header_words);
+        dst[i] = make_uint4((unsigned)w0, (unsigned)(w0 >> 32), (unsigned)w1, (unsigned)(w1 >> 32));
+    }
+}
+
 extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
 {
     const u64 gtid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -113,11 +127,13 @@ extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
     const bool mine = gtid < b->nthreads;
     // thread k uses ring k % nrings, and there slot (k / nrings) % depth
     const u64 s = (gtid % q->nrings) * q->depth + (gtid / q->nrings) % q->depth;
+    const bool writes = b->flags & B_WRITE;
     bool active = mine, have = false, pending = false;
     u64 off = 0, t0 = 0;
     int tgt = 0;
     while (__any_sync(FULL, active || have)) {
         if (__any_sync(FULL, gio_aborted(q))) break;
+        bool claimed = false;  // a write's slot, taken: the warp fills it below
         if (active && !have) {
             const bool stop = ld_flag(&q->control[C_STOP]) != 0;
             if (stop) {
@@ -131,10 +147,32 @@ extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
                     pending = true;
                 }
             }
-            if (pending && gio_try_post(q, s, b->fds[tgt], off, (unsigned)b->bs)) {
+            if (pending && writes) {
+                claimed = gio_try_claim(q, s);
+                if (claimed) t0 = now_ns();  // a write's latency includes filling its slot
+            } else if (pending && gio_try_post(q, s, b->fds[tgt], off, (unsigned)b->bs)) {
                 pending = false;
                 have = true;
                 t0 = now_ns();
+            }
+        }
+        if (writes) {
+            unsigned cm = __ballot_sync(FULL, claimed);
+            if (cm) {
+                while (cm) {
+                    const int l = __ffs(cm) - 1;
+                    cm &= cm - 1;
+                    const u64 s_l = __shfl_sync(FULL, s, l), off_l = __shfl_sync(FULL, off, l);
+                    const int tgt_l = __shfl_sync(FULL, tgt, l);
+                    fill_block(b, gio_writable(q, s_l), tgt_l, off_l, lane);
+                }
+                __threadfence_system();  // the slots' bytes, before their READY
+                __syncwarp();
+                if (claimed) {
+                    gio_post(q, s, b->fds[tgt], off, (unsigned)b->bs, true);
+                    pending = false;
+                    have = true;
+                }
             }
         }
         const bool done = have && gio_done(q, s);
@@ -153,7 +191,7 @@ extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
             const u64 s_l = __shfl_sync(FULL, s, l), off_l = __shfl_sync(FULL, off, l);
             const u64 g_l = __shfl_sync(FULL, gtid, l);
             const int tgt_l = __shfl_sync(FULL, tgt, l);
-            if ((u64)res_l == b->bs) {
+            if ((u64)res_l == b->bs && !writes) {
                 const bool bad = land_block(b, gio_landing(q, s_l), g_l, tgt_l, off_l, lane);
                 if (lane == (unsigned)l) my_bad = bad;
             }

@@ -54,10 +54,11 @@ struct GioQueue {
     int* state;          // nrings * depth slot states
     int* res;            // CQE result per slot
     u64* off;            // file offset per slot
-    u64* len_fd;         // length | fd << 32 per slot
+    u64* len_fd;         // length | GIO_WRITE_BIT for a write | fd << 32, per slot
     u64 landing;         // host address of slot 0's landing buffer (mapped into the GPU)
     u64 slot_bytes;
-    u64 sqe_head;        // SQE byte 0 and 1: opcode (READ, or READ_FIXED on registered slots)
+    u64 sqe_head;        // SQE byte 0 and 1: opcode (READ, or READ_FIXED on registered slots;
+                         // a write's is one more: WRITE, WRITE_FIXED)
                          // | flags << 8 (IOSQE_ASYNC, IOSQE_FIXED_FILE)
     int* control;        // C_* words in device memory
     u64* ring_stats;     // per ring: submitted, completed
@@ -146,11 +147,9 @@ __device__ __forceinline__ u64 now_ns()
 
 // ---- 1. The request API ---------------------------------------------------------------
 
-// Take slot s for a read of len bytes at off of file fd (a DeviceQueue.file_refs entry); false
-// while another thread holds it. A slot past the queue's end aborts the queue (the host names
-// it); a read longer than a slot completes at once with -EINVAL instead of overrunning the
-// neighbouring slots' landing bytes.
-__device__ __forceinline__ bool gio_try_post(const GioQueue* q, u64 s, int fd, u64 off, unsigned len)
+// Take slot s (false while another thread holds it). A slot past the queue's end aborts the
+// queue (the host names it).
+__device__ __forceinline__ bool gio_try_claim(const GioQueue* q, u64 s)
 {
     if (s >= q->nrings * q->depth) {
         atomicCAS(&q->control[C_BAD_SLOT], 0, (int)min(s + 1, (u64)0x7fffffff));
@@ -160,15 +159,32 @@ __device__ __forceinline__ bool gio_try_post(const GioQueue* q, u64 s, int fd, u
     if (atomicCAS(&q->state[s], FREE, CLAIMED) != FREE) {
         return false;
     }
-    __threadfence();  // acquire: the previous owner's reads of the slot come before ours
-    if ((u64)len > q->slot_bytes) {
+    __threadfence();  // acquire: the previous owner's use of the slot comes before ours
+    return true;
+}
+
+// Post the claimed slot s: a read of len bytes at off of file fd (a DeviceQueue.file_refs
+// entry) into its landing bytes, or with write, a write of its bytes there (the caller filled
+// gio_writable(q, s) and fenced at system scope, so the kernel sees them). A request longer
+// than a slot completes at once with -EINVAL instead of overrunning the neighbouring slots.
+__device__ __forceinline__ void gio_post(const GioQueue* q, u64 s, int fd, u64 off, unsigned len,
+                                         bool write)
+{
+    if ((u64)len > q->slot_bytes || len >= GIO_WRITE_BIT) {
         q->res[s] = -GIO_EINVAL;
         st_release_gpu(&q->state[s], DONE);
-        return true;
+        return;
     }
     q->off[s] = off;
-    q->len_fd[s] = (u64)len | ((u64)(unsigned)fd << 32);
+    q->len_fd[s] = (u64)len | (write ? (u64)GIO_WRITE_BIT : 0ull) | ((u64)(unsigned)fd << 32);
     st_release_gpu(&q->state[s], READY);  // the request's fields are visible before READY
+}
+
+// Take slot s for a read of len bytes at off of file fd; false while another thread holds it.
+__device__ __forceinline__ bool gio_try_post(const GioQueue* q, u64 s, int fd, u64 off, unsigned len)
+{
+    if (!gio_try_claim(q, s)) return false;
+    gio_post(q, s, fd, off, len, false);
     return true;
 }
 
@@ -184,6 +200,12 @@ __device__ __forceinline__ int gio_result(const GioQueue* q, u64 s) { return q->
 __device__ __forceinline__ const uint4* gio_landing(const GioQueue* q, u64 s)
 {
     return (const uint4*)(q->landing + s * q->slot_bytes);
+}
+
+// Where a write's bytes go before gio_post(..., true): the same slot, written by its claimer.
+__device__ __forceinline__ uint4* gio_writable(const GioQueue* q, u64 s)
+{
+    return (uint4*)(q->landing + s * q->slot_bytes);
 }
 
 __device__ __forceinline__ void gio_release(const GioQueue* q, u64 s) { st_release_gpu(&q->state[s], FREE); }

@@ -25,3 +25,20 @@ extern "C" __global__ void mark_mismatches(
         }
     }
 }
+
+// The pattern written on the GPU: I/O i's words go to row rows[i] of data (io_words words a
+// row), so a write from GPU memory carries the bytes a later read of its offset proves.
+extern "C" __global__ void fill_pattern(
+    unsigned long long* data, const unsigned long long* rows, const unsigned long long* offsets,
+    const unsigned long long* seeds, unsigned long long magic, unsigned long long io_words,
+    unsigned long long block_bytes, unsigned long long header_words,
+    unsigned long long total_words)
+{
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long w = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+         w < total_words; w += stride) {
+        const unsigned long long io = w / io_words, i = w % io_words;
+        data[rows[io] * io_words + i] =
+            pattern_word(offsets[io] + 8 * i, seeds[io], magic, block_bytes, header_words);
+    }
+}

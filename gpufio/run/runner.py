@@ -20,8 +20,8 @@ from typing import Any, Callable
 from gpufio.core import events
 from gpufio.core import targets as tg
 from gpufio.core.context import DIRECTIONS, READ, WRITE, JobShared, WorkerContext
-from gpufio.core.guard import WriteConsent
 from gpufio.core.errors import BadInput
+from gpufio.core.guard import WriteConsent
 from gpufio.core.job import Job, Profile
 from gpufio.core.offsets import OffsetStream
 from gpufio.core.stats import CpuTimes, LatencyStats
@@ -98,7 +98,9 @@ class JobRun:
                     file_service=job.file_service, seed=(job.randseed, w),
                     budget=worker_budgets[w], write_fraction=job.write_fraction),
                 control=self.control, ntargets=len(targets), block=self.shared.blocks[w],
-                seeds=seeds, verify=job.verify, continue_on_error=job.continue_on_error,
+                # writes are verified by the read-back, not as they go
+                seeds=seeds, verify=job.verify and job.reads,
+                continue_on_error=job.continue_on_error,
                 own_cpu=in_process, worker=w, sync_every=job.fsync or job.fdatasync,
                 datasync=bool(job.fdatasync)), w, self._go, self.shared)
             for w in range(job.numjobs)]

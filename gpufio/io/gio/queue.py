@@ -86,6 +86,9 @@ class DeviceQueue:
                 self._register(fds, depth * slot_bytes)
             flags = ((uring.SQE_ASYNC if sqe_async else 0)
                      | (uring.SQE_FIXED_FILE if registered else 0))
+            # the agents make a write's opcode from a read's by adding one
+            assert uring.OP_WRITE == uring.OP_READ + 1
+            assert uring.OP_WRITE_FIXED == uring.OP_READ_FIXED + 1
             head = (uring.OP_READ_FIXED if registered else uring.OP_READ) | flags << 8
             d = self._dev = {
                 "rings": cp.asarray(self.rings.descriptors), "state": cp.zeros(slots, cp.int32),
