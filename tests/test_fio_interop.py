@@ -28,6 +28,14 @@ def test_job_file_keys_map_to_profile_keys():
     assert (seq.engine, seq.rw, seq.bs, seq.io_size) == ("psync", "read", 65536, 512 << 10)
 
 
+def test_write_keys_of_a_job_file():
+    data, _ = parse("[w]\nrw=randrw\nrwmixwrite=30\nfsync=8\nend_fsync\nss=iops:5%\n"
+                    "ss_dur=10s\nruntime=60\nsize=1m\n", "x.fio")
+    job = profile.from_dict(data, "x.fio", {}).jobs[0]
+    assert (job.rw, job.rwmixread, job.fsync, job.end_fsync) == ("randrw", 70, 8, True)
+    assert (job.steadystate, job.steadystate_duration) == ("iops:5%", 10_000_000_000)
+
+
 STYLES = DATA / "fio-styles"
 
 
@@ -42,7 +50,7 @@ def test_unsupported_keys_are_listed_in_one_error():
         profile.load(str(DATA / "unsupported.fio"))
     assert str(err.value) == (
         f"{DATA / 'unsupported.fio'}: fio job file gpufio cannot run as written: "
-        "line 3 [global]: rwmixread is not supported (gpufio reads only); "
+        "line 3 [global]: thinktime is not supported (none); "
         "line 6 [job1]: iodepth_batch_submit is not supported (engines submit what is free "
         "in one call)")
 
@@ -55,7 +63,7 @@ def test_every_problem_of_a_job_file_comes_in_one_error(monkeypatch):
     assert "\n" not in msg
     for part in ("line 2 [global]: ioengine=posixaio has no gpufio engine (supported: ",
                  "psync -> psync", "libaio -> uring", "libcufile cuda_io=posix -> cpu-gpu",
-                 "line 3 [global]: rwmixread is not supported (gpufio reads only)",
+                 "line 3 [global]: thinktime is not supported (none)",
                  "line 6 [job1]: iodepth_batch_submit is not supported",
                  "line 7 [job1]: nrfiles is not supported (list the files in filename=a:b)",
                  "line 8 [job1]: ${GPUFIO_SURELY_UNSET_VAR} is not set in the environment",

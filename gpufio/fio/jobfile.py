@@ -28,7 +28,11 @@ KEYS = {
     "file_service_type": "file_service", "random_distribution": "random_distribution",
     "randseed": "randseed", "sqthread_poll": "sqpoll", "fixedbufs": "fixedbufs",
     "registerfiles": "registerfiles", "verify": "verify", "gpu_dev_ids": "gpus",
-    "percentile_list": "percentile_list",
+    "percentile_list": "percentile_list", "rwmixread": "rwmixread", "rwmixwrite": "rwmixwrite",
+    "fsync": "fsync", "fdatasync": "fdatasync", "end_fsync": "end_fsync",
+    "steadystate": "steadystate", "ss": "steadystate", "steadystate_duration":
+    "steadystate_duration", "ss_dur": "steadystate_duration", "steadystate_ramp_time":
+    "steadystate_ramp_time", "ss_ramp": "steadystate_ramp_time",
 }
 # accepted as they are: gpufio already behaves so (random offsets never repeat within a pass,
 # jobs run one after another, results are reported per job, workers may be threads) or they
@@ -37,10 +41,9 @@ ACCEPTED = {"norandommap", "stonewall", "wait_for_previous", "group_reporting", 
             "description"}
 # keys read together with ioengine
 ENGINE_KEYS = {"ioengine", "cuda_io"}
-_FLAG_KEYS = {"direct", "time_based", "sqthread_poll", "fixedbufs", "registerfiles"}
+_FLAG_KEYS = {"direct", "time_based", "sqthread_poll", "fixedbufs", "registerfiles", "end_fsync"}
 # what a user can do instead, for fio keys gpufio cannot honour
 EQUIVALENTS = {
-    "rwmixread": "gpufio reads only", "rwmixwrite": "gpufio reads only",
     "nrfiles": "list the files in filename=a:b", "openfiles": "list the files in filename",
     "iodepth_batch_submit": "engines submit what is free in one call",
     "iodepth_batch_complete_min": "engines reap what has completed",
