@@ -95,7 +95,7 @@ def run_gpufio(target: str, opts: dict, numjobs: int, iodepth: int, runtime: int
     finally:
         os.unlink(f.name)
     job = json.loads(out)["jobs"][0]
-    rd = job["read"]
+    rd = job["write" if job["write"]["total_ios"] > job["read"]["total_ios"] else "read"]
     return {"iops": rd["iops"], "p50": rd["lat_ns"]["percentile"]["50.000000"],
             "p99": rd["lat_ns"]["percentile"]["99.000000"], "cpu_us": job["cpu_us_per_io"],
             "mode": job.get("engine_facts", {}).get("mode"),
@@ -109,7 +109,7 @@ def run_fio(fio: str, target: str, opts: list[str], numjobs: int, iodepth: int,
            "--time_based", "--ramp_time=1", "--group_reporting", "--output-format=json",
            "--lat_percentiles=1", *opts]
     job = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["jobs"][0]
-    rd = job["read"]
+    rd = job["write" if job["write"]["total_ios"] > job["read"]["total_ios"] else "read"]
     pct = rd["lat_ns"]["percentile"]
     # with group_reporting fio's usr_cpu/sys_cpu are the average of the group's jobs
     cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rd["runtime"] / 1000 * numjobs

@@ -65,7 +65,8 @@ def fill_ios(out: np.ndarray, offsets: np.ndarray, seeds: np.ndarray | int,
              rows: np.ndarray | None = None) -> None:
     """Write the pattern of each I/O into its row of ``out`` ((n, io_len) bytes, or the
     rows ``rows`` of it; offsets 8-byte aligned), in one vectorised pass: what a write puts
-    on the target, so that any later read can prove it."""
+    on the target, so that any later read can prove it. Every step works in place: the
+    temporaries of a plain expression would cost more than the arithmetic."""
     n = len(offsets)
     if n == 0:
         return
@@ -75,19 +76,62 @@ def fill_ios(out: np.ndarray, offsets: np.ndarray, seeds: np.ndarray | int,
         out[rows] = block
         return
     words = out[:n].view("<u8")
-    x = np.asarray(offsets, dtype=np.uint64)[:, None] + np.arange(
-        0, words.shape[1] * 8, 8, dtype=np.uint64)[None, :]
-    seed = np.broadcast_to(np.asarray(seeds, dtype=np.uint64), (n,))[:, None]
-    mixed = (seed * GOLDEN)  # seed_mix, per I/O (wraps mod 2**64 as in C)
-    words[:] = splitmix64(x ^ mixed)
+    offs = np.asarray(offsets, dtype=np.uint64)
+    seed = np.broadcast_to(np.asarray(seeds, dtype=np.uint64), (n,))
+    mix = (seed * GOLDEN)[:, None]  # seed_mix per I/O (wraps mod 2**64 as in C)
+    width = words.shape[1]
+    # pieces of at most CHUNK_WORDS, which stay in the CPU's cache across the passes
+    rows_per = max(1, CHUNK_WORDS // width)
+    cols_per = min(width, CHUNK_WORDS)
+    tmp = np.empty(rows_per * cols_per, np.uint64)
+    for r in range(0, n, rows_per):
+        for c in range(0, width, cols_per):
+            part = words[r:r + rows_per, c:c + cols_per]
+            _splitmix_at(part, offs[r:r + rows_per], c, mix[r:r + rows_per],
+                         tmp[:part.size].reshape(part.shape))
+    _headers(words, offs, seed)
+
+
+CHUNK_WORDS = 32768
+
+
+def _splitmix_at(part: np.ndarray, offs: np.ndarray, col: int, mix: np.ndarray,
+                 tmp: np.ndarray) -> None:
+    """Rows of ``part`` become the pattern's words from byte ``offs + 8 * col`` on."""
+    np.add(offs[:, None], np.arange(8 * col, 8 * (col + part.shape[1]), 8,
+                                    dtype=np.uint64)[None, :], out=part)
+    part ^= mix
+    part += GOLDEN
+    for shift, mult in ((30, M1), (27, M2)):
+        np.right_shift(part, np.uint64(shift), out=tmp)
+        part ^= tmp
+        part *= mult
+    np.right_shift(part, np.uint64(31), out=tmp)
+    part ^= tmp
+
+
+def _headers(words: np.ndarray, offs: np.ndarray, seed: np.ndarray) -> None:
+    """Overwrite the header words of every block the I/Os (rows of ``words``) hold."""
+    per_block = BLOCK // 8
+    if not np.any(offs % np.uint64(BLOCK)) and words.shape[1] % per_block == 0:
+        # whole blocks: the headers sit at fixed columns, one small array each
+        blocks = words.reshape(len(offs), -1, per_block)
+        start = offs[:, None] + np.arange(0, blocks.shape[1] * BLOCK, BLOCK,
+                                          dtype=np.uint64)[None, :]
+        s = seed[:, None]
+        blocks[:, :, 0] = MAGIC
+        blocks[:, :, 1] = start
+        blocks[:, :, 2] = s
+        blocks[:, :, 3] = start ^ (s ^ np.uint64(MAGIC))
+        return
+    x = offs[:, None] + np.arange(0, words.shape[1] * 8, 8, dtype=np.uint64)[None, :]
     pos = (x % np.uint64(BLOCK)) // np.uint64(8)
-    if np.any(pos < HEADER_WORDS):
-        block = x - pos * np.uint64(8)
-        seed_full = np.broadcast_to(seed, x.shape)
-        for w, value in enumerate((np.broadcast_to(np.uint64(MAGIC), x.shape), block, seed_full,
-                                   block ^ (seed_full ^ np.uint64(MAGIC)))):
-            hit = pos == w
-            words[hit] = value[hit]
+    block = x - pos * np.uint64(8)
+    seed_full = np.broadcast_to(seed[:, None], x.shape)
+    for w, value in enumerate((np.broadcast_to(np.uint64(MAGIC), x.shape), block, seed_full,
+                               block ^ (seed_full ^ np.uint64(MAGIC)))):
+        hit = pos == w
+        words[hit] = value[hit]
 
 
 def read_seed(first_block: bytes) -> int | None:

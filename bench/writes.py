@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""gpufio's writes on every engine against fio's, in one run, on the GPU machine.
+
+On a tmpfs file and a file on the root disk (both carrying gpufio's pattern), each engine
+writes 4 KiB random and 1 MiB sequential blocks, verified by its read-back, beside fio's
+io_uring writing from host memory at the same queue depth; gpu-uring's 4 KiB random writes
+also stand beside fio io_uring with 16 jobs. Medians and ratios are printed; the issue's
+goals live in ``goal`` / ``bw_goal`` here, and ``--check`` exits 1 when one is missed.
+
+    . bench/gpu_env.sh && python3 bench/writes.py --fio .peers/fio --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from compare import report, run_fio, run_gpufio, setup_tmpfs  # noqa: E402
+from gpu import setup_rootfile  # noqa: E402
+
+from gpufio.core.units import parse_size  # noqa: E402
+
+URING = ["--ioengine=io_uring", "--fixedbufs=1", "--registerfiles=1"]
+SHAPES = {"4k randwrite": (["--rw=randwrite", "--bs=4k"], {"rw": "randwrite", "bs": "4k"}),
+          "1m write": (["--rw=write", "--bs=1m"], {"rw": "write", "bs": "1m"})}
+
+
+def cases(ram: bool) -> list[dict]:
+    """(engine options, jobs, depth, fio jobs, goal) per path; every engine at fio's depth."""
+    depth = 64 if ram else 128
+    out = []
+    for engine in ({"engine": "psync"}, {"engine": "uring", "fixedbufs": True},
+                   {"engine": "cpu-gpu", "segments": 4}, {"engine": "mmap"},
+                   {"engine": "cufile"}, {"engine": "gpu-uring", "rings": 1 if not ram else 8}):
+        d = 1 if engine["engine"] in ("psync",) else depth
+        for shape in SHAPES:
+            out.append({"path": f"{engine['engine']} {shape}", "g": engine, "shape": shape,
+                        "depth": d if engine["engine"] != "gpu-uring" or not ram else 128,
+                        "fio_jobs": 1, "fio_depth": d, "goal": None if ram else 0.9})
+    if ram:
+        out.append({"path": "gpu-uring 4k randwrite vs 16 jobs", "g": {"engine": "gpu-uring",
+                                                                      "rings": 8},
+                    "shape": "4k randwrite", "depth": 128, "fio_jobs": 16, "fio_depth": 64,
+                    "goal": 0.6})
+        out.append({"path": "cpu-gpu 1m write GB/s", "g": {"engine": "cpu-gpu", "segments": 4,
+                                                          "sqe_async": True},
+                    "shape": "1m write", "depth": 64, "fio_jobs": 1, "fio_depth": 64,
+                    "bw_goal": 20e9})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fio", required=True, help="fio (with io_uring)")
+    ap.add_argument("--runtime", type=int, default=2, help="measured seconds per run")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per tool; medians are reported")
+    ap.add_argument("--root-dir", default=str(Path.home()), help="where the root-disk file goes")
+    ap.add_argument("--root-size", default="4g", help="size of the root-disk file")
+    ap.add_argument("--targets", nargs="+", default=["tmpfs", "rootdisk"])
+    ap.add_argument("--paths", nargs="+", help="only cases whose name starts with one of these")
+    ap.add_argument("--json", help="also write every run's numbers here")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    args = ap.parse_args()
+    fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
+    cleanups, tgts, rows, raw, missed = [], {}, [], [], []
+    try:
+        if "tmpfs" in args.targets:
+            path, clean = setup_tmpfs()
+            cleanups.append(clean)
+            tgts["tmpfs"] = (path, True)
+        if "rootdisk" in args.targets:
+            path, clean = setup_rootfile(Path(args.root_dir), parse_size(args.root_size, "--root-size"))
+            cleanups.append(clean)
+            tgts["rootdisk"] = (path, False)
+        for tname, (target, ram) in tgts.items():
+            for c in cases(ram):
+                if args.paths and not any(c["path"].startswith(p) for p in args.paths):
+                    continue
+                fio_shape, g_shape = SHAPES[c["shape"]]
+                g_runs, p_runs = [], []
+                for _ in range(args.repeat):
+                    try:
+                        # fio's writes replace the pattern: gpufio writes it again (overwrite)
+                        # and its read-back checks exactly the blocks it wrote
+                        g_runs.append(run_gpufio(target, {**c["g"], **g_shape, "verify": True,
+                                                          "overwrite": True},
+                                                 1, c["depth"], args.runtime))
+                    except subprocess.CalledProcessError as e:
+                        print(f"bench: {tname} {c['path']}: gpufio failed: {e.stderr.strip()}",
+                              file=sys.stderr, flush=True)
+                        break
+                    p_runs.append(run_fio(args.fio, target, URING + fio_shape, c["fio_jobs"],
+                                          c["fio_depth"], args.runtime))
+                if not g_runs:
+                    missed.append(f"{tname} {c['path']}: failed")
+                    continue
+                g, p = ({k: statistics.median(r[k] for r in runs) for k in
+                         ("iops", "p50", "p99", "cpu_us")} for runs in (g_runs, p_runs))
+                bs = 1 << 20 if c["shape"] == "1m write" else 4096
+                ratio = g["iops"] / p["iops"] if p["iops"] else 0.0
+                verdict = []
+                if c.get("goal") is not None and ratio < c["goal"]:
+                    verdict.append(f"MISS ratio<{c['goal']}")
+                if c.get("bw_goal") and g["iops"] * bs < c["bw_goal"]:
+                    verdict.append(f"MISS <{c['bw_goal'] / 1e9:g} GB/s")
+                if verdict:
+                    missed.append(f"{tname} {c['path']}: {', '.join(verdict)}")
+                elif c.get("goal") is not None or c.get("bw_goal"):
+                    verdict.append("ok")
+                label = c["path"] + (f" ({g_runs[0]['mode']})" if g_runs[0].get("mode") else "")
+                rows.append([tname, label, f"1x{c['depth']}", round(g["iops"]),
+                             f"{g['iops'] * bs / 1e9:.2f}", f"fio io_uring {c['fio_jobs']}x"
+                             f"{c['fio_depth']}", round(p["iops"]), f"{ratio:.2f}",
+                             f"{g['p50'] / 1e3:.0f}/{p['p50'] / 1e3:.0f}",
+                             f"{g['p99'] / 1e3:.0f}/{p['p99'] / 1e3:.0f}", f"{g['cpu_us']:.2f}",
+                             " ".join(verdict)])
+                raw.append({"target": tname, "path": c["path"], "gpufio": g_runs, "peer_runs": p_runs})
+                print(f"bench: {tname} {c['path']}: gpufio {g['iops']:.0f} fio {p['iops']:.0f} "
+                      f"ratio {ratio:.2f}", file=sys.stderr, flush=True)
+    finally:
+        for clean in cleanups:
+            clean()
+    return report(f"{fio_version} · writes, gpufio verified by read-back · {args.runtime}s runs, "
+                  f"median of {args.repeat}", rows,
+                  ["target", "gpufio path", "jobs x qd", "gpufio IOPS", "GB/s", "peer",
+                   "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p", "gpufio CPU us/IO", "goal"],
+                  {"fio": fio_version, "runs": raw}, args.json, missed if args.check else [])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
