@@ -24,6 +24,7 @@ from typing import Callable
 
 from gpufio.core.context import FinalRecord, WorkerContext
 from gpufio.core.errors import BadInput
+from gpufio.core.guard import WriteConsent
 from gpufio.engines.base import Engine
 
 _FORK = multiprocessing.get_context("fork")
@@ -142,7 +143,7 @@ def _spawned_main(engine_name: str, job, paths: list[str], spec: dict, shared_so
 
     die_with_parent()
     shared = JobShared(nworkers, shared_source)
-    opened = [tg.open_target(p, job.direct) for p in paths]
+    opened = [tg.open_target(p, job.direct, WriteConsent.of(job)) for p in paths]
     try:
         ctx = WorkerContext(**spec, control=shared.control, block=shared.blocks[spec["worker"]],
                             own_cpu=True)
