@@ -145,19 +145,10 @@ class CpuGpu(Engine):
                 self._issue(s, tgt, offs, table, seg_n)
                 seg_done[s] = 0
                 state[s] = READING
-            copying = bool(np.any(state == COPYING))
-            if ring.inflight:
-                ring.submit(wait=1, timeout_ns=POLL_NS if copying else WAIT_NS)
-                ud, res = ring.reap()
-                if len(ud):
-                    done = ud.view(np.int64)
-                    slot_res[done] = res
-                    np.add.at(seg_done, done // seg, 1)
-                    progress += len(done)
-            elif copying:
-                self.landing.wait(int(np.flatnonzero(state == COPYING)[0]))
-            elif not issuing:
+            moved = self._wait(state, slot_res, seg_done)
+            if moved is None and not issuing:
                 return
+            progress += moved or 0
             for s in np.flatnonzero((state == READING) & (seg_done == seg_n)).tolist():
                 self._copy(s, int(seg_n[s]), table)
                 state[s] = COPYING
@@ -208,19 +199,10 @@ class CpuGpu(Engine):
                     self._push(s, table.tgt[lo:lo + k], table.off[lo:lo + k], uring.OP_WRITE)
                     state[s] = WRITING
                     progress += 1
-            copying = bool(np.any(state == COPYING))
-            if ring.inflight:
-                ring.submit(wait=1, timeout_ns=POLL_NS if copying else WAIT_NS)
-                ud, res = ring.reap()
-                if len(ud):
-                    done = ud.view(np.int64)
-                    slot_res[done] = res
-                    np.add.at(seg_done, done // seg, 1)
-                    progress += len(done)
-            elif copying:
-                self.landing.wait(int(np.flatnonzero(state == COPYING)[0]))
-            elif not issuing and not syncing:
+            moved = self._wait(state, slot_res, seg_done)
+            if moved is None and not issuing and not syncing:
                 return
+            progress += moved or 0
             for s in np.flatnonzero((state == WRITING) & (seg_done == seg_n)).tolist():
                 lo, k = s * seg, int(seg_n[s])
                 table.complete(ctx, slice(lo, lo + k), slot_res[lo:lo + k].copy(),
@@ -229,6 +211,22 @@ class CpuGpu(Engine):
             if dog.update(progress, time.perf_counter_ns()):
                 raise Stalled(f"no write or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
                               f"segment states {state.tolist()}, ring {ring.state()}")
+
+    def _wait(self, state: np.ndarray, slot_res: np.ndarray, seg_done: np.ndarray) -> int | None:
+        """Wait for what is in flight: reap the ring's completions into ``slot_res`` and
+        ``seg_done`` (how many), or wait for the oldest copy (0); None when nothing is."""
+        ring, copying = self.ring, bool(np.any(state == COPYING))
+        if ring.inflight:
+            ring.submit(wait=1, timeout_ns=POLL_NS if copying else WAIT_NS)
+            ud, res = ring.reap()
+            done = ud.view(np.int64)
+            slot_res[done] = res
+            np.add.at(seg_done, done // self._seg, 1)
+            return len(done)
+        if copying:
+            self.landing.wait(int(np.flatnonzero(state == COPYING)[0]))
+            return 0
+        return None
 
     def _copy(self, s: int, k: int, table: SlotTable) -> None:
         lo = s * self._seg
