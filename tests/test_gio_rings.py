@@ -144,7 +144,9 @@ def test_a_producer_ring_driven_through_memory_words_only(pattern_fd, registered
     assert not _u32(w["sq_flags"]).value & uring.SQ_CQ_OVERFLOW
     times = ring.sq_thread_times()
     if times is not None:  # Linux 6.13+ reports SQPOLL work time
-        assert times[0] > 0 and times[2] > 0
+        # the thread exists and its work is part of its CPU time; how much of 2000 reads'
+        # time the kernel's accounting catches depends on its clock, so no lower bound
+        assert times[0] > 0 and 0 <= times[2] <= times[1]
         if first:
             assert first.sq_thread_times()[0] == times[0]
     ring.close()
