@@ -312,6 +312,12 @@ class WorkerContext:
         mixed job, else the job's one direction as a bool (engines branch once, not per I/O)."""
         return self.stream.last_writes()
 
+    def write_flags(self, n: int) -> list[bool]:
+        """``last_writes`` as one bool per I/O of an ``n``-I/O batch, for engines that issue
+        I/O by I/O."""
+        writes = self.last_writes()
+        return writes.tolist() if isinstance(writes, np.ndarray) else [writes] * n
+
     def finish(self) -> None:
         """Close the books: bin pending latencies, and take this process's CPU if asked."""
         self.rec.flush()

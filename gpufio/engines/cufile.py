@@ -169,8 +169,7 @@ class CuFile(Engine):
                 tgt, offs = ctx.next_batch(min(len(free), ctx.until_sync) if job.writes
                                            else len(free))
                 issuing = bool(len(offs))
-                writes = ctx.last_writes()
-                kinds = writes.tolist() if isinstance(writes, np.ndarray) else [writes] * len(offs)
+                kinds = ctx.write_flags(len(offs))
                 slots = [free.pop() for _ in range(len(offs))]
                 if any(kinds):
                     self._fill(slots, tgt, offs)

@@ -61,7 +61,7 @@ class Psync(Engine):
             writes = ctx.last_writes()
             if writes is not False:
                 ctx.fill(self._buf[:n], tgt, offs)  # reads land over the rows they use
-            kinds = writes.tolist() if isinstance(writes, np.ndarray) else [writes] * n
+            kinds = ctx.write_flags(n)
             lat, res = [], []
             for t, off, iov, w in zip(tgt.tolist(), offs.tolist(), self._iovs, kinds):
                 t0 = clock()

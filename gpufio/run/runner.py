@@ -250,7 +250,7 @@ class JobRun:
         per_target, errors, bad = [], [], []
         for i, t in enumerate(self.targets):
             entry = {"path": t.path}
-            for d, name in enumerate(DIRECTIONS):
+            for d in range(len(DIRECTIONS)):
                 prefix = "" if d == READ else "write_"
                 entry[f"{prefix}ios"] = int(sum(r.dirs[d].target_ios[i] for r in recs))
                 entry[f"{prefix}bytes"] = int(sum(r.dirs[d].target_bytes[i] for r in recs))
@@ -381,24 +381,28 @@ def check_machine_limits(profile: Profile) -> None:
                            "(kernel.threads-max, kernel.pid_max)")
 
 
+def _phase_job(job: Job, name: str, **changes: Any) -> Job:
+    """A phase of ``job`` run beside it (preconditioning, read-back): a plain budgeted pass
+    with none of the job's own phases, steady-state watch or syncs, plus ``changes``."""
+    return replace(job, name=f"{job.name} ({name})", time_based=False, runtime=None,
+                   ramp_time=0, steadystate=None, steadystate_duration=0,
+                   steadystate_ramp_time=0, precondition="none", fsync=0, fdatasync=0,
+                   **changes)
+
+
 def precondition_job(job: Job, index: int) -> Job:
     """Pass ``index`` of a job's preconditioning: its engine writes the whole region once,
     sequentially, one worker, synced at the end (fio's usual precondition job)."""
     passes = 2 if job.precondition == "seq2" else 1
-    return replace(job, name=f"{job.name} (precondition {index + 1}/{passes})", rw="write",
-                   verify=False, numjobs=1, time_based=False, runtime=None, io_size=None,
-                   ramp_time=0, steadystate=None, steadystate_duration=0,
-                   steadystate_ramp_time=0, precondition="none", fsync=0, fdatasync=0,
-                   end_fsync=True)
+    return _phase_job(job, f"precondition {index + 1}/{passes}", rw="write", verify=False,
+                      numjobs=1, io_size=None, end_fsync=True)
 
 
 def readback_job(job: Job) -> Job:
     """The read-back of a verified job that wrote (fio's do_verify): the same engine, seeds
     and offset streams reading, with verify, so each worker reads every offset it touched."""
-    return replace(job, name=f"{job.name} (verify read-back)", rw="randread" if job.random
-                   else "read", verify=True, time_based=False, runtime=None, ramp_time=0,
-                   steadystate=None, steadystate_duration=0, steadystate_ramp_time=0,
-                   precondition="none", fsync=0, fdatasync=0, end_fsync=False)
+    return _phase_job(job, "verify read-back", rw="randread" if job.random else "read",
+                      verify=True, end_fsync=False)
 
 
 def _phase_summary(phase: str, r: JobResult) -> dict[str, Any]:
