@@ -189,8 +189,9 @@ def check(
 
     with _exit_codes():
         result, baseline = results.load(str(result_path)), results.load(str(baseline_path))
-        limits = {**gate.parse_limits(max_drop, "--max-drop", rising=False),
-                  **gate.parse_limits(max_rise, "--max-rise", rising=True)}
+        known = results.metrics_of(result)
+        limits = {**gate.parse_limits(max_drop, "--max-drop", rising=False, known=known),
+                  **gate.parse_limits(max_rise, "--max-rise", rising=True, known=known)}
         if not limits:
             limits = result.get("check") or {}
         if not limits:

@@ -118,6 +118,9 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
         raise BadInput(f"{where}key 'engine': unknown engine '{engine_name}'{hint}; "
                        f"known: {', '.join(engines)}")
     own = engines[engine_name]
+    workload = all_workloads()[_COMMON["workload"].convert(raw.get("workload", DEFAULT_WORKLOAD),
+                                                           where)]
+    mine = {o.name: o for o in workload.options}
     workload_keys = _workload_keys()
     values: dict[str, Any] = {}
     extra: dict[str, Any] = {}
@@ -125,8 +128,11 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
     for key, value in raw.items():
         if key in _COMMON:
             values[key] = _COMMON[key].convert(value, where)
+        elif key in mine:  # two workloads may share a key name, each with its own meaning
+            given[key] = mine[key].convert(value, where)
         elif key in workload_keys:
-            given[key] = workload_keys[key].convert(value, where)
+            owner = next(n for n, opts in _workload_options().items() if key in opts)
+            raise BadInput(f"{where}key '{key}' needs workload = \"{owner}\"")
         elif key in own:
             extra[key] = own[key].convert(value, where)
         else:
@@ -141,11 +147,6 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
         values.setdefault(opt.name, opt.default)
     for opt in own.values():
         extra.setdefault(opt.name, opt.default)
-    workload = all_workloads()[values["workload"]]
-    mine = {o.name for o in workload.options}
-    for key in sorted(set(given) - mine):
-        owner = next(n for n, opts in _workload_options().items() if key in opts)
-        raise BadInput(f"{where}key '{key}' needs workload = \"{owner}\"")
     for opt in workload.options:
         given.setdefault(opt.name, opt.default)
     workload.check(where, engine_name, given)
@@ -301,12 +302,15 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Pro
             label = ",".join(f"{k}={v}" for k, v in combo.items())
             raw["name"] = f"{base_name}[{label}]" if label else base_name
             jobs.append(_build_job(raw, f"{path}: job '{raw['name']}': "))
+    known = {m.name: m for name in dict.fromkeys(j.workload for j in jobs)
+             for m in all_workloads()[name].metrics}
     return Profile(path=path, jobs=jobs, concurrent=concurrent,
-                   limits=_check_limits(data.get("check", {}), path))
+                   limits=_check_limits(data.get("check", {}), path, known))
 
 
-def _check_limits(table: Any, path: str) -> dict[str, float]:
-    """The [check] table: max_drop / max_rise sub-tables of metric = "N%"."""
+def _check_limits(table: Any, path: str, known: dict[str, Any]) -> dict[str, float]:
+    """The [check] table: max_drop / max_rise sub-tables of metric = "N%", of the metrics
+    the profile's workload reports (``known``)."""
     from gpufio.results.check import parse_limits
 
     if not isinstance(table, dict):
@@ -317,5 +321,6 @@ def _check_limits(table: Any, path: str) -> dict[str, float]:
             raise _unknown_key(key, f"{path}: [check]: ", ["max_drop", "max_rise"])
         if not isinstance(value, dict):
             raise BadInput(f"{path}: [check] {key} must be a table of metric = \"N%\"")
-        limits.update(parse_limits(value, f"{path}: [check] {key}", rising=key == "max_rise"))
+        limits.update(parse_limits(value, f"{path}: [check] {key}", rising=key == "max_rise",
+                                   known=known))
     return limits

@@ -407,7 +407,7 @@ def test_io_commands_refuse_a_gnn_result_in_one_line(tmp_path, write_profile):
         res = cli.invoke(app, args)
         assert res.exit_code == 2
         assert res.stderr.strip() == (f"gpufio: error: {out}: a GNN workload result; compare, "
-                                      "check and plot read I/O results (a GNN result carries "
+                                      "check and plot read results that carry metrics (a GNN result carries "
                                       "its own stage table)")
     res = cli.invoke(app, ["run", str(write_profile(text)), "-f", "fio-json"])
     assert res.exit_code == 2 and "for workload 'gnn'" in res.stderr

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpufio.core.options import Option, settings_class
 from gpufio.core.rows import RowRequest, RowSupport, RowTable
+from gpufio.core.tensors import Extent, Mover, TensorRequest, TensorSupport
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -44,6 +45,8 @@ class Engine(ABC):
     iodepth_means: ClassVar[str] = "I/Os in flight per worker"
     # what the engine's row fetcher offers (None: it fetches no rows for workloads)
     rows: ClassVar[RowSupport | None] = None
+    # where the engine's tensor mover finds shards (None: it saves and restores no tensors)
+    tensors: ClassVar[TensorSupport | None] = None
     # fio's names for this path, for job files: "ioengine" or "ioengine:cuda_io", each with
     # the note a user reads when it maps to gpufio's engine ("" when it is the same path)
     fio_engines: ClassVar[dict[str, str]] = {}
@@ -78,6 +81,14 @@ class Engine(ABC):
         ``rows`` counts the rows fetched, ``facts`` says how (for the result), ``close()``.
         Engines with ``rows`` set implement it."""
         raise NotImplementedError(f"engine '{cls.name}' fetches no rows")
+
+    @classmethod
+    def tensor_mover(cls, job: "Job", files: list["Target"], extents: list[Extent], xp: Any,
+                     request: TensorRequest) -> Mover:
+        """This path's tensor mover for a workload (core/tensors.Mover): it saves shards
+        (``xp`` arrays: NumPy in host memory, CuPy in GPU memory) to their ``extents`` of the
+        opened ``files`` and restores them. Engines with ``tensors`` set implement it."""
+        raise NotImplementedError(f"engine '{cls.name}' moves no tensors")
 
     @classmethod
     def unavailable(cls) -> str | None:

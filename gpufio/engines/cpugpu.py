@@ -28,9 +28,10 @@ from gpufio.core.options import Option
 from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, close_all, open_rows, row_error
 from gpufio.core.slots import SlotTable
 from gpufio.core.targets import aligned_buffer
+from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, sync_files
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
-from gpufio.io import gpu, uring
+from gpufio.io import gpu, ringio, uring
 from gpufio.io.staging import SegmentedStaging
 from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
 
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
 
 FREE, READING, COPYING, WRITING = 0, 1, 2, 3
 WAIT_NS = 200_000_000
-# a row fetch with no completion for this long is stuck (rows are read in whole batches)
-ROW_WAIT_NS = 10_000_000_000
 POLL_NS = 20_000
 SPARE = 2  # landing slots per read that may be in flight
 
@@ -78,6 +77,13 @@ class CpuGpu(Engine):
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
         return UringFetch(table, xp, request.dim, job.iodepth, request.direct,
                           request.max_rows, cls.settings(job).sqe_async)
+
+    tensors = TensorSupport(host=False)
+
+    @classmethod
+    def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
+                     request: TensorRequest) -> "StagedTensors":
+        return StagedTensors(files, extents, request, job.gpu, cls.settings(job).sqe_async)
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
@@ -285,28 +291,15 @@ class UringFetch:
         n = len(ids)
         host, out = self._buffers(n)
         tgt, off = self.layout.locate(ids)
-        base = np.uint64(host.ctypes.data)
         rb = self.layout.row_bytes
-        ring, pushed, done = self.ring, 0, 0
-        while done < n:
-            k = min(ring.space(), n - pushed)
-            if k:
-                idx = np.arange(pushed, pushed + k, dtype=np.uint64)
-                ring.push(uring.sqe_words(
-                    opcode=uring.OP_READ, sqe_flags=self._sqe_flags,
-                    fd=self._fds[tgt[pushed:pushed + k]],
-                    off=off[pushed:pushed + k].astype(np.uint64), addr=base + idx * np.uint64(rb),
-                    length=rb, user_data=idx))
-                pushed += k
-            ring.submit(wait=1, timeout_ns=ROW_WAIT_NS)
-            ud, res = ring.reap()
-            if not len(ud) and ring.inflight:
-                raise RowFetchError(f"no feature row read completed in {ROW_WAIT_NS / 1e9:g} "
-                                    f"s: {ring.state()}")
-            bad = np.flatnonzero(res != rb)
-            if len(bad):
-                raise row_error(int(ids[int(ud[bad[0]])]), int(res[bad[0]]))
-            done += len(ud)
+        addrs = np.uint64(host.ctypes.data) + np.arange(n, dtype=np.uint64) * np.uint64(rb)
+        try:
+            ringio.move_pieces(self.ring, uring.OP_READ, self._fds[tgt], off, addrs,
+                               np.full(n, rb, np.int64), self._sqe_flags)
+        except ringio.PieceFailed as e:
+            raise row_error(int(ids[e.index]), e.res) from None
+        except ringio.PiecesStuck as e:
+            raise RowFetchError(f"feature rows: {e}") from None
         out[:] = host[:, :self.dim]
         self.rows += n
         return out.copy() if self.xp is np else self.xp.asarray(out)
@@ -317,3 +310,79 @@ class UringFetch:
         self._host = None
         if self._mem is not None:
             self._mem.close()
+
+
+# pinned memory of one round of pieces: enough pieces to keep the queue full across a
+# round's end, capped so large chunks do not pin GBs
+ROUND_BYTES = 256 << 20
+
+
+class StagedTensors:
+    """Shards in GPU memory saved and restored through two page-locked rounds of pieces:
+    a save copies the next round down (one asynchronous D2H per piece) while io_uring
+    writes the current one; a restore reads the next round while the current one is
+    copied up. Every byte crosses host memory once, as in the block path."""
+
+    def __init__(self, files: list[Target], extents: list[Extent], request: TensorRequest,
+                 gpu_index: int, sqe_async: bool) -> None:
+        self._cp = gpu.use(gpu_index)
+        self.io = ringio.RingPieces(files, extents, request,
+                                    uring.SQE_ASYNC if sqe_async else 0)
+        self._chunk = request.chunk
+        self._per = max(request.iodepth, min(4 * request.iodepth, ROUND_BYTES // request.chunk))
+        self._bufs = [gpu.PinnedBuffer(self._per * request.chunk) for _ in range(2)]
+        self._stream = self._cp.cuda.Stream(non_blocking=True)
+        self.page_cache = not request.direct
+        self.facts: dict[str, Any] = {"chunk": request.chunk, "iodepth": request.iodepth,
+                                      "round_pieces": self._per}
+
+    def _rounds(self) -> list[slice]:
+        n = len(self.io.pieces)
+        return [slice(lo, min(lo + self._per, n)) for lo in range(0, n, self._per)]
+
+    def _addrs(self, buf: int, rows: slice) -> np.ndarray:
+        k = len(self.io.pieces[rows])
+        return np.uint64(self._bufs[buf].addr) + np.arange(k, dtype=np.uint64) * np.uint64(self._chunk)
+
+    def _copy(self, tensors: Any, rows: slice, buf: int, down: bool) -> None:
+        """Queue the copies of pieces ``rows`` between the shards and pinned round ``buf``."""
+        runtime = self._cp.cuda.runtime
+        kind = runtime.memcpyDeviceToHost if down else runtime.memcpyHostToDevice
+        host = self._bufs[buf].addr
+        for j, (e, at, _, n) in enumerate(self.io.pieces[rows].tolist()):
+            dev, slot = tensors[e].data.ptr + at, host + j * self._chunk
+            runtime.memcpyAsync(slot if down else dev, dev if down else slot, n, kind,
+                                self._stream.ptr)
+
+    def save(self, tensors: Any) -> int:
+        rounds, first = self._rounds(), 0
+        if rounds:
+            self._copy(tensors, rounds[0], 0, down=True)
+        for r, rows in enumerate(rounds):
+            self._stream.synchronize()  # round r is down; round r+1's slots are free
+            if r + 1 < len(rounds):
+                self._copy(tensors, rounds[r + 1], (r + 1) % 2, down=True)
+            done = self.io.move(True, self._addrs(r % 2, rows), rows)
+            first = first or done
+        self._stream.synchronize()
+        return first
+
+    def sync(self) -> None:
+        sync_files(self.io.fds)
+
+    def restore(self, tensors: Any) -> int:
+        rounds, first = self._rounds(), 0
+        for r, rows in enumerate(rounds):
+            if r == 0:
+                first = self.io.move(False, self._addrs(0, rows), rows)
+            self._copy(tensors, rows, r % 2, down=False)
+            if r + 1 < len(rounds):
+                self.io.move(False, self._addrs((r + 1) % 2, rounds[r + 1]), rounds[r + 1])
+            self._stream.synchronize()  # round r is up; its slots take round r+2
+        return first
+
+    def close(self) -> None:
+        self._stream.synchronize()
+        self.io.close()
+        for b in self._bufs:
+            b.close()

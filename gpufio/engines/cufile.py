@@ -11,6 +11,7 @@ when its future is done: KvikIO resolves it only once the bytes are in GPU memor
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import threading
 import time
@@ -22,6 +23,15 @@ from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, row_error
 from gpufio.core.slots import SlotTable
+from gpufio.core.tensors import (
+    Extent,
+    TensorIOError,
+    TensorRequest,
+    TensorSupport,
+    piece_error,
+    pieces,
+    sync_files,
+)
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import gpu
@@ -61,7 +71,8 @@ def configure(threads: int, io_bytes: int, direct: bool) -> None:
         # would pin GBs for a pool of small reads
         wanted = {"num_threads": threads, "task_size": max(io_bytes, 4096),
                   "bounce_buffer_size": max(io_bytes, 4096),
-                  "gds_threshold": 0, "auto_direct_io_read": direct}
+                  "gds_threshold": 0, "auto_direct_io_read": direct,
+                  "auto_direct_io_write": direct}
         for key, value in wanted.items():
             if kvikio.defaults.get(key) != value:
                 kvikio.defaults.set(key, value)
@@ -97,6 +108,14 @@ class CuFile(Engine):
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
         return CuFileFetch(table, xp, request.dim, cls.settings(job).threads,
                            job.iodepth, request.direct)
+
+    tensors = TensorSupport(host=False)
+
+    @classmethod
+    def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
+                     request: TensorRequest) -> "CuFileTensors":
+        gpu.use(job.gpu)
+        return CuFileTensors(files, extents, request, cls.settings(job).threads)
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -272,6 +291,74 @@ class CuFileFetch:
             raise RowFetchError(f"feature row of node {int(ids[i])} ({e})") from None
         if got != self.dim * 4:
             raise row_error(int(ids[i]), got)
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+
+class CuFileTensors:
+    """Shards in GPU memory saved with KvikIO ``pwrite`` and restored with ``pread``
+    straight between the files and the shards, one future per piece, ``iodepth`` in flight
+    (GPUDirect Storage, or compat mode through KvikIO's bounce buffers: ``mode`` says
+    which)."""
+
+    page_cache = False
+
+    def __init__(self, files: list[Target], extents: list[Extent], request: TensorRequest,
+                 threads: int) -> None:
+        import kvikio
+
+        self.mode = cufile_mode()
+        configure(threads or request.iodepth, request.chunk, request.direct)
+        self._fds, self._paths = [f.fd for f in files], [f.path for f in files]
+        self._files = [kvikio.CuFile(f.path, "r+") for f in files]
+        self._extents, self._depth = extents, request.iodepth
+        self._pieces = pieces(extents, request.chunk)
+        self.facts: dict[str, Any] = {"chunk": request.chunk, "iodepth": request.iodepth,
+                                      "kvikio_threads": threads or request.iodepth}
+
+    def _move(self, tensors: Any, write: bool) -> int:
+        pending: list[tuple[list[int], Any]] = []
+        first = 0
+        try:
+            for piece in self._pieces.tolist():
+                if len(pending) == self._depth:
+                    self._finish(*pending.pop(0), write)
+                    first = first or time.perf_counter_ns()
+                e, at, off, n = piece
+                f, buf = self._files[self._extents[e].file], tensors[e][at:at + n]
+                pending.append((piece, f.pwrite(buf, n, off, task_size=n) if write
+                                else f.pread(buf, n, off, task_size=n)))
+            while pending:
+                self._finish(*pending.pop(0), write)
+                first = first or time.perf_counter_ns()
+        except BaseException:
+            for _, future in pending:  # none may land in memory the caller frees
+                with contextlib.suppress(Exception):
+                    future.get()
+            raise
+        return first
+
+    def _finish(self, piece: list[int], future: Any, write: bool) -> None:
+        what = "save" if write else "restore"
+        try:
+            got = future.get()
+        except Exception as e:  # KvikIO raises on a failed I/O, without an errno
+            ext = self._extents[piece[0]]
+            raise TensorIOError(f"{what} of shard {ext.shard}: {self._paths[ext.file]} at "
+                                f"byte {piece[2]}: {e}") from None
+        if got != piece[3]:
+            raise piece_error(what, self._extents, self._paths, piece, got)
+
+    def save(self, tensors: Any) -> int:
+        return self._move(tensors, True)
+
+    def sync(self) -> None:
+        sync_files(self._fds)  # the same files: an fsync of any descriptor flushes them
+
+    def restore(self, tensors: Any) -> int:
+        return self._move(tensors, False)
 
     def close(self) -> None:
         for f in self._files:

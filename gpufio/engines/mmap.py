@@ -24,6 +24,7 @@ import numpy as np
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.rows import RowRequest, RowSupport, RowTable, evict
+from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, pieces, sync_files
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import gpu
@@ -85,6 +86,13 @@ class Mmap(Engine):
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
         return MmapFetch(table, xp, request.dim, cls.settings(job).drop_cache,
                          request.max_rows, request.advice)
+
+    tensors = TensorSupport()
+
+    @classmethod
+    def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
+                     request: TensorRequest) -> "MappedTensors":
+        return MappedTensors(files, extents, request, xp)
 
     @classmethod
     def check_job(cls, job: Job) -> None:
@@ -246,3 +254,69 @@ class MmapFetch:
         for m in self._maps:
             m.close()
         self._maps.clear()
+
+
+class MappedTensors:
+    """The loaders' way with checkpoints (``torch.load(mmap=True)``, safetensors): each file
+    mapped shared; a save stores every piece into the mapping (a GPU shard copied straight
+    into the mapped pages) and the sync flushes it (msync, then fsync); a restore maps the
+    files again and copies each piece out of the mapping through page faults."""
+
+    page_cache = True
+
+    def __init__(self, files: list[Target], extents: list[Extent], request: TensorRequest,
+                 xp: Any) -> None:
+        self._files, self._extents, self._xp = files, extents, xp
+        self._pieces = pieces(extents, request.chunk)
+        self._maps: list[mm.mmap] = []
+        self.facts: dict[str, Any] = {"chunk": request.chunk}
+
+    def _map(self, write: bool) -> list[np.ndarray]:
+        prot = mm.PROT_READ | (mm.PROT_WRITE if write else 0)
+        self._maps = [mm.mmap(f.fd, f.size, flags=mm.MAP_SHARED, prot=prot)
+                      for f in self._files]
+        return [np.frombuffer(m, dtype=np.uint8) for m in self._maps]
+
+    def _unmap(self) -> None:
+        for m in self._maps:
+            m.close()
+        self._maps = []
+
+    def _move(self, tensors: Any, write: bool) -> int:
+        views, first = self._map(write), 0
+        for e, at, off, n in self._pieces.tolist():
+            _copy(views[self._extents[e].file][off:off + n], tensors[e][at:at + n], write,
+                  self._xp is np)
+            first = first or time.perf_counter_ns()
+        views.clear()  # views must go before the mappings they point into
+        return first
+
+    def save(self, tensors: Any) -> int:
+        return self._move(tensors, True)
+
+    def sync(self) -> None:
+        for m in self._maps:
+            m.flush()
+        self._unmap()  # mapped pages would stay cached whatever the workload drops
+        sync_files([f.fd for f in self._files])
+
+    def restore(self, tensors: Any) -> int:
+        first = self._move(tensors, False)
+        self._unmap()
+        return first
+
+    def close(self) -> None:
+        self._unmap()
+
+
+def _copy(page: np.ndarray, shard: Any, store: bool, host: bool) -> None:
+    """Store ``shard`` (NumPy, or CuPy in GPU memory) into mapped ``page``, or load it back."""
+    if store:
+        if host:
+            page[:] = shard
+        else:
+            shard.get(out=page)
+    elif host:
+        shard[:] = page
+    else:
+        shard.set(page)

@@ -532,7 +532,7 @@ _EMPTY_I32 = np.empty(0, np.int32)
 
 
 def sqe_words(*, opcode: int, sqe_flags: int | np.ndarray, fd: np.ndarray, off: np.ndarray,
-              addr: np.ndarray, length: int, user_data: np.ndarray,
+              addr: np.ndarray, length: int | np.ndarray, user_data: np.ndarray,
               buf_index: int = 0) -> np.ndarray:
     """Rows of 8 u64 words, one SQE each, for reads or writes (the opcode says which);
     every other field is zero."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufio.core.errors import BadInput
-from gpufio.results.load import METRICS, job_metrics, jobs_by_name, setup_facts
+from gpufio.results.load import METRICS, Metric, job_metrics, jobs_by_name, metrics_of, setup_facts
 
 
 @dataclass(frozen=True)
@@ -30,17 +30,20 @@ class Finding:
     why: str
 
 
-def parse_limits(items: dict[str, Any] | list[str], what: str, rising: bool) -> dict[str, float]:
-    """``metric=5%`` pairs (or a [check] table) as metric -> allowed fraction, validated."""
+def parse_limits(items: dict[str, Any] | list[str], what: str, rising: bool,
+                 known: dict[str, Metric] = METRICS) -> dict[str, float]:
+    """``metric=5%`` pairs (or a [check] table) as metric -> allowed fraction, validated
+    against the ``known`` metrics (the I/O metrics unless the results are a workload's)."""
     pairs = items.items() if isinstance(items, dict) else [i.partition("=")[::2] for i in items]
     limits = {}
     for metric, raw in pairs:
         metric = metric.strip()
-        if metric not in METRICS:
-            close = difflib.get_close_matches(metric, list(METRICS), n=1)
+        if metric not in known:
+            close = difflib.get_close_matches(metric, list(known), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise BadInput(f"{what}: unknown metric '{metric}'{hint}; known: {', '.join(METRICS)}")
-        if METRICS[metric].higher_is_better == rising:
+            raise BadInput(f"{what}: unknown metric '{metric}'{hint}; known: "
+                           f"{', '.join(known) or 'none'}")
+        if known[metric].higher_is_better == rising:
             side = "--max-drop/max_drop" if rising else "--max-rise/max_rise"
             raise BadInput(f"{what}: '{metric}' is {'better higher' if rising else 'better lower'}; "
                            f"limit it with {side}")
@@ -58,6 +61,7 @@ def parse_limits(items: dict[str, Any] | list[str], what: str, rising: bool) -> 
 def check(result: dict[str, Any], baseline: dict[str, Any], limits: dict[str, float]) -> list[Finding]:
     """Every (job, metric) with a limit, compared against the baseline."""
     base_jobs, jobs = jobs_by_name(baseline), jobs_by_name(result)
+    known = metrics_of(result)
     findings = []
     for name in dict.fromkeys(list(base_jobs) + list(jobs)):
         b = job_metrics(base_jobs[name]) if name in base_jobs else None
@@ -77,7 +81,7 @@ def check(result: dict[str, Any], baseline: dict[str, Any], limits: dict[str, fl
                                         "(the job's rw differs)"))
                 continue
             change = (r[metric] / b[metric] - 1) if b[metric] else 0.0
-            worse = -change if METRICS[metric].higher_is_better else change
+            worse = -change if known[metric].higher_is_better else change
             passed = worse <= limit
             why = "" if passed else (f"{metric} {'fell' if change < 0 else 'rose'} "
                                      f"{abs(100 * change):.1f}% (limit {100 * limit:g}%)")

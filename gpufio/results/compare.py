@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from gpufio.core.errors import BadInput
-from gpufio.results.load import METRICS, job_metrics, jobs_by_name, setup_facts
+from gpufio.results.load import job_metrics, jobs_by_name, metrics_of, setup_facts
 from gpufio.results.render import render as render_rows
 
 FORMATS = ("table", "markdown", "csv", "json")
@@ -23,6 +23,7 @@ def compare_rows(docs: list[dict[str, Any]], labels: list[str]) -> list[dict[str
     if len(docs) < 2:
         raise BadInput("compare: give at least two result files (the first is the baseline)")
     base_jobs = jobs_by_name(docs[0])
+    metrics = {name: m for d in docs for name, m in metrics_of(d).items()}
     rows = []
     names = list(base_jobs) + [n for d in docs[1:] for n in jobs_by_name(d) if n not in base_jobs]
     for name in dict.fromkeys(names):
@@ -30,10 +31,10 @@ def compare_rows(docs: list[dict[str, Any]], labels: list[str]) -> list[dict[str
         base = job_metrics(base_job) if base_job else None
         per_file = [jobs_by_name(d).get(name) for d in docs]
         values = [job_metrics(job) if job else None for job in per_file]
-        for metric in METRICS:
+        for metric in metrics:
             if not any(v and metric in v for v in values):
                 continue  # a direction no file's job has (a write metric of a read job)
-            row: dict[str, Any] = {"job": name, "metric": metric, "unit": METRICS[metric].unit}
+            row: dict[str, Any] = {"job": name, "metric": metric, "unit": metrics[metric].unit}
             for label, v in zip(labels, values):
                 row[label] = v.get(metric) if v else None
             for label in labels[1:]:

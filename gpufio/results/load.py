@@ -59,11 +59,15 @@ def load(path: str) -> dict[str, Any]:
             raise BadInput(f"{path}: not JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise BadInput(f"{path}: not a gpufio result (no 'jobs' list)")
-    if "workload" in doc:  # a workload's own document (I/O results name none), own tables
+    if "workload" in doc and "metric_info" not in doc:  # a workload's own tables only
         title = doc.get("workload_title", doc["workload"])
-        raise BadInput(f"{path}: a {title} workload result; compare, check and plot read I/O "
-                       f"results (a {title} result carries its own "
+        raise BadInput(f"{path}: a {title} workload result; compare, check and plot read "
+                       f"results that carry metrics (a {title} result carries its own "
                        f"{doc.get('own_tables', 'tables')})")
+    if "metric_info" in doc:
+        if not all(isinstance(j, dict) and "jobname" in j for j in doc["jobs"]):
+            raise BadInput(f"{path}: a job lacks 'jobname'")
+        return doc
     if "fio version" in doc:
         doc = from_fio(doc, path)
     for job in doc["jobs"]:
@@ -72,9 +76,21 @@ def load(path: str) -> dict[str, Any]:
     return doc
 
 
+def metrics_of(doc: dict[str, Any]) -> dict[str, Metric]:
+    """The metrics of a document: the I/O metrics, or those a workload's document declares
+    in its ``metric_info`` (each job then carries its values in ``metrics``)."""
+    info = doc.get("metric_info")
+    if info is None:
+        return METRICS
+    return {name: Metric(name, i["unit"], i["higher_is_better"],
+                         lambda job, n=name: job["metrics"][n]) for name, i in info.items()}
+
+
 def job_metrics(job: dict[str, Any]) -> dict[str, float]:
-    """Every metric of one job that its directions have; with ``--repeat`` results, the
-    medians over the repeats."""
+    """Every metric of one job that its directions have (a workload's job: the ``metrics``
+    it carries); with ``--repeat`` results, the medians over the repeats."""
+    if "read" not in job:  # a workload's job
+        return dict(job.get("metrics", {}))
     repeats = job.get("repeat", {}).get("runs")
     if repeats:
         return {name: statistics.median(run[name] for run in repeats) for name in repeats[0]}

@@ -9,7 +9,7 @@ per result file, for engine or drive comparisons.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from gpufio.core.errors import BadInput
 from gpufio.core.job import directions
@@ -41,6 +41,9 @@ def draw(docs: list[dict[str, Any]], labels: list[str], output: str) -> None:
     if not output.endswith((".png", ".svg")):
         raise BadInput(f"-o {output}: give a .png or .svg file name")
     plt = _matplotlib()
+    if any("metric_info" in d for d in docs):
+        _save(_draw_headline(plt, docs, labels), output, plt)
+        return
     fig, (ax_t, ax_w, ax_p, ax_b) = plt.subplots(4, 1, figsize=FIGSIZE, dpi=DPI)
     multi = len(docs) > 1
     for label, doc in zip(labels, docs):
@@ -62,20 +65,50 @@ def draw(docs: list[dict[str, Any]], labels: list[str], output: str) -> None:
     ax_p.set(title="latency by percentile", xlabel="percentile", ylabel="latency (us)",
              yscale="log")
     ax_p.set_xticks([_nines(p) for p in NINES], [f"p{p:g}" for p in NINES])
+    _bars(ax_b, docs, labels, headline_iops)
+    ax_b.set(title="IOPS per job", ylabel="IOPS")
+    _finish(fig, (ax_t, ax_w, ax_p, ax_b))
+    _save(fig, output, plt)
+
+
+def _bars(ax: Any, docs: list[dict[str, Any]], labels: list[str],
+          value: Callable[[dict[str, Any]], float]) -> None:
+    """Grouped bars: a group per job name, a bar per result file."""
     jobs = list(dict.fromkeys(j["jobname"] for d in docs for j in d["jobs"]))
     width = 0.8 / len(docs)
     for i, (label, doc) in enumerate(zip(labels, docs)):
-        values = {j["jobname"]: headline_iops(j) for j in doc["jobs"]}
-        ax_b.bar([x + i * width for x in range(len(jobs))], [values.get(n, 0) for n in jobs],
-                 width=width, label=label)
-    ax_b.set_xticks([x + width * (len(docs) - 1) / 2 for x in range(len(jobs))], jobs,
-                    rotation=15, ha="right")
-    ax_b.set(title="IOPS per job", ylabel="IOPS")
-    for ax in (ax_t, ax_w, ax_p, ax_b):
+        values = {j["jobname"]: value(j) for j in doc["jobs"]}
+        ax.bar([x + i * width for x in range(len(jobs))], [values.get(n, 0) for n in jobs],
+               width=width, label=label)
+    ax.set_xticks([x + width * (len(docs) - 1) / 2 for x in range(len(jobs))], jobs,
+                  rotation=15, ha="right")
+
+
+def _draw_headline(plt: Any, docs: list[dict[str, Any]], labels: list[str]) -> Any:
+    """A workload's results: a bar panel per headline metric its documents name."""
+    if not all("metric_info" in d for d in docs):
+        raise BadInput("plot: these files mix I/O results with a workload's results; plot "
+                       "them apart")
+    names = list(dict.fromkeys(n for d in docs for n in d.get("headline", d["metric_info"])))
+    fig, axes = plt.subplots(len(names), 1, figsize=(FIGSIZE[0], 4 * len(names)), dpi=DPI,
+                             squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        unit = next(d["metric_info"][name]["unit"] for d in docs if name in d["metric_info"])
+        _bars(ax, docs, labels, lambda j, n=name: j.get("metrics", {}).get(n, 0))
+        ax.set(title=f"{name} per job", ylabel=unit)
+    _finish(fig, axes[:, 0])
+    return fig
+
+
+def _finish(fig: Any, axes: Any) -> None:
+    for ax in axes:
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
     fig.tight_layout()
+
+
+def _save(fig: Any, output: str, plt: Any) -> None:
     try:
         fig.savefig(output)
     except OSError as e:

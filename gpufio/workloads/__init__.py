@@ -2,8 +2,9 @@
 
 A workload declares its own profile keys (``options``), checks a job's values of them
 (``check``), runs a whole profile of its jobs into a result document (``run``), renders that
-document (``formats``, ``render``) and says what went wrong in it (``problems``). The profile
-loader and the CLI ask this registry and name no workload; adding one is a module here.
+document (``formats``, ``render``), says what went wrong in it (``problems``) and names the
+metrics its results offer compare and check (``metrics``). The profile loader and the CLI
+ask this registry and name no workload; adding one is a module here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from gpufio.core.options import Option
+from gpufio.results.load import Metric
 
 if TYPE_CHECKING:
     from gpufio.core.job import Profile
@@ -38,6 +40,8 @@ class Workload:
     render: Callable[[dict[str, Any], str, Any], str]
     # document -> one line per job whose numbers cannot be trusted
     problems: Callable[[dict[str, Any]], list[str]]
+    # what compare and check read of its results, and a profile's [check] table may limit
+    metrics: tuple[Metric, ...] = ()
 
 
 _REGISTRY: dict[str, Workload] = {}

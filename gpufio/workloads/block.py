@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from gpufio.core.job import Profile
 from gpufio.results import document
 from gpufio.results.live import LiveDisplay
+from gpufio.results.load import METRICS
 from gpufio.results.repeat import combine
 from gpufio.run import runner
 from gpufio.workloads import Workload, register
@@ -38,4 +39,4 @@ def _check(where: str, engine: str, values: Mapping[str, Any]) -> None:
 BLOCK = register(Workload(
     name="block", summary="the I/O benchmark", options=(), check=_check,
     formats=document.FORMATS, run=run, render=document.render,
-    problems=document.problems))
+    problems=document.problems, metrics=tuple(METRICS.values())))

@@ -5,7 +5,6 @@ ending the current job after its iteration, and the document report.py builds.""
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 from typing import Any, TextIO
 
@@ -19,6 +18,7 @@ from gpufio.results.render import table
 from gpufio.workloads.gnn import timing
 from gpufio.workloads.gnn.report import document
 from gpufio.workloads.gnn.run import run_job
+from gpufio.workloads.sequence import run_each
 
 
 class ProgressLines:
@@ -79,22 +79,10 @@ def _progress(quiet: bool) -> Any:
 
 def run_profile(prof: Profile, quiet: bool = False) -> dict[str, Any]:
     """Run every job of a GNN profile; Ctrl-C ends the current job after its iteration."""
-    interrupted = []
-
-    def on_sigint(*_: Any) -> None:
-        interrupted.append(True)
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    results = []
-    try:
-        with _progress(quiet) as progress:
-            for job in prof.jobs:
-                if interrupted:
-                    break
-                results.append(run_job(job, stop=lambda: bool(interrupted), progress=progress))
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    return document(results, prof.path, bool(interrupted))
+    results, interrupted = run_each(
+        prof.jobs, lambda job, stop, progress: [run_job(job, stop=stop, progress=progress)],
+        _progress(quiet))
+    return document(results, prof.path, interrupted)
 
 
 def run_workload(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:

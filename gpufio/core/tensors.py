@@ -1,0 +1,103 @@
+"""Tensors saved to files and restored from them: what a checkpointing workload asks of an
+engine, defined below both so neither names the other.
+
+A model state is a list of shards (tensors). Each shard lies in one file as one extent; the
+workload lays the files out and opens them, and asks the job's engine for a tensor mover
+(``Engine.tensor_mover``, declared by its ``tensors: TensorSupport``). The mover writes every
+shard's bytes to its extent (``save``), makes them durable (``sync``) and reads them back
+into other memory (``restore``), through the engine's own data path, in pieces of the job's
+block size.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+# every shard starts on and is padded to a 4 KiB boundary: what O_DIRECT needs of offsets,
+# lengths and buffers on any drive gpufio meets, and the data pattern's block
+ALIGN = 4096
+
+
+@dataclass(frozen=True)
+class Extent:
+    """Shard ``shard``'s ``nbytes`` lie in file ``file`` (an index into the open files)
+    from byte ``offset`` on."""
+
+    shard: int
+    file: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class TensorRequest:
+    """How a mover moves the shards: pieces of ``chunk`` bytes, ``iodepth`` of them in
+    flight where the path has a queue, O_DIRECT when ``direct``."""
+
+    chunk: int
+    iodepth: int
+    direct: bool
+
+
+@dataclass(frozen=True)
+class TensorSupport:
+    """Where an engine's tensor mover finds the shards: in host memory (``device = "cpu"``),
+    in GPU memory, or both."""
+
+    host: bool = True
+    gpu: bool = True
+
+
+class TensorIOError(RuntimeError):
+    """A piece of a shard could not be moved whole (the job fails, naming shard and file)."""
+
+
+class Mover(Protocol):
+    """What ``Engine.tensor_mover`` returns. ``save`` and ``restore`` take one 1-D uint8
+    array per extent, in extent order (NumPy for host memory, CuPy for GPU memory), move
+    every byte and return the ``time.perf_counter_ns`` at which the first piece completed."""
+
+    facts: dict[str, Any]
+    page_cache: bool
+
+    def save(self, tensors: Sequence[Any]) -> int: ...
+
+    def sync(self) -> None: ...
+
+    def restore(self, tensors: Sequence[Any]) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def pieces(extents: Sequence[Extent], chunk: int) -> np.ndarray:
+    """Every extent cut into pieces of at most ``chunk`` bytes, in order, as rows of
+    (extent index, byte in the tensor, byte in the file, length), int64."""
+    rows = []
+    for i, e in enumerate(extents):
+        starts = np.arange(0, e.nbytes, chunk, dtype=np.int64)
+        lens = np.minimum(chunk, e.nbytes - starts)
+        rows.append(np.stack([np.full(len(starts), i, np.int64), starts, e.offset + starts,
+                              lens], axis=1))
+    return np.concatenate(rows) if rows else np.empty((0, 4), np.int64)
+
+
+def piece_error(what: str, extents: Sequence[Extent], paths: Sequence[str],
+                piece: Sequence[int], res: int) -> TensorIOError:
+    """The one-line failure of ``piece`` (a row of ``pieces``) whose I/O returned ``res``
+    (-errno, or a byte count short of the piece)."""
+    ext = extents[int(piece[0])]
+    why = (errno.errorcode.get(-res, str(-res)) if res < 0
+           else f"{res} of {int(piece[3])} bytes")
+    return TensorIOError(f"{what} of shard {ext.shard}: {paths[ext.file]} at byte "
+                         f"{int(piece[2])}: {why}")
+
+
+def sync_files(fds: Sequence[int]) -> None:
+    """fsync every file: the saved bytes (and the files' sizes) are on stable storage."""
+    for fd in fds:
+        os.fsync(fd)

@@ -1,0 +1,13 @@
+"""The checkpoint workload (issue 16): a model state in GPU (or host) memory saved to the
+targets through the job's engine, made durable, dropped from the page cache and restored
+into fresh memory, compared where it lives, beside the naive path users write today.
+Registered as workload 'checkpoint' here."""
+
+from gpufio.workloads import Workload, register
+from gpufio.workloads.checkpoint import driver, report
+from gpufio.workloads.checkpoint.options import CHECKPOINT_OPTIONS, check
+
+CHECKPOINT = register(Workload(
+    name="checkpoint", summary="model state saved from GPU memory and restored, per engine",
+    options=CHECKPOINT_OPTIONS, check=check, formats=report.FORMATS, run=driver.run_workload,
+    render=report.render, problems=report.problems, metrics=report.METRICS))
