@@ -226,8 +226,13 @@ def test_llama_mix_is_a_layer_stack_of_whole_blocks():
     assert cycled([3 << 20, 1000], 4 << 20) == [3 << 20, 4096, (1 << 20) - 4096]
 
 
-def test_pieces_cover_every_extent_in_order():
-    ext = [Extent(0, 0, 0, 10 * ALIGN), Extent(1, 1, 8 * ALIGN, 3 * ALIGN)]
+def test_pieces_cover_every_extent_and_the_files_take_turns():
+    ext = [Extent(0, 0, 0, 10 * ALIGN), Extent(1, 1, 8 * ALIGN, 3 * ALIGN),
+           Extent(2, 0, 10 * ALIGN, 4 * ALIGN)]
     p = pieces(ext, 4 * ALIGN)
-    assert p.tolist() == [[0, 0, 0, 4 * ALIGN], [0, 4 * ALIGN, 4 * ALIGN, 4 * ALIGN],
-                          [0, 8 * ALIGN, 8 * ALIGN, 2 * ALIGN], [1, 0, 8 * ALIGN, 3 * ALIGN]]
+    assert p.tolist() == [[0, 0, 0, 4 * ALIGN], [1, 0, 8 * ALIGN, 3 * ALIGN],
+                          [0, 4 * ALIGN, 4 * ALIGN, 4 * ALIGN],
+                          [0, 8 * ALIGN, 8 * ALIGN, 2 * ALIGN],
+                          [2, 0, 10 * ALIGN, 4 * ALIGN]]
+    one_file = pieces([Extent(0, 0, 0, 3 * ALIGN), Extent(1, 0, 3 * ALIGN, ALIGN)], ALIGN)
+    assert one_file[:, 2].tolist() == [0, ALIGN, 2 * ALIGN, 3 * ALIGN]  # in file order

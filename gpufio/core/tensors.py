@@ -75,15 +75,28 @@ class Mover(Protocol):
 
 
 def pieces(extents: Sequence[Extent], chunk: int) -> np.ndarray:
-    """Every extent cut into pieces of at most ``chunk`` bytes, in order, as rows of
-    (extent index, byte in the tensor, byte in the file, length), int64."""
+    """Every extent cut into pieces of at most ``chunk`` bytes, as rows of (extent index,
+    byte in the tensor, byte in the file, length), int64. Each file's pieces stay in file
+    order, and the files take turns: the pieces in flight at any moment spread over every
+    file, so a second drive (or a second file on a filesystem that serialises writes to
+    one) works from the start, not after the first one's shards."""
     rows = []
     for i, e in enumerate(extents):
         starts = np.arange(0, e.nbytes, chunk, dtype=np.int64)
         lens = np.minimum(chunk, e.nbytes - starts)
         rows.append(np.stack([np.full(len(starts), i, np.int64), starts, e.offset + starts,
                               lens], axis=1))
-    return np.concatenate(rows) if rows else np.empty((0, 4), np.int64)
+    if not rows:
+        return np.empty((0, 4), np.int64)
+    out = np.concatenate(rows)
+    file_of = np.array([e.file for e in extents], dtype=np.int64)[out[:, 0]]
+    # a piece's turn: how many pieces of its own file come before it
+    order = np.lexsort((out[:, 2], file_of))
+    turn = np.empty(len(out), np.int64)
+    sorted_files = file_of[order]
+    starts_of_file = np.searchsorted(sorted_files, sorted_files, side="left")
+    turn[order] = np.arange(len(out)) - starts_of_file
+    return out[np.lexsort((file_of, turn))]
 
 
 def piece_error(what: str, extents: Sequence[Extent], paths: Sequence[str],

@@ -8,14 +8,13 @@ document their units (``metric_info``), so compare, check and plot read it like 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gpufio import __version__
 from gpufio.facts.host import host_facts
 from gpufio.results.document import ram_backed_targets
 from gpufio.results.load import Metric
-from gpufio.results.render import render as render_rows
+from gpufio.workloads.documents import problem_lines, render_document
 
 FORMATS = ("table", "json", "markdown", "csv")
 
@@ -94,24 +93,17 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def problems(doc: dict[str, Any]) -> list[str]:
     """A line for each path that failed or restored bytes that differ from the saved ones."""
-    out = []
-    for job in doc["jobs"]:
-        if job.get("failure"):
-            out.append(f"{job['jobname']}: {job['failure']}")
-        if job["verify"]["bad_shards"]:
-            out.append(f"{job['jobname']}: {job['verify']['bad_shards']} restored shards "
-                       f"differ from the saved state; first: {job['verify']['first_bad']}")
-    return out
+    return problem_lines(doc, lambda job: f"{job['verify']['bad_shards']} restored shards "
+                         f"differ from the saved state; first: {job['verify']['first_bad']}"
+                         if job["verify"]["bad_shards"] else None)
 
 
 def render(doc: dict[str, Any], fmt: str, console: Any = None) -> str:
     """The document in ``fmt``: the whole document as JSON, else the table (a 'table'
     prints to ``console`` and returns '')."""
-    if fmt == "json":
-        return json.dumps(doc, indent=2) + "\n"
     ram = ram_backed_targets(doc)
     title = (f"gpufio {doc['gpufio version']} · {doc['profile']} · checkpoint save and restore"
              + (f" · ram-backed (not a drive): {', '.join(ram)}" if ram else ""))
-    return render_rows(rows(doc), fmt, title=title, left=("job", "path", "memory", "state", "files"),
-                       columns=("job",), console=console,
-                       problems=problems(doc) if fmt == "table" else ())
+    return render_document(doc, fmt, console, title=title, rows=rows(doc),
+                           left=("job", "path", "memory", "state", "files"),
+                           problems=problems(doc))

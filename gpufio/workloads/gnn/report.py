@@ -10,13 +10,12 @@ the cache's hit rate.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gpufio import __version__
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
-from gpufio.results.render import render as render_rows
+from gpufio.workloads.documents import problem_lines, render_document
 from gpufio.workloads.gnn import timing
 
 FORMATS = ("table", "json", "markdown", "csv")
@@ -80,22 +79,14 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def problems(doc: dict[str, Any]) -> list[str]:
     """A line for each job that failed or aggregated rows that differ from the generator's."""
-    out = []
-    for job in doc["jobs"]:
-        if job.get("failure"):
-            out.append(f"{job['jobname']}: {job['failure']}")
-        elif job["error"]:
-            out.append(f"{job['jobname']}: {job['verify']['mismatches']} aggregated rows "
-                       "differ from the generator's values")
-    return out
+    return problem_lines(doc, lambda job: f"{job['verify']['mismatches']} aggregated rows "
+                         "differ from the generator's values" if job["error"] else None)
 
 
 def render(doc: dict[str, Any], fmt: str, console: Any = None) -> str:
     """The document in ``fmt``: the whole document as JSON, else the stage table (a 'table'
     prints to ``console`` and returns '')."""
-    if fmt == "json":
-        return json.dumps(doc, indent=2) + "\n"
     title = (f"gpufio {doc['gpufio version']} · {doc['profile']} · GNN feature aggregation "
              f"(device {doc['jobs'][0]['device'] if doc['jobs'] else '-'})")
-    return render_rows(rows(doc), fmt, title=title, left=("job", "engine", "iters", "verify"),
-                       columns=("job",), console=console, problems=problems(doc) if fmt == "table" else ())
+    return render_document(doc, fmt, console, title=title, rows=rows(doc),
+                           left=("job", "engine", "iters", "verify"), problems=problems(doc))
