@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from gpufio import __version__, profile
-from gpufio.core.errors import BadInput
+from gpufio.core.errors import BadInput, RunFailed
 from gpufio.facts import host as hostinfo
 from gpufio.results import render
 from gpufio.run import runner
@@ -59,6 +59,9 @@ def _exit_codes() -> Iterator[None]:
     except BadInput as e:
         typer.echo(f"gpufio: error: {e}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
+    except RunFailed as e:
+        typer.echo(f"gpufio: error: {e}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
     except KeyboardInterrupt:
         typer.echo("gpufio: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None

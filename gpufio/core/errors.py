@@ -1,9 +1,10 @@
-"""The failure the CLI maps to its bad-input exit code.
+"""The failures the CLI maps to its exit codes.
 
 Bad input (exit 2) is the user's to fix and gets one line naming what is wrong. Keeping it
 one exception type lets every layer raise it without knowing about exit codes. A run that
-fails (exit 1) is not an exception: its result says what went wrong (I/O errors, bad data,
-an engine failure), and the CLI reads the verdict from there.
+fails (exit 1) is usually not an exception: its result says what went wrong (I/O errors, bad
+data, an engine failure), and the CLI reads the verdict from there. Only a run that leaves no
+result to read (a rank of an MPI run failed or went silent) raises RunFailed.
 """
 
 
@@ -13,6 +14,10 @@ from contextlib import contextmanager
 
 class BadInput(Exception):
     """A profile, option, target or environment the job cannot run with (exit code 2)."""
+
+
+class RunFailed(Exception):
+    """A run that ended without a result to report (exit code 1); the text says why."""
 
 
 @contextmanager

@@ -32,10 +32,28 @@ TABLE_PERCENTILES = (50.0, 99.0, 99.9)
 def _lat_block(lat: LatencyStats, plist: tuple[float, ...]) -> dict[str, Any]:
     wanted = tuple(sorted(set(plist) | set(TABLE_PERCENTILES)))
     return {"min": lat.min, "max": lat.max, "mean": lat.mean, "stddev": lat.stddev, "N": lat.n,
-            "percentile": {f"{p:f}": v for p, v in lat.percentiles(wanted).items()}}
+            "percentile": {f"{p:f}": v for p, v in lat.percentiles(wanted).items()},
+            # fio's json+ histogram: the non-zero buckets, so results merge exactly
+            "bins": hist_bins(lat)}
 
 
-def _rw_block(ios: int, nbytes: int, runtime_ns: int, short: int, lat: LatencyStats,
+def hist_bins(lat: LatencyStats) -> dict[str, int]:
+    """The histogram's non-zero buckets, by index."""
+    return {str(i): int(c) for i, c in enumerate(lat.hist.tolist()) if c}
+
+
+def lat_from_block(block: dict[str, Any]) -> LatencyStats:
+    """The LatencyStats a document's lat_ns block was written from (histogram, count,
+    moments and extremes), for merging documents exactly."""
+    lat = LatencyStats(n=int(block["N"]), mean=float(block["mean"]),
+                       m2=float(block["stddev"]) ** 2 * max(int(block["N"]) - 1, 0),
+                       min=int(block["min"]), max=int(block["max"]))
+    for i, c in block.get("bins", {}).items():
+        lat.hist[int(i)] = c
+    return lat
+
+
+def rw_block(ios: int, nbytes: int, runtime_ns: int, short: int, lat: LatencyStats,
               plist: tuple[float, ...]) -> dict[str, Any]:
     secs = runtime_ns / 1e9
     return {
@@ -67,7 +85,7 @@ def _job_document(r: JobResult) -> dict[str, Any]:
         "engine": job.engine, "engine_facts": r.engine_facts,
         "job options": {k: str(v) for k, v in job.options_as_given.items()},
         "resolved options": resolved,
-        **{name: _rw_block(d.ios, d.bytes, r.runtime_ns,
+        **{name: rw_block(d.ios, d.bytes, r.runtime_ns,
                            r.short_ios if name == main_direction(job) else 0, d.lat,
                            job.percentile_list)
            for name, d in (("read", r.read), ("write", r.write))},
@@ -81,7 +99,7 @@ def _job_document(r: JobResult) -> dict[str, Any]:
                    "bad_offsets": r.bad_offsets},
         "samples": r.samples,
         "lat_hist": {"layout": "fio plat: 64 buckets per power of two, 29 groups, ns",
-                     "bins": {str(i): int(c) for i, c in enumerate(r.lat.hist.tolist()) if c}},
+                     "bins": hist_bins(r.lat)},
         "interrupted": r.interrupted,
         "failure": r.failure,
         **({"steadystate": r.steadystate} if r.steadystate else {}),
@@ -102,7 +120,7 @@ def _group_total(results: list[JobResult]) -> dict[str, Any]:
         lat = LatencyStats()
         for r in results:
             lat.merge(getattr(r, name).lat)
-        out[name] = _rw_block(sum(getattr(r, name).ios for r in results),
+        out[name] = rw_block(sum(getattr(r, name).ios for r in results),
                               sum(getattr(r, name).bytes for r in results), runtime,
                               sum(r.short_ios for r in results if main_direction(r.job) == name),
                               lat, plist)
@@ -159,7 +177,17 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for name, engine, j in entries:
         for rw in directions(j):
             rows.append(_row(name, engine, rw, j))
+            rows.extend(_row(part, engine, rw, p) for part, p in _mpi_parts(name, j) if rw in p)
     return rows
+
+
+def _mpi_parts(name: str, job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """An MPI run's job: its hosts (when more than one) and ranks, as rows of their own."""
+    mpi = job.get("mpi")
+    if not mpi:
+        return []
+    hosts = [(f"{name} · {h['host']}", h) for h in mpi["hosts"]] if len(mpi["hosts"]) > 1 else []
+    return hosts + [(f"{name} · rank {r['rank']}", r) for r in mpi["ranks"]]
 
 
 def _row(name: str, engine: str, rw: str, j: dict[str, Any]) -> dict[str, Any]:
@@ -172,8 +200,9 @@ def _row(name: str, engine: str, rw: str, j: dict[str, Any]) -> dict[str, Any]:
         "mean_us": round(rd["lat_ns"]["mean"] / 1e3, 1),
         "p50_us": round(pct["50.000000"] / 1e3, 1), "p99_us": round(pct["99.000000"] / 1e3, 1),
         "p99.9_us": round(pct["99.900000"] / 1e3, 1),
-        "usr%": round(j["usr_cpu"], 1), "sys%": round(j["sys_cpu"], 1),
-        "cpu_us/io": round(j["cpu_us_per_io"], 2),
+        "usr%": round(j["usr_cpu"], 1) if "usr_cpu" in j else "",
+        "sys%": round(j["sys_cpu"], 1) if "sys_cpu" in j else "",
+        "cpu_us/io": round(j["cpu_us_per_io"], 2) if "cpu_us_per_io" in j else "",
         "status": _status(j) if "errors" in j else "",
     }
     if "repeat" in j:  # --repeat promises the spread: the table shows it beside the median

@@ -62,10 +62,13 @@ class JobRun:
     """One job in flight: its workers, phases and samples."""
 
     def __init__(self, job: Job, engine: type[Engine], targets: list[tg.Target],
-                 regions: list[tuple[int, int]], budgets: list[int] | None = None) -> None:
+                 regions: list[tuple[int, int]], budgets: list[int] | None = None,
+                 gate: Callable[[str], None] | None = None) -> None:
         """``budgets``: each worker's own number of I/Os (a read-back replaying what each
-        worker wrote), instead of the job's."""
+        worker wrote), instead of the job's; ``gate(job name)``: returns when the clock may
+        start (every rank of an MPI run has set the job up)."""
         self.job = job
+        self._gate = gate
         self.engine = engine
         self.engine_facts = engine.describe(job)
         self.targets = targets
@@ -145,6 +148,8 @@ class JobRun:
                 while not w.wait_ready(0.1):
                     pass
             self.shared.close_source()  # every worker has mapped the shared memory by now
+            if self._gate is not None:
+                self._gate(job.name)
             self.t_start = time.monotonic_ns()
             self.state = "ramp"
             if job.ramp_time == 0:  # before the go: a worker's first completions must count
@@ -457,9 +462,11 @@ def _read_back(run: "JobRun", result: JobResult, quiet: bool) -> JobResult:
 
 
 def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | None = None,
-                quiet: bool = False, tick_every_s: float = 0.25) -> RunOutcome:
+                quiet: bool = False, tick_every_s: float = 0.25,
+                gate: Callable[[str], None] | None = None) -> RunOutcome:
     """Run every job of ``profile`` (sequentially, or all at once if concurrent): each
-    job's preconditioning first, then the job, then the read-back of a verified write job."""
+    job's preconditioning first, then the job, then the read-back of a verified write job;
+    ``gate`` holds each job's clock until the other ranks of an MPI run are ready."""
     check_machine_limits(profile)
     prepared = []
     try:
@@ -475,7 +482,8 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
             except KeyboardInterrupt:
                 outcome.interrupted = True
                 break
-            runs = [JobRun(job, engine, tgts, regions) for job, engine, tgts, regions in batch]
+            runs = [JobRun(job, engine, tgts, regions, gate=gate)
+                    for job, engine, tgts, regions in batch]
             for r in runs:
                 line = job_advice(r.job, r.engine_facts)
                 if line and not quiet:
@@ -491,6 +499,12 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
                 finished.extend(runs)
                 results.extend(r.result() for r in runs)
                 break
+            except BaseException:  # another rank failed: no worker outlives the run
+                for r in runs:
+                    r.stop()
+                for r in runs:
+                    r.join()
+                raise
             finished.extend(runs)
             for r in runs:
                 r.raise_bad_input()

@@ -5,25 +5,63 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from gpufio.core.errors import BadInput, RunFailed
 from gpufio.core.job import Profile
 from gpufio.results import document
 from gpufio.results.live import LiveDisplay
 from gpufio.results.load import METRICS
+from gpufio.results.merge import merge_ranks
 from gpufio.results.repeat import combine
-from gpufio.run import runner
+from gpufio.run import runner, world
 from gpufio.workloads import Workload, register
 
 
-def _once(prof: Profile, quiet: bool) -> dict[str, Any]:
+def _once(prof: Profile, quiet: bool, gate: Any = None) -> dict[str, Any]:
     if quiet:
-        return document.build_document(runner.run_profile(prof, quiet=True), prof)
+        return document.build_document(runner.run_profile(prof, quiet=True, gate=gate), prof)
     with LiveDisplay() as live:
-        return document.build_document(runner.run_profile(prof, on_tick=live.update), prof)
+        return document.build_document(
+            runner.run_profile(prof, on_tick=live.update, gate=gate), prof)
+
+
+def _distributed(w: world.World, prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
+    """Every rank runs its share of the profile, each job's clock starting at the same
+    gate; rank 0 returns the merged document, the other ranks exit with the run's code."""
+    if repeat != 1:
+        raise BadInput("--repeat: not with MPI ranks yet; run the launcher N times")
+    try:
+        try:
+            doc = _once(w.profile_for(prof), quiet or not w.root, gate=w.gate)
+        except world.RankAbort:
+            raise
+        except Exception as e:  # this rank cannot go on: the others must hear of it
+            why = str(e) if isinstance(e, BadInput) else f"{type(e).__name__}: {e}"
+            if w.root:
+                w.abort(f"rank 0 ({w.host}): {why}")
+            w.fail(why)
+            raise SystemExit(1) from None
+        doc["rank"] = w.facts()
+        docs = w.gather(doc)
+    except world.RankAbort as e:
+        if w.root:
+            raise RunFailed(str(e)) from None
+        if not e.reported:  # rank 0 is gone: this rank is the one to say so
+            raise RunFailed(f"rank {w.rank} ({w.host}): {e}") from None
+        raise SystemExit(1) from None
+    if not w.root:
+        raise SystemExit(w.released())
+    merged = merge_ranks(docs)
+    w.release(int(merged["interrupted"] or any(j["error"] for j in merged["jobs"])))
+    return merged
 
 
 def run(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
     """Run the profile ``repeat`` times (stopping at an interrupted run): one document, with
-    each job's median run and the spread when repeated."""
+    each job's median run and the spread when repeated. Under an MPI launcher, every rank
+    runs its share and rank 0 reports them merged."""
+    w = world.detect()
+    if w is not None:
+        return _distributed(w, prof, quiet, repeat)
     docs = []
     for _ in range(repeat):
         docs.append(_once(prof, quiet))

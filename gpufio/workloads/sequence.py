@@ -7,7 +7,9 @@ from __future__ import annotations
 import signal
 from typing import Any, Callable, ContextManager, Sequence
 
+from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
+from gpufio.run import world
 
 # (job, stop, progress) -> the job's results
 RunJob = Callable[[Job, Callable[[], bool], Any], list[dict[str, Any]]]
@@ -16,6 +18,9 @@ RunJob = Callable[[Job, Callable[[], bool], Any], list[dict[str, Any]]]
 def run_each(jobs: Sequence[Job], run_job: RunJob,
              progress: ContextManager[Any]) -> tuple[list[dict[str, Any]], bool]:
     """Every job's results in order, and whether Ctrl-C ended the run."""
+    if jobs and world.detect() is not None:
+        raise BadInput(f"workload '{jobs[0].workload}' runs as one process; start it without "
+                       "an MPI launcher (the block workload runs as MPI ranks)")
     interrupted: list[bool] = []
 
     def on_sigint(*_: Any) -> None:

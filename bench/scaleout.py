@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""MPI ranks against one process, in one run: does splitting a job over ranks keep its speed?
+
+For each path and rank count N, the same work runs twice on a tmpfs file: one gpufio process
+with N rings (gpu-uring) or N workers (cpu-gpu, spawned processes), then ``mpirun -n N`` with
+one ring or worker per rank, every rank on the GPU (CUDA MPS lets their contexts share it
+when its daemon runs). The merged total's ratio to the single process, the start skew and the
+ranks' gate waits are printed; the merged percentiles are checked to lie within the ranks'
+own. The goal (``GOAL``) lives here; ``--check`` exits 1 on a miss.
+
+    . bench/gpu_env.sh && python3 bench/scaleout.py --ranks 2 4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from compare import report, setup_tmpfs  # noqa: E402
+
+GOAL = 0.9
+# path -> (options of one rank's share, the key that gives one process N of them)
+PATHS = {"gpu-uring": ({"engine": "gpu-uring", "rings": 1, "iodepth": 128}, "rings"),
+         "cpu-gpu": ({"engine": "cpu-gpu", "iodepth": 64, "processes": True, "numjobs": 1},
+                     "numjobs")}
+
+
+def profile(target: str, opts: dict, runtime: int) -> str:
+    prof = {"rw": "randread", "bs": "4k", "targets": [target], "runtime": f"{runtime}s",
+            "time_based": True, "ramp_time": "1s", "verify": True, **opts}
+    fd, path = tempfile.mkstemp(suffix=".toml")
+    with os.fdopen(fd, "w") as f:
+        f.write("[global]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in prof.items()))
+    return path
+
+
+def run(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    if out.returncode:
+        raise SystemExit(f"bench: {' '.join(cmd)} failed ({out.returncode}): "
+                         f"{(out.stderr or out.stdout).strip()[-800:]}")
+    return json.loads(out.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--paths", nargs="+", default=list(PATHS))
+    ap.add_argument("--runtime", type=int, default=3)
+    ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
+    ap.add_argument("--json", help="also write every run's numbers here")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    args = ap.parse_args()
+    target, clean = setup_tmpfs()
+    gpufio = [sys.executable, "-m", "gpufio", "run"]
+    rows, raw, missed = [], [], []
+    try:
+        for name in args.paths:
+            share, key = PATHS[name]
+            for n in args.ranks:
+                one = profile(target, {**share, key: n * share[key]}, args.runtime)
+                each = profile(target, share, args.runtime)
+                try:
+                    single = run([*gpufio, one, "-f", "json", "-q"])["jobs"][0]
+                    merged_doc = run([args.mpirun, "-n", str(n), *gpufio, each, "-f", "json", "-q"])
+                finally:
+                    os.unlink(one)
+                    os.unlink(each)
+                merged = merged_doc["jobs"][0]
+                ratio = merged["read"]["iops"] / single["read"]["iops"]
+                p99 = merged["read"]["lat_ns"]["percentile"]["99.000000"]
+                own = [r["read"]["lat_ns"]["percentile"]["99.000000"] for r in merged["mpi"]["ranks"]]
+                within = min(own) <= p99 <= max(own)
+                verdict = "ok" if ratio >= GOAL and within and not merged["error"] else "MISS"
+                if verdict != "ok":
+                    missed.append(f"{name} {n} ranks: ratio {ratio:.2f}, p99 within ranks' {within}")
+                waits = [r["gate_wait_ns"] / 1e6 for r in merged_doc["mpi"]["ranks"]]
+                rows.append([name, n, round(single["read"]["iops"]), round(merged["read"]["iops"]),
+                             f"{ratio:.2f}", f"{merged['mpi']['start_skew_ns'] / 1e6:.2f}",
+                             f"{max(waits):.0f}", f"{p99 / 1e3:.0f} in [{min(own) / 1e3:.0f}, "
+                             f"{max(own) / 1e3:.0f}]", merged["verify"]["failures"],
+                             f"{merged_doc['mpi']['merge_ns'] / 1e6:.1f}", verdict])
+                raw.append({"path": name, "ranks": n, "single": single, "merged": merged_doc})
+                print(f"bench: {name} x{n}: one process {single['read']['iops']:.0f}, "
+                      f"ranks {merged['read']['iops']:.0f}", file=sys.stderr, flush=True)
+    finally:
+        clean()
+    mps = "on" if subprocess.run(["pgrep", "-f", "nvidia-cuda-mps-control"],
+                                 capture_output=True).returncode == 0 else "off"
+    return report(f"4k randread on tmpfs, verified, {args.runtime}s runs, MPS {mps}", rows,
+                  ["path", "ranks", "one process IOPS", "merged ranks IOPS", "ratio",
+                   "start skew ms", "max gate wait ms", "merged p99 us in ranks'",
+                   "verify failures", "merge ms", "goal"],
+                  {"runs": raw}, args.json, missed if args.check else [])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
