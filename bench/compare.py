@@ -82,7 +82,9 @@ def setup_zram() -> tuple[str, callable] | None:
 
 
 def run_gpufio(target: str, opts: dict, numjobs: int, iodepth: int, runtime: int) -> dict:
-    prof = {"rw": "randread", "bs": "4k", "targets": [target], "numjobs": numjobs,
+    """One gpufio run's headline numbers; ``target``: a path, or several joined with ':'
+    (fio's filename syntax), I/Os spread over them round-robin."""
+    prof = {"rw": "randread", "bs": "4k", "targets": target.split(":"), "numjobs": numjobs,
             "iodepth": iodepth, "runtime": f"{runtime}s", "time_based": True,
             "ramp_time": "1s", "concurrent": False, **opts}
     lines = ["[global]"] + [f"{k} = {json.dumps(v)}" for k, v in prof.items()]

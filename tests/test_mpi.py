@@ -9,7 +9,9 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,8 +25,21 @@ from gpufio.results.document import hist_bins, rw_block
 from gpufio.results.merge import merge_ranks
 from gpufio.run.world import World
 
-MPIRUN = shutil.which("mpirun")
-needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="no mpirun here (pip install 'gpufio[mpi]')")
+
+def _mpirun() -> str | None:
+    """The launcher of the MPI mpi4py runs on: MPICH's from the 'mpi' extra beside this
+    Python, else the first on PATH; None without mpi4py."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    beside = Path(sys.executable).parent / "mpirun"
+    return str(beside) if beside.exists() else shutil.which("mpirun")
+
+
+MPIRUN = _mpirun()
+needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="no mpi4py and mpirun here "
+                               "(pip install 'gpufio[mpi]')")
 cli = CliRunner()
 
 
@@ -118,7 +133,8 @@ def mpirun(tmp_path, n, text, *args, timeout_s="5"):
     prof = tmp_path / "p.toml"
     prof.write_text(text)
     env = dict(os.environ, GPUFIO_MPI_TIMEOUT_S=timeout_s)
-    return subprocess.Popen([MPIRUN, "-n", str(n), "gpufio", "run", str(prof), "-q", *args],
+    return subprocess.Popen([MPIRUN, "-n", str(n), sys.executable, "-m", "gpufio", "run", str(prof),
+                             "-q", *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
