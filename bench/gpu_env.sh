@@ -9,7 +9,13 @@ export LD_LIBRARY_PATH=/tmp/lk:/usr/local/cuda-13.0/targets/x86_64-linux/lib
 # .whl/ holds wheels for more than one Python: pip takes the ones this Python can use
 if [ -d .whl ] && [ ! -d /tmp/site/kvikio ]; then
     python3 -m pip install -q --no-index --no-deps --find-links .whl --target /tmp/site \
-        kvikio-cu13 libkvikio-cu13 rapids-logger mpi4py mpich
+        kvikio-cu13 libkvikio-cu13 rapids-logger
 fi
-export PYTHONPATH=/tmp/site
-export PATH=/tmp/site/bin:$PATH  # MPICH's mpirun, beside the mpi4py it serves
+# MPICH's wheel keeps its libmpi in the prefix's lib/, which --target has no place for
+if [ -d .whl ] && [ ! -d /tmp/mpi ]; then
+    python3 -m pip install -q --no-index --no-deps --find-links .whl --prefix /tmp/mpi mpi4py mpich
+fi
+MPI_SITE=$(dirname "$(find /tmp/mpi -maxdepth 6 -type d -name mpi4py 2>/dev/null | head -1)")
+export PYTHONPATH=/tmp/site:$MPI_SITE
+export MPI4PY_LIBMPI=$(find /tmp/mpi -maxdepth 4 -name libmpi.so.12 2>/dev/null | head -1)
+export PATH=/tmp/mpi/bin:$PATH  # MPICH's mpirun, beside the libmpi mpi4py loads

@@ -219,7 +219,13 @@ def detect() -> World | None:
             raise BadInput(f"gpufio runs as {size} ranks under an MPI launcher, but mpi4py is "
                            "not installed: pip install 'gpufio[mpi]'") from None
         return None
+    except RuntimeError as e:  # mpi4py is there, the MPI library it looks for is not
+        raise BadInput(f"mpi4py cannot load its MPI: {e}") from None
     comm = MPI.COMM_WORLD
+    if size > 1 and comm.Get_size() == 1:  # each rank would run the whole profile alone
+        raise BadInput(f"the launcher started {size} ranks, but mpi4py's MPI sees one "
+                       f"({MPI.Get_library_version().splitlines()[0].strip()}): mpi4py must "
+                       "load the launcher's MPI (MPI4PY_LIBMPI names its libmpi)")
     if comm.Get_size() == 1:
         return None
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
