@@ -287,12 +287,16 @@ def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or js
                       console=_stdout_console())
 
 
+# the --format of the commands that print a table or JSON
+TABLE_OR_JSON = typer.Option("table", "--format", "-f", help="table or json")
+
+
 @app.command()
 def info(
     profile_path: Optional[Path] = typer.Argument(None, metavar="[PROFILE]",
                                                   help="also describe this profile's targets"),
     target: list[str] = typer.Option([], "--target", "-t", help="describe this file or device"),
-    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+    fmt: str = TABLE_OR_JSON,
 ) -> None:
     """Describe this host as a storage + GPU benchmark sees it (like gdscheck -p)."""
     from gpufio.engines import all_engines
@@ -328,6 +332,32 @@ def info(
         for title, mapping in sections:
             rows = [{"key": k, "value": v} for k, v in mapping.items()]
             console.print(render.table(rows, title, left=("key", "value"), show_header=False))
+
+
+@app.command()
+def doctor(
+    profile_path: Optional[Path] = typer.Argument(None, metavar="[PROFILE]",
+                                                  help="check what this profile's jobs need"),
+    target: list[str] = typer.Option([], "--target", "-t", help="also check this target"),
+    fmt: str = TABLE_OR_JSON,
+) -> None:
+    """Say, per check, ok / warn / fail, what was found and the fix: cuFile's mode and why,
+    io_uring for GPU-initiated I/O, MPS, the targets and the PCIe links (exit 1 on a fail)."""
+    from gpufio.run import doctor as checks
+
+    with _exit_codes():
+        if fmt not in ("table", "json"):
+            raise BadInput(f"--format: {fmt!r} is not one of table, json")
+        jobs = profile.load(str(profile_path)).jobs if profile_path is not None else []
+        found = [c.row() for c in checks.diagnose(jobs, list(target))]
+        if fmt == "json":
+            typer.echo(json.dumps({"checks": found}, indent=2))
+        else:
+            render.render(found, "table", title="gpufio doctor",
+                          left=("area", "name", "status", "found", "fix"),
+                          console=_stdout_console())
+        if any(c["status"] == "fail" for c in found):
+            raise typer.Exit(EXIT_FAILED)
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gpufio.core.checks import Check
 from gpufio.core.options import Option, settings_class
 from gpufio.core.rows import RowRequest, RowSupport, RowTable
 from gpufio.core.tensors import Extent, Mover, TensorRequest, TensorSupport
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
     from gpufio.core.targets import Target
+    from gpufio.facts.system import Host
 
 
 def label(engine: str, facts: dict[str, Any]) -> str:
@@ -98,6 +100,12 @@ class Engine(ABC):
 
             return probe()[1]
         return None
+
+    @classmethod
+    def doctor(cls, host: "Host", jobs: list["Job"]) -> list[Check]:
+        """What ``gpufio doctor`` checks for this path on ``host`` (readings under a root
+        directory), for ``jobs`` of this engine (none: the path in general)."""
+        return []
 
     @classmethod
     def status(cls) -> str:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, close_all, open_rows, row_error
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
     from gpufio.core.targets import Target
+    from gpufio.facts.system import Host
 
 FREE, READING, COPYING, WRITING = 0, 1, 2, 3
 WAIT_NS = 200_000_000
@@ -84,6 +86,20 @@ class CpuGpu(Engine):
     def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
                      request: TensorRequest) -> "StagedTensors":
         return StagedTensors(files, extents, request, job.gpu, cls.settings(job).sqe_async)
+
+    @classmethod
+    def doctor(cls, host: Host, jobs: list[Job]) -> list[Check]:
+        """Workers in processes each hold a CUDA context: without MPS they time-slice."""
+        spawned = [j.name for j in jobs if cls.settings(j).processes]
+        if not spawned:
+            return []
+        pipes = host.env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+        running = host.path(pipes).joinpath("control").exists()
+        return [verdict("cpu-gpu", "MPS daemon", running,
+                        f"{'running' if running else 'not running'} ({pipes}); processes = true "
+                        f"in {', '.join(spawned)}",
+                        "start it (nvidia-cuda-mps-control -d) so the workers' contexts share "
+                        "the GPU")]
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:

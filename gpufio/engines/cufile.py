@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, row_error
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
     from gpufio.core.targets import Target
+    from gpufio.facts.system import Host
 
 POLL_S = 5e-6
 _settings_lock = threading.Lock()
@@ -83,6 +85,55 @@ def _threads(job: Job) -> int:
     process keeps queued, iodepth for each of its workers."""
     s = CuFile.settings(job)
     return s.threads or job.iodepth * (1 if s.processes else job.numjobs)
+
+
+# filesystems cuFile moves data on by GPUDirect (with nvidia-fs); on others it falls back
+GDS_FILESYSTEMS = ("ext4", "xfs", "lustre", "wekafs", "gpfs", "beegfs", "nfs")
+
+
+def _p2pdma_checks(host: Host) -> list[Check]:
+    """The prerequisites of GDS without nvidia-fs, through the kernel's PCI P2PDMA."""
+    area = "cufile P2PDMA"
+    kernel = host.kernel_version()
+    driver = host.nvidia_driver()
+    major = int(driver[0].split(".")[0]) if driver and driver[0][0].isdigit() else 0
+    config = host.kernel_config("CONFIG_PCI_P2PDMA")
+    dwords = host.module_param("nvidia", "NVreg_RegistryDwords") or ""
+    multipath = host.module_param("nvme_core", "multipath")
+    return [
+        verdict(area, "kernel >= 6.2", kernel >= (6, 2), host.kernel_release(),
+                "P2PDMA for GDS needs Linux 6.2 or newer"),
+        verdict(area, "CONFIG_PCI_P2PDMA", config == "y",
+                f"CONFIG_PCI_P2PDMA={config}" if config else "not set, or no kernel config found "
+                "(/boot/config-*, /proc/config.gz)", "build the kernel with CONFIG_PCI_P2PDMA=y"),
+        verdict(area, "open driver >= 565", bool(driver and driver[1] and major >= 565),
+                (f"{driver[0]}, {'open' if driver[1] else 'proprietary'} kernel module"
+                 if driver else "no NVIDIA driver"),
+                "install NVIDIA's open kernel modules, 565 or newer"),
+        verdict(area, "RMForceStaticBar1", "RMForceStaticBar1=1" in dwords.replace(" ", ""),
+                f"NVreg_RegistryDwords={dwords!r}",
+                "load nvidia with NVreg_RegistryDwords=\"RMForceStaticBar1=1\""),
+        verdict(area, "nvme_core multipath=N", multipath == "N", f"multipath={multipath}",
+                "load nvme_core with multipath=N (native NVMe multipath hides the PCI path)"),
+    ]
+
+
+def _gds_target(area: str, path: str) -> Check:
+    """Whether cuFile can move data on ``path``'s filesystem by GPUDirect."""
+    from gpufio.facts.device import path_facts
+
+    try:
+        facts = path_facts(path)
+    except OSError as e:
+        return Check(area, f"target {path}", "fail", e.strerror or str(e), "name an existing target")
+    fs = facts.get("filesystem") or ("raw " + facts.get("device", "device")
+                                     if facts.get("kind") == "block" else "?")
+    able = facts.get("kind") == "block" and facts.get("device", "").startswith("nvme") \
+        or fs in GDS_FILESYSTEMS
+    return verdict(area, f"target {path}", able and not facts.get("ram_backed"),
+                   f"{fs}" + (f", ram-backed ({facts.get('ram_backing')})"
+                              if facts.get("ram_backed") else ""),
+                   "cuFile runs compat mode on this filesystem: use ext4 or XFS on NVMe")
 
 
 @register
@@ -134,6 +185,48 @@ class CuFile(Engine):
     def status(cls) -> str:
         why = cls.unavailable()
         return why or f"available, mode {cufile_mode()}"
+
+    @classmethod
+    def doctor(cls, host: Host, jobs: list[Job]) -> list[Check]:
+        """Why cuFile will run in gds or compat mode here (gds-nvidia-fs #30, fio #1915)."""
+        from gpufio.facts.system import cufile_setting
+
+        area = "cufile"
+        nvfs = host.nvidia_fs_version()
+        out = [verdict(area, "nvidia-fs (GDS driver)", nvfs is not None,
+                       f"version {nvfs}" if nvfs else "not loaded",
+                       "install NVIDIA's GDS package (nvidia-gds) and modprobe nvidia-fs, or meet "
+                       "the P2PDMA prerequisites below")]
+        p2p = _p2pdma_checks(host)
+        out += p2p
+        path, settings, error = host.cufile_json()
+        use_p2p = cufile_setting(settings, "properties.use_pci_p2pdma")
+        if settings is None:
+            out.append(Check(area, "cufile.json", "warn", f"{path}: {error}",
+                             "cuFile's defaults apply; set CUFILE_ENV_PATH_JSON to your cufile.json"))
+        else:
+            keys = ("properties.allow_compat_mode", "properties.max_batch_io_size",
+                    "properties.use_poll_mode", "properties.use_pci_p2pdma",
+                    "properties.max_direct_io_size_kb")
+            found = ", ".join(f"{k.split('.')[-1]}={cufile_setting(settings, k)}" for k in keys
+                              if cufile_setting(settings, k) is not None)
+            out.append(Check(area, "cufile.json", "ok", f"{path}: {found or 'no settings'}"))
+        groups = host.iommu_groups()
+        passthrough = "iommu=pt" in host.cmdline() or "iommu=off" in host.cmdline()
+        out.append(verdict(area, "IOMMU", groups == 0 or passthrough,
+                           f"{groups} IOMMU groups, " + ("passthrough" if passthrough else
+                                                        "translating" if groups else "off"),
+                           "GPUDirect needs the IOMMU off or in passthrough: boot with iommu=pt"))
+        p2p_ok = all(c.status == "ok" for c in p2p) and use_p2p is True
+        mode = "gds" if nvfs or p2p_ok else "compat"
+        how = "nvidia-fs" if nvfs else "P2PDMA" if p2p_ok else "no GDS driver, no P2PDMA"
+        out.append(verdict(area, "mode cuFile will take", mode == "gds", f"{mode} ({how})",
+                           "compat mode reads through a host bounce buffer: a CPU path, "
+                           "labelled compat in every result"))
+        for job in jobs:
+            for t in job.targets:
+                out.append(_gds_target(area, t))
+        return out
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufio.core import pattern
+from gpufio.core.checks import Check, verdict
 from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
     from gpufio.core.targets import Target
+    from gpufio.facts.system import Host
 
 FLAGS = contract.BENCH_FLAGS
 ERRNO_SLOTS, BAD_KEEP = contract.CONSTANTS["ERRNO_SLOTS"], contract.CONSTANTS["BAD_KEEP"]
@@ -120,6 +122,34 @@ class GpuUring(Engine):
             if not facts.get(need):
                 return facts.get(f"{need}_reason", f"io_uring lacks {need}")
         return super().unavailable()
+
+    @classmethod
+    def doctor(cls, host: Host, jobs: list[Job]) -> list[Check]:
+        """What GPU-initiated io_uring needs of the kernel, the CPUs and the environment."""
+        area = "gpu-uring"
+        disabled = host.io_uring_disabled()
+        out = [Check(area, "io_uring enabled", {None: "ok", 0: "ok", 1: "warn"}.get(disabled, "fail"),
+                     f"kernel.io_uring_disabled={disabled}" if disabled is not None
+                     else "no io_uring_disabled sysctl",
+                     "" if not disabled else "sysctl kernel.io_uring_disabled=0 (1 allows only "
+                     "root and the io_uring_group)"),
+               verdict(area, "kernel >= 6.6", host.kernel_version() >= (6, 6),
+                       host.kernel_release(), "SQPOLL rings in user memory without an SQ array "
+                       "(IORING_SETUP_NO_MMAP, NO_SQARRAY) need Linux 6.6", bad="fail")]
+        cpus = host.cpus()
+        for job in jobs:
+            rings = cls.settings(job).rings or default_rings(max(len(job.targets), 1), cpus)
+            out.append(verdict(area, f"cores for job '{job.name}'", rings + 2 <= cpus,
+                               f"{rings} SQPOLL threads on {cpus} CPUs",
+                               "each ring's SQPOLL thread spins on a core: leave two for the "
+                               "rest (fewer rings, or sq_threads)"))
+        why = gpu.serialising_reason(host.env)
+        out.append(verdict(area, "kernels run together", why is None, why or "nothing serialises "
+                           "kernels", why or "", bad="fail"))
+        lazy = gpu.module_loading_warning(host.env)
+        out.append(verdict(area, "CUDA module loading", lazy is None,
+                           host.env.get("CUDA_MODULE_LOADING", "default"), lazy or ""))
+        return out
 
     @classmethod
     def check_job(cls, job: Job) -> None:

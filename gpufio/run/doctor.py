@@ -1,0 +1,111 @@
+"""``gpufio doctor``: every check that explains a number before it is measured.
+
+Each engine checks what its path needs (``Engine.doctor``: cuFile's mode and why, io_uring for
+GPU-initiated I/O, MPS for spawned workers); here the targets are checked (RAM-backed or a
+drive, O_DIRECT alignment, scheduler and queue limits, the drive's PCIe link against what it
+can do, and where it sits against each GPU in the PCIe tree), and the GPUs' own links.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gpufio.core.checks import FAIL, OK, WARN, Check, verdict
+from gpufio.core.job import Job
+from gpufio.engines import all_engines
+from gpufio.facts.device import path_facts, pci_link
+from gpufio.facts.system import Host, pci_relation
+
+
+def _link(facts: dict) -> str:
+    return (f"Gen{facts.get('current_pcie_gen', '?')} x{facts.get('current_link_width', '?')} "
+            f"(can do Gen{facts.get('max_pcie_gen', '?')} x{facts.get('max_link_width', '?')})")
+
+
+def link_check(area: str, name: str, facts: dict) -> Check:
+    """A PCIe link at its best speed and width, or a warning that it trained lower."""
+    full = (facts.get("current_pcie_gen") == facts.get("max_pcie_gen")
+            and facts.get("current_link_width") == facts.get("max_link_width"))
+    return verdict(area, name, full, _link(facts),
+                   "the link trained below what the device can do: check the slot, riser and "
+                   "BIOS link settings")
+
+
+def gpu_checks(host: Host) -> tuple[list[Check], dict[str, Path]]:
+    """Each GPU's PCIe link, and where each GPU sits in the device tree."""
+    out, places = [], {}
+    for addr in host.gpu_pci_devices():
+        place = host.pci_path(addr)
+        if place is None:
+            continue
+        places[addr] = place
+        out.append(link_check("gpu", f"GPU {addr} PCIe link", pci_link(place)))
+    return out, places
+
+
+def target_checks(path: str, depth: int, gpus: dict[str, Path]) -> list[Check]:
+    """A target: a drive or RAM, its O_DIRECT alignment, scheduler, queue limit, PCIe link and
+    its place against each GPU; ``depth``: the most I/Os the jobs keep in flight on it."""
+    area = f"target {path}"
+    try:
+        facts = path_facts(path)
+    except OSError as e:
+        return [Check(area, "exists", FAIL, e.strerror or str(e),
+                      "name an existing file or block device (gpufio creates files only "
+                      "where a profile gives a size)")]
+    out = [verdict(area, "a drive, not RAM", not facts.get("ram_backed"),
+                   f"ram-backed: {facts['ram_backing']}" if facts.get("ram_backed")
+                   else f"{facts.get('model') or facts.get('device') or facts.get('kind')}",
+                   "numbers from RAM say nothing about a drive: point the target at one")]
+    align = facts.get("dio_offset_align") or facts.get("logical_block_size")
+    out.append(Check(area, "O_DIRECT alignment", OK if align else WARN,
+                     f"{align} bytes" if align else "unknown (no O_DIRECT here?)",
+                     "" if align else "set direct = false where the filesystem has no O_DIRECT"))
+    if "scheduler" in facts:
+        nvme = facts.get("device", "").startswith("nvme")
+        out.append(verdict(area, "I/O scheduler", not nvme or facts["scheduler"] == "none",
+                           facts["scheduler"], "NVMe needs no scheduler: echo none > "
+                           f"/sys/block/{facts.get('device')}/queue/scheduler"))
+    disk = facts.get("device")
+    limit = _read_int(f"/sys/block/{disk}/queue/nr_requests") if disk else None
+    if limit is not None:
+        out.append(verdict(area, "queue depth limit", depth <= limit,
+                           f"nr_requests {limit}, jobs keep up to {depth} in flight",
+                           f"raise /sys/block/{disk}/queue/nr_requests to {depth} or more"))
+    if "current_pcie_gen" in facts:
+        out.append(link_check(area, "drive PCIe link", facts))
+        place = Path(f"/sys/block/{disk}/device/device").resolve()
+        for addr, gpu_place in gpus.items():
+            out.append(Check(area, f"PCIe path to GPU {addr}", OK,
+                             pci_relation(place, gpu_place)))
+    return out
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None) -> list[Check]:
+    """Every check for ``jobs`` (a profile's; none: every engine in general) and their
+    targets plus ``targets``."""
+    host = host or Host()
+    engines = all_engines()
+    used = list(dict.fromkeys(j.engine for j in jobs)) if jobs else list(engines)
+    out: list[Check] = []
+    for name in used:
+        out += engines[name].doctor(host, [j for j in jobs if j.engine == name])
+    gpus, places = gpu_checks(host)
+    out += gpus
+    depths: dict[str, int] = {}
+    for j in jobs:
+        for t in j.targets:
+            depths[t] = max(depths.get(t, 0), j.iodepth * j.numjobs)
+    for t in targets:
+        depths.setdefault(t, 1)
+    for t, depth in depths.items():
+        out += target_checks(os.path.expanduser(t), depth, places)
+    return out

@@ -1,0 +1,201 @@
+"""gpufio doctor on fake /proc, /sys, /boot and /etc trees: every check both ways, the mode
+cuFile will take and why, and the command's exit code and JSON."""
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpufio.cli import app
+from gpufio.core.job import Job
+from gpufio.engines import all_engines
+from gpufio.engines.cufile import GDS_FILESYSTEMS
+from gpufio.facts.device import path_facts
+from gpufio.facts.system import Host, cufile_setting, pci_relation, strip_comments
+from gpufio.profile import from_dict
+from gpufio.run.doctor import gpu_checks, link_check, target_checks
+
+cli = CliRunner()
+
+
+def tree(root: Path, files: dict[str, str]) -> Host:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return Host(str(root), env={"CUFILE_ENV_PATH_JSON": "/etc/cufile.json"})
+
+
+def checks(host: Host, engine: str, jobs: list[Job] = ()) -> dict[str, object]:
+    return {c.name: c for c in all_engines()[engine].doctor(host, list(jobs))}
+
+
+GDS = {"proc/sys/kernel/osrelease": "6.8.0-50-generic",
+       "proc/modules": "nvidia_fs 270336 0 - Live 0x0\nnvidia 1 2 - Live 0x0\n",
+       "proc/driver/nvidia-fs/version": "version: 2.24.3",
+       "proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15",
+       "proc/cmdline": "ro quiet iommu=pt",
+       "etc/cufile.json": '{ // cuFile settings\n "properties": {"max_batch_io_size": 128,\n'
+                          ' "use_poll_mode": false, "url": "http://x//y"}}'}
+P2P = {"proc/sys/kernel/osrelease": "6.11.0",
+       "boot/config-6.11.0": "CONFIG_A=y\nCONFIG_PCI_P2PDMA=y\n",
+       "proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  "
+                                     "570.86.15  Release Build",
+       "sys/module/nvidia/parameters/NVreg_RegistryDwords": "RMForceStaticBar1=1",
+       "sys/module/nvme_core/parameters/multipath": "N",
+       "etc/cufile.json": '{"properties": {"use_pci_p2pdma": true}}'}
+
+
+def test_host_readings(tmp_path):
+    host = tree(tmp_path, {**P2P, "sys/devices/system/cpu/online": "0-15,32-47",
+                           "proc/sys/kernel/io_uring_disabled": "1"})
+    assert host.kernel_version() == (6, 11) and host.kernel_config("CONFIG_PCI_P2PDMA") == "y"
+    assert host.kernel_config("CONFIG_MISSING") is None
+    assert host.nvidia_driver() == ("570.86.15", True) and host.nvidia_fs_version() is None
+    assert host.cpus() == 32 and host.io_uring_disabled() == 1
+    (tmp_path / "boot/config-6.11.0").unlink()
+    (tmp_path / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_PCI_P2PDMA=m\n"))
+    assert host.kernel_config("CONFIG_PCI_P2PDMA") == "m"
+    assert json.loads(strip_comments('{"a": "//kept" // gone\n}')) == {"a": "//kept"}
+    gds = tree(tmp_path / "g", GDS)
+    assert gds.nvidia_fs_version() == "2.24.3" and gds.nvidia_driver() == ("550.54.15", False)
+    path, settings, error = gds.cufile_json()
+    assert error is None and cufile_setting(settings, "properties.max_batch_io_size") == 128
+    assert cufile_setting(settings, "properties.url") == "http://x//y"
+
+
+def test_cufile_mode_gds_through_nvidia_fs(tmp_path):
+    c = checks(tree(tmp_path, GDS), "cufile")
+    assert c["nvidia-fs (GDS driver)"].status == "ok" and "2.24.3" in c["nvidia-fs (GDS driver)"].found
+    assert c["mode cuFile will take"].status == "ok"
+    assert c["mode cuFile will take"].found == "gds (nvidia-fs)"
+    assert "max_batch_io_size=128" in c["cufile.json"].found
+    assert c["open driver >= 565"].status == "warn"  # P2PDMA's prerequisites are still listed
+
+
+def test_cufile_mode_gds_through_p2pdma(tmp_path):
+    c = checks(tree(tmp_path, P2P), "cufile")
+    assert c["nvidia-fs (GDS driver)"].status == "warn"
+    assert all(c[k].status == "ok" for k in ("kernel >= 6.2", "CONFIG_PCI_P2PDMA",
+                                             "open driver >= 565", "RMForceStaticBar1",
+                                             "nvme_core multipath=N"))
+    assert c["mode cuFile will take"].found == "gds (P2PDMA)"
+
+
+def test_cufile_compat_with_every_reason_and_fix(tmp_path):
+    host = tree(tmp_path, {"proc/sys/kernel/osrelease": "5.15.0", "proc/cmdline": "ro",
+                           "sys/kernel/iommu_groups/0/x": "", "sys/kernel/iommu_groups/1/x": ""})
+    c = checks(host, "cufile")
+    mode = c["mode cuFile will take"]
+    assert mode.status == "warn" and mode.found.startswith("compat") and "bounce" in mode.fix
+    assert c["kernel >= 6.2"].status == "warn" and c["open driver >= 565"].found == "no NVIDIA driver"
+    assert c["IOMMU"].status == "warn" and "iommu=pt" in c["IOMMU"].fix
+    assert c["cufile.json"].status == "warn" and "not found" in c["cufile.json"].found
+    assert all(ch.fix for ch in c.values() if ch.status != "ok")
+
+
+def test_cufile_checks_each_targets_filesystem(tmp_path):
+    target = tmp_path / "f.dat"
+    target.write_bytes(b"x" * 4096)
+    job = from_dict({"global": {"engine": "cufile", "targets": [str(target), "/dev/shm"]}},
+                    "p.toml", {}).jobs[0]
+    c = checks(tree(tmp_path / "t", GDS), "cufile", [job])
+    able = path_facts(str(target)).get("filesystem") in GDS_FILESYSTEMS  # ext4 on CI
+    assert c[f"target {target}"].status == ("ok" if able else "warn")
+    assert c["target /dev/shm"].status == "warn" and "tmpfs" in c["target /dev/shm"].found
+
+
+@pytest.mark.parametrize("disabled, status", [("0", "ok"), ("1", "warn"), ("2", "fail")])
+def test_gpu_uring_io_uring_sysctl(tmp_path, disabled, status):
+    host = tree(tmp_path, {"proc/sys/kernel/osrelease": "6.8.0",
+                           "proc/sys/kernel/io_uring_disabled": disabled})
+    assert checks(host, "gpu-uring")["io_uring enabled"].status == status
+
+
+def test_gpu_uring_kernel_cores_and_environment(tmp_path):
+    host = tree(tmp_path, {"proc/sys/kernel/osrelease": "6.5.7",
+                           "sys/devices/system/cpu/online": "0-3"})
+    host.env.update(CUDA_LAUNCH_BLOCKING="1", CUDA_MODULE_LOADING="LAZY")
+    job = from_dict({"global": {"engine": "gpu-uring", "rings": 4}}, "p.toml", {}).jobs[0]
+    c = checks(host, "gpu-uring", [job])
+    assert c["kernel >= 6.6"].status == "fail"
+    serial = c["kernels run together"]
+    assert serial.status == "fail" and "CUDA_LAUNCH_BLOCKING" in serial.found
+    assert c["CUDA module loading"].status == "warn"
+    cores = c["cores for job 'p'"]
+    assert cores.status == "warn" and "4 SQPOLL threads on 4 CPUs" in cores.found
+    good = tree(tmp_path / "g", {"proc/sys/kernel/osrelease": "6.8.0",
+                                 "sys/devices/system/cpu/online": "0-15"})
+    good.env.clear()
+    g = checks(good, "gpu-uring", [job])
+    assert all(ch.status == "ok" for ch in g.values()), g
+
+
+def test_cpu_gpu_processes_need_mps(tmp_path):
+    host = tree(tmp_path, {})
+    host.env["CUDA_MPS_PIPE_DIRECTORY"] = "/run/mps"
+    job = from_dict({"global": {"engine": "cpu-gpu", "processes": True}}, "p.toml", {}).jobs[0]
+    assert checks(host, "cpu-gpu", [job])["MPS daemon"].status == "warn"
+    (tmp_path / "run/mps").mkdir(parents=True)
+    (tmp_path / "run/mps/control").write_text("")
+    assert checks(host, "cpu-gpu", [job])["MPS daemon"].status == "ok"
+    plain = from_dict({"global": {"engine": "cpu-gpu"}}, "p.toml", {}).jobs[0]
+    assert checks(host, "cpu-gpu", [plain]) == {}
+
+
+def test_pci_relations():
+    root = Path("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0")
+    assert pci_relation(root / "0000:02:00.0/0000:03:00.0", root / "0000:02:04.0/0000:04:00.0") \
+        == "same PCIe switch"
+    assert pci_relation(Path("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"),
+                        Path("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.1")) == "same root port"
+    assert pci_relation(Path("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"),
+                        Path("/sys/devices/pci0000:00/0000:00:03.0/0000:05:00.0")) \
+        == "same root complex, other root ports"
+    assert pci_relation(Path("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"),
+                        Path("/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0")) \
+        == "across root complexes"
+
+
+def test_gpu_links_from_the_device_tree(tmp_path):
+    dev = "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"
+    host = tree(tmp_path, {f"{dev}/current_link_speed": "16.0 GT/s PCIe",
+                           f"{dev}/current_link_width": "8", f"{dev}/max_link_speed": "32.0 GT/s PCIe",
+                           f"{dev}/max_link_width": "16", "proc/driver/nvidia/gpus/0000:01:00.0/x": ""})
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
+    os.symlink(tmp_path / dev, tmp_path / "sys/bus/pci/devices/0000:01:00.0")
+    found, places = gpu_checks(host)
+    assert [c.status for c in found] == ["warn"] and "Gen4 x8 (can do Gen5 x16)" in found[0].found
+    assert places == {"0000:01:00.0": (tmp_path / dev).resolve()}
+    assert link_check("t", "l", {"current_pcie_gen": 5, "max_pcie_gen": 5,
+                                 "current_link_width": "4", "max_link_width": "4"}).status == "ok"
+
+
+def test_targets_drive_ram_missing(tmp_path):
+    f = tmp_path / "t.dat"
+    f.write_bytes(b"\0" * 4096)
+    mine = {c.name: c for c in target_checks(str(f), 1, {})}
+    assert mine["a drive, not RAM"].status == "ok" and mine["O_DIRECT alignment"].status == "ok"
+    shm = {c.name: c for c in target_checks("/dev/shm", 1, {})}
+    assert shm["a drive, not RAM"].status == "warn" and "tmpfs" in shm["a drive, not RAM"].found
+    (missing,) = target_checks(str(tmp_path / "nope"), 1, {})
+    assert missing.status == "fail"
+
+
+def test_doctor_command_json_and_exit_codes(tmp_path):
+    f = tmp_path / "t.dat"
+    f.write_bytes(b"\0" * 4096)
+    res = cli.invoke(app, ["doctor", "-t", str(f), "-f", "json"])
+    assert res.exit_code == 0, res.output
+    found = json.loads(res.stdout)["checks"]
+    areas = {c["area"] for c in found}
+    assert {"cufile", "gpu-uring", f"target {f}"} <= areas
+    assert all(c["status"] in ("ok", "warn", "fail") for c in found)
+    res = cli.invoke(app, ["doctor", "-t", str(tmp_path / "missing"), "-f", "json"])
+    assert res.exit_code == 1
+    assert any(c["status"] == "fail" for c in json.loads(res.stdout)["checks"])
+    res = cli.invoke(app, ["doctor", "-f", "yaml"])
+    assert res.exit_code == 2 and "--format" in res.output
