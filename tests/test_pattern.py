@@ -1,3 +1,4 @@
+import os
 import zlib
 
 import numpy as np
@@ -49,3 +50,28 @@ def test_bad_ios_host_finds_a_single_flipped_bit():
 def test_unaligned_ranges_are_refused():
     with pytest.raises(ValueError):
         pattern.expected_words(1, 4, 8)
+
+
+@pytest.mark.parametrize("shape", [(1, 1 << 20), (5, 4096), (3, 12288), (40, 8192)])
+def test_fill_threads_write_the_same_bytes(shape):
+    """Sharing the fill out over threads changes who computes a word, never the word."""
+    n, width = shape
+    offs = np.arange(n, dtype=np.uint64) * np.uint64(width) + np.uint64(8 << 20)
+    one, many = np.empty(shape, np.uint8), np.empty(shape, np.uint8)
+    pattern.fill_ios(one, offs, 11, threads=1)
+    pattern.fill_ios(many, offs, 11, threads=3)
+    assert np.array_equal(one, many)
+    assert np.array_equal(many[-1].view("<u8"), pattern.expected_words(11, int(offs[-1]), width))
+
+
+def test_fill_threads_leave_cores_to_the_workers():
+    from gpufio.profile import from_dict
+    from gpufio.run.runner import MAX_FILL_THREADS, fill_threads
+
+    def job(**o):
+        return from_dict({"global": o}, "p.toml", {}).jobs[0]
+
+    assert fill_threads(job(rw="randread")) == 1  # reads fill nothing
+    cores = os.cpu_count() or 1
+    assert fill_threads(job(rw="write")) == max(1, min(MAX_FILL_THREADS, cores))
+    assert fill_threads(job(rw="write", numjobs=4 * cores)) == 1

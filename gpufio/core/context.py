@@ -256,8 +256,11 @@ class WorkerContext:
     def __init__(self, *, bs: int, stream, control: JobControl, ntargets: int, block: np.ndarray,
                  seeds: list[int] | None, verify: bool, continue_on_error: bool,
                  own_cpu: bool = False, worker: int = 0, sync_every: int = 0,
-                 datasync: bool = False) -> None:
+                 datasync: bool = False, fill_threads: int = 1) -> None:
         self.bs = bs
+        # threads that generate the pattern of host-memory writes (the CPU's fill, not the
+        # I/O, is what limits large writes from one worker otherwise)
+        self.fill_threads = fill_threads
         self.worker = worker
         self.stream = stream
         self.control = control
@@ -279,7 +282,7 @@ class WorkerContext:
         return {"bs": self.bs, "stream": self.stream, "ntargets": self.rec.ntargets,
                 "seeds": self._seeds, "verify": self._verify, "continue_on_error": self._continue,
                 "sync_every": self._sync_every, "datasync": self._datasync,
-                "worker": self.worker}
+                "worker": self.worker, "fill_threads": self.fill_threads}
 
     @property
     def measuring(self) -> bool:
@@ -461,7 +464,7 @@ class WorkerContext:
              rows: np.ndarray | None = None) -> None:
         """Write each I/O's pattern into its row of ``buf`` (host memory; the rows ``rows``
         of it when given) before it is written: the bytes a later read of that offset proves."""
-        pattern.fill_ios(buf, offs, self.seeds(tgt), rows)
+        pattern.fill_ios(buf, offs, self.seeds(tgt), rows, threads=self.fill_threads)
 
     def record_mismatches(self, tgt: np.ndarray, offs: np.ndarray, bad: list[int]) -> None:
         """Count the I/Os at indices ``bad`` as failed verification; keep the first offsets."""

@@ -10,6 +10,9 @@ cheat by compressing it).
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 BLOCK = 4096
@@ -62,17 +65,19 @@ def fill(seed: int, start: int, length: int) -> bytes:
 
 
 def fill_ios(out: np.ndarray, offsets: np.ndarray, seeds: np.ndarray | int,
-             rows: np.ndarray | None = None) -> None:
+             rows: np.ndarray | None = None, threads: int = 1) -> None:
     """Write the pattern of each I/O into its row of ``out`` ((n, io_len) bytes, or the
     rows ``rows`` of it; offsets 8-byte aligned), in one vectorised pass: what a write puts
     on the target, so that any later read can prove it. Every step works in place: the
-    temporaries of a plain expression would cost more than the arithmetic."""
+    temporaries of a plain expression would cost more than the arithmetic. With ``threads``
+    the cache-sized pieces are shared out over that many threads (NumPy lets go of the
+    interpreter lock inside each operation)."""
     n = len(offsets)
     if n == 0:
         return
     if rows is not None:
         block = np.empty((n, out.shape[1]), np.uint8)
-        fill_ios(block, offsets, seeds)
+        fill_ios(block, offsets, seeds, threads=threads)
         out[rows] = block
         return
     words = out[:n].view("<u8")
@@ -83,13 +88,33 @@ def fill_ios(out: np.ndarray, offsets: np.ndarray, seeds: np.ndarray | int,
     # pieces of at most CHUNK_WORDS, which stay in the CPU's cache across the passes
     rows_per = max(1, CHUNK_WORDS // width)
     cols_per = min(width, CHUNK_WORDS)
-    tmp = np.empty(rows_per * cols_per, np.uint64)
-    for r in range(0, n, rows_per):
-        for c in range(0, width, cols_per):
+    pieces = [(r, c) for r in range(0, n, rows_per) for c in range(0, width, cols_per)]
+
+    def work(mine: list[tuple[int, int]]) -> None:
+        tmp = np.empty(rows_per * cols_per, np.uint64)
+        for r, c in mine:
             part = words[r:r + rows_per, c:c + cols_per]
             _splitmix_at(part, offs[r:r + rows_per], c, mix[r:r + rows_per],
                          tmp[:part.size].reshape(part.shape))
+
+    k = min(threads, len(pieces))
+    if k > 1:
+        list(_pool(k).map(work, [pieces[i::k] for i in range(k)]))
+    else:
+        work(pieces)
     _headers(words, offs, seed)
+
+
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """This process's fill threads (a forked worker makes its own: threads do not survive
+    a fork)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1]._max_workers < threads:
+        _POOL = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="gpufio-fill"))
+    return _POOL[1]
 
 
 CHUNK_WORDS = 32768

@@ -34,6 +34,18 @@ from gpufio.run.records import DirResult, JobResult, RunOutcome, Snapshot
 TICK_S = 0.02
 
 
+# threads one worker may use to generate the pattern of its writes in host memory
+MAX_FILL_THREADS = 4
+
+
+def fill_threads(job: Job) -> int:
+    """The fill threads of each of the job's workers: the cores the workers leave over,
+    at most MAX_FILL_THREADS, at least one."""
+    if not job.writes and job.precondition == "none":
+        return 1
+    return max(1, min(MAX_FILL_THREADS, (os.cpu_count() or 1) // job.numjobs))
+
+
 def job_target_paths(job: Job) -> tuple[list[str], int | None]:
     """The job's target paths and the size gpufio creates missing ones with (None: never)."""
     if job.targets:
@@ -105,7 +117,8 @@ class JobRun:
                 seeds=seeds, verify=job.verify and job.reads,
                 continue_on_error=job.continue_on_error,
                 own_cpu=in_process, worker=w, sync_every=job.fsync or job.fdatasync,
-                datasync=bool(job.fdatasync)), w, self._go, self.shared)
+                datasync=bool(job.fdatasync), fill_threads=fill_threads(job)),
+                w, self._go, self.shared)
             for w in range(job.numjobs)]
         self._in_process = in_process
         self.state = "setup"
