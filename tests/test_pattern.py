@@ -75,3 +75,34 @@ def test_fill_threads_leave_cores_to_the_workers():
     cores = os.cpu_count() or 1
     assert fill_threads(job(rw="write")) == max(1, min(MAX_FILL_THREADS, cores))
     assert fill_threads(job(rw="write", numjobs=4 * cores)) == 1
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["compiled", "numpy"])
+@pytest.mark.parametrize("start, width, n", [(0, 8, 3), (4096 * 3 + 24, 40, 2), (8, 4096, 5),
+                                              (1 << 30, 3 * 4096 + 8, 4), (4072, 64, 1)])
+def test_compiled_and_numpy_fills_write_the_reference_words(monkeypatch, native, start, width, n):
+    if native and pattern.native_fill() is None:
+        pytest.skip("no C compiler here")
+    if not native:
+        monkeypatch.setattr(pattern, "native_fill", lambda: None)
+    offs = np.arange(n, dtype=np.uint64) * np.uint64(width) + np.uint64(start)
+    out = np.empty((n, width), np.uint8)
+    pattern.fill_ios(out, offs, [5, 6, 7, 8, 9][:n], threads=2)
+    for i in range(n):
+        assert np.array_equal(out[i].view("<u8"),
+                              pattern.expected_words(5 + i, int(offs[i]), width)), i
+
+
+def test_no_compiler_or_gpufio_native_0_means_numpy(monkeypatch):
+    from gpufio.core import native
+
+    native.fill_function.cache_clear()
+    try:
+        monkeypatch.setenv("GPUFIO_NATIVE", "0")
+        assert native.fill_function() is None
+        native.fill_function.cache_clear()
+        monkeypatch.delenv("GPUFIO_NATIVE")
+        monkeypatch.setattr(native.shutil, "which", lambda name: None)
+        assert native.fill_function() is None
+    finally:
+        native.fill_function.cache_clear()

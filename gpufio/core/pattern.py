@@ -10,8 +10,10 @@ cheat by compressing it).
 
 from __future__ import annotations
 
+import ctypes
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 import numpy as np
 
@@ -82,13 +84,28 @@ def fill_ios(out: np.ndarray, offsets: np.ndarray, seeds: np.ndarray | int,
         return
     words = out[:n].view("<u8")
     offs = np.asarray(offsets, dtype=np.uint64)
-    seed = np.broadcast_to(np.asarray(seeds, dtype=np.uint64), (n,))
-    mix = (seed * GOLDEN)[:, None]  # seed_mix per I/O (wraps mod 2**64 as in C)
+    seed = np.ascontiguousarray(np.broadcast_to(np.asarray(seeds, dtype=np.uint64), (n,)))
     width = words.shape[1]
     # pieces of at most CHUNK_WORDS, which stay in the CPU's cache across the passes
     rows_per = max(1, CHUNK_WORDS // width)
     cols_per = min(width, CHUNK_WORDS)
     pieces = [(r, c) for r in range(0, n, rows_per) for c in range(0, width, cols_per)]
+    native = native_fill() if words.strides[1] == 8 else None
+    work = _native_work(native, words, offs, seed, rows_per, cols_per) if native else \
+        _numpy_work(words, offs, seed, rows_per, cols_per)
+    k = min(threads, len(pieces))
+    if k > 1:
+        list(_pool(k).map(work, [pieces[i::k] for i in range(k)]))
+    else:
+        work(pieces)
+    if native is None:
+        _headers(words, offs, seed)
+
+
+def _numpy_work(words: np.ndarray, offs: np.ndarray, seed: np.ndarray, rows_per: int,
+                cols_per: int) -> Callable[[list[tuple[int, int]]], None]:
+    """Fill pieces of ``words`` with NumPy (the headers come after, in one pass)."""
+    mix = (seed * GOLDEN)[:, None]  # seed_mix per I/O (wraps mod 2**64 as in C)
 
     def work(mine: list[tuple[int, int]]) -> None:
         tmp = np.empty(rows_per * cols_per, np.uint64)
@@ -96,16 +113,34 @@ def fill_ios(out: np.ndarray, offsets: np.ndarray, seeds: np.ndarray | int,
             part = words[r:r + rows_per, c:c + cols_per]
             _splitmix_at(part, offs[r:r + rows_per], c, mix[r:r + rows_per],
                          tmp[:part.size].reshape(part.shape))
+    return work
 
-    k = min(threads, len(pieces))
-    if k > 1:
-        list(_pool(k).map(work, [pieces[i::k] for i in range(k)]))
-    else:
-        work(pieces)
-    _headers(words, offs, seed)
+
+def _native_work(fill: Any, words: np.ndarray, offs: np.ndarray, seed: np.ndarray,
+                 rows_per: int, cols_per: int) -> Callable[[list[tuple[int, int]]], None]:
+    """Fill pieces of ``words`` with the compiled fill, headers included."""
+    stride = words.strides[0] // 8
+    base = words.ctypes.data
+    n, width = words.shape
+
+    def work(mine: list[tuple[int, int]]) -> None:
+        for r, c in mine:
+            rows, cols = min(rows_per, n - r), min(cols_per, width - c)
+            part_offs = np.ascontiguousarray(offs[r:r + rows] + np.uint64(8 * c))
+            fill(ctypes.cast(base + 8 * (r * stride + c), _U64P), stride, rows, cols,
+                 part_offs.ctypes.data_as(_U64P), seed[r:r + rows].ctypes.data_as(_U64P), MAGIC)
+    return work
+
+
+def native_fill() -> Any:
+    """The compiled fill, or None (core/native.py)."""
+    from gpufio.core.native import fill_function
+
+    return fill_function()
 
 
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
+_U64P = ctypes.POINTER(ctypes.c_uint64)
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:

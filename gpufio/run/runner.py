@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gpufio.core import events
+from gpufio.core import events, pattern
 from gpufio.core import targets as tg
 from gpufio.core.context import DIRECTIONS, READ, WRITE, JobShared, WorkerContext
 from gpufio.core.errors import BadInput
@@ -40,9 +40,11 @@ MAX_FILL_THREADS = 4
 
 def fill_threads(job: Job) -> int:
     """The fill threads of each of the job's workers: the cores the workers leave over,
-    at most MAX_FILL_THREADS, at least one."""
+    at most MAX_FILL_THREADS, at least one. A job that writes also has the compiled fill
+    built and loaded here, before its workers fork and its clock starts."""
     if not job.writes and job.precondition == "none":
         return 1
+    pattern.native_fill()
     return max(1, min(MAX_FILL_THREADS, (os.cpu_count() or 1) // job.numjobs))
 
 

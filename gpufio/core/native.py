@@ -1,0 +1,82 @@
+"""The pattern fill compiled with the host's C compiler (core/pattern_fill.c), for writes from
+host memory: NumPy makes about 1 GB/s per core, which bounds a worker's large writes below
+what a drive takes. Built once per machine into gpufio's cache directory and loaded through
+ctypes, which lets go of the interpreter lock during the call, so fill threads run in
+parallel. Where there is no compiler (or GPUFIO_NATIVE=0) there is no native fill, and
+core/pattern.py fills with NumPy: the same bytes, slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("pattern_fill.c")
+_U64P = ctypes.POINTER(ctypes.c_uint64)
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gpufio" / "native"
+
+
+def _cpu_identity() -> bytes:
+    """The CPU's model and instruction flags, from /proc/cpuinfo's first processor."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor().encode()
+    first = text.split("\n\n", 1)[0]
+    return "".join(line for line in first.splitlines()
+                   if line.startswith(("model name", "flags"))).encode()
+
+
+def _build(cc: str, lib: Path) -> bool:
+    """Compile the fill into ``lib`` (for this CPU, else for any of its architecture)."""
+    try:
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
+        os.close(fd)
+    except OSError:
+        return False
+    for flags in (["-march=native"], []):
+        try:
+            subprocess.run([cc, "-O3", *flags, "-fPIC", "-shared", "-o", tmp, str(SOURCE)],
+                           check=True, capture_output=True, timeout=120)
+            os.replace(tmp, lib)  # whole, or not at all: another process may be loading it
+            return True
+        except (OSError, subprocess.SubprocessError):
+            continue
+    Path(tmp).unlink(missing_ok=True)
+    return False
+
+
+@lru_cache(maxsize=1)
+def fill_function() -> ctypes._CFuncPtr | None:
+    """gpufio_fill(out, stride, n, words, offsets, seeds, magic), or None (see the module)."""
+    if os.environ.get("GPUFIO_NATIVE", "1") == "0":
+        return None
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        return None
+    # built for this CPU's instructions (AVX-512 multiplies 8 words at once), so the name
+    # carries the CPU's identity too: a home directory shared by other machines is safe
+    digest = hashlib.sha256(SOURCE.read_bytes() + _cpu_identity()).hexdigest()[:12]
+    lib = _cache_dir() / f"pattern_fill-{digest}-{platform.machine()}.so"
+    if not lib.exists() and not _build(cc, lib):
+        return None
+    try:
+        fn = ctypes.CDLL(str(lib)).gpufio_fill
+    except OSError:
+        return None
+    fn.argtypes = [_U64P, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, _U64P, _U64P,
+                   ctypes.c_uint64]
+    fn.restype = None
+    return fn
