@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,16 +52,40 @@ class Psync(Engine):
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
-        self._mem = aligned_buffer(BATCH * job.bs)
-        self._buf = np.frombuffer(self._mem, dtype=np.uint8).reshape(BATCH, job.bs)
+        # a write-only job has two batches of buffers: one written while the other is filled
+        self._halves = 2 if job.writes and not job.reads else 1
+        self._mem = aligned_buffer(self._halves * BATCH * job.bs)
+        rows = np.frombuffer(self._mem, dtype=np.uint8).reshape(self._halves, BATCH, job.bs)
+        self._bufs = [rows[h] for h in range(self._halves)]
         # one ready-made iovec list per slot: preadv takes a list of buffers
-        self._iovs = [[memoryview(self._mem)[i * job.bs:(i + 1) * job.bs]] for i in range(BATCH)]
+        view = memoryview(self._mem)
+        self._iovs = [[[view[(h * BATCH + i) * job.bs:(h * BATCH + i + 1) * job.bs]]
+                       for i in range(BATCH)] for h in range(self._halves)]
+
+    def _issue(self, tgt: np.ndarray, offs: np.ndarray, iovs: list, kinds: list[bool],
+               fds: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """One pread or pwrite after another: each I/O's latency and result."""
+        ctx, clock, calls = self.ctx, time.perf_counter_ns, (os.preadv, os.pwritev)
+        lat, res = [], []
+        for t, off, iov, w in zip(tgt.tolist(), offs.tolist(), iovs, kinds):
+            t0 = clock()
+            try:
+                r = calls[w](fds[t], iov, off)
+            except OSError as e:
+                r = -e.errno
+            lat.append(clock() - t0)
+            res.append(r)
+            if w and ctx.sync_due(1):
+                ctx.sync(fds)
+        return np.array(lat, dtype=np.int64), np.array(res, dtype=np.int32)
 
     def run(self) -> None:
+        if self._halves == 2:
+            self._run_writes()
+            return
         ctx = self.ctx
         fds = [t.fd for t in self.targets]
-        clock = time.perf_counter_ns
-        calls = (os.preadv, os.pwritev)
+        buf = self._bufs[0]
         while True:
             tgt, offs = ctx.next_batch(BATCH)
             n = len(offs)
@@ -68,28 +93,35 @@ class Psync(Engine):
                 return
             writes = ctx.last_writes()
             if writes is not False:
-                ctx.fill(self._buf[:n], tgt, offs)  # reads land over the rows they use
-            kinds = ctx.write_flags(n)
-            lat, res = [], []
-            for t, off, iov, w in zip(tgt.tolist(), offs.tolist(), self._iovs, kinds):
-                t0 = clock()
-                try:
-                    r = calls[w](fds[t], iov, off)
-                except OSError as e:
-                    r = -e.errno
-                lat.append(clock() - t0)
-                res.append(r)
-                if w and ctx.sync_due(1):
-                    ctx.sync(fds)
-            results = np.array(res, dtype=np.int32)
+                ctx.fill(buf[:n], tgt, offs)  # reads land over the rows they use
+            lat, results = self._issue(tgt, offs, self._iovs[0], ctx.write_flags(n), fds)
             if writes is not True:
                 read = slice(None) if writes is False else ~writes
-                ctx.verify(self._buf[:n][read], tgt[read], offs[read], results[read])
-            ctx.complete(np.array(lat, dtype=np.int64), tgt, results, writes)
+                ctx.verify(buf[:n][read], tgt[read], offs[read], results[read])
+            ctx.complete(lat, tgt, results, writes)
+
+    def _run_writes(self) -> None:
+        """Write-only: the next batch's pattern is generated on a fill thread while this
+        batch's writes go out, still one at a time (a fill between writes would leave the
+        drive idle as fio's psync never does)."""
+        ctx = self.ctx
+        fds = [t.fd for t in self.targets]
+        h = 0
+        tgt, offs = ctx.next_batch(BATCH)
+        ctx.fill(self._bufs[h][:len(offs)], tgt, offs)
+        with ThreadPoolExecutor(1, thread_name_prefix="gpufio-psync-fill") as pool:
+            while len(offs):
+                nxt_tgt, nxt_offs = ctx.next_batch(BATCH)
+                filling = pool.submit(ctx.fill, self._bufs[1 - h][:len(nxt_offs)], nxt_tgt,
+                                      nxt_offs)
+                lat, results = self._issue(tgt, offs, self._iovs[h], [True] * len(offs), fds)
+                ctx.complete(lat, tgt, results, True)
+                filling.result()
+                tgt, offs, h = nxt_tgt, nxt_offs, 1 - h
 
     def close(self) -> None:
         self._iovs.clear()
-        self._buf = None
+        self._bufs.clear()
         self._mem.close()
 
 
