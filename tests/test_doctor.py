@@ -168,7 +168,8 @@ def test_gpu_links_from_the_device_tree(tmp_path):
     (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
     os.symlink(tmp_path / dev, tmp_path / "sys/bus/pci/devices/0000:01:00.0")
     found, places = gpu_checks(host)
-    assert [c.status for c in found] == ["warn"] and "Gen4 x8 (can do Gen5 x16)" in found[0].found
+    links = [c for c in found if c.name.endswith("PCIe link")]
+    assert [c.status for c in links] == ["warn"] and "Gen4 x8 (can do Gen5 x16)" in links[0].found
     assert places == {"0000:01:00.0": (tmp_path / dev).resolve()}
     assert link_check("t", "l", {"current_pcie_gen": 5, "max_pcie_gen": 5,
                                  "current_link_width": "4", "max_link_width": "4"}).status == "ok"
@@ -199,3 +200,34 @@ def test_doctor_command_json_and_exit_codes(tmp_path):
     assert any(c["status"] == "fail" for c in json.loads(res.stdout)["checks"])
     res = cli.invoke(app, ["doctor", "-f", "yaml"])
     assert res.exit_code == 2 and "--format" in res.output
+
+
+def _config_with_acs(control: int) -> bytes:
+    """A 4 KiB config space with two extended capabilities, ACS the second."""
+    cfg = bytearray(4096)
+    cfg[0x100:0x104] = (0x0001 | (1 << 16) | (0x140 << 20)).to_bytes(4, "little")  # AER
+    cfg[0x140:0x144] = (0x000D | (1 << 16) | (0 << 20)).to_bytes(4, "little")  # ACS, last
+    cfg[0x146:0x148] = control.to_bytes(2, "little")
+    return bytes(cfg)
+
+
+def test_bar1_and_acs_of_the_bridges_above_a_gpu(tmp_path):
+    bridge = tmp_path / "sys/devices/pci0000:00/0000:00:01.0"
+    switch = bridge / "0000:01:00.0"
+    gpu = switch / "0000:02:00.0"
+    gpu.mkdir(parents=True)
+    (gpu / "resource").write_text("0x00 0x0ffffff 0x0\n0x2000000000 0x3fffffffff 0x0\n")
+    (bridge / "config").write_bytes(_config_with_acs(0x1D))  # redirects on
+    (switch / "config").write_bytes(_config_with_acs(0x01))  # source validation only
+    (tmp_path / "proc/driver/nvidia/gpus/0000:02:00.0").mkdir(parents=True)
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
+    os.symlink(gpu, tmp_path / "sys/bus/pci/devices/0000:02:00.0")
+    found, _ = gpu_checks(Host(str(tmp_path), env={}))
+    by = {c.name: c for c in found}
+    assert by["GPU 0000:02:00.0 BAR1"].found.startswith("128 GiB")
+    acs = by["ACS above GPU 0000:02:00.0"]
+    assert acs.status == "warn" and acs.found.startswith("0000:00:01.0: P2P request redirect")
+    assert "0000:01:00.0" not in acs.found
+    (bridge / "config").write_bytes(_config_with_acs(0x01))
+    found, _ = gpu_checks(Host(str(tmp_path), env={}))
+    assert {c.name: c for c in found}["ACS above GPU 0000:02:00.0"].status == "ok"

@@ -124,6 +124,40 @@ class Host:
         return link.resolve() if link.exists() else None
 
 
+def bar_size(device: Path, bar: int) -> int | None:
+    """Bytes of a PCI device's BAR ``bar`` (its line of sysfs ``resource``), None unknown."""
+    try:
+        lines = (device / "resource").read_text().splitlines()
+        start, end = (int(v, 16) for v in lines[bar].split()[:2])
+    except (OSError, IndexError, ValueError):
+        return None
+    return end - start + 1 if end > start else None
+
+
+# the ACS controls that send peer-to-peer requests up to the root complex instead of across
+# a switch: P2P request redirect, completion redirect, upstream forwarding
+ACS_REDIRECTS = {0x04: "P2P request redirect", 0x08: "P2P completion redirect",
+                 0x10: "upstream forwarding"}
+_ACS_ID = 0x000D
+
+
+def acs_control(device: Path) -> int | None:
+    """The ACS control register of a PCI device (bridges and switch ports have one), from
+    its extended configuration space; None without ACS or when unreadable (not root)."""
+    try:
+        config = (device / "config").read_bytes()
+    except OSError:
+        return None
+    offset, seen = 0x100, set()
+    while 0x100 <= offset <= len(config) - 8 and offset not in seen:
+        seen.add(offset)
+        header = int.from_bytes(config[offset:offset + 4], "little")
+        if header & 0xFFFF == _ACS_ID:
+            return int.from_bytes(config[offset + 6:offset + 8], "little")
+        offset = header >> 20
+    return None
+
+
 def strip_comments(text: str) -> str:
     """JSON with ``//`` comments (cufile.json's style) as plain JSON; strings are kept."""
     out, i, in_str = [], 0, False

@@ -15,7 +15,7 @@ from gpufio.core.checks import FAIL, OK, WARN, Check, verdict
 from gpufio.core.job import Job
 from gpufio.engines import all_engines
 from gpufio.facts.device import path_facts, pci_link
-from gpufio.facts.system import Host, pci_relation
+from gpufio.facts.system import ACS_REDIRECTS, Host, acs_control, bar_size, pci_relation
 
 
 def _link(facts: dict) -> str:
@@ -41,7 +41,31 @@ def gpu_checks(host: Host) -> tuple[list[Check], dict[str, Path]]:
             continue
         places[addr] = place
         out.append(link_check("gpu", f"GPU {addr} PCIe link", pci_link(place)))
+        bar1 = bar_size(place, 1)
+        if bar1 is not None:
+            out.append(Check("gpu", f"GPU {addr} BAR1", OK, f"{bar1 / 2**30:g} GiB (the window "
+                             "peer devices, GDS and P2PDMA among them, write GPU memory "
+                             "through)"))
+        out.append(acs_check(place))
     return out, places
+
+
+def acs_check(device: Path) -> Check:
+    """Whether a bridge above ``device`` redirects peer-to-peer traffic to the root complex
+    (ACS): GPUDirect between a drive and a GPU under one switch then crosses the root."""
+    redirecting = []
+    for bridge in device.parents:
+        if not bridge.name.count(":") == 2:  # PCI addresses only (0000:00:01.0)
+            break
+        control = acs_control(bridge)
+        if control:
+            what = [name for bit, name in ACS_REDIRECTS.items() if control & bit]
+            if what:
+                redirecting.append(f"{bridge.name}: {', '.join(what)}")
+    return verdict("gpu", f"ACS above GPU {device.name}", not redirecting,
+                   "; ".join(redirecting) or "no bridge redirects peer-to-peer traffic",
+                   "peer-to-peer transfers go up to the root complex: disable ACS redirection on "
+                   "those bridges (BIOS, or setpci) where the platform allows it")
 
 
 def target_checks(path: str, depth: int, gpus: dict[str, Path]) -> list[Check]:
