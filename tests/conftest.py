@@ -6,6 +6,8 @@ Tests marked ``gpu`` are skipped, with the reason, where no usable GPU is found.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,27 @@ def pattern_fd(pattern_file: Path):
     fd = os.open(pattern_file, os.O_RDONLY | os.O_DIRECT)
     yield fd
     os.close(fd)
+
+
+@pytest.fixture
+def losetup():
+    """Attach an image file as a loop device (root and losetup needed, else the test is
+    skipped with the reason); every device is detached afterwards."""
+    attached: list[str] = []
+
+    def attach(path: Path) -> str:
+        if os.geteuid() != 0 or not shutil.which("losetup"):
+            pytest.skip("needs root and losetup to attach a loop device")
+        res = subprocess.run(["losetup", "--find", "--show", str(path)], capture_output=True,
+                             text=True)
+        if res.returncode != 0:
+            pytest.skip(f"losetup cannot attach a loop device here: {res.stderr.strip()}")
+        attached.append(res.stdout.strip())
+        return attached[-1]
+
+    yield attach
+    for dev in attached:
+        subprocess.run(["losetup", "-d", dev], check=False)
 
 
 @pytest.fixture

@@ -173,6 +173,23 @@ def test_guard_and_targets(tmp_path):
     assert pattern.read_seed(other.read_bytes()[:ALIGN]) is not None
 
 
+def test_a_block_device_takes_a_single_checkpoint_once_named(tmp_path, losetup):
+    img = tmp_path / "dev.img"
+    img.write_bytes(bytes(8 << 20))
+    dev = losetup(img)
+    base = f'engine = "uring"\nlayout = "single"\nnaive = false\ntargets = ["{dev}"]\n'
+    res = cli.invoke(app, ["run", str(_toml(tmp_path, base, "d.toml"))])
+    assert res.exit_code == 2 and "confirm with write_device" in res.output
+    assert img.read_bytes() == bytes(8 << 20)
+    res = cli.invoke(app, ["run", str(_toml(tmp_path, base + f'write_device = "{dev}"', "d.toml")),
+                           "-q", "-f", "json"])
+    assert res.exit_code == 0, res.output
+    (job,) = json.loads(res.stdout)["jobs"]
+    assert job["verify"]["bad_shards"] == 0 and job["targets"][0]["kind"] == "block"
+    res = cli.invoke(app, ["run", str(tmp_path / "d.toml"), "--set", "state_size=16m"])
+    assert res.exit_code == 2 and "too small for its 16777216 bytes" in res.output
+
+
 def test_repeat_is_refused(tmp_path):
     res = cli.invoke(app, ["run", str(_toml(tmp_path, 'engine = "psync"')), "--repeat", "2"])
     assert res.exit_code == 2 and "raise 'iterations' instead" in res.output

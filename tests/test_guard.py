@@ -2,7 +2,6 @@
 untouched, unless the job confirms; the same targets with the confirmation are written."""
 
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -86,20 +85,8 @@ def test_read_jobs_never_need_the_guard(tmp_path):
     assert path.read_bytes() == before
 
 
-def _losetup(path):
-    if os.geteuid() != 0 or not shutil.which("losetup"):
-        pytest.skip("needs root and losetup to attach a loop device")
-    res = subprocess.run(["losetup", "--find", "--show", str(path)], capture_output=True,
-                         text=True)
-    if res.returncode != 0:
-        pytest.skip(f"losetup cannot attach a loop device here: {res.stderr.strip()}")
-    return res.stdout.strip()
-
-
 @pytest.fixture
-def loop_device(tmp_path):
-    attached = []
-
+def loop_device(tmp_path, losetup):
     def attach(kind=None):
         path = tmp_path / f"loop-{kind or 'blank'}.img"
         if kind:
@@ -107,13 +94,9 @@ def loop_device(tmp_path):
         else:
             before = bytes(SIZE)
             path.write_bytes(before)
-        dev = _losetup(path)
-        attached.append(dev)
-        return dev, path, before
+        return losetup(path), path, before
 
-    yield attach
-    for dev in attached:
-        subprocess.run(["losetup", "-d", dev], check=False)
+    return attach
 
 
 @pytest.mark.parametrize("kind", ["ext4", "gpt", "mbr"])
