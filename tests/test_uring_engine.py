@@ -55,7 +55,7 @@ def test_unavailable_io_uring_is_reported(monkeypatch):
 def test_result_describes_the_ring_options():
     facts = uring_engine.Uring.describe(job(sqpoll=True, fixedbufs=True))
     assert facts == {"page_cache": False, "sqpoll": True, "fixedbufs": True,
-                     "registerfiles": False, "defer_taskrun": False}
+                     "registerfiles": False, "defer_taskrun": False, "op": "io"}
 
 
 @pytest.mark.skipif(not uring.probe()["available"], reason="io_uring unavailable")
@@ -120,3 +120,20 @@ def test_an_sqpoll_run_reports_its_threads_working_share(pattern_file, sqpoll, n
     elif kernel_version() >= (6, 13):  # SqWorkTime in the ring's fdinfo
         shares = r.engine_facts["sq_thread_busy"]
         assert len(shares) == numjobs and all(0 < s <= 1 for s in shares)
+
+
+def test_nop_completes_every_request_without_touching_storage(tmp_path):
+    from gpufio.run import runner
+
+    target = tmp_path / "t.dat"
+    prof = from_dict({"global": {"engine": "uring", "op": "nop", "iodepth": 16, "size": "1m",
+                                 "io_size": "8m", "targets": [str(target)]}}, "p.toml", {})
+    (r,) = runner.run_profile(prof, quiet=True).results
+    assert r.ok and r.read.ios == 2048 and r.engine_facts["op"] == "nop"
+    assert r.engine_facts["storage"] == "none: NOPs"
+
+
+@pytest.mark.parametrize("extra", [{"rw": "write"}, {"verify": True}])
+def test_nop_refuses_writes_and_verify(extra):
+    with pytest.raises(BadInput, match='op = "nop" moves no data'):
+        from_dict({"global": {"engine": "uring", "op": "nop", **extra}}, "p.toml", {})

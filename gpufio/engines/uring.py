@@ -52,6 +52,9 @@ class Uring(Engine):
                minimum=0),
         Option("defer_taskrun", "bool", False,
                "IORING_SETUP_SINGLE_ISSUER|DEFER_TASKRUN (ignored with sqpoll)"),
+        Option("op", "str", "io", "'io': read or write the targets; 'nop': IORING_OP_NOP "
+               "through the same ring and loop, touching no storage (the submission path's own "
+               "ceiling; each NOP counts as one block)", choices=("io", "nop")),
     )
 
     tensors = TensorSupport(gpu=False)
@@ -69,12 +72,16 @@ class Uring(Engine):
     @classmethod
     def check_job(cls, job: Job) -> None:
         uring.sq_entries(job.iodepth, cls.settings(job).ring_entries, f"job '{job.name}': ")
+        if cls.settings(job).op == "nop" and (job.writes or job.verify):
+            raise BadInput(f"job '{job.name}': op = \"nop\" moves no data, so it neither "
+                           f"writes nor verifies (rw = {job.rw}, verify = {str(job.verify).lower()})")
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         o = cls.settings(job)
         return {**super().describe(job), "sqpoll": o.sqpoll, "fixedbufs": o.fixedbufs,
-                "registerfiles": o.registerfiles, "defer_taskrun": o.defer_taskrun}
+                "registerfiles": o.registerfiles, "defer_taskrun": o.defer_taskrun,
+                "op": o.op, **({"storage": "none: NOPs"} if o.op == "nop" else {})}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
@@ -88,7 +95,8 @@ class Uring(Engine):
         self.ring = uring.Ring(o.ring_entries or depth, sqpoll=o.sqpoll,
                                sq_thread_idle_ms=max(o.sq_thread_idle // 1_000_000, 1),
                                single_issuer=o.defer_taskrun)
-        ops = (uring.OP_READ, uring.OP_WRITE)
+        self._nop = o.op == "nop"
+        ops = (uring.OP_NOP, uring.OP_NOP) if self._nop else (uring.OP_READ, uring.OP_WRITE)
         self._sqe_flags = 0
         self._fds = np.array([t.fd for t in targets], dtype=np.int64)
         if o.registerfiles:
@@ -97,7 +105,8 @@ class Uring(Engine):
             self._sqe_flags = uring.SQE_FIXED_FILE
         if o.fixedbufs:
             self.ring.register_buffers([uring.Region(int(self._base), depth * job.bs)])
-            ops = (uring.OP_READ_FIXED, uring.OP_WRITE_FIXED)
+            if not self._nop:
+                ops = (uring.OP_READ_FIXED, uring.OP_WRITE_FIXED)
         slots = np.arange(depth, dtype=np.uint64)
         # One ready-made SQE per buffer slot, written into the ring once: a batch only sets the
         # offset (and the first word, opcode and descriptor, for several targets or a mix).
@@ -183,6 +192,8 @@ class Uring(Engine):
             if len(ud) == 0:
                 continue
             done = ud.view(np.int64)
+            if self._nop:  # a NOP completes with 0: it did all a NOP does
+                res = np.where(res == 0, job.bs, res).astype(np.int32)
             wrote = slot_writes[done] if job.mixed else job.writes
             table.complete(ctx, done, res, now, self._bad(done, res) if verifying else None,
                            wrote)
