@@ -231,3 +231,23 @@ def test_bar1_and_acs_of_the_bridges_above_a_gpu(tmp_path):
     (bridge / "config").write_bytes(_config_with_acs(0x01))
     found, _ = gpu_checks(Host(str(tmp_path), env={}))
     assert {c.name: c for c in found}["ACS above GPU 0000:02:00.0"].status == "ok"
+
+
+def test_gpu_facts_carry_local_cpus_bar1_and_the_path_to_each_nvme(tmp_path, monkeypatch):
+    from gpufio.facts.system import pci_place_facts
+    from gpufio.results import document
+
+    root = tmp_path / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"
+    gpu, nvme = root / "0000:02:00.0", root / "0000:02:04.0" / "0000:04:00.0"
+    for d in (gpu, nvme):
+        d.mkdir(parents=True)
+    (gpu / "local_cpulist").write_text("0-15\n")
+    (gpu / "resource").write_text("0x0 0xffffff 0x0\n0x0 0x3ffffffff 0x0\n")
+    assert pci_place_facts(gpu) == {"local_cpulist": "0-15", "bar1_bytes": 16 << 30}
+    devices = tmp_path / "pci-devices"
+    devices.mkdir()
+    os.symlink(gpu, devices / "0000:02:00.0")
+    monkeypatch.setattr(document, "disk_pci_path", lambda disk: nvme if disk == "nvme0n1" else None)
+    facts = document.topology({"pci_bus_id": "0000:02:00.0"}, ["nvme0n1", "nvme1n1"], devices)
+    assert facts == {"pcie_path_to": {"nvme0n1": "same PCIe switch"}}
+    assert document.topology({"pci_bus_id": "0000:09:00.0"}, ["nvme0n1"], devices) == {}

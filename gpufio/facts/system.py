@@ -194,6 +194,26 @@ def cufile_setting(settings: dict[str, Any] | None, dotted: str) -> Any:
     return node
 
 
+def pci_place_facts(device: Path) -> dict[str, Any]:
+    """Where a PCI device sits for the CPUs: the CPUs local to it (its NUMA node's, as the
+    kernel lists them) and its BAR1 window, for the result's GPU facts."""
+    facts: dict[str, Any] = {}
+    try:
+        facts["local_cpulist"] = (device / "local_cpulist").read_text().strip()
+    except OSError:
+        pass
+    bar1 = bar_size(device, 1)
+    if bar1 is not None:
+        facts["bar1_bytes"] = bar1
+    return facts
+
+
+def disk_pci_path(disk: str) -> Path | None:
+    """The PCI device (in /sys/devices) behind an NVMe disk name ('nvme0n1'), or None."""
+    link = Path(f"/sys/block/{disk}/device/device")
+    return link.resolve() if link.exists() else None
+
+
 def pci_relation(a: Path, b: Path) -> str:
     """How two PCI devices (their /sys/devices paths) meet: under one PCIe switch, at one
     root port, in one root complex, or across root complexes (usually other sockets)."""

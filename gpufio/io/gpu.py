@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from gpufio.facts.device import pci_link
+from gpufio.facts.system import pci_place_facts
 
 NO_GPU = "no NVIDIA GPU or driver found"
 NO_DEVICE = "no NVIDIA GPU found (the driver sees none)"
@@ -231,7 +232,8 @@ class PinnedBuffer:
 
 
 def gpu_facts() -> list[dict[str, Any]]:
-    """Name, memory, PCIe link and NUMA node of each GPU; empty without a usable GPU."""
+    """Name, memory, PCIe link, NUMA node, local CPUs and BAR1 of each GPU; empty without a
+    usable GPU."""
     count, why = probe()
     if why:
         return []
@@ -241,8 +243,9 @@ def gpu_facts() -> list[dict[str, Any]]:
     for i in range(count):
         props = cupy.cuda.runtime.getDeviceProperties(i)
         bus = cupy.cuda.runtime.deviceGetPCIBusId(i)
+        device = Path("/sys/bus/pci/devices") / bus.lower()
         out.append({"index": i, "name": props["name"].decode(errors="replace"),
                     "memory_bytes": int(props["totalGlobalMem"]), "pci_bus_id": bus,
                     "compute_capability": f"{props['major']}.{props['minor']}",
-                    **pci_link(Path("/sys/bus/pci/devices") / bus.lower())})
+                    **pci_link(device), **pci_place_facts(device)})
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -19,6 +20,7 @@ from gpufio.core.stats import LatencyStats
 from gpufio.engines import all_engines
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
+from gpufio.facts.system import disk_pci_path, pci_relation
 from gpufio.results.render import render as render_rows
 from gpufio.run.records import JobResult, RunOutcome
 
@@ -130,12 +132,27 @@ def _group_total(results: list[JobResult]) -> dict[str, Any]:
 
 
 def _gpus_if_used(outcome: RunOutcome) -> list[dict[str, Any]]:
-    """GPU facts when a job used a GPU engine; CPU-only runs never load CUDA for them."""
+    """GPU facts when a job used a GPU engine (CPU-only runs never load CUDA for them), each
+    with its PCIe path to every NVMe target of the run."""
     if not any(all_engines()[r.job.engine].uses_gpu for r in outcome.results):
         return []
     from gpufio.io.gpu import gpu_facts
 
-    return gpu_facts()
+    disks = sorted({t["device"] for r in outcome.results for t in r.targets
+                    if str(t.get("device", "")).startswith("nvme")})
+    return [{**g, **topology(g, disks)} for g in gpu_facts()]
+
+
+def topology(gpu: dict[str, Any], disks: list[str],
+             pci_devices: Path = Path("/sys/bus/pci/devices")) -> dict[str, Any]:
+    """``pcie_path_to``: how the GPU and each NVMe disk meet in the PCIe tree (same switch,
+    same root port, same root complex, across root complexes)."""
+    place = pci_devices / str(gpu.get("pci_bus_id", "")).lower()
+    if not disks or not place.exists():
+        return {}
+    paths = {d: disk_pci_path(d) for d in disks}
+    return {"pcie_path_to": {d: pci_relation(p, place.resolve())
+                             for d, p in paths.items() if p is not None}}
 
 
 def build_document(outcome: RunOutcome, profile: Profile) -> dict[str, Any]:
