@@ -291,13 +291,21 @@ def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or js
 TABLE_OR_JSON = typer.Option("table", "--format", "-f", help="table or json")
 
 
+def _profile_and_targets(help_profile: str, help_target: str) -> tuple[Any, Any]:
+    """The [PROFILE] argument and --target option of the commands that describe a host."""
+    return (typer.Argument(None, metavar="[PROFILE]", help=help_profile),
+            typer.Option([], "--target", "-t", help=help_target))
+
+
+_INFO_ARGS = _profile_and_targets("also describe this profile's targets",
+                                  "describe this file or device")
+_DOCTOR_ARGS = _profile_and_targets("check what this profile's jobs need",
+                                    "also check this target")
+
+
 @app.command()
-def info(
-    profile_path: Optional[Path] = typer.Argument(None, metavar="[PROFILE]",
-                                                  help="also describe this profile's targets"),
-    target: list[str] = typer.Option([], "--target", "-t", help="describe this file or device"),
-    fmt: str = TABLE_OR_JSON,
-) -> None:
+def info(profile_path: Optional[Path] = _INFO_ARGS[0], target: list[str] = _INFO_ARGS[1],
+         fmt: str = TABLE_OR_JSON) -> None:
     """Describe this host as a storage + GPU benchmark sees it (like gdscheck -p)."""
     from gpufio.engines import all_engines
     from gpufio.facts import device as devinfo
@@ -335,12 +343,8 @@ def info(
 
 
 @app.command()
-def doctor(
-    profile_path: Optional[Path] = typer.Argument(None, metavar="[PROFILE]",
-                                                  help="check what this profile's jobs need"),
-    target: list[str] = typer.Option([], "--target", "-t", help="also check this target"),
-    fmt: str = TABLE_OR_JSON,
-) -> None:
+def doctor(profile_path: Optional[Path] = _DOCTOR_ARGS[0], target: list[str] = _DOCTOR_ARGS[1],
+           fmt: str = TABLE_OR_JSON) -> None:
     """Say, per check, ok / warn / fail, what was found and the fix: cuFile's mode and why,
     io_uring for GPU-initiated I/O, MPS, the targets and the PCIe links (exit 1 on a fail)."""
     from gpufio.run import doctor as checks
