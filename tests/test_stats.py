@@ -60,3 +60,36 @@ def test_empty_stats_report_zeros():
     s.add(np.array([], dtype=np.int64))
     assert s.n == 0 and s.stddev == 0.0
     assert set(s.percentiles().values()) == {0}
+
+
+def test_a_job_over_several_gpus_reports_a_row_per_gpu():
+    """Workers are given GPUs round-robin; each GPU's row holds exactly its workers' I/Os
+    and latencies, the job's row all of them."""
+    from types import SimpleNamespace
+
+    from gpufio.profile import from_dict
+    from gpufio.results.document import summary_rows
+    from gpufio.run.runner import per_gpu
+
+    job = from_dict({"global": {"gpus": [0, 1], "numjobs": 4}}, "p.toml", {}).jobs[0]
+
+    def record(lats):
+        lat = LatencyStats()
+        lat.add(np.array(lats))
+        return SimpleNamespace(dirs=[SimpleNamespace(lat=lat, ios=len(lats), bytes=4096 * len(lats)),
+                                     SimpleNamespace(lat=LatencyStats(), ios=0, bytes=0)])
+
+    recs = [(w, record([1000 * (w + 1)] * (w + 1))) for w in range(4)]
+    gpus = per_gpu(job, recs)
+    assert [(g["gpu"], g["workers"], g["dirs"][0].ios) for g in gpus] == [(0, [0, 2], 4), (1, [1, 3], 6)]
+    assert gpus[1]["dirs"][0].lat.max == 4000 and gpus[0]["dirs"][0].lat.min == 1000
+    one = from_dict({"global": {"gpu": 1, "numjobs": 4}}, "p.toml", {}).jobs[0]
+    assert per_gpu(one, recs) == []
+    block = {"iops": 1.0, "bw_bytes": 1.0, "total_ios": 4,
+             "lat_ns": {"mean": 1.0, "percentile": {"50.000000": 1, "99.000000": 1,
+                                                     "99.900000": 1}}}
+    doc = {"jobs": [{"jobname": "j", "engine": "cpu-gpu", "read": block, "write": {"total_ios": 0},
+                     "usr_cpu": 1.0, "sys_cpu": 1.0, "cpu_us_per_io": 1.0, "errors": [],
+                     "verify": {"failures": 0},
+                     "per_gpu": [{"gpu": 0, "read": block}, {"gpu": 1, "read": block}]}]}
+    assert [r["job"] for r in summary_rows(doc)] == ["j", "j · gpu 0", "j · gpu 1"]

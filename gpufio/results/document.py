@@ -106,6 +106,11 @@ def _job_document(r: JobResult) -> dict[str, Any]:
         "failure": r.failure,
         **({"steadystate": r.steadystate} if r.steadystate else {}),
         **({"phases": r.phases} if r.phases else {}),
+        **({"per_gpu": [{"gpu": g["gpu"], "workers": g["workers"],
+                         **{name: rw_block(d.ios, d.bytes, r.runtime_ns, 0, d.lat,
+                                           job.percentile_list)
+                            for name, d in zip(("read", "write"), g["dirs"])}}
+                        for g in r.per_gpu]} if r.per_gpu else {}),
     }
 
 
@@ -194,17 +199,21 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for name, engine, j in entries:
         for rw in directions(j):
             rows.append(_row(name, engine, rw, j))
-            rows.extend(_row(part, engine, rw, p) for part, p in _mpi_parts(name, j) if rw in p)
+            rows.extend(_row(part, engine, rw, p) for part, p in _parts(name, j)
+                        if p.get(rw, {}).get("total_ios"))
     return rows
 
 
-def _mpi_parts(name: str, job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """An MPI run's job: its hosts (when more than one) and ranks, as rows of their own."""
+def _parts(name: str, job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A job's parts as rows of their own: each GPU of a job over several, and an MPI run's
+    hosts (when more than one) and ranks."""
+    gpus = [(f"{name} · gpu {g['gpu']}" + (f" of rank {g['rank']}" if "rank" in g else ""), g)
+            for g in job.get("per_gpu", [])]
     mpi = job.get("mpi")
     if not mpi:
-        return []
+        return gpus
     hosts = [(f"{name} · {h['host']}", h) for h in mpi["hosts"]] if len(mpi["hosts"]) > 1 else []
-    return hosts + [(f"{name} · rank {r['rank']}", r) for r in mpi["ranks"]]
+    return gpus + hosts + [(f"{name} · rank {r['rank']}", r) for r in mpi["ranks"]]
 
 
 def _row(name: str, engine: str, rw: str, j: dict[str, Any]) -> dict[str, Any]:

@@ -95,6 +95,10 @@ def merge_job(jobs: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> dict[s
                      "bad_offsets": [{**b, "rank": r["rank"]} for j, r in zip(jobs, ranks)
                                      for b in j["verify"]["bad_offsets"]]}
     out["samples"] = _samples(jobs)
+    out.pop("per_gpu", None)
+    gpus = [{**g, "rank": r["rank"]} for j, r in zip(jobs, ranks) for g in j.get("per_gpu", [])]
+    if gpus:
+        out["per_gpu"] = gpus
     lat = LatencyStats()
     for d in DIRECTIONS:
         lat.merge(lat_from_block(out[d]["lat_ns"]))

@@ -46,6 +46,8 @@ class JobResult:
     # the read-back of a verified write job: what the result says beside the numbers
     steadystate: dict[str, Any] | None = None
     phases: list[dict[str, Any]] = field(default_factory=list)
+    # each GPU's workers and their directions (runner.per_gpu), when the job uses several
+    per_gpu: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ios(self) -> int:

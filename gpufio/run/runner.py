@@ -303,6 +303,9 @@ class JobRun:
         for r in recs:
             for key, values in r.facts.items():
                 noted.setdefault(key, []).extend(values)
+        gpus = per_gpu(job, [(i, w.outcome.record) for i, w in enumerate(self.workers)
+                             if w.outcome is not None and w.outcome.record is not None]) \
+            if self.engine.uses_gpu else []
         return JobResult(
             job=self.job, engine_facts={**self.engine_facts, **noted}, targets=facts,
             read=dirs[READ], write=dirs[WRITE], runtime_ns=runtime,
@@ -313,7 +316,25 @@ class JobRun:
             failure="; ".join(failures) or None, per_worker=per_worker,
             syncs=sum(r.syncs for r in recs) + self._end_syncs,
             sync_ns=sum(r.sync_ns for r in recs) + self._end_sync_ns,
-            steadystate=self.steady.report() if self.steady else None)
+            steadystate=self.steady.report() if self.steady else None, per_gpu=gpus)
+
+
+def per_gpu(job: Job, records: list[tuple[int, Any]]) -> list[dict[str, Any]]:
+    """Each GPU's share of a job whose workers use more than one GPU (``gpus``): its
+    workers' I/Os, bytes and latency per direction, for a row per GPU; [] for one GPU."""
+    if len({job.gpu_of(w) for w, _ in records}) < 2:
+        return []
+    out: dict[int, dict[str, Any]] = {}
+    for w, rec in records:
+        entry = out.setdefault(job.gpu_of(w), {"gpu": job.gpu_of(w), "workers": [],
+                                                "dirs": [DirResult() for _ in DIRECTIONS]})
+        entry["workers"].append(w)
+        for d, rd in zip(entry["dirs"], rec.dirs):
+            d.lat.merge(rd.lat)
+            d.ios += rd.ios
+            d.bytes += rd.bytes
+    return [out[g] for g in sorted(out)]
+
 
 def job_advice(job: Job, facts: dict) -> str | None:
     """One line of advice before a job set up in a way that will cost it or may hang: an
