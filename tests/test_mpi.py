@@ -245,3 +245,15 @@ def test_workloads_that_run_as_one_process_refuse_mpirun(tmp_path):
     p = mpirun(tmp_path, 2, text)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "runs as one process" in err
+
+
+@needs_mpi
+def test_repeat_over_ranks_keeps_each_jobs_median_merged_run(tmp_path):
+    p = mpirun(tmp_path, 2, PROFILE.format(runtime="300ms", d=tmp_path), "-f", "json",
+               "--repeat", "3")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    job = json.loads(out)["jobs"][0]
+    assert job["repeat"]["n"] == 3 and len(job["repeat"]["runs"]) == 3
+    assert job["mpi"]["ranks"][1]["rank"] == 1  # each run is the ranks' merge
+    assert job["read"]["iops"] in [r["iops"] for r in job["repeat"]["runs"]]

@@ -24,11 +24,9 @@ def _once(prof: Profile, quiet: bool, gate: Any = None) -> dict[str, Any]:
             runner.run_profile(prof, on_tick=live.update, gate=gate), prof)
 
 
-def _distributed(w: world.World, prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
-    """Every rank runs its share of the profile, each job's clock starting at the same
-    gate; rank 0 returns the merged document, the other ranks exit with the run's code."""
-    if repeat != 1:
-        raise BadInput("--repeat: not with MPI ranks yet; run the launcher N times")
+def _rank_once(w: world.World, prof: Profile, quiet: bool) -> list[dict[str, Any]] | None:
+    """This rank's run of its share, gathered: every rank's document on rank 0, None on the
+    others. A rank that cannot go on tells rank 0, which names it and ends the job."""
     try:
         try:
             doc = _once(w.profile_for(prof), quiet or not w.root, gate=w.gate)
@@ -41,18 +39,29 @@ def _distributed(w: world.World, prof: Profile, quiet: bool, repeat: int) -> dic
             w.fail(why)
             raise SystemExit(1) from None
         doc["rank"] = w.facts()
-        docs = w.gather(doc)
+        return w.gather(doc)
     except world.RankAbort as e:
         if w.root:
             raise RunFailed(str(e)) from None
         if not e.reported:  # rank 0 is gone: this rank is the one to say so
             raise RunFailed(f"rank {w.rank} ({w.host}): {e}") from None
         raise SystemExit(1) from None
+
+
+def _distributed(w: world.World, prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
+    """Every rank runs its share of the profile ``repeat`` times, each job's clock starting
+    at the same gate; rank 0 returns the merged document (with --repeat, each job's median
+    run), the other ranks exit with the run's code."""
+    merged = []
+    for _ in range(repeat):  # every repeat on every rank: none may stop alone
+        docs = _rank_once(w, prof, quiet)
+        if docs is not None:
+            merged.append(merge_ranks(docs))
     if not w.root:
         raise SystemExit(w.released())
-    merged = merge_ranks(docs)
-    w.release(int(merged["interrupted"] or any(j["error"] for j in merged["jobs"])))
-    return merged
+    doc = merged[0] if len(merged) == 1 else combine(merged)
+    w.release(int(doc["interrupted"] or any(j["error"] for j in doc["jobs"])))
+    return doc
 
 
 def run(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
