@@ -253,3 +253,50 @@ def test_pieces_cover_every_extent_and_the_files_take_turns():
                           [2, 0, 10 * ALIGN, 4 * ALIGN]]
     one_file = pieces([Extent(0, 0, 0, 3 * ALIGN), Extent(1, 0, 3 * ALIGN, ALIGN)], ALIGN)
     assert one_file[:, 2].tolist() == [0, ALIGN, 2 * ALIGN, 3 * ALIGN]  # in file order
+
+
+@pytest.mark.parametrize("where", ["files", "single"])
+def test_two_targets_take_turns_with_the_shards(tmp_path, where):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    doc = run(tmp_path, engine="uring", layout=where, shards=["1m"], naive=False,
+              targets=[str(a), str(b)])
+    (job,) = doc["jobs"]
+    assert job["error"] == 0 and job["verify"]["bytes"] == 2 * (3 << 20)
+    assert sorted(t["path"] for t in job["targets"]) == sorted(
+        [str(a), str(b)] if where == "files" else [str(a / layout.SINGLE_NAME),
+                                                    str(b / layout.SINGLE_NAME)])
+    on_a = sum(os.path.getsize(p) for p in a.iterdir())
+    on_b = sum(os.path.getsize(p) for p in b.iterdir())
+    assert (on_a, on_b) == (2 << 20, 1 << 20)  # shards 0 and 2 on a, shard 1 on b
+
+
+def test_ctrl_c_ends_the_run_after_its_round_with_exit_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    prof = tmp_path / "c.toml"
+    prof.write_text(f'[global]\nworkload = "checkpoint"\ndevice = "cpu"\nengine = "psync"\n'
+                    f'state_size = "64m"\niterations = 50\nbs = "512k"\nnaive = false\n'
+                    f'targets = ["{tmp_path}"]\n')
+    out = tmp_path / "c.json"
+    proc = subprocess.Popen([sys.executable, "-m", "gpufio", "run", str(prof), "-f", "json",
+                             "-o", str(out)], stderr=subprocess.PIPE, text=True)
+    lines = []
+    while len(lines) < 1:  # the first round is done
+        line = proc.stderr.readline()
+        assert line, "gpufio ended before its first round"
+        if "round" in line:
+            lines.append(line)
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 30, err
+    doc = json.loads(out.read_text())
+    (job,) = doc["jobs"]
+    assert doc["interrupted"] and job["interrupted"] and 1 <= job["iterations_done"] < 50
+    assert job["verify"]["bad_shards"] == 0
+    assert job["verify"]["bytes"] == job["iterations_done"] * (64 << 20)
