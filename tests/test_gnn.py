@@ -486,3 +486,82 @@ def test_a_full_target_while_writing_features_is_one_line_and_leaves_no_table(tm
     with pytest.raises(BadInput, match="cannot write the generated features: No space left"):
         dataset.prepare(job)
     assert not list(tmp_path.glob("gnn-features-*"))
+
+
+def _igb(root, nodes=300, dim=32, headerless=False, edges=None):
+    """A small IGB-shaped directory: tiny/processed/paper/... and the cites relation."""
+    base = root / "tiny" / "processed"
+    (base / "paper").mkdir(parents=True)
+    (base / "paper__cites__paper").mkdir()
+    feats = np.random.default_rng(3).random((nodes, dim), dtype=np.float32)
+    if headerless:
+        feats.tofile(base / "paper" / "node_feat.npy")
+    else:
+        np.save(base / "paper" / "node_feat.npy", feats)
+    np.save(base / "paper" / "node_label_19.npy", np.arange(nodes) % 19)
+    if edges is None:
+        rng = np.random.default_rng(4)
+        edges = rng.integers(0, nodes, (nodes * 4, 2))
+    np.save(base / "paper__cites__paper" / "edge_index.npy", np.asarray(edges, np.int64))
+    return feats
+
+
+@pytest.mark.parametrize("headerless", [False, True], ids=["npy", "headerless"])
+def test_real_igb_data_is_read_and_every_checked_row_is_the_files(tmp_path, headerless):
+    feats = _igb(tmp_path / "igb", headerless=headerless)
+    g = {"workload": "gnn", "engine": "mmap", "device": "cpu", "dataset": "igb",
+         "igb_root": str(tmp_path / "igb"), "feature_dim": 32, "hidden": 8, "batch_size": 16,
+         "fanout": [3, 2], "iterations": 3, "warmup": 1, "directory": str(tmp_path / "s")}
+    r = run_job(from_dict({"global": g}, "g.toml", {}).jobs[0])
+    assert r["error"] == 0 and r["nodes"] == 300 and r["verify"]["rows_checked"] == 3 * 64
+    assert r["feature_bytes"] == feats.nbytes and r["iterations_done"] == 3
+    cached = list((tmp_path / "s").glob("gnn-graph-igb-tiny-*.npz"))
+    assert len(cached) == 1 and not list((tmp_path / "igb").rglob("*.npz"))
+
+
+def test_igb_graph_is_both_directions_without_loops_or_duplicates(tmp_path):
+    from gpufio.workloads.gnn import igb
+
+    _igb(tmp_path, nodes=4, dim=8, edges=[[0, 1], [1, 0], [2, 2], [3, 1], [0, 1]])
+    data = igb.load(str(tmp_path), "tiny", 8, tmp_path / "cache")
+    gr = data.graph
+    assert [list(gr.indices[gr.indptr[i]:gr.indptr[i + 1]]) for i in range(4)] == [
+        [1], [0, 3], [], [1]]
+    assert data.header > 0  # a real .npy: rows start after its header
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda base: (base / "paper__cites__paper" / "edge_index.npy").unlink(),
+     "edge_index.npy is missing"),
+    (lambda base: open(base / "paper" / "node_feat.npy", "r+b").truncate(1000),
+     "neither 300 headerless rows"),
+])
+def test_broken_igb_data_is_one_line_exit_2(tmp_path, break_it, message, write_profile):
+    _igb(tmp_path / "igb", headerless=True)
+    break_it(tmp_path / "igb" / "tiny" / "processed")
+    path = write_profile(f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "cpu"\n'
+                         f'dataset = "igb"\nigb_root = "{tmp_path / "igb"}"\nfeature_dim = 32\n'
+                         f'batch_size = 16\ndirectory = "{tmp_path}"\n')
+    res = cli.invoke(app, ["run", str(path)])
+    assert res.exit_code == 2 and message in res.stderr, res.output
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_igb_needs_its_root():
+    with pytest.raises(BadInput, match="key 'igb_root'"):
+        from_dict({"global": {"workload": "gnn", "engine": "mmap", "dataset": "igb"}},
+                  "g.toml", {})
+
+
+def test_a_row_fetched_from_the_wrong_place_in_real_data_is_caught(tmp_path, monkeypatch):
+    from gpufio.engines import mmap as mmap_engine
+
+    _igb(tmp_path / "igb")
+    real = mmap_engine.MmapFetch.fetch
+    monkeypatch.setattr(mmap_engine.MmapFetch, "fetch",
+                        lambda self, nodes: real(self, nodes)[::-1].copy())  # rows out of order
+    g = {"workload": "gnn", "engine": "mmap", "device": "cpu", "dataset": "igb",
+         "igb_root": str(tmp_path / "igb"), "feature_dim": 32, "hidden": 8, "batch_size": 16,
+         "fanout": [3, 2], "iterations": 2, "warmup": 1, "directory": str(tmp_path / "s")}
+    r = run_job(from_dict({"global": g}, "g.toml", {}).jobs[0])
+    assert r["verify"]["mismatches"] > 0 and r["error"] == 1

@@ -19,7 +19,7 @@ from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
 from gpufio.core.rows import RowTable
-from gpufio.workloads.gnn import features, graph
+from gpufio.workloads.gnn import features, graph, igb
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Dataset:
     graph: graph.Graph
     paths: list[str]
     layout: features.Layout
-    generated: bool  # rows carry the generator's values (so they can be verified)
+    generated: bool  # rows carry the generator's values (else they are checked against the files)
 
     @property
     def table(self) -> RowTable:
@@ -66,8 +66,15 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
     ``xp`` computes generated feature values (CuPy on a GPU job)."""
     g = job.workload_options
     nodes, dim = g["nodes"], g["feature_dim"]
-    gr = graph.cached(nodes, g["avg_degree"], job.randseed,
-                      Path(job.directory or tg.default_scratch_dir()))
+    scratch = Path(job.directory or tg.default_scratch_dir())
+    if g["dataset"] == "igb":
+        data = igb.load(g["igb_root"], g["igb_size"], dim, scratch)
+        if g["batch_size"] > data.graph.nodes:
+            raise BadInput(f"key 'batch_size': {g['batch_size']} is more than the "
+                           f"{data.graph.nodes} papers of IGB {g['igb_size']}")
+        return Dataset(data.graph, [data.features], features.Layout(1, dim * 4, data.header),
+                       generated=False)
+    gr = graph.cached(nodes, g["avg_degree"], job.randseed, scratch)
     if g["feature_file"]:
         paths = list(g["feature_file"])
         header = g["feature_offset"]

@@ -77,3 +77,19 @@ def holds_generated(path: str, target: int, layout: Layout, dim: int, seed: int)
         f.seek(layout.header)
         row = np.frombuffer(f.read(dim * 4), dtype=np.float32)
     return len(row) == dim and bool(np.array_equal(row, values(seed, np.array([target]), dim)[0]))
+
+
+def file_rows(paths: list[str], layout: Layout, nodes: np.ndarray, dim: int) -> np.ndarray:
+    """The rows of ``nodes`` as the files hold them (float32, ``dim`` columns), read with
+    NumPy, to check what an engine fetched from files gpufio did not generate."""
+    ids = np.asarray(nodes, dtype=np.int64)
+    out = np.empty((len(ids), dim), np.float32)
+    tgt, off = layout.locate(ids)
+    for t, path in enumerate(paths):
+        mine = np.flatnonzero(tgt == t)
+        if not len(mine):
+            continue
+        table = np.memmap(path, dtype=np.uint8, mode="r")
+        rows = off[mine][:, None] + np.arange(dim * 4)[None, :]
+        out[mine] = table[rows].view(np.float32).reshape(len(mine), dim)
+    return out

@@ -47,12 +47,21 @@ def generate(nodes: int, avg_degree: float, seed: int) -> Graph:
         k = min(CHUNK, n_edges - lo)
         src = np.minimum(np.searchsorted(cdf, rng.random(k)), nodes - 1)
         dst = np.minimum(np.searchsorted(cdf, rng.random(k)), nodes - 1)
-        keep = src != dst
-        src, dst = src[keep], dst[keep]
-        keys.append(src * nodes + dst)
-        keys.append(dst * nodes + src)
-    key = np.unique(np.concatenate(keys)) if keys else np.empty(0, np.int64)
-    rows, cols = np.divmod(key, nodes)
+        keys.append(edge_keys(src, dst, nodes))
+    return from_keys(np.concatenate(keys) if keys else np.empty(0, np.int64), nodes)
+
+
+def edge_keys(src: np.ndarray, dst: np.ndarray, nodes: int) -> np.ndarray:
+    """Both directions of each edge as row-major keys (row * nodes + column), self loops
+    dropped."""
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    return np.concatenate([src * nodes + dst, dst * nodes + src])
+
+
+def from_keys(keys: np.ndarray, nodes: int) -> Graph:
+    """The CSR of edge keys, duplicates dropped, each row's neighbours sorted."""
+    rows, cols = np.divmod(np.unique(keys), nodes)
     indptr = np.zeros(nodes + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=nodes), out=indptr[1:])
     return Graph(indptr, cols.astype(np.int64))

@@ -19,6 +19,13 @@ GNN_OPTIONS: tuple[Option, ...] = (
            minimum=1),
     Option("feature_dim", "int", 1024, "float32 features per node (1024 = 4 KiB rows)",
            minimum=1),
+    Option("dataset", "str", "generated", "'generated': a synthetic IGB-shaped graph and "
+           "feature table; 'igb': the paper nodes of a real IGB download (igb_root, igb_size)",
+           choices=("generated", "igb")),
+    Option("igb_root", "str", None, "dataset = \"igb\": the directory holding IGB's <size>/"
+           "processed/ trees"),
+    Option("igb_size", "str", "tiny", "dataset = \"igb\": which IGB data set",
+           choices=("tiny", "small", "medium", "large", "full")),
     Option("feature_file", "strlist", (), "existing feature files (raw rows or .npy), one per "
            "target, instead of generated ones"),
     Option("feature_offset", "size", 0, "bytes before the first row of a raw feature file "
@@ -44,7 +51,7 @@ GNN_OPTIONS: tuple[Option, ...] = (
            "rows in GPU memory of this many bytes in front of the reads (CLOCK replacement, as BaM's), "
            "warmed by the warm-up iterations; 0: none", minimum=0),
     Option("verify_rows", "int", 64, "aggregated rows per iteration compared with the "
-           "generator's values (0: none)", minimum=0),
+           "generator's values, or with the feature files' own rows (0: none)", minimum=0),
 )
 def _offering(what: str) -> str:
     """"engine 'x'" or "engines 'x', 'y'": those whose row fetchers offer ``what`` (a
@@ -82,6 +89,13 @@ def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:
     if gnn["warmup"] >= gnn["iterations"]:
         raise BadInput(f"{where}key 'warmup': {gnn['warmup']} leaves no timed iteration of "
                        f"{gnn['iterations']}")
+    if gnn["dataset"] == "igb":
+        if not gnn["igb_root"]:
+            raise BadInput(f"{where}key 'igb_root': dataset = \"igb\" needs the directory of "
+                           "the IGB download")
+        if gnn["feature_file"]:
+            raise BadInput(f"{where}keys 'feature_file' and dataset = \"igb\": give one")
+        return  # the nodes are the data's: batch_size is checked against them when loaded
     if gnn["batch_size"] > gnn["nodes"]:
         raise BadInput(f"{where}key 'batch_size': {gnn['batch_size']} is more than the "
                        f"{gnn['nodes']} nodes")

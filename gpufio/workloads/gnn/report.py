@@ -78,9 +78,9 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def problems(doc: dict[str, Any]) -> list[str]:
-    """A line for each job that failed or aggregated rows that differ from the generator's."""
+    """A line for each job that failed or aggregated rows that differ from the table's."""
     return problem_lines(doc, lambda job: f"{job['verify']['mismatches']} aggregated rows "
-                         "differ from the generator's values" if job["error"] else None)
+                         "differ from the feature table's values" if job["error"] else None)
 
 
 def render(doc: dict[str, Any], fmt: str, console: Any = None) -> str:

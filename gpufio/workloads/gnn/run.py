@@ -2,7 +2,7 @@
 
 Stage boundaries wait for the device (a CuPy synchronize), so each stage's time is its own.
 After each iteration, outside the timed stages, a sample of the aggregated rows is compared
-with the generator's values (``verify_rows``). Ctrl-C ends the job after the current
+with the generator's values, or the files' own rows (``verify_rows``). Ctrl-C ends the job after the current
 iteration with the iterations done so far reported; so does a row that cannot be read
 (the job then fails, exit 1, with the node and errno named).
 """
@@ -116,14 +116,21 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
         tally.losses.append(loss)
         if it >= g["warmup"]:
             tally.rows_timed += len(mb.input_nodes)
-        if ds.generated and g["verify_rows"]:
+        if g["verify_rows"]:
             k = min(g["verify_rows"], len(mb.input_nodes))
-            want = features.values(job.randseed, mb.input_nodes[:k], g["feature_dim"], xp)
+            want = (features.values(job.randseed, mb.input_nodes[:k], g["feature_dim"], xp)
+                    if ds.generated else
+                    xp.asarray(features.file_rows(ds.paths, ds.layout,
+                                                  _host(xp, mb.input_nodes[:k]), g["feature_dim"])))
             tally.mismatches += int((x[:k] != want).any(axis=1).sum())
             tally.checked += k
         tally.done = it + 1
         if progress is not None:
             progress(job, tally.done, tally.stage_ns[it])
+
+
+def _host(xp: Any, a: Any) -> np.ndarray:
+    return a if xp is np else xp.asnumpy(a)
 
 
 def _cache_of(fetcher: Any) -> Any:
