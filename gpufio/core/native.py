@@ -64,7 +64,7 @@ def fill_function() -> ctypes._CFuncPtr | None:
     if os.environ.get("GPUFIO_NATIVE", "1") == "0":
         return None
     cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
+    if cc is None or not SOURCE.is_file():
         return None
     # built for this CPU's instructions (AVX-512 multiplies 8 words at once), so the name
     # carries the CPU's identity too: a home directory shared by other machines is safe
