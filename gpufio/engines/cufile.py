@@ -427,14 +427,26 @@ class CuFileTensors:
                 self._finish(*pending.pop(0), write)
                 first = first or time.perf_counter_ns()
         except BaseException:
-            for _, future in pending:  # none may land in memory the caller frees
-                with contextlib.suppress(Exception):
-                    future.get()
+            deadline = time.perf_counter_ns() + STALL_LIMIT_NS
+            for _, future in pending:  # none may land in memory the caller frees...
+                while not future.done() and time.perf_counter_ns() < deadline:
+                    time.sleep(POLL_S)  # ...unless the path is wedged: then do not hang
+                if future.done():
+                    with contextlib.suppress(Exception):
+                        future.get()
             raise
         return first
 
     def _finish(self, piece: list[int], future: Any, write: bool) -> None:
         what = "save" if write else "restore"
+        t0 = time.perf_counter_ns()
+        while not future.done():  # a wedged path must end in a diagnostic, not a hang
+            if time.perf_counter_ns() - t0 > STALL_LIMIT_NS:
+                ext = self._extents[piece[0]]
+                raise TensorIOError(f"{what} of shard {ext.shard}: {self._paths[ext.file]} at "
+                                    f"byte {piece[2]}: KvikIO has not finished the piece in "
+                                    f"{STALL_LIMIT_NS / 1e9:g} s")
+            time.sleep(POLL_S)
         try:
             got = future.get()
         except Exception as e:  # KvikIO raises on a failed I/O, without an errno
