@@ -92,3 +92,17 @@ def test_a_checkpoint_piece_kvikio_never_finishes_is_a_diagnostic(monkeypatch):
     with pytest.raises(TensorIOError, match=r"save of shard 3: /ssd/ckpt.dat at byte 8192: "
                                             r"KvikIO has not finished the piece in 0.05 s"):
         mover._finish([0, 0, 8192, 4096], SimpleNamespace(done=lambda: False), True)
+
+
+def test_a_feature_row_kvikio_never_finishes_is_a_diagnostic(monkeypatch):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from gpufio.core.rows import RowFetchError
+    from gpufio.engines import cufile
+
+    monkeypatch.setattr(cufile, "STALL_LIMIT_NS", 50_000_000)
+    fetch = cufile.CuFileFetch.__new__(cufile.CuFileFetch)
+    with pytest.raises(RowFetchError, match="feature row of node 42: KvikIO has not finished"):
+        fetch._finish(0, SimpleNamespace(done=lambda: False), np.array([42]))

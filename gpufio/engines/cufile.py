@@ -378,6 +378,12 @@ class CuFileFetch:
         return out
 
     def _finish(self, i: int, future: Any, ids: np.ndarray) -> None:
+        t0 = time.perf_counter_ns()
+        while not future.done():  # a wedged path must end in a diagnostic, not a hang
+            if time.perf_counter_ns() - t0 > STALL_LIMIT_NS:
+                raise RowFetchError(f"feature row of node {int(ids[i])}: KvikIO has not "
+                                    f"finished it in {STALL_LIMIT_NS / 1e9:g} s")
+            time.sleep(POLL_S)
         try:
             got = future.get()
         except Exception as e:  # KvikIO raises on a failed read, without an errno
