@@ -15,6 +15,7 @@ import atexit
 import os
 import re
 import socket
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,6 +27,7 @@ from gpufio.core.job import Job, Profile
 # wait, so this bounds the slowest rank's setup too)
 TIMEOUT_S = float(os.environ.get("GPUFIO_MPI_TIMEOUT_S", "60"))
 POLL_S = 0.0005
+ABORT_GRACE_S = 0.5
 CTRL = 71
 # environment variables a launcher sets for each rank (MPICH/hydra, Open MPI, PMIx, Slurm)
 LAUNCHER_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -141,7 +143,15 @@ class World:
         """End the whole MPI job with MPI_Abort when this process exits (after it has
         reported): MPI_Finalize would wait forever for a rank that hangs, and the launcher
         then ends every rank, a stopped one too, with exit code 1."""
-        atexit.register(self.comm.Abort, 1)
+        atexit.register(self._abort_job)
+
+    def _abort_job(self) -> None:
+        # the launcher forwards a rank's output through a pipe: give it time to pass the
+        # report on before the abort ends the processes on both ends
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(ABORT_GRACE_S)
+        self.comm.Abort(1)
 
     def _await(self, kind: str, what: str) -> Any:
         """A non-root rank: rank 0's ``kind`` message, or RankAbort."""
@@ -168,14 +178,16 @@ class World:
         self.starts[name] = time.time_ns()
         self.waited_ns += time.monotonic_ns() - t0
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str) -> bool:
         """A non-root rank that cannot go on: its error to rank 0, then wait for rank 0's
-        word (so the launcher does not end rank 0 before it has reported)."""
-        self._send(0, ("error", self.rank, self.host, why))
+        word (so the launcher does not end rank 0 before it has reported). False when rank 0
+        did not answer: this rank must report the error itself."""
         try:
+            self._send(0, ("error", self.rank, self.host, why), "its failure")
             self._await("done", "the end of the run")
-        except RankAbort:
-            pass
+        except RankAbort as e:
+            return e.reported
+        return True
 
     def gather(self, payload: Any) -> list[Any] | None:
         """Rank 0: every rank's ``payload`` in rank order (RankAbort naming a rank that
@@ -192,11 +204,14 @@ class World:
             self._send(r, ("done", code))
 
     def released(self) -> int:
-        """A non-root rank: the exit code rank 0 sends once it has reported."""
+        """A non-root rank: the exit code rank 0 sends once it has reported (1 when rank 0
+        stopped the run); RankAbort when rank 0 went silent, for this rank to report."""
         try:
             return int(self._await("done", "the end of the run"))
-        except RankAbort:
-            return 1
+        except RankAbort as e:
+            if e.reported:
+                return 1
+            raise
 
     def facts(self) -> dict[str, Any]:
         """This rank, for the result."""

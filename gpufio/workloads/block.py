@@ -36,7 +36,8 @@ def _rank_once(w: world.World, prof: Profile, quiet: bool) -> list[dict[str, Any
             why = str(e) if isinstance(e, BadInput) else f"{type(e).__name__}: {e}"
             if w.root:
                 w.abort(f"rank 0 ({w.host}): {why}")
-            w.fail(why)
+            if not w.fail(why):  # rank 0 is gone: this rank is the one to say so
+                raise RunFailed(f"rank {w.rank} ({w.host}): {why}") from None
             raise SystemExit(1) from None
         doc["rank"] = w.facts()
         return w.gather(doc)
@@ -58,7 +59,11 @@ def _distributed(w: world.World, prof: Profile, quiet: bool, repeat: int) -> dic
         if docs is not None:
             merged.append(merge_ranks(docs))
     if not w.root:
-        raise SystemExit(w.released())
+        try:
+            code = w.released()
+        except world.RankAbort as e:  # rank 0 is gone: this rank is the one to say so
+            raise RunFailed(f"rank {w.rank} ({w.host}): {e}") from None
+        raise SystemExit(code)
     doc = merged[0] if len(merged) == 1 else combine(merged)
     w.release(int(doc["interrupted"] or any(j["error"] for j in doc["jobs"])))
     return doc
