@@ -119,6 +119,40 @@ def run_fio(fio: str, target: str, opts: list[str], numjobs: int, iodepth: int,
             "cpu_us": 1e6 * cpu_s / rd["total_ios"] if rd["total_ios"] else 0.0}
 
 
+# the columns of the GPU benches' tables (bench/gpu.py, bench/writes.py)
+CASE_HEADERS = ["target", "gpufio path", "jobs x qd", "gpufio IOPS", "GB/s", "peer",
+                "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p", "gpufio CPU us/IO", "goal"]
+
+
+def case_row(tname: str, c: dict, jobs_qd: str, peer: str, bs: int, g_runs: list[dict],
+             p_runs: list[dict], missed: list[str], raw: list[dict]) -> list:
+    """One case of a GPU bench: the medians of its runs, the verdict of its goals (``goal``:
+    ratio, ``abs_goal``: IOPS, ``bw_goal``: bytes/s; a miss is added to ``missed``), its runs
+    added to ``raw``, and its CASE_HEADERS row."""
+    g, p = ({k: statistics.median(r[k] for r in runs) for k in ("iops", "p50", "p99", "cpu_us")}
+            for runs in (g_runs, p_runs))
+    ratio = g["iops"] / p["iops"] if p["iops"] else 0.0
+    verdict = []
+    if c.get("goal") is not None and ratio < c["goal"]:
+        verdict.append(f"MISS ratio<{c['goal']}")
+    if c.get("abs_goal") and g["iops"] < c["abs_goal"]:
+        verdict.append(f"MISS <{c['abs_goal'] / 1e6:g}M IOPS")
+    if c.get("bw_goal") and g["iops"] * bs < c["bw_goal"]:
+        verdict.append(f"MISS <{c['bw_goal'] / 1e9:g} GB/s")
+    if verdict:
+        missed.append(f"{tname} {c['path']}: {', '.join(verdict)}")
+    elif c.get("goal") is not None or c.get("abs_goal") or c.get("bw_goal"):
+        verdict.append("ok")
+    label = c["path"] + (f" ({g_runs[0]['mode']})" if g_runs[0].get("mode") else "")
+    raw.append({"target": tname, "path": c["path"], "gpufio": g_runs, "peer": peer,
+                "peer_runs": p_runs})
+    print(f"bench: {tname} {c['path']}: gpufio {g['iops']:.0f} peer {p['iops']:.0f} "
+          f"ratio {ratio:.2f}", file=sys.stderr, flush=True)
+    return [tname, label, jobs_qd, round(g["iops"]), f"{g['iops'] * bs / 1e9:.2f}", peer,
+            round(p["iops"]), f"{ratio:.2f}", f"{g['p50'] / 1e3:.0f}/{p['p50'] / 1e3:.0f}",
+            f"{g['p99'] / 1e3:.0f}/{p['p99'] / 1e3:.0f}", f"{g['cpu_us']:.2f}", " ".join(verdict)]
+
+
 def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import report, run_fio, run_gpufio, setup_tmpfs, setup_zram  # noqa: E402
+from compare import CASE_HEADERS, case_row, report, run_fio, run_gpufio, setup_tmpfs, setup_zram  # noqa: E402
 
 from gpufio.core import targets  # noqa: E402
 from gpufio.core.units import parse_size  # noqa: E402
@@ -215,40 +214,15 @@ def main() -> int:
                 finally:
                     if stop_mps:
                         stop_mps()
-                g, p = ({k: statistics.median(r[k] for r in runs) for k in
-                         ("iops", "p50", "p99", "cpu_us")} for runs in (g_runs, p_runs))
-                ratio = g["iops"] / p["iops"] if p["iops"] else 0.0
-                verdict = []
-                if c.get("goal") is not None and ratio < c["goal"]:
-                    verdict.append(f"MISS ratio<{c['goal']}")
-                if c.get("abs_goal") and g["iops"] < c["abs_goal"]:
-                    verdict.append(f"MISS <{c['abs_goal'] / 1e6:g}M IOPS")
                 bs = 1 << 20 if c["g"].get("bs") == "1m" else 4096
-                if c.get("bw_goal") and g["iops"] * bs < c["bw_goal"]:
-                    verdict.append(f"MISS <{c['bw_goal'] / 1e9:g} GB/s")
-                if verdict:
-                    missed.append(f"{tname} {c['path']}: {', '.join(verdict)}")
-                elif c.get("goal") is not None or c.get("abs_goal") or c.get("bw_goal"):
-                    verdict.append("ok")
-                label = c["path"] + (f" ({g_runs[0].get('mode')})" if g_runs[0].get("mode") else "")
-                rows.append([tname, label, f"{c['jobs']}x{c['depth']}", round(g["iops"]),
-                             f"{g['iops'] * bs / 1e9:.2f}",
-                             c["peer"], round(p["iops"]), f"{ratio:.2f}",
-                             f"{g['p50'] / 1e3:.0f}/{p['p50'] / 1e3:.0f}",
-                             f"{g['p99'] / 1e3:.0f}/{p['p99'] / 1e3:.0f}", f"{g['cpu_us']:.2f}",
-                             " ".join(verdict)])
-                raw.append({"target": tname, "path": c["path"], "gpufio": g_runs, "peer": c["peer"],
-                            "peer_runs": p_runs})
-                print(f"bench: {tname} {c['path']}: gpufio {g['iops']:.0f} peer {p['iops']:.0f} "
-                      f"ratio {ratio:.2f}", file=sys.stderr, flush=True)
+                rows.append(case_row(tname, c, f"{c['jobs']}x{c['depth']}", c["peer"], bs,
+                                     g_runs, p_runs, missed, raw))
     finally:
         for clean in cleanups:
             clean()
     return report(f"{fio_version} · 4 KiB randread unless named · gpufio runs verified in GPU "
                   f"memory · {args.runtime}s runs, median of {args.repeat}", rows,
-                  ["target", "gpufio path", "jobs x qd", "gpufio IOPS", "GB/s", "peer",
-                   "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p", "gpufio CPU us/IO", "goal"],
-                  {"fio": fio_version, "runs": raw}, args.json, missed if args.check else [])
+                  CASE_HEADERS, {"fio": fio_version, "runs": raw}, args.json, missed if args.check else [])
 
 if __name__ == "__main__":
     sys.exit(main())
