@@ -81,6 +81,39 @@ def setup_zram() -> tuple[str, callable] | None:
     return "/dev/zram0", lambda: (dev / "reset").write_text("1")
 
 
+def setup_zram_ext4() -> tuple[str, callable] | None:
+    """A pattern file on ext4 on a zram device of its own: RAM-backed like tmpfs, but a block
+    device with a filesystem, which cuFile's own APIs can register (tmpfs they cannot)."""
+    control = Path("/sys/class/zram-control/hot_add")
+    if not control.exists():
+        subprocess.run(["modprobe", "zram"], capture_output=True)
+    if not control.exists():
+        return None
+    n = control.read_text().strip()
+    dev, mnt = f"/dev/zram{n}", Path(f"/tmp/gpufio-zram{n}")
+    try:
+        Path(f"/sys/block/zram{n}/disksize").write_text(str(2 * SIZE))
+        subprocess.run(["mkfs.ext4", "-q", dev], check=True)
+        mnt.mkdir(exist_ok=True)
+        subprocess.run(["mount", dev, str(mnt)], check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"bench: zram ext4 skipped: {e}", file=sys.stderr)
+        return None
+    st = os.stat(dev)
+    udev = Path(f"/run/udev/data/b{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+    if udev.parent.is_dir() and not udev.exists():  # as bench/gpu_env.sh does for its mounts
+        udev.write_text("E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n")
+    path = mnt / "gpufio-bench.dat"
+    targets.create_file(str(path), SIZE, 7)
+
+    def clean() -> None:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+        udev.unlink(missing_ok=True)
+        Path("/sys/class/zram-control/hot_remove").write_text(n)
+
+    return str(path), clean
+
+
 def run_gpufio(target: str, opts: dict, numjobs: int, iodepth: int, runtime: int) -> dict:
     """One gpufio run's headline numbers; ``target``: a path, or several joined with ':'
     (fio's filename syntax), I/Os spread over them round-robin."""

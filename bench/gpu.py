@@ -27,12 +27,36 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import CASE_HEADERS, case_row, report, run_fio, run_gpufio, setup_tmpfs, setup_zram  # noqa: E402
+from compare import (  # noqa: E402
+    CASE_HEADERS,
+    case_row,
+    report,
+    run_fio,
+    run_gpufio,
+    setup_tmpfs,
+    setup_zram,
+    setup_zram_ext4,
+)
 
 from gpufio.core import targets  # noqa: E402
 from gpufio.core.units import parse_size  # noqa: E402
 
 FIO_CUFILE = ["--ioengine=libcufile", "--cuda_io=posix", "--gpu_dev_ids=0"]
+
+
+def api_cases() -> list[dict]:
+    """On RAM with a filesystem cuFile can register (zram ext4): cuFile's own batch and stream
+    APIs against the kvikio api, gpufio against gpufio, 4 KiB random reads at qd 64."""
+    kvikio = {"peer": "gpufio cufile kvikio api qd64", "peer_g": {"engine": "cufile"}}
+    return [
+        {"path": "cufile batch", "g": {"engine": "cufile", "api": "batch"}, "depth": 64,
+         "jobs": 1, **kvikio, "goal": 1.5},
+        {"path": "cufile async", "g": {"engine": "cufile", "api": "async"}, "depth": 64,
+         "jobs": 1, **kvikio, "goal": 1.5},
+        {"path": "cufile", "g": {"engine": "cufile"}, "depth": 64, "jobs": 1,
+         "peer": "fio io_uring qd64 (host memory)", "fio": ["--ioengine=io_uring"],
+         "fio_jobs": 1, "fio_depth": 64},
+    ]
 
 
 def cases(ram: bool) -> list[dict]:
@@ -87,6 +111,11 @@ def cases(ram: bool) -> list[dict]:
         {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "segments": 4}, "depth": 128,
          "jobs": 1, **qd, "goal": 0.9},
         {"path": "cufile", "g": {"engine": "cufile"}, "depth": 128, "jobs": 1, **qd, "goal": 0.9},
+        # cuFile's own APIs (fio #1915, kvikio #204): batches of the whole depth, or streams
+        {"path": "cufile batch", "g": {"engine": "cufile", "api": "batch"}, "depth": 128,
+         "jobs": 1, **qd, "goal": 0.9},
+        {"path": "cufile async", "g": {"engine": "cufile", "api": "async"}, "depth": 128,
+         "jobs": 1, **qd, "goal": 0.9},
         # the same against KvikIO driven directly: what of the gap is KvikIO's own
         {"path": "cufile", "g": {"engine": "cufile"}, "depth": 128, "jobs": 1,
          "peer": "KvikIO futures qd128", "kvikio": True, "goal": 0.9},
@@ -174,7 +203,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per tool; medians are reported")
     ap.add_argument("--root-dir", default=str(Path.home()), help="where the root-disk file goes")
     ap.add_argument("--root-size", default="4g", help="size of the root-disk file")
-    ap.add_argument("--targets", nargs="+", default=["tmpfs", "zram", "rootdisk"])
+    ap.add_argument("--targets", nargs="+", default=["tmpfs", "zram", "rootdisk"],
+                    help="tmpfs, zram, rootdisk, zram-ext4 (cuFile's own APIs on RAM)")
     ap.add_argument("--paths", nargs="+",
                     help="only these gpufio paths (an engine, or a case's full name)")
     ap.add_argument("--json", help="also write every run's numbers here")
@@ -196,8 +226,11 @@ def main() -> int:
             path, clean = setup_rootfile(Path(args.root_dir), parse_size(args.root_size, "--root-size"))
             cleanups.append(clean)
             tgts["rootdisk"] = (path, False)
+        if "zram-ext4" in args.targets and (z := setup_zram_ext4()):
+            tgts["zram-ext4"] = (z[0], None)
+            cleanups.append(z[1])
         for tname, (target, ram) in tgts.items():
-            for c in cases(ram):
+            for c in (api_cases() if ram is None else cases(ram)):
                 if args.paths and not {c["path"], c["path"].split()[0]} & set(args.paths):
                     continue
                 g_runs, p_runs = [], []
@@ -208,6 +241,9 @@ def main() -> int:
                                                  c["depth"], args.runtime))
                         if c.get("kvikio"):
                             p_runs.append(run_kvikio(target, c["depth"], args.runtime))
+                        elif c.get("peer_g"):
+                            p_runs.append(run_gpufio(target, {**c["peer_g"], "verify": True},
+                                                     c["jobs"], c["depth"], args.runtime))
                         else:
                             p_runs.append(run_fio(args.fio, target, c["fio"], c["fio_jobs"],
                                                   c["fio_depth"], args.runtime))

@@ -44,7 +44,9 @@ def test_gpus_are_given_to_workers_round_robin(given, expected):
                      "t.toml", {})
     (job,) = prof.jobs
     assert [job.gpu_of(w) for w in range(4)] == expected
-    assert job.engine_options == {"threads": 0, "require_gds": False, "processes": False}
+    assert job.engine_options == {"threads": 0, "require_gds": False, "api": "kvikio",
+                                  "iodepth_batch": 0, "streams": 0, "register_buffers": False,
+                                  "processes": False}
 
 
 def test_require_gds_in_compat_mode_is_a_one_line_exit_2(monkeypatch, write_profile,
@@ -55,7 +57,7 @@ def test_require_gds_in_compat_mode_is_a_one_line_exit_2(monkeypatch, write_prof
     from gpufio.engines import cufile
 
     monkeypatch.setattr(cufile.CuFile, "unavailable", classmethod(lambda cls: None))
-    monkeypatch.setattr(cufile, "cufile_mode", lambda: "compat")
+    monkeypatch.setattr(cufile, "cufile_mode", lambda api="kvikio": "compat")
     monkeypatch.setattr(gpu, "use", lambda index: None)
     path = write_profile(f'[global]\nengine = "cufile"\ntargets = ["{pattern_file}"]\n'
                          'require_gds = true\n')
@@ -70,7 +72,7 @@ def test_info_says_how_cufile_would_run(monkeypatch):
     from gpufio.engines import cufile
 
     monkeypatch.setattr(cufile.CuFile, "unavailable", classmethod(lambda cls: None))
-    monkeypatch.setattr(cufile, "cufile_mode", lambda: "compat")
+    monkeypatch.setattr(cufile, "cufile_mode", lambda api="kvikio": "compat")
     assert all_engines()["cufile"].status() == "available, mode compat"
     monkeypatch.setattr(cufile.CuFile, "unavailable",
                         classmethod(lambda cls: "KvikIO is not installed"))

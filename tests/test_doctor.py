@@ -38,7 +38,7 @@ GDS = {"proc/sys/kernel/osrelease": "6.8.0-50-generic",
        "proc/driver/nvidia-fs/version": "version: 2.24.3",
        "proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15",
        "proc/cmdline": "ro quiet iommu=pt",
-       "etc/cufile.json": '{ // cuFile settings\n "properties": {"max_batch_io_size": 128,\n'
+       "etc/cufile.json": '{ // cuFile settings\n "properties": {"io_batchsize": 128,\n'
                           ' "use_poll_mode": false, "url": "http://x//y"}}'}
 P2P = {"proc/sys/kernel/osrelease": "6.11.0",
        "boot/config-6.11.0": "CONFIG_A=y\nCONFIG_PCI_P2PDMA=y\n",
@@ -63,7 +63,7 @@ def test_host_readings(tmp_path):
     gds = tree(tmp_path / "g", GDS)
     assert gds.nvidia_fs_version() == "2.24.3" and gds.nvidia_driver() == ("550.54.15", False)
     path, settings, error = gds.cufile_json()
-    assert error is None and cufile_setting(settings, "properties.max_batch_io_size") == 128
+    assert error is None and cufile_setting(settings, "properties.io_batchsize") == 128
     assert cufile_setting(settings, "properties.url") == "http://x//y"
 
 
@@ -72,7 +72,7 @@ def test_cufile_mode_gds_through_nvidia_fs(tmp_path):
     assert c["nvidia-fs (GDS driver)"].status == "ok" and "2.24.3" in c["nvidia-fs (GDS driver)"].found
     assert c["mode cuFile will take"].status == "ok"
     assert c["mode cuFile will take"].found == "gds (nvidia-fs)"
-    assert "max_batch_io_size=128" in c["cufile.json"].found
+    assert "io_batchsize=128" in c["cufile.json"].found
     assert c["open driver >= 565"].status == "warn"  # P2PDMA's prerequisites are still listed
 
 
@@ -106,6 +106,24 @@ def test_cufile_checks_each_targets_filesystem(tmp_path):
     able = path_facts(str(target)).get("filesystem") in GDS_FILESYSTEMS  # ext4 on CI
     assert c[f"target {target}"].status == ("ok" if able else "warn")
     assert c["target /dev/shm"].status == "warn" and "tmpfs" in c["target /dev/shm"].found
+
+
+def test_cufile_raw_apis_need_udevs_record_of_each_targets_device(tmp_path):
+    target = tmp_path / "f.dat"
+    target.write_bytes(b"x" * 4096)
+    dev = os.stat(target).st_dev
+    job = from_dict({"global": {"engine": "cufile", "api": "batch", "targets": [str(target)]}},
+                    "p.toml", {}).jobs[0]
+    name = f"udev record for {target}"
+    missing = checks(tree(tmp_path / "a", GDS), "cufile", [job])[name]
+    assert missing.status == "warn" and "none" in missing.found and "ID_FS_TYPE" in missing.fix
+    rec = {f"run/udev/data/b{os.major(dev)}:{os.minor(dev)}":
+           "E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4"}
+    found = checks(tree(tmp_path / "b", {**GDS, **rec}), "cufile", [job])[name]
+    assert found.status == "ok" and found.found.endswith("ID_FS_TYPE=ext4")
+    kvikio = from_dict({"global": {"engine": "cufile", "targets": [str(target)]}},
+                       "p.toml", {}).jobs[0]
+    assert name not in checks(tree(tmp_path / "c", GDS), "cufile", [kvikio])
 
 
 @pytest.mark.parametrize("disabled, status", [("0", "ok"), ("1", "warn"), ("2", "fail")])

@@ -18,12 +18,16 @@ GPU_ENGINES = [
     {"engine": "cpu-gpu", "iodepth": 16},
     {"engine": "mmap", "iodepth": 16},
     {"engine": "cufile", "iodepth": 16},
+    {"engine": "cufile", "iodepth": 16, "api": "batch", "iodepth_batch": 4},
+    {"engine": "cufile", "iodepth": 16, "api": "batch", "register_buffers": True},
+    {"engine": "cufile", "iodepth": 16, "api": "async", "streams": 4},
     {"engine": "gpu-uring", "iodepth": 16, "rings": 2},
     {"engine": "cpu-gpu", "iodepth": 16, "processes": True},
     {"engine": "mmap", "iodepth": 16, "processes": True},
     {"engine": "cufile", "iodepth": 16, "processes": True},
 ]
-IDS = [e["engine"] + ("-processes" if e.get("processes") else "") for e in GPU_ENGINES]
+IDS = [e["engine"] + "".join(f"-{k}" if v is True else f"-{v}" for k, v in e.items()
+                            if k in ("api", "processes", "register_buffers")) for e in GPU_ENGINES]
 
 
 def run(engine, paths, **opts):

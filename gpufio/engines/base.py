@@ -23,10 +23,12 @@ if TYPE_CHECKING:
 
 
 def label(engine: str, facts: dict[str, Any]) -> str:
-    """How tables name a job's data path: the engine plus its mode where it has one (a cuFile
-    run in compat mode must never pass for GPUDirect Storage)."""
+    """How tables name a job's data path: the engine, the API it drives where it has a choice,
+    and its mode where it has one (a cuFile run in compat mode must never pass for GPUDirect
+    Storage)."""
+    name = f"{engine} {facts['api']}" if facts.get("api") else engine
     mode = facts.get("mode")
-    return f"{engine} ({mode})" if mode else engine
+    return f"{name} ({mode})" if mode else name
 
 
 # For engines whose workers hold a CUDA context (threads by default): the same workers as

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -49,17 +50,19 @@ POLL_S = 5e-6
 _settings_lock = threading.Lock()
 
 
-def cufile_mode() -> str:
-    """``gds`` when cuFile moves data by GPUDirect Storage here, ``compat`` when KvikIO falls
-    back to POSIX reads through host memory."""
-    import kvikio.cufile_driver
-    import kvikio.defaults
-
-    if kvikio.defaults.is_compat_mode_preferred():
+def cufile_mode(api: str = "kvikio") -> str:
+    """``gds`` when cuFile moves data by GPUDirect Storage here, ``compat`` when it (or, for
+    the kvikio api, KvikIO itself) falls back to POSIX I/O through host memory."""
+    try:
+        import kvikio.cufile_driver
+        import kvikio.defaults
+    except ImportError:  # the raw APIs without KvikIO: GDS needs the nvidia-fs driver
+        return "gds" if os.path.exists("/proc/driver/nvidia-fs/version") else "compat"
+    if api == "kvikio" and kvikio.defaults.is_compat_mode_preferred():
         return "compat"
     try:
         return "gds" if kvikio.cufile_driver.get("is_gds_available") else "compat"
-    except Exception:  # the driver cannot even be opened: KvikIO will run in compat mode
+    except Exception:  # the driver cannot even be opened: cuFile will run in compat mode
         return "compat"
 
 
@@ -136,6 +139,25 @@ def _gds_target(area: str, path: str) -> Check:
                    "cuFile runs compat mode on this filesystem: use ext4 or XFS on NVMe")
 
 
+def _udev_record(host: Host, area: str, path: str) -> Check:
+    """Whether udev's database records the filesystem of ``path``'s block device: cuFile's
+    handle registration reads it, and fails without it (5027) even in compat mode."""
+    try:
+        dev = os.stat(path).st_dev
+    except OSError as e:
+        return Check(area, f"udev record for {path}", "fail", e.strerror or str(e),
+                     "name an existing target")
+    rec = f"run/udev/data/b{os.major(dev)}:{os.minor(dev)}"
+    text = host.read(rec) or ""
+    fs = next((line.split("=", 1)[1] for line in text.splitlines()
+               if line.startswith("E:ID_FS_TYPE=")), None)
+    return verdict(area, f"udev record for {path}", fs is not None,
+                   f"/{rec}: ID_FS_TYPE={fs}" if fs else f"/{rec}: none (no udevd, or not a "
+                   "block device: tmpfs has none)",
+                   "run udevd (or write the record: E:ID_FS_USAGE=filesystem, E:ID_FS_TYPE=...); "
+                   "on tmpfs, cuFile's own APIs cannot register files: use api = \"kvikio\"")
+
+
 @register
 class CuFile(Engine):
     """KvikIO futures reading straight into GPU memory; mode gds or compat, always labelled."""
@@ -152,6 +174,15 @@ class CuFile(Engine):
         Option("threads", "int", 0, "KvikIO thread-pool size, shared by the process "
                "(0: a thread per read the process keeps queued)", minimum=0),
         Option("require_gds", "bool", False, "fail instead of running in cuFile compat mode"),
+        Option("api", "str", "kvikio", "how I/Os reach cuFile: KvikIO futures, cuFile's batch "
+               "API (cuFileBatchIOSubmit), or its stream API (cuFileReadAsync/WriteAsync)",
+               choices=("kvikio", "batch", "async")),
+        Option("iodepth_batch", "int", 0, "api batch: I/Os per cuFile batch, as fio's "
+               "iodepth_batch (0: iodepth, up to the driver's max_batch_io_size)", minimum=0),
+        Option("streams", "int", 0, "api async: CUDA streams the I/Os take turns on "
+               "(0: iodepth, at most 16)", minimum=0),
+        Option("register_buffers", "bool", False, "register the GPU buffers with cuFile "
+               "(cuFileBufRegister), as gdsio does"),
         PROCESSES,
     )
 
@@ -205,7 +236,7 @@ class CuFile(Engine):
             out.append(Check(area, "cufile.json", "warn", f"{path}: {error}",
                              "cuFile's defaults apply; set CUFILE_ENV_PATH_JSON to your cufile.json"))
         else:
-            keys = ("properties.allow_compat_mode", "properties.max_batch_io_size",
+            keys = ("properties.allow_compat_mode", "properties.io_batchsize",
                     "properties.use_poll_mode", "properties.use_pci_p2pdma",
                     "properties.max_direct_io_size_kb")
             found = ", ".join(f"{k.split('.')[-1]}={cufile_setting(settings, k)}" for k in keys
@@ -226,103 +257,116 @@ class CuFile(Engine):
         for job in jobs:
             for t in job.targets:
                 out.append(_gds_target(area, t))
+                if cls.settings(job).api != "kvikio":
+                    out.append(_udev_record(host, area, t))
         return out
 
     @classmethod
+    def check_job(cls, job: Job) -> None:
+        s = cls.settings(job)
+        if s.api != "kvikio" and s.threads:
+            raise BadInput(f"job '{job.name}': threads sizes KvikIO's pool; api '{s.api}' "
+                           f"calls cuFile directly and has none")
+        if s.api != "batch" and s.iodepth_batch:
+            raise BadInput(f"job '{job.name}': iodepth_batch is for api 'batch' "
+                           f"(api is '{s.api}')")
+        if s.api != "async" and s.streams:
+            raise BadInput(f"job '{job.name}': streams is for api 'async' (api is '{s.api}')")
+
+    @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
-        return {**super().describe(job), "mode": cufile_mode(), "gpus": list(job.gpu_list),
-                "lands_in": "gpu memory", "kvikio_threads": _threads(job)}
+        s = cls.settings(job)
+        facts = {**super().describe(job), "mode": cufile_mode(s.api), "api": s.api,
+                 "register_buffers": s.register_buffers, "gpus": list(job.gpu_list),
+                 "lands_in": "gpu memory"}
+        if s.api == "kvikio":
+            facts["kvikio"] = {"threads": _threads(job), "task_size": max(job.bs, 4096),
+                               "gds_threshold": 0, "bounce_buffer_size": max(job.bs, 4096)}
+        return facts
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
         cp = gpu.use(job.gpu_of(ctx.worker))
-        if self.settings(job).require_gds and cufile_mode() != "gds":
+        s = self.settings(job)
+        if s.require_gds and self.describe(job)["mode"] != "gds":
             raise BadInput("engine 'cufile': require_gds is set, but cuFile runs in compat mode "
                            "here (no GPUDirect Storage driver, or KVIKIO_COMPAT_MODE=on)")
-        import kvikio
-
-        configure(_threads(job), job.bs, job.direct)
         try:
             self.dev = cp.empty(job.iodepth * job.bs, dtype=cp.uint8)
         except cp.cuda.memory.OutOfMemoryError:
             raise BadInput(f"gpu {job.gpu_of(ctx.worker)}: out of memory for "
                            f"{job.iodepth * job.bs} bytes of buffers") from None
         self._rows = self.dev.reshape(job.iodepth, job.bs)
-        self._slots = [self._rows[i] for i in range(job.iodepth)]
-        self._files = [kvikio.CuFile(t.path, "r+" if job.writes else "r") for t in targets]
         self._cp = cp
-        self._futures: list[Any] = []
         self._words = self.dev.view(cp.uint64)
+        self.queue = open_queue(job, s, targets, self.dev, cp)
         if ctx.verifying or job.writes:
             gpuverify.compile_kernel()
 
-    def _fill(self, slots: list[int], tgt: np.ndarray, offs: np.ndarray) -> None:
+    def _fill(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray) -> None:
         """The pattern of each write's offset into its slot of GPU memory, finished before
-        KvikIO's threads read the slots."""
+        cuFile (or KvikIO's threads) read the slots."""
         cp = self._cp
-        gpuverify.fill(self._words, cp.asarray(np.array(slots, np.uint64)),
+        gpuverify.fill(self._words, cp.asarray(slots.astype(np.uint64)),
                        cp.asarray(offs.astype(np.uint64)), cp.asarray(self.ctx.seeds(tgt)),
                        len(slots), self.job.bs)
         cp.cuda.Stream.null.synchronize()
 
     def run(self) -> None:
-        ctx, bs, depth, job = self.ctx, self.job.bs, self.job.iodepth, self.job
-        futures = self._futures = [None] * depth
+        ctx, depth, job, queue = self.ctx, self.job.iodepth, self.job, self.queue
         table = SlotTable(depth)
         slot_writes = np.zeros(depth, dtype=bool)
         free = list(range(depth))
+        inflight = 0
         fds = [t.fd for t in self.targets]
         issuing, syncing = True, False
         while True:
-            if syncing and len(free) == depth:
+            if syncing and not inflight:
                 ctx.sync(fds)
                 syncing = False
-            if issuing and free and not syncing:
-                tgt, offs = ctx.next_batch(min(len(free), ctx.until_sync) if job.writes
-                                           else len(free))
+            room = min(len(free), queue.room())
+            if issuing and room and not syncing:
+                tgt, offs = ctx.next_batch(min(room, ctx.until_sync) if job.writes else room)
                 issuing = bool(len(offs))
-                kinds = ctx.write_flags(len(offs))
-                slots = [free.pop() for _ in range(len(offs))]
-                if any(kinds):
+                kinds = np.array(ctx.write_flags(len(offs)), dtype=bool)
+                slots = np.array([free.pop() for _ in range(len(offs))], dtype=np.int64)
+                if kinds.any():
                     self._fill(slots, tgt, offs)
-                now = time.perf_counter_ns()
-                for s, t, off, w in zip(slots, tgt.tolist(), offs.tolist(), kinds):
-                    f = self._files[t]
-                    futures[s] = (f.pwrite if w else f.pread)(self._slots[s], bs, off, task_size=bs)
-                    table.issue(s, t, off, now)
-                    slot_writes[s] = w
-                nwrites = sum(kinds)
+                table.issue(slots, tgt, offs, time.perf_counter_ns())
+                slot_writes[slots] = kinds
+                queue.submit(slots, tgt.astype(np.int64), offs.astype(np.int64), kinds)
+                inflight += len(slots)
+                nwrites = int(kinds.sum())
                 syncing = bool(nwrites) and ctx.sync_due(nwrites)
-            busy = [s for s in range(depth) if futures[s] is not None]
-            if not busy:
+            if not inflight:
                 if syncing:
                     continue
                 return
-            done = self._wait_some(futures, busy, table.t_issue)
-            self._finish(done, futures, table, slot_writes)
-            free.extend(done)
+            done, res = self._wait_some(table.t_issue, free, inflight)
+            inflight -= len(done)
+            self._finish(done, res, table, slot_writes)
+            free.extend(done.tolist())
 
-    def _wait_some(self, futures: list[Any], busy: list[int], t_issue: np.ndarray) -> list[int]:
-        """The busy slots whose reads are done, waiting until there is at least one."""
-        oldest = min(busy, key=lambda s: t_issue[s])
-        while not futures[oldest].done():
-            if time.perf_counter_ns() - t_issue[oldest] > STALL_LIMIT_NS:
-                raise Stalled(f"a KvikIO I/O has not finished in {STALL_LIMIT_NS / 1e9:g} s "
-                                f"({len(busy)} in flight)")
+    def _wait_some(self, t_issue: np.ndarray, free: list[int],
+                   inflight: int) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, results) of at least one finished I/O, polling the queue until there is
+        one; an I/O older than the stall limit is a diagnostic, never a hang."""
+        busy = np.ones(len(t_issue), dtype=bool)
+        busy[free] = False
+        oldest = int(t_issue[busy].min())
+        while True:
+            done, res = self.queue.poll()
+            if len(done):
+                return done, res
+            if time.perf_counter_ns() - oldest > STALL_LIMIT_NS:
+                raise Stalled(f"a cuFile I/O ({self.queue.api}) has not finished in "
+                              f"{STALL_LIMIT_NS / 1e9:g} s ({inflight} in flight)")
             time.sleep(POLL_S)
-        return [s for s in busy if futures[s].done()]
 
-    def _finish(self, done: list[int], futures: list[Any], table: SlotTable,
+    def _finish(self, slots: np.ndarray, res64: np.ndarray, table: SlotTable,
                 slot_writes: np.ndarray) -> None:
         now = time.perf_counter_ns()
-        slots = np.array(done, dtype=np.int64)
-        res = np.empty(len(done), dtype=np.int32)
-        for i, s in enumerate(done):
-            try:
-                res[i] = futures[s].get()
-            except Exception as e:  # KvikIO raises on a failed read without an errno
-                res[i] = -(getattr(e, "errno", None) or errno.EIO)
-            futures[s] = None
+        res = res64.astype(np.int32)
         bad = None
         if self.ctx.verifying:
             def bad(tgt: np.ndarray, offs: np.ndarray) -> list[int]:
@@ -332,16 +376,132 @@ class CuFile(Engine):
                        slot_writes[slots] if self.job.mixed else self.job.writes)
 
     def close(self) -> None:
-        """Let reads still in flight (a failed run) land before their buffers go away."""
+        """Let I/Os still in flight (a failed run) land before their buffers go away."""
+        self.queue.close()
+        self._rows = self._words = None
+        self.dev = None
+
+
+class KvikioQueue:
+    """The default api: one KvikIO future per I/O, run by KvikIO's thread pool."""
+
+    api = "kvikio"
+
+    def __init__(self, job: Job, settings: Any, targets: list[Target], dev: Any) -> None:
+        import kvikio
+
+        configure(_threads(job), job.bs, job.direct)
+        self._bs = job.bs
+        self._slots = [dev[i * job.bs:(i + 1) * job.bs] for i in range(job.iodepth)]
+        self._files = [kvikio.CuFile(t.path, "r+" if job.writes else "r") for t in targets]
+        self._futures: list[Any] = [None] * job.iodepth
+        self._order = np.full(job.iodepth, np.iinfo(np.int64).max, dtype=np.int64)
+        self._issued = 0
+        self._registered = None
+        if settings.register_buffers:
+            kvikio.buffer_register(dev)
+            self._registered = dev
+
+    def room(self) -> int:
+        return len(self._futures)
+
+    def busy(self) -> int:
+        return sum(f is not None for f in self._futures)
+
+    def submit(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
+               writes: np.ndarray) -> None:
+        bs = self._bs
+        for s, t, off, w in zip(slots.tolist(), tgt.tolist(), offs.tolist(), writes.tolist()):
+            f = self._files[t]
+            self._futures[s] = (f.pwrite if w else f.pread)(self._slots[s], bs, off, task_size=bs)
+            self._order[s], self._issued = self._issued, self._issued + 1
+
+    def poll(self) -> tuple[np.ndarray, np.ndarray]:
+        """Nothing until the oldest I/O is done (one future asked per poll while waiting),
+        then every done one."""
+        oldest = self._futures[int(self._order.argmin())]
+        if oldest is None or not oldest.done():
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        done = [s for s, f in enumerate(self._futures) if f is not None and f.done()]
+        res = np.empty(len(done), dtype=np.int64)
+        for i, s in enumerate(done):
+            try:
+                res[i] = self._futures[s].get()
+            except Exception as e:  # KvikIO raises on a failed I/O without an errno
+                res[i] = -(getattr(e, "errno", None) or errno.EIO)
+            self._futures[s] = None
+            self._order[s] = np.iinfo(np.int64).max
+        return np.array(done, dtype=np.int64), res
+
+    def close(self) -> None:
+        import kvikio
+
         deadline = time.perf_counter_ns() + STALL_LIMIT_NS
         for fut in self._futures:
             while fut is not None and not fut.done() and time.perf_counter_ns() < deadline:
                 time.sleep(POLL_S)
         for f in self._files:
             f.close()
+        if self._registered is not None:
+            kvikio.buffer_deregister(self._registered)
         self._slots.clear()
-        self._rows = self._words = None
-        self.dev = None
+
+
+class RawQueue:
+    """cuFile's batch or stream API (io/cufile_api) over the job's targets, with the slot
+    buffer registered when the job asks; closing waits for what is in flight."""
+
+    def __init__(self, job: Job, settings: Any, targets: list[Target], dev: Any, cp: Any) -> None:
+        from gpufio.io import cufile_api
+
+        self.api = settings.api
+        cf = cufile_api.binding()
+        self._cf, self._base = cf, dev.data.ptr
+        self._handles = [cufile_api.register_handle(cf, t.fd, t.path) for t in targets]
+        self._registered = False
+        if settings.register_buffers:
+            cf.buf_register(self._base, dev.nbytes, 0)
+            self._registered = True
+        if self.api == "batch":
+            self._q: Any = cufile_api.BatchQueue(cf, self._handles, self._base, job.bs,
+                                                 job.iodepth, batch_size(job, settings, cf))
+        else:
+            self._q = cufile_api.StreamQueue(
+                cf, cp, self._handles, self._base, job.bs, job.iodepth,
+                settings.streams or min(job.iodepth, 16),
+                cufile_api.aligned(job.bs, job.offset))
+        self.room, self.submit, self.poll = self._q.room, self._q.submit, self._q.poll
+
+    def close(self) -> None:
+        deadline = time.perf_counter_ns() + STALL_LIMIT_NS
+        while self._q.busy() and time.perf_counter_ns() < deadline:
+            self._q.poll()
+            time.sleep(POLL_S)
+        self._q.close()
+        if self._registered:
+            self._cf.buf_deregister(self._base)
+        for h in self._handles:
+            self._cf.handle_deregister(h)
+
+
+def batch_size(job: Job, settings: Any, cf: Any) -> int:
+    """Entries per cuFile batch: the option, or the whole depth up to the driver's limit;
+    more than the driver takes is a one-line error naming the limit."""
+    from gpufio.io import cufile_api
+
+    limit = cufile_api.max_batch(cf)
+    if settings.iodepth_batch > limit:
+        raise BadInput(f"job '{job.name}': iodepth_batch {settings.iodepth_batch} is more than "
+                       f"cuFile's max_batch_io_size here ({limit}, properties.io_batchsize "
+                       f"in cufile.json)")
+    return settings.iodepth_batch or min(job.iodepth, limit)
+
+
+def open_queue(job: Job, settings: Any, targets: list[Target], dev: Any, cp: Any) -> Any:
+    """The job's I/O queue for its ``api``."""
+    if settings.api == "kvikio":
+        return KvikioQueue(job, settings, targets, dev)
+    return RawQueue(job, settings, targets, dev, cp)
 
 
 class CuFileFetch:

@@ -185,7 +185,7 @@ def strip_comments(text: str) -> str:
 
 
 def cufile_setting(settings: dict[str, Any] | None, dotted: str) -> Any:
-    """A cufile.json value by its dotted path ('properties.max_batch_io_size'), or None."""
+    """A cufile.json value by its dotted path ('properties.io_batchsize'), or None."""
     node: Any = settings or {}
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:

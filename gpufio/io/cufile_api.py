@@ -1,0 +1,216 @@
+"""cuFile's own batch and stream APIs, through ``cuda.bindings.cufile`` (cuda-python).
+
+KvikIO (the cufile engine's default api) offers no batch API to Python (kvikio #204) and fio's
+libcufile is synchronous (fio #1915), so these queues call cuFile directly:
+
+- ``BatchQueue``: ``cuFileBatchIOSetUp`` handles of ``batch_size`` entries each, enough of
+  them to keep ``depth`` I/Os in flight; ``cuFileBatchIOSubmit`` per batch and
+  ``cuFileBatchIOGetStatus`` polled without waiting. A handle takes a new batch once every
+  entry of its last one has completed (cuFile's rule).
+- ``StreamQueue``: ``cuFileReadAsync`` / ``cuFileWriteAsync`` on ``streams`` CUDA streams
+  (registered with ``cuFileStreamRegister`` where sizes and offsets are 4 KiB-aligned and
+  known at submission), an event recorded after each I/O to tell when it is done.
+
+The C structs are filled as NumPy records laid out as cufile.h lays them out (checked against
+the binding's own dtypes where it has them), so a batch of any size is one vectorised fill.
+``binding()`` is the one place the module is imported: tests hand the queues a stand-in.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+import numpy as np
+
+from gpufio.core.errors import BadInput
+
+# cufile.h: CUfileDescr_t, CUfileIOParams_t, CUfileIOEvents_t on LP64
+DESCR = np.dtype({"names": ["type", "fd"], "formats": [np.int32, np.int32],
+                  "offsets": [0, 8], "itemsize": 24})
+PARAMS = np.dtype({"names": ["mode", "base", "file_offset", "buf_offset", "size", "fh",
+                             "opcode", "cookie"],
+                   "formats": [np.int32, np.int64, np.int64, np.int64, np.uint64, np.int64,
+                               np.int32, np.int64],
+                   "offsets": [0, 8, 16, 24, 32, 40, 48, 56], "itemsize": 64})
+EVENTS = np.dtype({"names": ["cookie", "status", "ret"], "formats": [np.int64, np.int32, np.int64],
+                   "offsets": [0, 8, 16], "itemsize": 24})
+HANDLE_TYPE_FD = 1
+BATCH_MODE = 1  # CUFILE_BATCH
+OP_READ, OP_WRITE = 0, 1
+COMPLETE, FAILED, CANCELED, TIMEOUT = 0x10, 0x40, 0x08, 0x20
+STREAM_FIXED_ALIGNED = 0xF  # buffer offset, file offset and size known at submit, 4 KiB-aligned
+DEFAULT_MAX_BATCH = 128  # cuFile's default properties.io_batchsize
+
+_open: dict[str, Any] = {}
+
+
+def binding() -> Any:
+    """``cuda.bindings.cufile``, with its driver opened once per process."""
+    if "cf" not in _open:
+        try:
+            import cuda.bindings.cufile as cf
+        except ImportError:
+            raise BadInput("engine 'cufile': api 'batch' and 'async' need cuda-python's cuFile "
+                           "bindings (pip install 'gpufio[gds]')") from None
+        for name, ours in (("io_params_dtype", PARAMS), ("io_events_dtype", EVENTS),
+                           ("descr_dtype", DESCR)):
+            theirs = getattr(cf, name, None)
+            if theirs is not None and theirs.itemsize != ours.itemsize:
+                raise BadInput(f"engine 'cufile': cuda.bindings.cufile's {name} is "
+                               f"{theirs.itemsize} bytes, not cufile.h's {ours.itemsize}")
+        try:
+            cf.driver_open()
+        except Exception as e:
+            raise BadInput(f"engine 'cufile': cuFileDriverOpen failed: {e}") from None
+        _open["cf"] = cf
+    return _open["cf"]
+
+
+def max_batch(cf: Any) -> int:
+    """The driver's largest batch (properties.io_batchsize in cufile.json)."""
+    try:
+        return int(cf.get_parameter_size_t(cf.SizeTConfigParameter.PROPERTIES_IO_BATCHSIZE))
+    except Exception:  # older libcufile: no parameter API, the documented default holds
+        return DEFAULT_MAX_BATCH
+
+
+def register_handle(cf: Any, fd: int, path: str) -> int:
+    """A cuFile handle for the open ``fd`` of ``path``; a refusal is one line naming it."""
+    descr = np.zeros(1, DESCR)
+    descr["type"], descr["fd"] = HANDLE_TYPE_FD, fd
+    try:
+        return int(cf.handle_register(descr.ctypes.data))
+    except Exception as e:
+        raise BadInput(f"target {path}: cuFileHandleRegister refused it ({e}); in compat mode "
+                       f"cuFile needs properties.allow_compat_mode in cufile.json and udev's "
+                       f"record of the filesystem's device ('gpufio doctor' checks both)") from None
+
+
+def _result(status: np.ndarray, ret: np.ndarray) -> np.ndarray:
+    """Bytes moved, or -errno, per completed entry."""
+    out = ret.astype(np.int64)
+    out[status == FAILED] = np.where(out[status == FAILED] < 0, out[status == FAILED], -errno.EIO)
+    out[status == CANCELED] = -errno.ECANCELED
+    out[status == TIMEOUT] = -errno.ETIMEDOUT
+    return out
+
+
+class BatchQueue:
+    """``depth`` I/Os in flight through cuFile batch handles of ``batch_size`` entries."""
+
+    def __init__(self, cf: Any, handles: list[int], base: int, bs: int, depth: int,
+                 batch_size: int) -> None:
+        self._cf, self._fh, self._base, self._bs = cf, np.array(handles, np.int64), base, bs
+        self._size = batch_size
+        n = -(-depth // batch_size)
+        self._batches = [cf.batch_io_set_up(batch_size) for _ in range(n)]
+        self._params = np.zeros((n, batch_size), PARAMS)
+        self._events = np.zeros((n, batch_size), EVENTS)
+        self._left = np.zeros(n, np.int64)  # entries of each handle's batch not yet reaped
+        self._nr = np.zeros(1, np.uint32)
+        self._zero = np.zeros(2, np.int64)  # timespec {0, 0}: report what is done, never wait
+
+    def room(self) -> int:
+        """How many I/Os the idle handles take now."""
+        return int((self._left == 0).sum()) * self._size
+
+    def busy(self) -> int:
+        return int(self._left.sum())
+
+    def submit(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
+               writes: np.ndarray) -> None:
+        """The I/Os of ``slots`` (each its own bs-sized slot of the buffer), at most room()."""
+        idle = np.flatnonzero(self._left == 0)
+        for k, lo in enumerate(range(0, len(slots), self._size)):
+            b, hi = int(idle[k]), min(lo + self._size, len(slots))
+            p = self._params[b, :hi - lo]
+            p["mode"], p["base"], p["size"] = BATCH_MODE, self._base, self._bs
+            p["buf_offset"] = slots[lo:hi] * self._bs
+            p["file_offset"], p["fh"] = offs[lo:hi], self._fh[tgt[lo:hi]]
+            p["opcode"] = np.where(writes[lo:hi], OP_WRITE, OP_READ)
+            p["cookie"] = slots[lo:hi]
+            self._cf.batch_io_submit(self._batches[b], hi - lo, p.ctypes.data, 0)
+            self._left[b] = hi - lo
+
+    def poll(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, results) of the I/Os that completed since the last poll."""
+        slots, results = [], []
+        for b in np.flatnonzero(self._left).tolist():
+            ev = self._events[b]
+            self._nr[0] = self._left[b]
+            self._cf.batch_io_get_status(self._batches[b], 0, self._nr.ctypes.data,
+                                         ev.ctypes.data, self._zero.ctypes.data)
+            got = int(self._nr[0])
+            if got:
+                slots.append(ev["cookie"][:got].copy())
+                results.append(_result(ev["status"][:got], ev["ret"][:got]))
+                self._left[b] -= got
+        if not slots:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(slots), np.concatenate(results)
+
+    def close(self) -> None:
+        for b, h in enumerate(self._batches):
+            if self._left[b]:
+                self._cf.batch_io_cancel(h)
+            self._cf.batch_io_destroy(h)
+        self._batches = []
+
+
+class StreamQueue:
+    """I/Os through cuFileReadAsync / cuFileWriteAsync, slot i on stream i % streams; an I/O
+    is done when the event recorded after it on its stream is."""
+
+    def __init__(self, cf: Any, cp: Any, handles: list[int], base: int, bs: int, depth: int,
+                 streams: int, registered: bool) -> None:
+        self._cf, self._cp, self._fh, self._base, self._bs = cf, cp, handles, base, bs
+        self._streams = [cp.cuda.Stream(non_blocking=True) for _ in range(streams)]
+        self.registered = registered
+        if registered:
+            for s in self._streams:
+                cf.stream_register(s.ptr, STREAM_FIXED_ALIGNED)
+        # size, file offset, buffer offset, bytes moved: cuFile reads them when the stream
+        # reaches the I/O and writes the last when it is done, so each slot keeps its own
+        self._args = np.zeros((depth, 4), np.int64)
+        self._events = [cp.cuda.Event(disable_timing=True) for _ in range(depth)]
+        self._busy = np.zeros(depth, dtype=bool)
+
+    def room(self) -> int:
+        return len(self._busy)
+
+    def busy(self) -> int:
+        return int(self._busy.sum())
+
+    def submit(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
+               writes: np.ndarray) -> None:
+        a = self._args
+        a[slots, 0], a[slots, 1], a[slots, 2], a[slots, 3] = self._bs, offs, slots * self._bs, 0
+        addr = a.ctypes.data
+        for s, t, w in zip(slots.tolist(), tgt.tolist(), writes.tolist()):
+            stream = self._streams[s % len(self._streams)]
+            p = addr + 32 * s
+            (self._cf.write_async if w else self._cf.read_async)(
+                self._fh[t], self._base, p, p + 8, p + 16, p + 24, stream.ptr)
+            self._events[s].record(stream)
+            self._busy[s] = True
+
+    def poll(self) -> tuple[np.ndarray, np.ndarray]:
+        done = [s for s in np.flatnonzero(self._busy).tolist() if self._events[s].done]
+        slots = np.array(done, np.int64)
+        self._busy[slots] = False
+        res = self._args[slots, 3].copy()
+        res[res == 0] = -errno.EIO  # cuFile reports a failed I/O as no bytes moved
+        return slots, res
+
+    def close(self) -> None:
+        for s in self._streams:
+            s.synchronize()
+            if self.registered:
+                self._cf.stream_deregister(s.ptr)
+        self._streams = []
+
+
+def aligned(*sizes: int) -> bool:
+    """Whether every I/O's size and offsets are multiples of 4 KiB (registered streams)."""
+    return all(v % 4096 == 0 for v in sizes)

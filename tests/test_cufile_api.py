@@ -1,0 +1,220 @@
+"""cuFile's batch API queue (io/cufile_api) against a stand-in for cuda.bindings.cufile that
+moves real bytes between real files and host memory: the C structs as laid out, entries
+completing a few at a time, failures, the driver's batch limit, a refused handle."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from gpufio.core import pattern
+from gpufio.core.errors import BadInput
+from gpufio.engines import cufile
+from gpufio.io import cufile_api
+
+BS = 4096
+
+
+class FakeCuFile:
+    """cuFile's batch calls over pread/pwrite; at most ``per_poll`` completions a poll."""
+
+    SizeTConfigParameter = SimpleNamespace(PROPERTIES_IO_BATCHSIZE=9)
+
+    def __init__(self, limit: int = 128, per_poll: int = 3, fail_offset: int = -1) -> None:
+        self.limit, self.per_poll, self.fail_offset = limit, per_poll, fail_offset
+        self.fds: dict[int, int] = {}
+        self.batches: dict[int, list[tuple[int, int, int]]] = {}
+        self.submits: list[int] = []
+        self.destroyed: list[int] = []
+
+    def get_parameter_size_t(self, param: int) -> int:
+        assert param == 9
+        return self.limit
+
+    def handle_register(self, descr: int) -> int:
+        d = np.frombuffer((ctypes.c_char * 24).from_address(descr), cufile_api.DESCR)[0]
+        assert d["type"] == cufile_api.HANDLE_TYPE_FD
+        if d["fd"] < 0:
+            raise RuntimeError("HANDLE_NOT_REGISTERED (5027)")
+        handle = 1000 + len(self.fds)
+        self.fds[handle] = int(d["fd"])
+        return handle
+
+    def batch_io_set_up(self, nr: int) -> int:
+        assert nr <= self.limit
+        h = 500 + len(self.batches)
+        self.batches[h] = []
+        return h
+
+    def batch_io_submit(self, h: int, nr: int, ptr: int, flags: int) -> None:
+        assert not self.batches[h], "a handle takes a batch only when its last one is reaped"
+        params = np.frombuffer((ctypes.c_char * (64 * nr)).from_address(ptr), cufile_api.PARAMS)
+        self.submits.append(nr)
+        for p in params:
+            assert p["mode"] == cufile_api.BATCH_MODE
+            mem = (ctypes.c_char * int(p["size"])).from_address(int(p["base"] + p["buf_offset"]))
+            fd, off = self.fds[int(p["fh"])], int(p["file_offset"])
+            if off == self.fail_offset:
+                self.batches[h].append((int(p["cookie"]), cufile_api.FAILED, -errno.EIO))
+                continue
+            if p["opcode"] == cufile_api.OP_WRITE:
+                n = os.pwrite(fd, bytes(mem), off)
+            else:
+                n = os.preadv(fd, [memoryview(mem).cast("B")], off)
+            self.batches[h].append((int(p["cookie"]), cufile_api.COMPLETE, n))
+
+    def batch_io_get_status(self, h: int, min_nr: int, nr: int, events: int, timeout: int) -> None:
+        assert min_nr == 0
+        want = np.frombuffer((ctypes.c_char * 4).from_address(nr), np.uint32)
+        assert np.frombuffer((ctypes.c_char * 16).from_address(timeout), np.int64).tolist() == [0, 0]
+        got = self.batches[h][:min(int(want[0]), self.per_poll)]
+        del self.batches[h][:len(got)]
+        ev = np.frombuffer((ctypes.c_char * (24 * max(len(got), 1))).from_address(events),
+                           cufile_api.EVENTS)
+        for i, (cookie, status, ret) in enumerate(got):
+            ev[i] = (cookie, status, ret)
+        want[0] = len(got)
+
+    def batch_io_cancel(self, h: int) -> None:
+        self.batches[h].clear()
+
+    def batch_io_destroy(self, h: int) -> None:
+        self.destroyed.append(h)
+
+
+@pytest.fixture
+def target(tmp_path):
+    path = tmp_path / "t.dat"
+    path.write_bytes(pattern.fill(77, 0, 64 * BS))
+    fd = os.open(path, os.O_RDWR)
+    yield path, fd
+    os.close(fd)
+
+
+def _queue(cf, fd, depth, batch):
+    buf = np.zeros(depth * BS, np.uint8)
+    handles = [cufile_api.register_handle(cf, fd, "t.dat")]
+    return buf, cufile_api.BatchQueue(cf, handles, buf.ctypes.data, BS, depth, batch)
+
+
+def _drain(q):
+    slots, res = [], []
+    while q.busy():
+        s, r = q.poll()
+        slots += s.tolist()
+        res += r.tolist()
+    return slots, res
+
+
+def test_batches_read_every_block_to_its_slot(target):
+    path, fd = target
+    cf = FakeCuFile(per_poll=3)
+    buf, q = _queue(cf, fd, depth=10, batch=4)
+    assert q.room() == 12  # three handles of four: enough for the depth
+    slots = np.arange(10, dtype=np.int64)
+    offs = np.array([9, 3, 0, 63, 17, 5, 5, 40, 1, 2], np.int64) * BS
+    q.submit(slots, np.zeros(10, np.int64), offs, np.zeros(10, bool))
+    assert cf.submits == [4, 4, 2] and q.room() == 0 and q.busy() == 10
+    done, res = _drain(q)
+    assert sorted(done) == list(range(10)) and res == [BS] * 10
+    rows = buf.reshape(10, BS)
+    for s, off in zip(slots, offs):
+        assert rows[s].tobytes() == pattern.fill(77, int(off), BS)
+    assert q.room() == 12
+    q.close()
+    assert len(cf.destroyed) == 3
+
+
+def test_a_handle_is_reused_only_once_its_batch_is_reaped(target):
+    _, fd = target
+    cf = FakeCuFile(per_poll=1)
+    _, q = _queue(cf, fd, depth=4, batch=2)
+    q.submit(np.arange(4, dtype=np.int64), np.zeros(4, np.int64),
+             np.arange(4, dtype=np.int64) * BS, np.zeros(4, bool))
+    q.poll()  # one entry of each handle reaped: neither is idle yet
+    assert q.room() == 0 and q.busy() == 2
+    q.poll()
+    assert q.room() == 4
+    q.submit(np.array([1, 3], np.int64), np.zeros(2, np.int64), np.array([8, 9]) * BS,
+             np.zeros(2, bool))  # the fake asserts the handle it lands on is idle
+    assert _drain(q)[1] == [BS, BS]
+
+
+def test_writes_land_at_their_offsets(target):
+    path, fd = target
+    cf = FakeCuFile()
+    buf, q = _queue(cf, fd, depth=2, batch=2)
+    rows = buf.reshape(2, BS)
+    rows[0] = np.frombuffer(pattern.fill(5, 20 * BS, BS), np.uint8)
+    rows[1] = np.frombuffer(pattern.fill(5, 30 * BS, BS), np.uint8)
+    q.submit(np.array([0, 1], np.int64), np.zeros(2, np.int64), np.array([20, 30]) * BS,
+             np.ones(2, bool))
+    assert _drain(q)[1] == [BS, BS]
+    data = path.read_bytes()
+    assert data[20 * BS:21 * BS] == pattern.fill(5, 20 * BS, BS)
+    assert data[30 * BS:31 * BS] == pattern.fill(5, 30 * BS, BS)
+    assert data[21 * BS:22 * BS] == pattern.fill(77, 21 * BS, BS)
+
+
+def test_a_failed_entry_is_minus_errno(target):
+    _, fd = target
+    cf = FakeCuFile(fail_offset=3 * BS)
+    _, q = _queue(cf, fd, depth=3, batch=3)
+    q.submit(np.arange(3, dtype=np.int64), np.zeros(3, np.int64),
+             np.array([2, 3, 4], np.int64) * BS, np.zeros(3, bool))
+    done, res = _drain(q)
+    assert dict(zip(done, res)) == {0: BS, 1: -errno.EIO, 2: BS}
+
+
+def test_batch_size_over_the_drivers_limit_is_one_line_naming_it():
+    cf = FakeCuFile(limit=64)
+    job = SimpleNamespace(name="j", iodepth=256)
+    with pytest.raises(BadInput, match=r"^job 'j': iodepth_batch 100 is more than cuFile's "
+                                       r"max_batch_io_size here \(64, properties.io_batchsize"):
+        cufile.batch_size(job, SimpleNamespace(iodepth_batch=100), cf)
+    assert cufile.batch_size(job, SimpleNamespace(iodepth_batch=0), cf) == 64
+    assert cufile.batch_size(SimpleNamespace(name="j", iodepth=16),
+                             SimpleNamespace(iodepth_batch=0), cf) == 16
+
+
+def test_a_refused_handle_names_the_target_and_what_to_check():
+    with pytest.raises(BadInput, match=r"^target /mnt/x: cuFileHandleRegister refused it "
+                                       r"\(HANDLE_NOT_REGISTERED \(5027\)\).*allow_compat_mode"):
+        cufile_api.register_handle(FakeCuFile(), -1, "/mnt/x")
+
+
+def test_results_map_cufile_statuses_to_errno():
+    status = np.array([cufile_api.COMPLETE, cufile_api.FAILED, cufile_api.CANCELED,
+                       cufile_api.TIMEOUT, cufile_api.FAILED])
+    ret = np.array([4096, -errno.ENOSPC, 0, 0, 7])
+    assert cufile_api._result(status, ret).tolist() == [
+        4096, -errno.ENOSPC, -errno.ECANCELED, -errno.ETIMEDOUT, -errno.EIO]
+
+
+@pytest.mark.parametrize("key,value,api,msg", [
+    ("iodepth_batch", 8, "kvikio", "iodepth_batch is for api 'batch'"),
+    ("streams", 4, "batch", "streams is for api 'async'"),
+    ("threads", 4, "async", "threads sizes KvikIO's pool"),
+])
+def test_api_options_out_of_place_are_one_line_errors(write_profile, pattern_file, key, value,
+                                                      api, msg):
+    from typer.testing import CliRunner
+
+    from gpufio.cli import app
+
+    path = write_profile(f'[global]\nengine = "cufile"\ntargets = ["{pattern_file}"]\n'
+                         f'api = "{api}"\n{key} = {value}\n')
+    res = CliRunner().invoke(app, ["run", str(path), "-q"])
+    assert res.exit_code == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and msg in res.stderr
+
+
+def test_the_api_is_part_of_the_label():
+    from gpufio.engines.base import label
+
+    assert label("cufile", {"mode": "compat", "api": "batch"}) == "cufile batch (compat)"
