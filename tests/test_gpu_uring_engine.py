@@ -42,6 +42,14 @@ def test_data_verified_in_gpu_memory(opts, tmp_path):
     assert sum(r.lat.hist) == r.ios
 
 
+@pytest.mark.parametrize("registered", [True, False])
+def test_nop_requests_complete_through_the_rings_without_storage(pattern_file, registered):
+    r = run([pattern_file], op="nop", rings=2, iodepth=16, io_size="16m", registered=registered)
+    assert r.ok, (r.failure, r.errors)
+    assert r.ios == (16 << 20) // 4096 and r.lat.n == r.ios
+    assert r.engine_facts["op"] == "nop" and r.engine_facts["lands_in"] == "nothing: NOPs"
+
+
 def test_tiny_rings_wrap_over_100k_ios(pattern_file):
     r = run([pattern_file], rings=1, ring_entries=2, iodepth=2, io_size=f"{100_000 * 4}k",
             verify=True)

@@ -134,6 +134,7 @@ def test_nop_completes_every_request_without_touching_storage(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [{"rw": "write"}, {"verify": True}])
-def test_nop_refuses_writes_and_verify(extra):
+@pytest.mark.parametrize("engine", ["uring", "gpu-uring"])
+def test_nop_refuses_writes_and_verify(extra, engine):
     with pytest.raises(BadInput, match='op = "nop" moves no data'):
-        from_dict({"global": {"engine": "uring", "op": "nop", **extra}}, "p.toml", {})
+        from_dict({"global": {"engine": engine, "op": "nop", **extra}}, "p.toml", {})

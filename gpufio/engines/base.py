@@ -37,6 +37,27 @@ PROCESSES = Option("processes", "bool", False, "run each worker in a spawned pro
                    "own CUDA context, so numjobs workers do not share the interpreter lock")
 
 
+# For engines that can post IORING_OP_NOP through their own rings and loop: the request rate
+# of the submission mechanism itself, with no storage and no copy.
+NOP_OP = Option("op", "str", "io", "'io': read or write the targets; 'nop': IORING_OP_NOP "
+                "through the same rings and loop, touching no storage (the submission path's "
+                "own ceiling; each NOP counts as one block)", choices=("io", "nop"))
+
+
+def check_nop(job: "Job", op: str) -> None:
+    """A NOP job moves no data: refuse the settings that need data (BadInput)."""
+    from gpufio.core.errors import BadInput
+
+    if op == "nop" and (job.writes or job.verify):
+        raise BadInput(f"job '{job.name}': op = \"nop\" moves no data, so it neither "
+                       f"writes nor verifies (rw = {job.rw}, verify = {str(job.verify).lower()})")
+
+
+def nop_facts(op: str) -> dict[str, Any]:
+    """What a job's result says of its op."""
+    return {"op": op, **({"storage": "none: NOPs"} if op == "nop" else {})}
+
+
 class Engine(ABC):
     """A data path. One instance per worker thread of a job."""
 

@@ -27,7 +27,7 @@ from gpufio.core.options import Option
 from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, close_all, open_rows, row_error
 from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
-from gpufio.engines.base import Engine
+from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
 from gpufio.io import cuda, gpu, uring
 from gpufio.io.gio import contract
 from gpufio.io.gio.cache import GpuCache, cache_rows
@@ -58,14 +58,16 @@ def resolved_options(job: Job) -> Any:
                    registered=not o.sqe_async if o.registered is None else o.registered)
 
 
-def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int]) -> DeviceQueue:
+def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
+               nop: bool = False) -> DeviceQueue:
     """The request queue a job's resolved settings (resolved_options) describe, with ``depth``
-    slots per ring: the block benchmark's and the row fetcher's."""
+    slots per ring: the block benchmark's and the row fetcher's; ``nop``: its agents post
+    IORING_OP_NOP for every request."""
     sq, cq = ring_sizes(depth, opts.ring_entries or None)
     return DeviceQueue(nrings=opts.rings, depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
                        cq_entries=cq, idle_ms=opts.sq_thread_idle // 1_000_000,
                        cpus=opts.sq_thread_cpu, sqe_async=opts.sqe_async, fds=fds,
-                       registered=opts.registered, sq_threads=opts.sq_threads)
+                       registered=opts.registered, sq_threads=opts.sq_threads, nop=nop)
 
 
 @register
@@ -106,6 +108,7 @@ class GpuUring(Engine):
                choices=("gpu", "host")),
         Option("stall_timeout", "time", 10_000_000_000, "stop the kernels and fail when no read "
                "completes for this long", minimum=1_000_000),
+        NOP_OP,
     )
 
     @classmethod
@@ -164,6 +167,7 @@ class GpuUring(Engine):
                            f"random_distribution '{job.random_distribution.kind}' is not "
                            "supported by this engine")
         o = cls.settings(job)
+        check_nop(job, o.op)
         ring_sizes(job.iodepth, o.ring_entries or None, f"job '{job.name}': ")
         rings, sq_threads = o.rings, o.sq_threads
         if rings and sq_threads > rings:
@@ -174,9 +178,10 @@ class GpuUring(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         o = resolved_options(job)
         return {**super().describe(job), "gpus": list(job.gpu_list),
-                "lands_in": ("written from the slots, the pattern generated there by GPU threads"
+                "lands_in": ("nothing: NOPs" if o.op == "nop" else
+                             "written from the slots, the pattern generated there by GPU threads"
                              if job.writes else "gpu memory" if o.land == "gpu"
-                             else "pinned host memory"),
+                             else "pinned host memory"), **nop_facts(o.op),
                 "rings": o.rings, "iodepth_per_ring": job.iodepth,
                 "requester_threads": o.threads, "sq_threads": o.sq_threads,
                 "sqe_async": o.sqe_async, "registered": o.registered,
@@ -187,7 +192,7 @@ class GpuUring(Engine):
         o = self._opts = resolved_options(job)
         cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
         self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
-                                fds=[t.fd for t in targets])
+                                fds=[t.fd for t in targets], nop=o.op == "nop")
         # everything after the queue exists is undone with it if it fails
         with gpu.undone_on_failure(self.queue.close, f"gpu {job.gpu_of(ctx.worker)}: out of "
                                    f"memory for {o.threads * job.bs} bytes of destination "
@@ -207,7 +212,8 @@ class GpuUring(Engine):
         seeds = ctx.seeds(np.arange(nt)) if ctx.verifying or job.writes else np.zeros(nt, np.uint64)
         starts, nblocks = ctx.regions()
         d = {"claim": cp.zeros(1, cp.uint64),
-             "dst": cp.empty(nthreads * bs if o.land == "gpu" and not job.writes else 16,
+             "dst": cp.empty(nthreads * bs if o.land == "gpu" and not job.writes
+                             and o.op != "nop" else 16,
                              cp.uint8),
              "fds": cp.asarray(self.queue.file_refs),
              "starts": cp.asarray(starts), "nblocks": cp.asarray(nblocks),
@@ -218,8 +224,10 @@ class GpuUring(Engine):
              "errs": cp.zeros(nt * ERRNO_SLOTS, cp.uint64),
              "bad": cp.zeros(1 + 2 * BAD_KEEP, cp.uint64)}
         chosen = {"B_RANDOM": job.random, "B_FILE_RANDOM": job.file_service == "random",
-                  "B_LAND_GPU": o.land == "gpu" and not job.writes, "B_VERIFY": ctx.verifying,
-                  "B_CONTINUE": job.continue_on_error, "B_WRITE": job.writes}
+                  "B_LAND_GPU": o.land == "gpu" and not job.writes and o.op != "nop",
+                  "B_VERIFY": ctx.verifying,
+                  "B_CONTINUE": job.continue_on_error, "B_WRITE": job.writes,
+                  "B_NOP": o.op == "nop"}
         flags = sum(FLAGS[name] for name, on in chosen.items() if on)
         budget = ctx.budget
         seed = int(np.random.default_rng([job.randseed, ctx.worker]).integers(0, 1 << 63))

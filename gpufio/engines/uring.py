@@ -20,7 +20,7 @@ from gpufio.core.slots import SlotTable
 from gpufio.core.targets import aligned_buffer
 from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, sync_files
 from gpufio.engines import register
-from gpufio.engines.base import Engine
+from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
 from gpufio.io import ringio, uring
 from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
 
@@ -52,9 +52,7 @@ class Uring(Engine):
                minimum=0),
         Option("defer_taskrun", "bool", False,
                "IORING_SETUP_SINGLE_ISSUER|DEFER_TASKRUN (ignored with sqpoll)"),
-        Option("op", "str", "io", "'io': read or write the targets; 'nop': IORING_OP_NOP "
-               "through the same ring and loop, touching no storage (the submission path's own "
-               "ceiling; each NOP counts as one block)", choices=("io", "nop")),
+        NOP_OP,
     )
 
     tensors = TensorSupport(gpu=False)
@@ -72,16 +70,14 @@ class Uring(Engine):
     @classmethod
     def check_job(cls, job: Job) -> None:
         uring.sq_entries(job.iodepth, cls.settings(job).ring_entries, f"job '{job.name}': ")
-        if cls.settings(job).op == "nop" and (job.writes or job.verify):
-            raise BadInput(f"job '{job.name}': op = \"nop\" moves no data, so it neither "
-                           f"writes nor verifies (rw = {job.rw}, verify = {str(job.verify).lower()})")
+        check_nop(job, cls.settings(job).op)
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         o = cls.settings(job)
         return {**super().describe(job), "sqpoll": o.sqpoll, "fixedbufs": o.fixedbufs,
                 "registerfiles": o.registerfiles, "defer_taskrun": o.defer_taskrun,
-                "op": o.op, **({"storage": "none: NOPs"} if o.op == "nop" else {})}
+                **nop_facts(o.op)}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)

@@ -25,7 +25,7 @@ CONTROL_WORDS = 8  # the array's length: room for the words above
 SLOT_STATES = ("FREE", "CLAIMED", "READY", "SUBMITTED", "DONE")
 # the block benchmark's flags (enum BenchFlags)
 BENCH_FLAGS = {"B_RANDOM": 1, "B_FILE_RANDOM": 2, "B_LAND_GPU": 4, "B_VERIFY": 8,
-               "B_CONTINUE": 16, "B_WRITE": 32}
+               "B_CONTINUE": 16, "B_WRITE": 32, "B_NOP": 64}
 # sizes and values both sides use
 CONSTANTS = {
     "PLAT_NR": PLAT_NR,            # fio's latency histogram buckets

@@ -50,7 +50,8 @@ class DeviceQueue:
 
     def __init__(self, *, nrings: int, depth: int, slot_bytes: int, sq_entries: int,
                  cq_entries: int, idle_ms: int, cpus: tuple[int, ...], sqe_async: bool,
-                 fds: list[int], registered: bool, sq_threads: int = 0) -> None:
+                 fds: list[int], registered: bool, sq_threads: int = 0,
+                 nop: bool = False) -> None:
         """``fds``: the files kernels will read; with ``registered`` every ring registers them
         (IOSQE_FIXED_FILE) and its own landing slots (READ_FIXED), as fio's registerfiles and
         fixedbufs: no per-read file reference count, shared by all SQPOLL threads, and no
@@ -89,7 +90,9 @@ class DeviceQueue:
             # the agents make a write's opcode from a read's by adding one
             assert uring.OP_WRITE == uring.OP_READ + 1
             assert uring.OP_WRITE_FIXED == uring.OP_READ_FIXED + 1
-            head = (uring.OP_READ_FIXED if registered else uring.OP_READ) | flags << 8
+            op = (uring.OP_NOP if nop else
+                  uring.OP_READ_FIXED if registered else uring.OP_READ)
+            head = op | flags << 8
             d = self._dev = {
                 "rings": cp.asarray(self.rings.descriptors), "state": cp.zeros(slots, cp.int32),
                 "res": cp.zeros(slots, cp.int32), "off": cp.zeros(slots, cp.uint64),
