@@ -9,9 +9,13 @@ here (``TARGETS``), never in the unit tests: ``--check`` exits 1 if a ratio miss
     python3 bench/compare.py                       # this machine: 1 job, iodepth 32
     python3 bench/compare.py --numjobs 8 16 --fio .peers/fio --check
 
-CPU per I/O is each tool's own figure: fio counts its job threads (RUSAGE_THREAD); gpufio
-counts each worker process over the measured time, io_uring's io-wq and SQPOLL kernel threads
-included, so gpufio's figure also carries the kernel workers' share.
+CPU per I/O is measured like for like: each run (gpufio's or a peer's) starts in a cgroup of
+its own, sampled every few ms, and the CPU charged to it during the tool's measured window
+(gpufio's window_unix_ms; fio's last runtime ms before its timestamp_ms) is divided by the
+measured I/Os. Kernel threads that work for a tool (io_uring's io-wq and SQPOLL threads) are
+created in its cgroup, so they are charged to it, whichever tool it is. Where no cgroup can be
+made (not root), each tool's own figure stands in (fio counts only its job threads), and the
+run says "cpu": "self".
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tabulate import tabulate  # noqa: E402
 
-from gpufio.core import pattern, targets  # noqa: E402
+from gpufio.core import cgroups, pattern, targets  # noqa: E402
 
 # (gpufio engine options, fio options, minimum gpufio/fio IOPS ratio)
 PATHS = {
@@ -114,6 +118,45 @@ def setup_zram_ext4() -> tuple[str, callable] | None:
     return str(path), clean
 
 
+SAMPLE_S = 0.005
+_groups = iter(range(1 << 30))
+
+
+def run_counted(cmd: list[str], **kw) -> tuple[str, list[tuple[float, float]] | None]:
+    """Run ``cmd`` to completion in a cgroup of its own; its stdout and the group's CPU
+    seconds sampled every SAMPLE_S as (Unix ms, seconds), or None where no group can be made."""
+    try:
+        group = cgroups.CpuGroup(f"gpufio-bench-{os.getpid()}-{next(_groups)}")
+    except OSError:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, **kw).stdout, None
+    samples: list[tuple[float, float]] = []
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: group.add(os.getpid()), **kw)
+    try:
+        while proc.poll() is None:
+            t = group.times()
+            samples.append((time.time() * 1e3, t.usr + t.sys))
+            time.sleep(SAMPLE_S)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        group.close([])
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, out, err)
+    return out, samples
+
+
+def window_cpu(samples: list[tuple[float, float]], start_ms: float, end_ms: float) -> float:
+    """CPU seconds charged between two wall-clock instants, interpolated between samples."""
+    import numpy as np
+
+    t = np.array([s[0] for s in samples])
+    cpu = np.array([s[1] for s in samples])
+    return float(np.interp(end_ms, t, cpu) - np.interp(start_ms, t, cpu))
+
+
 def run_gpufio(target: str, opts: dict, numjobs: int, iodepth: int, runtime: int) -> dict:
     """One gpufio run's headline numbers; ``target``: a path, or several joined with ':'
     (fio's filename syntax), I/Os spread over them round-robin."""
@@ -124,15 +167,18 @@ def run_gpufio(target: str, opts: dict, numjobs: int, iodepth: int, runtime: int
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write("\n".join(lines) + "\n")
     try:
-        out = subprocess.run([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json", "-q"],
-                             capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent.parent).stdout
+        out, samples = run_counted([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json",
+                                    "-q"], cwd=Path(__file__).resolve().parent.parent)
     finally:
         os.unlink(f.name)
     job = json.loads(out)["jobs"][0]
     rd = job["write" if job["write"]["total_ios"] > job["read"]["total_ios"] else "read"]
+    ios = job["read"]["total_ios"] + job["write"]["total_ios"]
+    cpu_us, how = job["cpu_us_per_io"], "self"
+    if samples and ios:
+        cpu_us, how = 1e6 * window_cpu(samples, *job["window_unix_ms"]) / ios, "cgroup"
     return {"iops": rd["iops"], "p50": rd["lat_ns"]["percentile"]["50.000000"],
-            "p99": rd["lat_ns"]["percentile"]["99.000000"], "cpu_us": job["cpu_us_per_io"],
+            "p99": rd["lat_ns"]["percentile"]["99.000000"], "cpu_us": cpu_us, "cpu": how,
             "mode": job.get("engine_facts", {}).get("mode"),
             "sq_thread_busy": job.get("engine_facts", {}).get("sq_thread_busy")}
 
@@ -143,18 +189,27 @@ def run_fio(fio: str, target: str, opts: list[str], numjobs: int, iodepth: int,
            "--direct=1", f"--numjobs={numjobs}", f"--iodepth={iodepth}", f"--runtime={runtime}",
            "--time_based", "--ramp_time=1", "--group_reporting", "--output-format=json",
            "--lat_percentiles=1", *opts]
-    job = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["jobs"][0]
+    out, samples = run_counted(cmd)
+    doc = json.loads(out)
+    job = doc["jobs"][0]
     rd = job["write" if job["write"]["total_ios"] > job["read"]["total_ios"] else "read"]
     pct = rd["lat_ns"]["percentile"]
-    # with group_reporting fio's usr_cpu/sys_cpu are the average of the group's jobs
-    cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rd["runtime"] / 1000 * numjobs
+    ios = job["read"]["total_ios"] + job["write"]["total_ios"]
+    if samples and ios:
+        # fio's measured window: its runtime, ending when it wrote its report
+        end = doc["timestamp_ms"]
+        cpu_s, how = window_cpu(samples, end - rd["runtime"], end), "cgroup"
+    else:
+        # with group_reporting fio's usr_cpu/sys_cpu are the average of the group's jobs
+        cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rd["runtime"] / 1000 * numjobs
+        how = "self"
     return {"iops": rd["iops"], "p50": pct["50.000000"], "p99": pct["99.000000"],
-            "cpu_us": 1e6 * cpu_s / rd["total_ios"] if rd["total_ios"] else 0.0}
+            "cpu_us": 1e6 * cpu_s / ios if ios else 0.0, "cpu": how}
 
 
 # the columns of the GPU benches' tables (bench/gpu.py, bench/writes.py)
 CASE_HEADERS = ["target", "gpufio path", "jobs x qd", "gpufio IOPS", "GB/s", "peer",
-                "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p", "gpufio CPU us/IO", "goal"]
+                "peer IOPS", "ratio", "p50 us g/p", "p99 us g/p", "CPU us/IO g/p", "goal"]
 
 
 def case_row(tname: str, c: dict, jobs_qd: str, peer: str, bs: int, g_runs: list[dict],
@@ -183,7 +238,8 @@ def case_row(tname: str, c: dict, jobs_qd: str, peer: str, bs: int, g_runs: list
           f"ratio {ratio:.2f}", file=sys.stderr, flush=True)
     return [tname, label, jobs_qd, round(g["iops"]), f"{g['iops'] * bs / 1e9:.2f}", peer,
             round(p["iops"]), f"{ratio:.2f}", f"{g['p50'] / 1e3:.0f}/{p['p50'] / 1e3:.0f}",
-            f"{g['p99'] / 1e3:.0f}/{p['p99'] / 1e3:.0f}", f"{g['cpu_us']:.2f}", " ".join(verdict)]
+            f"{g['p99'] / 1e3:.0f}/{p['p99'] / 1e3:.0f}", f"{g['cpu_us']:.2f}/{p['cpu_us']:.2f}",
+            " ".join(verdict)]
 
 
 def median(runs: list[dict], key: str) -> float:

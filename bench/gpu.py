@@ -31,11 +31,13 @@ from compare import (  # noqa: E402
     CASE_HEADERS,
     case_row,
     report,
+    run_counted,
     run_fio,
     run_gpufio,
     setup_tmpfs,
     setup_zram,
     setup_zram_ext4,
+    window_cpu,
 )
 
 from gpufio.core import targets  # noqa: E402
@@ -177,7 +179,7 @@ end = time.perf_counter() + {runtime}
 for s in range({iodepth}):
     issue(s)
 done = 0
-t0 = time.perf_counter()
+t0, t0_ms = time.perf_counter(), time.time() * 1e3
 while time.perf_counter() < end:
     for s in range({iodepth}):
         if futs[s].done():
@@ -185,15 +187,19 @@ while time.perf_counter() < end:
             lats.append(time.perf_counter_ns() - t_issue[s])
             done += 1
             issue(s)
-dt = time.perf_counter() - t0
+dt, t1_ms = time.perf_counter() - t0, time.time() * 1e3
 for fu in futs:
     fu.get()
 mode = "compat" if kvikio.defaults.is_compat_mode_preferred() else "gds"
 print(json.dumps({{"iops": done / dt, "p50": float(np.percentile(lats, 50)),
-                  "p99": float(np.percentile(lats, 99)), "cpu_us": 0.0, "mode": mode}}))
+                  "p99": float(np.percentile(lats, 99)), "ios": done, "window": [t0_ms, t1_ms],
+                  "mode": mode}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    out, samples = run_counted([sys.executable, "-c", code])
+    r = json.loads(out.strip().splitlines()[-1])
+    r["cpu_us"], r["cpu"] = ((1e6 * window_cpu(samples, *r["window"]) / r["ios"], "cgroup")
+                             if samples and r["ios"] else (0.0, "none"))
+    return r
 
 
 def main() -> int:

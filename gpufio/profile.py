@@ -78,6 +78,10 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option("verify", "bool", False, "check every block read against the data pattern"),
     Option("continue_on_error", "bool", False, "keep going after I/O errors (they are counted "
            "either way)"),
+    Option("cpu_accounting", "str", "rusage", "how a block job's CPU is counted: 'rusage' "
+           "(gpufio's own processes, with their io_uring kernel threads) or 'cgroup' (a cgroup "
+           "of the job's own: every thread that works for it, counted as for any other tool)",
+           choices=("rusage", "cgroup")),
     Option("sample_interval", "time", 500_000_000, "interval of the IOPS/bandwidth samples",
            minimum=1_000_000),
     Option("percentile_list", "percentiles", PERCENTILES, "latency percentiles to report, as "

@@ -54,6 +54,7 @@ class Job:
     steadystate_duration: int
     steadystate_ramp_time: int
     continue_on_error: bool
+    cpu_accounting: str
     sample_interval: int
     percentile_list: tuple[float, ...]
     engine_options: Mapping[str, Any] = field(default_factory=dict)

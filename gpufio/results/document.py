@@ -94,6 +94,7 @@ def _job_document(r: JobResult) -> dict[str, Any]:
         "sync": {"total_ios": r.syncs, "lat_ns": {"mean": r.sync_ns / r.syncs if r.syncs else 0.0},
                  "seconds": r.sync_ns / 1e9},
         **_cpu_fields(r.cpu.usr, r.cpu.sys, r.runtime_ns, r.ios),
+        "cpu_accounting": r.cpu_accounting, "window_unix_ms": list(r.window_unix_ms),
         "targets": [{**t, **per_target.get(t["path"], {})} for t in r.targets],
         "workers": r.per_worker,
         "errors": [{**e, "errno_name": errno.errorcode.get(e["errno"], "?")} for e in r.errors],

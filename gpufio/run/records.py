@@ -48,6 +48,10 @@ class JobResult:
     phases: list[dict[str, Any]] = field(default_factory=list)
     # each GPU's workers and their directions (runner.per_gpu), when the job uses several
     per_gpu: list[dict[str, Any]] = field(default_factory=list)
+    # how ``cpu`` was counted, and the measured window in wall-clock time (Unix ms), for
+    # tools that cut their own CPU samples to it (the benchmarks)
+    cpu_accounting: str = "rusage"
+    window_unix_ms: tuple[float, float] = (0.0, 0.0)
 
     @property
     def ios(self) -> int:

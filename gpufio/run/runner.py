@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gpufio.core import events, pattern
+from gpufio.core import cgroups, events, pattern
 from gpufio.core import targets as tg
 from gpufio.core.context import DIRECTIONS, READ, WRITE, JobShared, WorkerContext
 from gpufio.core.errors import BadInput
@@ -125,20 +125,43 @@ class JobRun:
         self._in_process = in_process
         self.state = "setup"
         self.t_start = self.t_measure = 0
-        self.cpu0 = CpuTimes.now()
+        self.cpu0 = self._cpu_end = CpuTimes.now()
+        self._group: cgroups.CpuGroup | None = None
+        self._window = (0.0, 0.0)
         self.samples: list[dict[str, float]] = []
         self._last_sample = (0, 0, 0)
         self.interrupted = False
         self._end_syncs = self._end_sync_ns = 0
 
     def start(self) -> None:
-        """Start the workers; they set up their engines and wait for the clock."""
+        """Start the workers; they set up their engines and wait for the clock. With
+        ``cpu_accounting = "cgroup"`` this process moves into a cgroup of the job's own
+        first, so every worker, and every kernel thread they create, is counted there."""
+        if self.job.cpu_accounting == "cgroup":
+            try:
+                self._group = cgroups.CpuGroup(f"gpufio-{os.getpid()}-cpu")
+                self._group.add(os.getpid())
+            except OSError as e:
+                if self._group is not None:
+                    self._group.close()
+                raise BadInput(f"job '{self.job.name}': cpu_accounting = \"cgroup\": cannot "
+                               f"make a cgroup here: {e.strerror or e}") from None
         for w in self.workers:
             w.start()
 
+    def _cpu_now(self) -> CpuTimes:
+        return self._group.times() if self._group is not None else CpuTimes.now()
+
+    def _mark_end(self) -> None:
+        """The end of the measured window: the CPU so far, and the wall clock."""
+        if not self._window[1]:
+            self._cpu_end = self._cpu_now()
+            self._window = (self._window[0], time.time() * 1e3)
+
     def _begin_measure(self, now: int) -> None:
         self.control.begin_measuring()
-        self.cpu0 = CpuTimes.now()
+        self.cpu0 = self._cpu_now()
+        self._window = (time.time() * 1e3, 0.0)
         self.t_measure = now
         self._last_sample = self._steady_last = (now, 0, 0)
         self.state = "run"
@@ -176,6 +199,7 @@ class JobRun:
         if self.state == "run":
             if job.runtime is not None and now >= self.t_measure + job.runtime:
                 self.control.stop()
+                self._mark_end()
             if now >= self._last_sample[0] + job.sample_interval:
                 self._sample(now)
             if self.steady is not None and not self.steady.attained:
@@ -209,6 +233,9 @@ class JobRun:
         runtime (as fio's end_fsync)."""
         for w in self.workers:
             w.join()
+        self._mark_end()
+        if self._group is not None:
+            self._group.close()
         self.shared.close_source()
         if self.job.end_fsync and self.control.measuring and not self._end_syncs:
             t0 = time.monotonic_ns()
@@ -257,7 +284,9 @@ class JobRun:
         measured = self.control.measuring and bool(outcomes)
         end = max((o.finished_ns for o in outcomes), default=self.t_measure) + self._end_sync_ns
         runtime = max(end - self.t_measure, 0) if measured else 0
-        if self._in_process:
+        if self._group is not None:
+            cpu = self._cpu_end - self.cpu0
+        elif self._in_process:
             cpu = CpuTimes(sum(r.cpu.usr for r in recs if r.cpu), sum(r.cpu.sys for r in recs if r.cpu))
         else:
             cpu = CpuTimes.now() - self.cpu0
@@ -316,7 +345,8 @@ class JobRun:
             failure="; ".join(failures) or None, per_worker=per_worker,
             syncs=sum(r.syncs for r in recs) + self._end_syncs,
             sync_ns=sum(r.sync_ns for r in recs) + self._end_sync_ns,
-            steadystate=self.steady.report() if self.steady else None, per_gpu=gpus)
+            steadystate=self.steady.report() if self.steady else None, per_gpu=gpus,
+            cpu_accounting=self.job.cpu_accounting, window_unix_ms=self._window)
 
 
 def per_gpu(job: Job, records: list[tuple[int, Any]]) -> list[dict[str, Any]]:
@@ -401,6 +431,9 @@ def check_machine_limits(profile: Profile) -> None:
     open files than RLIMIT_NOFILE allows (the soft limit is raised to the hard one when that
     suffices, as a user's ulimit -n would), more processes than the kernel has room for."""
     batches = [profile.jobs] if profile.concurrent else [[j] for j in profile.jobs]
+    if profile.concurrent and any(j.cpu_accounting == "cgroup" for j in profile.jobs):
+        raise BadInput("cpu_accounting = \"cgroup\" counts one job at a time: it cannot be "
+                       "used with concurrent = true")
     target_fds = sum(max(len(j.targets), 1) for j in profile.jobs)
     worst = max(batches, key=lambda b: sum(j.numjobs for j in b))
     need = _open_fds() + FDS_SPARE + target_fds + FDS_PER_WORKER * sum(j.numjobs for j in worst)

@@ -12,11 +12,11 @@ the peak usage measured there.
 from __future__ import annotations
 
 import os
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from gpufio.core import cgroups
 from gpufio.core.errors import BadInput
 
 # v2 caps with memory.high: over it the group is throttled and reclaimed, never OOM-killed.
@@ -27,37 +27,11 @@ V1 = {"limit": "memory.limit_in_bytes", "peak": "memory.max_usage_in_bytes"}
 V2 = {"limit": "memory.high", "peak": "memory.peak"}
 
 
-def _mounts() -> tuple[Path | None, Path | None]:
-    """(cgroup v1 memory hierarchy mount, cgroup v2 mount), either may be None."""
-    v1 = v2 = None
-    with open("/proc/mounts") as f:
-        for line in f:
-            _, point, fstype, opts = line.split()[:4]
-            if fstype == "cgroup" and "memory" in opts.split(","):
-                v1 = Path(point)
-            elif fstype == "cgroup2" and v2 is None:
-                v2 = Path(point)
-    return v1, v2
-
-
-def _own_paths() -> tuple[str | None, str | None]:
-    """This process's cgroup path in the v1 memory hierarchy and in v2."""
-    v1 = v2 = None
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            if "memory" in controllers.split(","):
-                v1 = path
-            elif controllers == "":
-                v2 = path
-    return v1, v2
-
-
 def _parent() -> tuple[Path, Path, dict[str, str]]:
     """The memory cgroup to create our group in, the cgroup to come back to, and the
     control file names."""
-    v1_mount, v2_mount = _mounts()
-    v1_path, v2_path = _own_paths()
+    v1_mount, v2_mount = cgroups.mounts("memory")
+    v1_path, v2_path = cgroups.own_paths("memory")
     if v1_mount is not None and v1_path is not None:
         own = v1_mount / v1_path.lstrip("/")
         return own, own, V1
@@ -114,9 +88,4 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
         except OSError:  # memory.peak needs Linux 5.19 on cgroup v2
             facts["peak_bytes"] = None
         (home / "cgroup.procs").write_text(str(os.getpid()))
-        for _ in range(50):  # the kernel may take a moment to let go of the emptied group
-            try:
-                child.rmdir()
-                break
-            except OSError:
-                time.sleep(0.02)
+        cgroups.remove(child)

@@ -1,0 +1,97 @@
+"""cgroups for measuring: where a controller's hierarchy is mounted, this process's place in
+it, and a group of its own whose CPU use can be read.
+
+CPU use is read from the group, not from getrusage, so that kernel threads working for the
+processes in it (io_uring's SQPOLL and io-wq workers, which are created in their task's
+cgroup) are charged the same way for every tool: gpufio's ``cpu_accounting = "cgroup"`` and
+the benchmarks' peers (fio) measured like for like.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from gpufio.core.stats import CpuTimes
+
+
+def mounts(controller: str) -> tuple[Path | None, Path | None]:
+    """(the v1 hierarchy mounted with ``controller``, the v2 mount); either may be None."""
+    v1 = v2 = None
+    with open("/proc/mounts") as f:
+        for line in f:
+            _, point, fstype, opts = line.split()[:4]
+            if fstype == "cgroup" and controller in opts.split(","):
+                v1 = Path(point)
+            elif fstype == "cgroup2" and v2 is None:
+                v2 = Path(point)
+    return v1, v2
+
+
+def own_paths(controller: str) -> tuple[str | None, str | None]:
+    """This process's cgroup path in the v1 ``controller`` hierarchy and in v2."""
+    v1 = v2 = None
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controller in controllers.split(","):
+                v1 = path
+            elif controllers == "":
+                v2 = path
+    return v1, v2
+
+
+def remove(group: Path) -> None:
+    """rmdir an emptied group (the kernel may take a moment to let go of it)."""
+    for _ in range(50):
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+
+
+class CpuGroup:
+    """A new cgroup (cpuacct on v1; on v2 a sibling of this process's own group, whose
+    cpu.stat every v2 group has) that processes are moved into and whose user and system CPU
+    time is read. Raises OSError where no group can be made (not root, no cgroupfs)."""
+
+    def __init__(self, name: str) -> None:
+        v1_mount, v2_mount = mounts("cpuacct")
+        v1_path, v2_path = own_paths("cpuacct")
+        if v1_mount is not None and v1_path is not None:
+            self.home = v1_mount / v1_path.lstrip("/")
+            parent, self.version = self.home, 1
+        elif v2_mount is not None and v2_path is not None:
+            self.home = v2_mount / v2_path.lstrip("/")
+            # a v2 group holding processes may have no children with controllers: a sibling
+            parent, self.version = (self.home if self.home == v2_mount else self.home.parent), 2
+        else:
+            raise OSError("no cgroup hierarchy with CPU accounting is mounted")
+        self.path = parent / name
+        self.path.mkdir(exist_ok=True)
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the group."""
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def times(self) -> CpuTimes:
+        """User and system CPU seconds charged to the group so far."""
+        if self.version == 1:
+            usr = int((self.path / "cpuacct.usage_user").read_text()) / 1e9
+            sys_ = int((self.path / "cpuacct.usage_sys").read_text()) / 1e9
+            return CpuTimes(usr, sys_)
+        stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines())
+        return CpuTimes(int(stat["user_usec"]) / 1e6, int(stat["system_usec"]) / 1e6)
+
+    def close(self, pids: list[int] | None = None) -> None:
+        """Move ``pids`` (default: this process) back home and remove the group."""
+        for pid in pids or [os.getpid()]:
+            try:
+                (self.home / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:
+                pass  # it has ended: nothing to move
+        remove(self.path)

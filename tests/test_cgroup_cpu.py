@@ -1,0 +1,84 @@
+"""CPU counted in a cgroup of the job's own (cpu_accounting = "cgroup"): what a process in the
+group burns is charged to it and nothing else is, the job's result says how its CPU was
+counted, and the group is gone afterwards; where no group can be made it is one line."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpufio.cli import app
+from gpufio.core import cgroups
+from gpufio.profile import from_dict
+from gpufio.run import runner
+
+
+def _group(name: str) -> cgroups.CpuGroup:
+    try:
+        return cgroups.CpuGroup(name)
+    except OSError as e:
+        pytest.skip(f"no cgroup can be made here: {e}")
+
+
+def _burn(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_a_process_in_the_group_is_charged_and_others_are_not():
+    g = _group(f"gpufio-test-{os.getpid()}")
+    try:
+        child = os.fork()
+        if child == 0:
+            try:
+                g.add(os.getpid())
+                _burn(0.3)
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+        _burn(0.3)  # this process, outside the group
+        t = g.times()
+        assert 0.25 <= t.usr + t.sys <= 0.5
+    finally:
+        g.close([])
+    assert not g.path.exists()
+
+
+def test_a_cgroup_job_says_so_and_leaves_no_group_behind(tmp_path):
+    _group(f"gpufio-probe-{os.getpid()}").close([])
+    home = cgroups.own_paths("cpuacct")
+    prof = from_dict({"global": {"engine": "psync", "size": "4m", "directory": str(tmp_path),
+                                 "runtime": "300ms", "time_based": True,
+                                 "cpu_accounting": "cgroup"}}, "t.toml", {})
+    (r,) = runner.run_profile(prof, quiet=True).results
+    assert r.ok and r.cpu_accounting == "cgroup"
+    assert r.cpu.usr + r.cpu.sys > 0
+    start, end = r.window_unix_ms
+    assert 250 <= end - start <= 2000
+    assert cgroups.own_paths("cpuacct") == home  # this process is back where it was
+    parent = Path(_group(f"gpufio-probe-{os.getpid()}").path).parent
+    assert not list(parent.glob(f"gpufio-{os.getpid()}-cpu"))
+
+
+def test_no_cgroup_is_a_one_line_exit_2(monkeypatch, write_profile, pattern_file):
+    def refuse(self, name):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cgroups.CpuGroup, "__init__", refuse)
+    path = write_profile(f'[global]\nengine = "psync"\ntargets = ["{pattern_file}"]\n'
+                         'cpu_accounting = "cgroup"\n')
+    res = CliRunner().invoke(app, ["run", str(path), "-q"])
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines() == [
+        "gpufio: error: job 'job': cpu_accounting = \"cgroup\": cannot make a cgroup here: "
+        "Permission denied"]
+
+
+def test_cgroup_accounting_with_concurrent_jobs_is_refused(write_profile, pattern_file):
+    path = write_profile(f'[global]\nengine = "psync"\ntargets = ["{pattern_file}"]\n'
+                         'concurrent = true\ncpu_accounting = "cgroup"\n[[job]]\n[[job]]\n')
+    res = CliRunner().invoke(app, ["run", str(path), "-q"])
+    assert res.exit_code == 2 and "cannot be used with concurrent = true" in res.stderr
