@@ -180,7 +180,8 @@ def run_gpufio(target: str, opts: dict, numjobs: int, iodepth: int, runtime: int
     return {"iops": rd["iops"], "p50": rd["lat_ns"]["percentile"]["50.000000"],
             "p99": rd["lat_ns"]["percentile"]["99.000000"], "cpu_us": cpu_us, "cpu": how,
             "mode": job.get("engine_facts", {}).get("mode"),
-            "sq_thread_busy": job.get("engine_facts", {}).get("sq_thread_busy")}
+            "sq_thread_busy": job.get("engine_facts", {}).get("sq_thread_busy"),
+            "gpu_price": job.get("engine_facts", {}).get("gpu_price")}
 
 
 def run_fio(fio: str, target: str, opts: list[str], numjobs: int, iodepth: int,

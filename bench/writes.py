@@ -37,12 +37,16 @@ def cases(ram: bool) -> list[dict]:
     """(engine options, jobs, depth, fio jobs, goal) per path; every engine at fio's depth."""
     depth = 64 if ram else 128
     out = []
+    # cuFile's own batch API cannot register tmpfs files (no udev record): root disk only
+    raw_api = () if ram else ({"engine": "cufile", "api": "batch"},)
     for engine in ({"engine": "psync"}, {"engine": "uring", "fixedbufs": True},
                    {"engine": "cpu-gpu", "segments": 4}, {"engine": "mmap"},
-                   {"engine": "cufile"}, {"engine": "gpu-uring", "rings": 1 if not ram else 8}):
+                   {"engine": "cufile"}, *raw_api,
+                   {"engine": "gpu-uring", "rings": 1 if not ram else 8}):
         d = 1 if engine["engine"] in ("psync",) else depth
+        name = " ".join([engine["engine"]] + ([engine["api"]] if "api" in engine else []))
         for shape in SHAPES:
-            out.append({"path": f"{engine['engine']} {shape}", "g": engine, "shape": shape,
+            out.append({"path": f"{name} {shape}", "g": engine, "shape": shape,
                         "depth": d if engine["engine"] != "gpu-uring" or not ram else 128,
                         "fio_jobs": 1, "fio_depth": d, "goal": None if ram else 0.9})
     if ram:

@@ -306,3 +306,31 @@ def test_an_iodepth_above_io_urings_largest_ring_names_iodepth(engine):
                                        r"io_uring ring \(32768 entries\)"):
         from_dict({"global": {"engine": engine, "size": "1m", "iodepth": 40000},
                    "job": [{"name": "j"}]}, "p.toml", {})
+
+
+def test_mmap_writes_ask_for_each_batchs_pages_in_runs():
+    """The pages a write batch will fault are asked for ahead (MADV_WILLNEED): one range per
+    run of adjacent blocks of one target, a range per block otherwise."""
+    import mmap as mm
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from gpufio.engines.mmap import Mmap
+
+    class FakeMap:
+        def __init__(self):
+            self.calls = []
+
+        def madvise(self, advice, start, length):
+            self.calls.append((advice, start, length))
+
+    eng = object.__new__(Mmap)
+    eng.job = SimpleNamespace(bs=4096)
+    eng._maps = [FakeMap(), FakeMap()]
+    offs = np.array([0, 4096, 8192, 40960, 12288, 16384, 512 + 65536], np.uint64)
+    tgt = np.array([0, 0, 0, 0, 0, 1, 1])
+    eng._prefetch(tgt, offs)
+    w = mm.MADV_WILLNEED
+    assert eng._maps[0].calls == [(w, 0, 12288), (w, 40960, 4096), (w, 12288, 4096)]
+    assert eng._maps[1].calls == [(w, 16384, 4096), (w, 65536, 4608)]

@@ -81,3 +81,12 @@ def test_a_kernel_compiled_without_the_macros_says_how_to_compile_it(tmp_path):
                           str(cuda.KERNELS / "gio_agent.cu"), "-o", str(tmp_path / "k.cubin")],
                          capture_output=True, text=True)
     assert res.returncode != 0 and "compile through gpufio.io.cuda" in res.stderr
+
+
+def test_the_gpu_price_counts_agent_warps_requester_blocks_and_sms():
+    from gpufio.engines.gpu_uring import TPB, gpu_price
+
+    p = gpu_price(rings=8, requesters=8 * 128, sms=132)
+    assert p == {"agent_warps": 8, "requester_threads": 1024, "requester_warps": 32,
+                 "blocks": 8 + 1024 // TPB, "sms": 132, "sms_occupied": 8 + 1024 // TPB}
+    assert gpu_price(rings=16, requesters=1 << 16, sms=132)["sms_occupied"] == 132

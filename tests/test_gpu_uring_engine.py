@@ -48,6 +48,9 @@ def test_nop_requests_complete_through_the_rings_without_storage(pattern_file, r
     assert r.ok, (r.failure, r.errors)
     assert r.ios == (16 << 20) // 4096 and r.lat.n == r.ios
     assert r.engine_facts["op"] == "nop" and r.engine_facts["lands_in"] == "nothing: NOPs"
+    (price,) = r.engine_facts["gpu_price"]
+    assert price["agent_warps"] == 2 and price["requester_threads"] == 128
+    assert 0 < price["sms_occupied"] <= price["sms"]
 
 
 def test_tiny_rings_wrap_over_100k_ios(pattern_file):

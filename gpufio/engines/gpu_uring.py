@@ -58,6 +58,16 @@ def resolved_options(job: Job) -> Any:
                    registered=not o.sqe_async if o.registered is None else o.registered)
 
 
+def gpu_price(rings: int, requesters: int, sms: int) -> dict[str, int]:
+    """What the mechanism occupies of the GPU while it runs: one agent warp (a block of its
+    own) per ring and the requester threads in blocks of TPB, each block on one SM; the
+    persistent kernels hold them for the whole job. ``sms_occupied``: at most one SM per block."""
+    blocks = -(-requesters // TPB)
+    return {"agent_warps": rings, "requester_threads": requesters,
+            "requester_warps": -(-requesters // 32), "blocks": rings + blocks, "sms": sms,
+            "sms_occupied": min(rings + blocks, sms)}
+
+
 def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
                nop: bool = False) -> DeviceQueue:
     """The request queue a job's resolved settings (resolved_options) describe, with ``depth``
@@ -202,6 +212,8 @@ class GpuUring(Engine):
             self._dev = self._bench_arrays(job, targets, ctx, o)
         self._stream = cp.cuda.Stream(non_blocking=True)
         self.queue.keep_alive(self._dev, self._stream)  # if the bench kernel never stops
+        ctx.note("gpu_price", [gpu_price(o.rings, self._blocks * TPB,
+                                         gpu.sm_count(job.gpu_of(ctx.worker)))])
         cp.cuda.Stream.null.synchronize()  # not the device: other workers' agents run on it
 
     def _bench_arrays(self, job: Job, targets: list[Target], ctx: WorkerContext,
@@ -361,6 +373,8 @@ class GpuUringFetch:
             self.close()
             raise
         self.queue.keep_alive(self._d_fds, self._stats, self._stream, self.cache)
+        self.facts["gpu_price"] = gpu_price(opts.rings, -(-self._threads // TPB) * TPB,
+                                            gpu.sm_count(xp.cuda.Device().id))
 
     def counters(self) -> dict[str, int]:
         """Rows served since the start: from the cache, read from storage, and duplicates

@@ -9,7 +9,10 @@ the targets' cached pages during setup, so a run starts cold. A target that shri
 mapping makes the kernel raise SIGBUS, as it would in any mmap loader. Writes go the other
 way: a batch's blocks are generated in GPU memory, copied down to page-locked memory and
 stored through a shared writable mapping (the next batch's copy overlapping the stores), and
-the mappings are flushed (msync) before the job ends, inside its time.
+the mappings are flushed (msync) before the job ends, inside its time. A store into a page
+that is not cached faults it in with a synchronous read first, so each batch's pages are
+asked for (MADV_WILLNEED, asynchronous readahead) one batch ahead, as a careful mmap writer
+does: the reads of the next batch overlap the stores of this one.
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class Mmap(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         return {**super().describe(job), "page_cache": True,
                 "drop_cache": cls.settings(job).drop_cache,
+                **({"write_prefetch": "MADV_WILLNEED, one batch ahead"} if job.writes else {}),
                 "gpus": list(job.gpu_list), "lands_in": "gpu memory", "batch": job.iodepth}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
@@ -138,6 +142,21 @@ class Mmap(Engine):
             mask = tgt == t if len(self._views) > 1 else slice(None)
             view[rows[mask]] = src[mask]
 
+    def _prefetch(self, tgt: np.ndarray, offs: np.ndarray) -> None:
+        """Start reading in the pages the stores at ``offs`` will fault (MADV_WILLNEED returns
+        once the reads are queued), sequential runs of blocks as one range."""
+        bs, page = self.job.bs, mm.PAGESIZE
+        starts = offs.astype(np.int64) // page * page
+        ends = offs.astype(np.int64) + bs
+        t = tgt if len(self._maps) > 1 else np.zeros(len(offs), np.int64)
+        lo = 0
+        for i in range(1, len(offs) + 1):
+            if i < len(offs) and t[i] == t[lo] and starts[i - 1] <= starts[i] <= ends[i - 1]:
+                continue  # the same run of pages, continued
+            self._maps[int(t[lo])].madvise(mm.MADV_WILLNEED, int(starts[lo]),
+                                           int(ends[i - 1] - starts[lo]))
+            lo = i
+
     def _run_writes(self) -> None:
         """Batches: pattern generated on the GPU and copied down (stage_out), then stored;
         a batch after which an fsync is due is stored and synced before the next is drawn."""
@@ -151,6 +170,7 @@ class Mmap(Engine):
             started = clock()
             due = False
             if len(offs):
+                self._prefetch(tgt, offs)
                 landing.stage_out(seg, len(offs), offs, ctx.seeds(tgt))
                 due = ctx.sync_due(len(offs))
             batches = [pending] if pending is not None else []

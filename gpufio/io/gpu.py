@@ -102,6 +102,13 @@ def use(index: int) -> Any:
     return cupy
 
 
+def sm_count(index: int) -> int:
+    """Streaming multiprocessors of GPU ``index``."""
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(index)["multiProcessorCount"])
+
+
 # injection libraries of tools that run kernels one at a time (Nsight Compute, the compute
 # sanitizer); Nsight Systems injects too, but lets kernels overlap
 _SERIALISING_TOOLS = (("sanitizer", "compute-sanitizer"), ("TreeLauncher", "Nsight Compute"),
