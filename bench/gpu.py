@@ -243,8 +243,15 @@ def main() -> int:
                 stop_mps = start_mps(Path("/tmp/gpufio-bench-mps")) if c.get("mps") else None
                 try:
                     for _ in range(args.repeat):
-                        g_runs.append(run_gpufio(target, {**c["g"], "verify": True}, c["jobs"],
-                                                 c["depth"], args.runtime))
+                        try:
+                            g_runs.append(run_gpufio(target, {**c["g"], "verify": True},
+                                                     c["jobs"], c["depth"], args.runtime))
+                        except subprocess.CalledProcessError as e:  # say so, and go on
+                            why = (e.stderr or "").strip().splitlines()[-1:] or [f"exit {e.returncode}"]
+                            missed.append(f"{tname} {c['path']}: gpufio failed: {why[0]}")
+                            rows.append([tname, c["path"], f"{c['jobs']}x{c['depth']}",
+                                         f"FAILED: {why[0][:120]}"] + [""] * 8)
+                            break
                         if c.get("kvikio"):
                             p_runs.append(run_kvikio(target, c["depth"], args.runtime))
                         elif c.get("peer_g"):
@@ -256,6 +263,8 @@ def main() -> int:
                 finally:
                     if stop_mps:
                         stop_mps()
+                if len(g_runs) < args.repeat:
+                    continue
                 bs = 1 << 20 if c["g"].get("bs") == "1m" else 4096
                 rows.append(case_row(tname, c, f"{c['jobs']}x{c['depth']}", c["peer"], bs,
                                      g_runs, p_runs, missed, raw))

@@ -31,6 +31,7 @@ class FakeCuFile:
         self.batches: dict[int, list[tuple[int, int, int]]] = {}
         self.submits: list[int] = []
         self.destroyed: list[int] = []
+        self.deregistered: list[int] = []
 
     def get_parameter_size_t(self, param: int) -> int:
         assert param == 9
@@ -44,6 +45,9 @@ class FakeCuFile:
         handle = 1000 + len(self.fds)
         self.fds[handle] = int(d["fd"])
         return handle
+
+    def handle_deregister(self, handle: int) -> None:
+        self.deregistered.append(handle)
 
     def batch_io_set_up(self, nr: int) -> int:
         assert nr <= self.limit
@@ -85,6 +89,12 @@ class FakeCuFile:
 
     def batch_io_destroy(self, h: int) -> None:
         self.destroyed.append(h)
+
+
+@pytest.fixture(autouse=True)
+def fresh_handles(monkeypatch):
+    """Each test its own process-wide handle table (each has its own stand-in cuFile)."""
+    monkeypatch.setattr(cufile_api, "_handles", {})
 
 
 @pytest.fixture
@@ -177,15 +187,27 @@ def test_batch_size_over_the_drivers_limit_is_one_line_naming_it():
     with pytest.raises(BadInput, match=r"^job 'j': iodepth_batch 100 is more than cuFile's "
                                        r"max_batch_io_size here \(64, properties.io_batchsize"):
         cufile.batch_size(job, SimpleNamespace(iodepth_batch=100), cf)
-    assert cufile.batch_size(job, SimpleNamespace(iodepth_batch=0), cf) == 64
-    assert cufile.batch_size(SimpleNamespace(name="j", iodepth=16),
-                             SimpleNamespace(iodepth_batch=0), cf) == 16
+    assert cufile.batch_size(job, SimpleNamespace(iodepth_batch=0), cf) == 64  # the limit
+    assert cufile.batch_size(SimpleNamespace(name="j", iodepth=18),
+                             SimpleNamespace(iodepth_batch=0), cf) == 5  # four batches or so
 
 
 def test_a_refused_handle_names_the_target_and_what_to_check():
     with pytest.raises(BadInput, match=r"^target /mnt/x: cuFileHandleRegister refused it "
                                        r"\(HANDLE_NOT_REGISTERED \(5027\)\).*allow_compat_mode"):
         cufile_api.register_handle(FakeCuFile(), -1, "/mnt/x")
+
+
+def test_workers_sharing_a_descriptor_share_its_handle(target):
+    _, fd = target
+    cf = FakeCuFile()
+    a = cufile_api.register_handle(cf, fd, "t.dat")
+    b = cufile_api.register_handle(cf, fd, "t.dat")  # cuFile itself refuses a second (5028)
+    assert a == b and len(cf.fds) == 1
+    cufile_api.deregister_handle(cf, fd)
+    assert cf.deregistered == []
+    cufile_api.deregister_handle(cf, fd)
+    assert cf.deregistered == [a]
 
 
 def test_results_map_cufile_statuses_to_errno():

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from gpufio.facts.system import Host
 
 POLL_S = 5e-6
+PAGE = 4096
 _settings_lock = threading.Lock()
 
 
@@ -178,7 +179,8 @@ class CuFile(Engine):
                "API (cuFileBatchIOSubmit), or its stream API (cuFileReadAsync/WriteAsync)",
                choices=("kvikio", "batch", "async")),
         Option("iodepth_batch", "int", 0, "api batch: I/Os per cuFile batch, as fio's "
-               "iodepth_batch (0: iodepth, up to the driver's max_batch_io_size)", minimum=0),
+               "iodepth_batch (0: a quarter of iodepth, up to the driver's max_batch_io_size)",
+               minimum=0),
         Option("streams", "int", 0, "api async: CUDA streams the I/Os take turns on "
                "(0: iodepth, at most 16)", minimum=0),
         Option("register_buffers", "bool", False, "register the GPU buffers with cuFile "
@@ -292,10 +294,13 @@ class CuFile(Engine):
             raise BadInput("engine 'cufile': require_gds is set, but cuFile runs in compat mode "
                            "here (no GPUDirect Storage driver, or KVIKIO_COMPAT_MODE=on)")
         try:
-            self.dev = cp.empty(job.iodepth * job.bs, dtype=cp.uint8)
+            self._alloc = cp.empty(job.iodepth * job.bs + PAGE, dtype=cp.uint8)
         except cp.cuda.memory.OutOfMemoryError:
             raise BadInput(f"gpu {job.gpu_of(ctx.worker)}: out of memory for "
                            f"{job.iodepth * job.bs} bytes of buffers") from None
+        # page-aligned slots: cuFile's registered streams and GPUDirect want aligned buffers
+        skip = -self._alloc.data.ptr % PAGE
+        self.dev = self._alloc[skip:skip + job.iodepth * job.bs]
         self._rows = self.dev.reshape(job.iodepth, job.bs)
         self._cp = cp
         self._words = self.dev.view(cp.uint64)
@@ -379,7 +384,7 @@ class CuFile(Engine):
         """Let I/Os still in flight (a failed run) land before their buffers go away."""
         self.queue.close()
         self._rows = self._words = None
-        self.dev = None
+        self.dev = self._alloc = None
 
 
 class KvikioQueue:
@@ -456,7 +461,7 @@ class RawQueue:
 
         self.api = settings.api
         cf = cufile_api.binding()
-        self._cf, self._base = cf, dev.data.ptr
+        self._cf, self._base, self._fds = cf, dev.data.ptr, [t.fd for t in targets]
         self._handles = [cufile_api.register_handle(cf, t.fd, t.path) for t in targets]
         self._registered = False
         if settings.register_buffers:
@@ -473,6 +478,8 @@ class RawQueue:
         self.room, self.submit, self.poll = self._q.room, self._q.submit, self._q.poll
 
     def close(self) -> None:
+        from gpufio.io import cufile_api
+
         deadline = time.perf_counter_ns() + STALL_LIMIT_NS
         while self._q.busy() and time.perf_counter_ns() < deadline:
             self._q.poll()
@@ -480,13 +487,15 @@ class RawQueue:
         self._q.close()
         if self._registered:
             self._cf.buf_deregister(self._base)
-        for h in self._handles:
-            self._cf.handle_deregister(h)
+        for fd in self._fds:
+            cufile_api.deregister_handle(self._cf, fd)
 
 
 def batch_size(job: Job, settings: Any, cf: Any) -> int:
-    """Entries per cuFile batch: the option, or the whole depth up to the driver's limit;
-    more than the driver takes is a one-line error naming the limit."""
+    """Entries per cuFile batch: the option, or a quarter of the depth (up to the driver's
+    limit), so that four batches take turns: a handle takes new I/Os only once all of its
+    batch is done, and one batch of the whole depth would drain to empty before each submit.
+    More than the driver takes is a one-line error naming the limit."""
     from gpufio.io import cufile_api
 
     limit = cufile_api.max_batch(cf)
@@ -494,7 +503,7 @@ def batch_size(job: Job, settings: Any, cf: Any) -> int:
         raise BadInput(f"job '{job.name}': iodepth_batch {settings.iodepth_batch} is more than "
                        f"cuFile's max_batch_io_size here ({limit}, properties.io_batchsize "
                        f"in cufile.json)")
-    return settings.iodepth_batch or min(job.iodepth, limit)
+    return settings.iodepth_batch or min(-(-job.iodepth // 4), limit)
 
 
 def open_queue(job: Job, settings: Any, targets: list[Target], dev: Any, cp: Any) -> Any:

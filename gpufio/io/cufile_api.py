@@ -19,6 +19,7 @@ the binding's own dtypes where it has them), so a batch of any size is one vecto
 from __future__ import annotations
 
 import errno
+import threading
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,10 @@ STREAM_FIXED_ALIGNED = 0xF  # buffer offset, file offset and size known at submi
 DEFAULT_MAX_BATCH = 128  # cuFile's default properties.io_batchsize
 
 _open: dict[str, Any] = {}
+# cuFile registers a descriptor once per process: workers that share a target's descriptor
+# (threads) share its handle, counted
+_handles: dict[int, list[int]] = {}
+_handles_lock = threading.Lock()
 
 
 def binding() -> Any:
@@ -76,15 +81,35 @@ def max_batch(cf: Any) -> int:
 
 
 def register_handle(cf: Any, fd: int, path: str) -> int:
-    """A cuFile handle for the open ``fd`` of ``path``; a refusal is one line naming it."""
-    descr = np.zeros(1, DESCR)
-    descr["type"], descr["fd"] = HANDLE_TYPE_FD, fd
-    try:
-        return int(cf.handle_register(descr.ctypes.data))
-    except Exception as e:
-        raise BadInput(f"target {path}: cuFileHandleRegister refused it ({e}); in compat mode "
-                       f"cuFile needs properties.allow_compat_mode in cufile.json and udev's "
-                       f"record of the filesystem's device ('gpufio doctor' checks both)") from None
+    """A cuFile handle for the open ``fd`` of ``path`` (the one already made for it, if any;
+    release it with ``deregister_handle``); a refusal is one line naming the target."""
+    with _handles_lock:
+        if fd in _handles:
+            _handles[fd][1] += 1
+            return _handles[fd][0]
+        descr = np.zeros(1, DESCR)
+        descr["type"], descr["fd"] = HANDLE_TYPE_FD, fd
+        try:
+            handle = int(cf.handle_register(descr.ctypes.data))
+        except Exception as e:
+            raise BadInput(f"target {path}: cuFileHandleRegister refused it ({e}); in compat "
+                           f"mode cuFile needs properties.allow_compat_mode in cufile.json and "
+                           f"udev's record of the filesystem's device ('gpufio doctor' checks "
+                           f"both)") from None
+        _handles[fd] = [handle, 1]
+        return handle
+
+
+def deregister_handle(cf: Any, fd: int) -> None:
+    """Release a ``register_handle`` handle; the last user deregisters it from cuFile."""
+    with _handles_lock:
+        entry = _handles.get(fd)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _handles[fd]
+            cf.handle_deregister(entry[0])
 
 
 def _result(status: np.ndarray, ret: np.ndarray) -> np.ndarray:
@@ -185,13 +210,15 @@ class StreamQueue:
     def submit(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
                writes: np.ndarray) -> None:
         a = self._args
-        a[slots, 0], a[slots, 1], a[slots, 2], a[slots, 3] = self._bs, offs, slots * self._bs, 0
+        a[slots, 0], a[slots, 1], a[slots, 2], a[slots, 3] = self._bs, offs, 0, 0
         addr = a.ctypes.data
         for s, t, w in zip(slots.tolist(), tgt.tolist(), writes.tolist()):
             stream = self._streams[s % len(self._streams)]
             p = addr + 32 * s
+            # the slot's own address as the base, at offset 0: cuFile's compat mode lands a
+            # read given as base + buffer offset in the wrong place (seen on the H200 machine)
             (self._cf.write_async if w else self._cf.read_async)(
-                self._fh[t], self._base, p, p + 8, p + 16, p + 24, stream.ptr)
+                self._fh[t], self._base + s * self._bs, p, p + 8, p + 16, p + 24, stream.ptr)
             self._events[s].record(stream)
             self._busy[s] = True
 
