@@ -116,6 +116,10 @@ def cases(ram: bool) -> list[dict]:
         # cuFile's own APIs (fio #1915, kvikio #204): batches of the whole depth, or streams
         {"path": "cufile batch", "g": {"engine": "cufile", "api": "batch"}, "depth": 128,
          "jobs": 1, **qd, "goal": 0.9},
+        # cuFile runs compat-mode I/O on execution.max_io_threads threads: 4 by default
+        {"path": "cufile batch 64 threads", "g": {"engine": "cufile", "api": "batch",
+                                                  "threads": 64},
+         "depth": 128, "jobs": 1, **qd, "goal": 0.9},
         {"path": "cufile async", "g": {"engine": "cufile", "api": "async"}, "depth": 128,
          "jobs": 1, **qd, "goal": 0.9},
         # the same against KvikIO driven directly: what of the gap is KvikIO's own

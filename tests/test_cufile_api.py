@@ -221,7 +221,6 @@ def test_results_map_cufile_statuses_to_errno():
 @pytest.mark.parametrize("key,value,api,msg", [
     ("iodepth_batch", 8, "kvikio", "iodepth_batch is for api 'batch'"),
     ("streams", 4, "batch", "streams is for api 'async'"),
-    ("threads", 4, "async", "threads sizes KvikIO's pool"),
 ])
 def test_api_options_out_of_place_are_one_line_errors(write_profile, pattern_file, key, value,
                                                       api, msg):

@@ -172,8 +172,10 @@ class CuFile(Engine):
     uses_gpu = True
     worker_kind = "thread"
     options = (
-        Option("threads", "int", 0, "KvikIO thread-pool size, shared by the process "
-               "(0: a thread per read the process keeps queued)", minimum=0),
+        Option("threads", "int", 0, "api kvikio: KvikIO's thread-pool size, shared by the "
+               "process (0: a thread per I/O the process keeps queued); api batch or async: "
+               "cuFile's own I/O threads, execution.max_io_threads (0: cufile.json's)",
+               minimum=0),
         Option("require_gds", "bool", False, "fail instead of running in cuFile compat mode"),
         Option("api", "str", "kvikio", "how I/Os reach cuFile: KvikIO futures, cuFile's batch "
                "API (cuFileBatchIOSubmit), or its stream API (cuFileReadAsync/WriteAsync)",
@@ -266,9 +268,6 @@ class CuFile(Engine):
     @classmethod
     def check_job(cls, job: Job) -> None:
         s = cls.settings(job)
-        if s.api != "kvikio" and s.threads:
-            raise BadInput(f"job '{job.name}': threads sizes KvikIO's pool; api '{s.api}' "
-                           f"calls cuFile directly and has none")
         if s.api != "batch" and s.iodepth_batch:
             raise BadInput(f"job '{job.name}': iodepth_batch is for api 'batch' "
                            f"(api is '{s.api}')")
@@ -284,6 +283,8 @@ class CuFile(Engine):
         if s.api == "kvikio":
             facts["kvikio"] = {"threads": _threads(job), "task_size": max(job.bs, 4096),
                                "gds_threshold": 0, "bounce_buffer_size": max(job.bs, 4096)}
+        else:
+            facts["cufile_io_threads"] = s.threads or "cufile.json's"
         return facts
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
@@ -460,7 +461,7 @@ class RawQueue:
         from gpufio.io import cufile_api
 
         self.api = settings.api
-        cf = cufile_api.binding()
+        cf = cufile_api.binding(settings.threads)
         self._cf, self._base, self._fds = cf, dev.data.ptr, [t.fd for t in targets]
         self._handles = [cufile_api.register_handle(cf, t.fd, t.path) for t in targets]
         self._registered = False

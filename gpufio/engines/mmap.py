@@ -39,6 +39,10 @@ if TYPE_CHECKING:
     from gpufio.core.targets import Target
 
 SEGMENTS = 2
+# Linux 5.14's MADV_POPULATE_WRITE (Python's mmap module does not name it): fault a range in
+# writable with one call instead of a fault per page, for stores of BIG_STORE bytes or more
+MADV_POPULATE_WRITE = 23
+BIG_STORE = 64 << 10
 
 
 def map_rows(fd: int, size: int, offset: int, rows: int, row_bytes: int,
@@ -142,9 +146,10 @@ class Mmap(Engine):
             mask = tgt == t if len(self._views) > 1 else slice(None)
             view[rows[mask]] = src[mask]
 
-    def _prefetch(self, tgt: np.ndarray, offs: np.ndarray) -> None:
-        """Start reading in the pages the stores at ``offs`` will fault (MADV_WILLNEED returns
-        once the reads are queued), sequential runs of blocks as one range."""
+    def _prefetch(self, tgt: np.ndarray, offs: np.ndarray, advice: int = mm.MADV_WILLNEED) -> None:
+        """Advise the pages the stores at ``offs`` will touch, sequential runs of blocks as one
+        range: MADV_WILLNEED starts reading them in (it returns once the reads are queued);
+        MADV_POPULATE_WRITE maps them writable (where the kernel has it)."""
         bs, page = self.job.bs, mm.PAGESIZE
         starts = offs.astype(np.int64) // page * page
         ends = offs.astype(np.int64) + bs
@@ -153,8 +158,12 @@ class Mmap(Engine):
         for i in range(1, len(offs) + 1):
             if i < len(offs) and t[i] == t[lo] and starts[i - 1] <= starts[i] <= ends[i - 1]:
                 continue  # the same run of pages, continued
-            self._maps[int(t[lo])].madvise(mm.MADV_WILLNEED, int(starts[lo]),
-                                           int(ends[i - 1] - starts[lo]))
+            try:
+                self._maps[int(t[lo])].madvise(advice, int(starts[lo]),
+                                               int(ends[i - 1] - starts[lo]))
+            except OSError:  # EINVAL: a kernel without the advice; the stores fault instead
+                if advice == mm.MADV_WILLNEED:
+                    raise
             lo = i
 
     def _run_writes(self) -> None:
@@ -180,6 +189,8 @@ class Mmap(Engine):
                 pending = None
             for pseg, t0, ptgt, poffs in batches:
                 landing.wait(pseg)
+                if self.job.bs >= BIG_STORE:
+                    self._prefetch(ptgt, poffs, MADV_POPULATE_WRITE)
                 self._store(pseg, ptgt, poffs)
                 ctx.complete(np.full(len(poffs), clock() - t0, dtype=np.int64), ptgt,
                              ok[:len(poffs)], write=True)

@@ -50,8 +50,10 @@ _handles: dict[int, list[int]] = {}
 _handles_lock = threading.Lock()
 
 
-def binding() -> Any:
-    """``cuda.bindings.cufile``, with its driver opened once per process."""
+def binding(threads: int = 0) -> Any:
+    """``cuda.bindings.cufile``, with its driver opened once per process; ``threads``: the
+    I/O threads cuFile runs compat-mode and batch I/Os on (execution.max_io_threads, which
+    cufile.json sets to 4 by default), set before the driver opens (0: cufile.json's)."""
     if "cf" not in _open:
         try:
             import cuda.bindings.cufile as cf
@@ -64,6 +66,12 @@ def binding() -> Any:
             if theirs is not None and theirs.itemsize != ours.itemsize:
                 raise BadInput(f"engine 'cufile': cuda.bindings.cufile's {name} is "
                                f"{theirs.itemsize} bytes, not cufile.h's {ours.itemsize}")
+        if threads:
+            try:
+                cf.set_parameter_size_t(cf.SizeTConfigParameter.EXECUTION_MAX_IO_THREADS, threads)
+            except Exception as e:
+                raise BadInput(f"engine 'cufile': cuFile refused execution.max_io_threads = "
+                               f"{threads}: {e}") from None
         try:
             cf.driver_open()
         except Exception as e:
