@@ -192,6 +192,36 @@ def test_batch_size_over_the_drivers_limit_is_one_line_naming_it():
                              SimpleNamespace(iodepth_batch=0), cf) == 5  # four batches or so
 
 
+def test_cufile_io_threads_outside_the_drivers_range_are_one_line(monkeypatch):
+    class Binding(FakeCuFile):
+        SizeTConfigParameter = SimpleNamespace(PROPERTIES_IO_BATCHSIZE=9,
+                                               EXECUTION_MAX_IO_THREADS=2)
+
+        def get_parameter_min_max_value(self, param):
+            assert param == 2
+            return 0, 32
+
+        def set_parameter_size_t(self, param, value):
+            self.threads = value
+
+        def driver_open(self):
+            self.opened = True
+
+    import sys
+    import types
+
+    fake = Binding()
+    for name in ("cuda", "cuda.bindings"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "cuda.bindings.cufile", fake)
+    monkeypatch.setattr(cufile_api, "_open", {})
+    with pytest.raises(BadInput, match=r"threads 64 is outside cuFile's execution.max_io_threads "
+                                       r"range here \(0 to 32\)"):
+        cufile_api.binding(64)
+    assert not hasattr(fake, "opened")
+    assert cufile_api.binding(32) is fake and fake.threads == 32 and fake.opened
+
+
 def test_a_refused_handle_names_the_target_and_what_to_check():
     with pytest.raises(BadInput, match=r"^target /mnt/x: cuFileHandleRegister refused it "
                                        r"\(HANDLE_NOT_REGISTERED \(5027\)\).*allow_compat_mode"):

@@ -277,6 +277,10 @@ class CuFile(Engine):
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         s = cls.settings(job)
+        if s.api != "kvikio":
+            from gpufio.io import cufile_api
+
+            cufile_api.binding(s.threads)  # before KvikIO opens the driver (cufile_mode)
         facts = {**super().describe(job), "mode": cufile_mode(s.api), "api": s.api,
                  "register_buffers": s.register_buffers, "gpus": list(job.gpu_list),
                  "lands_in": "gpu memory"}

@@ -67,11 +67,21 @@ def binding(threads: int = 0) -> Any:
                 raise BadInput(f"engine 'cufile': cuda.bindings.cufile's {name} is "
                                f"{theirs.itemsize} bytes, not cufile.h's {ours.itemsize}")
         if threads:
+            param = cf.SizeTConfigParameter.EXECUTION_MAX_IO_THREADS
             try:
-                cf.set_parameter_size_t(cf.SizeTConfigParameter.EXECUTION_MAX_IO_THREADS, threads)
+                low, high = cf.get_parameter_min_max_value(param)
+            except Exception:  # older libcufile: no range to ask for; cuFile checks itself
+                low, high = 0, threads
+            if not low <= threads <= high:  # cuFile would print a notice and carry on
+                raise BadInput(f"engine 'cufile': threads {threads} is outside cuFile's "
+                               f"execution.max_io_threads range here ({low} to {high})")
+            try:
+                cf.set_parameter_size_t(param, threads)
             except Exception as e:
                 raise BadInput(f"engine 'cufile': cuFile refused execution.max_io_threads = "
-                               f"{threads}: {e}") from None
+                               f"{threads} ({e}); it is set before cuFile's driver opens, once "
+                               f"a process: run jobs with other threads in another gpufio "
+                               f"run") from None
         try:
             cf.driver_open()
         except Exception as e:
