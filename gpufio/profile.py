@@ -78,6 +78,11 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option("verify", "bool", False, "check every block read against the data pattern"),
     Option("continue_on_error", "bool", False, "keep going after I/O errors (they are counted "
            "either way)"),
+    Option("read_iolog", "str", None, "replay this fio iolog (version 2 or 3) instead of "
+           "generating offsets: its files are the targets, its one I/O length the block size, "
+           "its reads and writes the job's, in its order (fio's read_iolog)"),
+    Option("replay_no_stall", "bool", False, "replay an iolog as fast as possible, ignoring a "
+           "version 3 log's timestamps (fio's replay_no_stall; gpufio replays no other way)"),
     Option("cpu_accounting", "str", "rusage", "how a block job's CPU is counted: 'rusage' "
            "(gpufio's own processes, with their io_uring kernel threads) or 'cgroup' (a cgroup "
            "of the job's own: every thread that works for it, counted as for any other tool)",
@@ -162,7 +167,9 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
     if values["verify"] and values["offset"] % 8:
         raise BadInput(f"{where}key 'offset': verify checks 8-byte pattern words, so the offset "
                        f"must be a multiple of 8, got {values['offset']}")
-    if values["bs"] % 512:
+    if values["read_iolog"]:
+        _replay(values, raw, where)
+    elif values["bs"] % 512:
         raise BadInput(f"{where}key 'bs': {values['bs']} is not a multiple of 512")
     if any(g < 0 for g in values["gpus"]):
         raise BadInput(f"{where}key 'gpus': GPU indexes cannot be negative, got {raw['gpus']!r}")
@@ -176,6 +183,31 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
               options_as_given=dict(raw))
     all_engines()[engine_name].check_job(job)
     return job
+
+
+def _replay(values: dict[str, Any], raw: dict[str, Any], where: str) -> None:
+    """A replayed iolog decides the targets, the block size and the direction (keys that
+    say otherwise are refused)."""
+    from gpufio.core import iolog
+
+    trace = iolog.read(values["read_iolog"])
+    if trace.version == 3 and not values["replay_no_stall"]:
+        raise BadInput(f"{where}key 'read_iolog': gpufio does not replay a version 3 log's "
+                       "timing; set replay_no_stall = true")
+    lengths = sorted(set(trace.lens.tolist()))
+    if len(lengths) > 1:
+        raise BadInput(f"{where}key 'read_iolog': its I/Os have {len(lengths)} lengths "
+                       f"({', '.join(map(str, lengths[:4]))}...); gpufio replays one block size")
+    rw = ("write" if trace.writes.all() else "readwrite" if trace.writes.any() else "read")
+    mine = {"targets": tuple(trace.files), "bs": lengths[0], "rw": rw}
+    for key, value in mine.items():
+        if key in raw and values[key] != value:
+            raise BadInput(f"{where}key '{key}': the iolog {values['read_iolog']} gives "
+                           f"{value!r}; leave '{key}' out")
+    values.update(mine)
+    if rw == "readwrite":
+        share = float(trace.writes.mean())
+        values["rwmixread"] = round(100 * (1 - share))
 
 
 def _check_writes(values: dict[str, Any], raw: dict[str, Any], where: str) -> None:

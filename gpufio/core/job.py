@@ -54,6 +54,8 @@ class Job:
     steadystate_duration: int
     steadystate_ramp_time: int
     continue_on_error: bool
+    read_iolog: str | None
+    replay_no_stall: bool
     cpu_accounting: str
     sample_interval: int
     percentile_list: tuple[float, ...]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -177,6 +178,10 @@ class OffsetStream:
         engines whose offsets are generated elsewhere (GPU threads pick their own)."""
         return self._starts.copy(), np.array(self._nblocks, dtype=np.uint64)
 
+    def block_aligned(self, bs: int, base: int) -> bool:
+        """Whether every I/O starts a whole number of ``bs`` blocks after ``base``: always."""
+        return True
+
     def _generate(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         ntargets = len(self._nblocks)
         if self._file_random:
@@ -201,3 +206,42 @@ class OffsetStream:
         if self._dist.kind == "random":
             return ranks
         return _hash(ranks, self._salt + t) % np.uint64(nblocks)
+
+
+class ReplayStream:
+    """One worker's replay of an iolog (core/iolog.Trace): its I/Os in its order, ``budget``
+    of them (None: over and over, for a time-based job). The same interface as OffsetStream.
+    ``writes`` False reads where the log writes: the read-back of a replay that wrote."""
+
+    def __init__(self, trace: Any, *, budget: int | None, regions: list[tuple[int, int]],
+                 writes: bool = True) -> None:
+        self._tgt, self._offs = trace.tgt, trace.offs
+        self._wr = trace.writes if writes else np.zeros(len(trace.tgt), bool)
+        self._pos = 0
+        self._idx = np.zeros(0, np.int64)
+        self.remaining = budget
+        self._mixed = bool(self._wr.any() and not self._wr.all())
+        self._starts = np.array([r[0] for r in regions], dtype=np.uint64)
+        self._nblocks = np.array([r[1] for r in regions], dtype=np.uint64)
+
+    def next(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n`` of the trace's next I/Os; empty once a single replay is done."""
+        if self.remaining is not None:
+            n = min(n, self.remaining)
+            self.remaining -= n
+        self._idx = (self._pos + np.arange(n, dtype=np.int64)) % len(self._tgt)
+        self._pos = (self._pos + n) % len(self._tgt)
+        return self._tgt[self._idx], self._offs[self._idx]
+
+    def last_writes(self) -> np.ndarray | bool:
+        if self._mixed:
+            return self._wr[self._idx]
+        return bool(self._wr[0])
+
+    def region_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._starts.copy(), self._nblocks.copy()
+
+    def block_aligned(self, bs: int, base: int) -> bool:
+        """Whether every I/O starts a whole number of ``bs`` blocks after ``base``."""
+        return bool(((self._offs.astype(np.int64) - base) % bs == 0).all()
+                    and (self._offs >= base).all())

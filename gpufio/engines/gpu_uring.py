@@ -172,6 +172,9 @@ class GpuUring(Engine):
         if job.fsync or job.fdatasync:
             raise BadInput(f"job '{job.name}': gpu-uring's writes are posted by GPU threads, "
                            "which the host does not order an fsync among; use end_fsync")
+        if job.read_iolog:
+            raise BadInput(f"job '{job.name}': gpu-uring's GPU threads pick their own offsets; "
+                           "replaying an iolog (read_iolog) is not supported by this engine")
         if job.random_distribution.kind != "random":
             raise BadInput(f"job '{job.name}': gpu-uring draws offsets on the GPU, uniformly; "
                            f"random_distribution '{job.random_distribution.kind}' is not "

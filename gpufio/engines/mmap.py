@@ -116,6 +116,9 @@ class Mmap(Engine):
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
+        if not ctx.block_aligned(job.bs, job.offset):
+            raise BadInput(f"job '{job.name}': mmap gathers whole blocks of bs = {job.bs} from "
+                           f"offset {job.offset}; the replayed iolog has I/Os between them")
         self.landing = SegmentedStaging(job.gpu_of(ctx.worker), SEGMENTS, job.iodepth, job.bs,
                                         ctx.verifying, writes=job.writes)
         self._maps: list[mm.mmap] = []

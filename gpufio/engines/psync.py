@@ -55,7 +55,8 @@ class Psync(Engine):
         # a write-only job has two batches of buffers: one written while the other is filled
         self._halves = 2 if job.writes and not job.reads else 1
         self._mem = aligned_buffer(self._halves * BATCH * job.bs)
-        rows = np.frombuffer(self._mem, dtype=np.uint8).reshape(self._halves, BATCH, job.bs)
+        rows = np.frombuffer(self._mem, dtype=np.uint8)[:self._halves * BATCH * job.bs].reshape(
+            self._halves, BATCH, job.bs)
         self._bufs = [rows[h] for h in range(self._halves)]
         # one ready-made iovec list per slot: preadv takes a list of buffers
         view = memoryview(self._mem)

@@ -86,7 +86,8 @@ class Uring(Engine):
             raise BadInput(uring.probe().get("sqpoll_reason", "SQPOLL is not available"))
         depth = job.iodepth
         self._mem = aligned_buffer(depth * job.bs)
-        self._slots = np.frombuffer(self._mem, dtype=np.uint8).reshape(depth, job.bs)
+        # aligned_buffer rounds up to whole pages: the slots are its first depth * bs bytes
+        self._slots = np.frombuffer(self._mem, dtype=np.uint8)[:depth * job.bs].reshape(depth, job.bs)
         self._base = np.uint64(self._slots.ctypes.data)
         self.ring = uring.Ring(o.ring_entries or depth, sqpoll=o.sqpoll,
                                sq_thread_idle_ms=max(o.sq_thread_idle // 1_000_000, 1),

@@ -17,13 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from gpufio.core import cgroups, events, pattern
+import numpy as np
+
+from gpufio.core import cgroups, events, iolog, pattern
 from gpufio.core import targets as tg
 from gpufio.core.context import DIRECTIONS, READ, WRITE, JobShared, WorkerContext
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
 from gpufio.core.job import Job, Profile
-from gpufio.core.offsets import OffsetStream
+from gpufio.core.offsets import OffsetStream, ReplayStream
 from gpufio.core.stats import CpuTimes, LatencyStats
 from gpufio.core.steady import SAMPLE_NS, Criterion, SteadyState
 from gpufio.engines import all_engines
@@ -90,7 +92,10 @@ class JobRun:
         self.shared = JobShared(job.numjobs)
         self.control = self.shared.control
         budget = None
-        if not job.time_based:
+        trace = iolog.read(job.read_iolog) if job.read_iolog else None
+        if trace is not None and not job.time_based:
+            budget = len(trace.tgt)  # each worker replays the whole log, as fio's jobs do
+        elif not job.time_based:
             io_size = job.io_size or sum(n * job.bs for _, n in regions)
             budget = max(io_size // job.bs, 1)
         self.budget = budget
@@ -113,7 +118,10 @@ class JobRun:
                 bs=job.bs, stream=OffsetStream(
                     random=job.random, bs=job.bs, regions=regions, dist=job.random_distribution,
                     file_service=job.file_service, seed=(job.randseed, w),
-                    budget=worker_budgets[w], write_fraction=job.write_fraction),
+                    budget=worker_budgets[w], write_fraction=job.write_fraction)
+                if trace is None else
+                ReplayStream(trace, budget=worker_budgets[w], regions=regions,
+                             writes=job.writes),
                 control=self.control, ntargets=len(targets), block=self.shared.blocks[w],
                 # writes are verified by the read-back, not as they go
                 seeds=seeds, verify=job.verify and job.reads,
@@ -379,6 +387,25 @@ def job_advice(job: Job, facts: dict) -> str | None:
     return None
 
 
+def check_trace(job: Job, trace: Any, opened: list[tg.Target]) -> None:
+    """BadInput for a replayed log that does not fit its targets: an I/O past a target's
+    end, or, with O_DIRECT, one not aligned to 512 bytes."""
+    for t, target in enumerate(opened):
+        mine = trace.tgt == t
+        if not mine.any():
+            continue
+        ends = trace.offs[mine] + trace.lens[mine]
+        if int(ends.max()) > target.size:
+            i = int(np.argmax(ends))
+            raise BadInput(f"key 'read_iolog': {job.read_iolog}: an I/O at byte "
+                           f"{int(trace.offs[mine][i])} of {target.path} runs past its end "
+                           f"({target.size} bytes)")
+        if job.direct and (trace.offs[mine] % 512).any():
+            raise BadInput(f"key 'read_iolog': {job.read_iolog}: offsets of {target.path} that "
+                           "are not multiples of 512 cannot be read with O_DIRECT; set direct = "
+                           "false")
+
+
 def _open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], list[tuple[int, int]]]:
     engine = all_engines()[job.engine]
     why = engine.unavailable()
@@ -393,6 +420,8 @@ def _open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], lis
         regions = [tg.check_region(t, offset=job.offset, size=job.size, bs=job.bs,
                                    direct=job.direct, need_pattern=job.verify and job.reads)
                    for t in opened]
+        if job.read_iolog:
+            check_trace(job, iolog.read(job.read_iolog), opened)
     except BaseException:
         for t in opened:
             t.close()
@@ -469,7 +498,7 @@ def precondition_job(job: Job, index: int) -> Job:
     sequentially, one worker, synced at the end (fio's usual precondition job)."""
     passes = 2 if job.precondition == "seq2" else 1
     return _phase_job(job, f"precondition {index + 1}/{passes}", rw="write", verify=False,
-                      numjobs=1, io_size=None, end_fsync=True)
+                      numjobs=1, io_size=None, end_fsync=True, read_iolog=None)
 
 
 def readback_job(job: Job) -> Job:

@@ -52,6 +52,9 @@ GNN_OPTIONS: tuple[Option, ...] = (
            "warmed by the warm-up iterations; 0: none", minimum=0),
     Option("verify_rows", "int", 64, "aggregated rows per iteration compared with the "
            "generator's values, or with the feature files' own rows (0: none)", minimum=0),
+    Option("gnn_iolog", "str", None, "write every aggregation read (each row asked for: file, "
+           "offset, row length, in order, iteration after iteration) to this file as an fio "
+           "iolog (version 2), for fio's read_iolog or gpufio's"),
 )
 def _offering(what: str) -> str:
     """"engine 'x'" or "engines 'x', 'y'": those whose row fetchers offer ``what`` (a

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufio.core import iolog
 from gpufio.core.job import Job
 from gpufio.core.rows import RowFetchError, RowRequest, evict
 from gpufio.engines import all_engines
@@ -52,6 +53,8 @@ class _Tally:
     losses: list[float] = field(default_factory=list)
     failure: str | None = None
     cache_at_warmup: dict[str, int] = field(default_factory=dict)
+    trace: Any = None  # the gnn_iolog being written (core/iolog.Writer)
+    trace_counts: list[int] = field(default_factory=list)  # its reads, per iteration
 
 
 def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
@@ -65,6 +68,8 @@ def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
     limit = g["memory_limit"]
     if limit:
         evict(ds.paths)  # pages cached before the move would not count against it
+    if g["gnn_iolog"]:
+        tally.trace = iolog.Writer(g["gnn_iolog"], ds.paths)
     try:
         with memlimit.limited(limit) if limit else contextlib.nullcontext({}) as limit_facts:
             try:
@@ -73,7 +78,12 @@ def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
                 tally.failure = f"iteration {tally.done}: {e}"
     finally:
         fetcher.close()
+        if tally.trace is not None:
+            tally.trace.close()
     result = _result(job, ds, tally, fetcher)
+    if tally.trace is not None:
+        result["iolog"] = {"path": tally.trace.path, "entries": tally.trace.entries,
+                           "per_iteration": tally.trace_counts, "row_bytes": ds.layout.row_bytes}
     result["memory_limit"] = limit_facts or None
     if _cache_of(fetcher) is not None:
         result["cache"] = _cache_result(fetcher, tally)
@@ -105,6 +115,11 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
         mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
         sync()
         t1 = time.perf_counter_ns()
+        if tally.trace is not None:  # written before the fetch, outside its time
+            tgt, off = ds.layout.locate(_host(xp, mb.input_nodes))
+            tally.trace.reads(tgt, off, ds.layout.row_bytes)
+            tally.trace_counts.append(len(off))
+            t1 = time.perf_counter_ns()
         x = fetcher.fetch(mb.input_nodes)
         sync()
         t2 = time.perf_counter_ns()
