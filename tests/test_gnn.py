@@ -565,3 +565,78 @@ def test_a_row_fetched_from_the_wrong_place_in_real_data_is_caught(tmp_path, mon
          "fanout": [3, 2], "iterations": 2, "warmup": 1, "directory": str(tmp_path / "s")}
     r = run_job(from_dict({"global": g}, "g.toml", {}).jobs[0])
     assert r["verify"]["mismatches"] > 0 and r["error"] == 1
+
+
+def _igbh(root, dim=32, counts=None, headerless=("author", "institute"), skip_rel=None):
+    """A small IGBH-shaped directory: every node type's features (some .npy, some
+    headerless), paper labels and the four relations."""
+    counts = counts or {"paper": 300, "author": 200, "fos": 50, "institute": 20}
+    base = root / "tiny" / "processed"
+    rng = np.random.default_rng(8)
+    feats = {}
+    for t, n in counts.items():
+        (base / t).mkdir(parents=True)
+        feats[t] = rng.random((n, dim), dtype=np.float32)
+        if t in headerless:
+            feats[t].tofile(base / t / "node_feat.npy")
+        else:
+            np.save(base / t / "node_feat.npy", feats[t])
+    np.save(base / "paper" / "node_label_19.npy", np.arange(counts["paper"]) % 19)
+    rels = {"paper__cites__paper": ("paper", "paper"), "paper__written_by__author": ("paper", "author"),
+            "author__affiliated_to__institute": ("author", "institute"),
+            "paper__topic__fos": ("paper", "fos")}
+    if "journal" in counts:
+        rels["paper__published__journal"] = ("paper", "journal")
+    for rel, (a, b) in rels.items():
+        if rel == skip_rel:
+            continue
+        (base / rel).mkdir()
+        e = np.stack([rng.integers(0, counts[a], 400), rng.integers(0, counts[b], 400)], 1)
+        np.save(base / rel / "edge_index.npy", e.astype(np.int64))
+    return feats
+
+
+def _igbh_job(tmp_path, **extra):
+    g = {"workload": "gnn", "engine": "mmap", "device": "cpu", "dataset": "igb",
+         "igb_hetero": True, "igb_root": str(tmp_path / "igb"), "feature_dim": 32, "hidden": 8,
+         "batch_size": 16, "fanout": [3, 2], "iterations": 3, "warmup": 1,
+         "directory": str(tmp_path / "s"), **extra}
+    return from_dict({"global": g}, "g.toml", {}).jobs[0]
+
+
+def test_igbh_node_types_get_gids_offsets_and_one_table_of_their_rows(tmp_path):
+    feats = _igbh(tmp_path / "igb")
+    r = run_job(_igbh_job(tmp_path))
+    assert r["error"] == 0 and r["nodes"] == 570 and r["verify"]["mismatches"] == 0
+    assert r["node_types"]["first_id"] == {"paper": 0, "author": 300, "fos": 500,
+                                           "institute": 550}
+    assert r["node_types"]["seeds"] == 300
+    (table,) = (tmp_path / "s").glob("gnn-features-igbh-tiny-32-*.f32")
+    want = np.concatenate([feats[t] for t in ("paper", "author", "fos", "institute")])
+    assert np.array_equal(np.fromfile(table, np.float32).reshape(-1, 32), want)
+    assert not [p for p in (tmp_path / "igb").rglob("*") if p.suffix in (".f32", ".npz")]
+
+
+def test_igbh_with_journals_puts_them_after_institutes(tmp_path):
+    _igbh(tmp_path / "igb", counts={"paper": 100, "author": 80, "fos": 10, "institute": 5,
+                                    "journal": 7})
+    r = run_job(_igbh_job(tmp_path))
+    assert r["node_types"]["first_id"]["journal"] == 195 and r["nodes"] == 202
+
+
+def test_igbh_missing_relation_or_truncated_type_is_one_line(tmp_path):
+    _igbh(tmp_path / "a", skip_rel="paper__topic__fos")
+    with pytest.raises(BadInput, match=r"paper__topic__fos/edge_index.npy is missing"):
+        run_job(_igbh_job(tmp_path, igb_root=str(tmp_path / "a")))
+    _igbh(tmp_path / "b")
+    author = tmp_path / "b" / "tiny" / "processed" / "author" / "node_feat.npy"
+    author.write_bytes(author.read_bytes()[:-4])
+    with pytest.raises(BadInput, match=r"author/node_feat.npy: .* not a whole number of "
+                                       r"headerless rows of 32 float32"):
+        run_job(_igbh_job(tmp_path, igb_root=str(tmp_path / "b")))
+
+
+def test_igb_hetero_needs_the_igb_dataset():
+    with pytest.raises(BadInput, match="key 'igb_hetero': needs dataset"):
+        from_dict({"global": {"workload": "gnn", "engine": "mmap", "igb_hetero": True}}, "g.toml",
+                  {})

@@ -28,6 +28,8 @@ class Dataset:
     paths: list[str]
     layout: features.Layout
     generated: bool  # rows carry the generator's values (else they are checked against the files)
+    seeds: int = 0  # mini-batch seeds are drawn from nodes 0..seeds-1 (0: every node)
+    type_offsets: dict[str, int] | None = None  # IGBH: each node type's first global id
 
     @property
     def table(self) -> RowTable:
@@ -68,12 +70,12 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
     nodes, dim = g["nodes"], g["feature_dim"]
     scratch = Path(job.directory or tg.default_scratch_dir())
     if g["dataset"] == "igb":
-        data = igb.load(g["igb_root"], g["igb_size"], dim, scratch)
-        if g["batch_size"] > data.graph.nodes:
+        data = igb.load(g["igb_root"], g["igb_size"], dim, scratch, g["igb_hetero"])
+        if g["batch_size"] > data.seeds:
             raise BadInput(f"key 'batch_size': {g['batch_size']} is more than the "
-                           f"{data.graph.nodes} papers of IGB {g['igb_size']}")
+                           f"{data.seeds} papers of IGB {g['igb_size']}")
         return Dataset(data.graph, [data.features], features.Layout(1, dim * 4, data.header),
-                       generated=False)
+                       generated=False, seeds=data.seeds, type_offsets=data.offsets)
     gr = graph.cached(nodes, g["avg_degree"], job.randseed, scratch)
     if g["feature_file"]:
         paths = list(g["feature_file"])

@@ -26,6 +26,9 @@ GNN_OPTIONS: tuple[Option, ...] = (
            "processed/ trees"),
     Option("igb_size", "str", "tiny", "dataset = \"igb\": which IGB data set",
            choices=("tiny", "small", "medium", "large", "full")),
+    Option("igb_hetero", "bool", False, "dataset = \"igb\": every node type of IGBH (paper, "
+           "author, fos, institute; journal and conference where present) with GIDS's global "
+           "ids, their features as one table built once in the scratch directory"),
     Option("feature_file", "strlist", (), "existing feature files (raw rows or .npy), one per "
            "target, instead of generated ones"),
     Option("feature_offset", "size", 0, "bytes before the first row of a raw feature file "
@@ -92,6 +95,8 @@ def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:
     if gnn["warmup"] >= gnn["iterations"]:
         raise BadInput(f"{where}key 'warmup': {gnn['warmup']} leaves no timed iteration of "
                        f"{gnn['iterations']}")
+    if gnn["igb_hetero"] and gnn["dataset"] != "igb":
+        raise BadInput(f"{where}key 'igb_hetero': needs dataset = \"igb\"")
     if gnn["dataset"] == "igb":
         if not gnn["igb_root"]:
             raise BadInput(f"{where}key 'igb_root': dataset = \"igb\" needs the directory of "

@@ -81,6 +81,9 @@ def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
         if tally.trace is not None:
             tally.trace.close()
     result = _result(job, ds, tally, fetcher)
+    if ds.type_offsets is not None:
+        result["node_types"] = {"first_id": ds.type_offsets, "seed_type": "paper",
+                                "seeds": ds.seeds}
     if tally.trace is not None:
         result["iolog"] = {"path": tally.trace.path, "entries": tally.trace.entries,
                            "per_iteration": tally.trace_counts, "row_bytes": ds.layout.row_bytes}
@@ -111,7 +114,7 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
         if it == g["warmup"] and _cache_of(fetcher) is not None:
             tally.cache_at_warmup = fetcher.counters()
         t0 = time.perf_counter_ns()
-        seeds = xp.floor(rng.random(g["batch_size"]) * ds.graph.nodes).astype(xp.int64)
+        seeds = xp.floor(rng.random(g["batch_size"]) * (ds.seeds or ds.graph.nodes)).astype(xp.int64)
         mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
         sync()
         t1 = time.perf_counter_ns()
