@@ -640,3 +640,31 @@ def test_igb_hetero_needs_the_igb_dataset():
     with pytest.raises(BadInput, match="key 'igb_hetero': needs dataset"):
         from_dict({"global": {"workload": "gnn", "engine": "mmap", "igb_hetero": True}}, "g.toml",
                   {})
+
+
+def test_row_depth_is_the_profiles_or_derived_from_the_batch():
+    from gpufio.core.rows import ROW_DEPTH, RowRequest, row_depth
+
+    assert row_depth(RowRequest(dim=8, max_rows=10_000, direct=True, iodepth=16)) == 16
+    assert row_depth(RowRequest(dim=8, max_rows=10_000, direct=True)) == ROW_DEPTH
+    assert row_depth(RowRequest(dim=8, max_rows=300, direct=True), queues=8) == 38
+    assert row_depth(RowRequest(dim=8, max_rows=3, direct=True), queues=8) == 1
+
+
+@pytest.mark.parametrize("extra,depth,sqe_async", [
+    ({}, 128, None),  # None: io-wq where the table is in memory
+    ({"iodepth": 8}, 8, None),
+    ({"sqe_async": True}, 128, True),
+    ({"sqe_async": False}, 128, False),
+])
+def test_gnn_jobs_need_no_tuning_keys(tmp_path, extra, depth, sqe_async):
+    from gpufio.facts.device import path_facts
+
+    if sqe_async is None:
+        sqe_async = bool(path_facts(str(tmp_path)).get("ram_backed"))
+    g = {"workload": "gnn", "engine": "cpu-gpu", "device": "cpu", "nodes": 3000,
+         "feature_dim": 32, "hidden": 8, "batch_size": 64, "fanout": [4, 2], "iterations": 2,
+         "warmup": 1, "directory": str(tmp_path), **extra}
+    r = run_job(from_dict({"global": g}, "g.toml", {}).jobs[0])
+    assert r["error"] == 0 and r["iodepth"] == depth
+    assert r["fetch"]["sqe_async"] is sqe_async

@@ -57,6 +57,23 @@ class RowRequest:
     direct: bool
     cache_bytes: int = 0
     advice: str = "normal"
+    # the job's iodepth when the profile gives one; None lets the engine pick its rows'
+    # default (row_depth), derived from the batch and the machine like ram_backed's choices
+    iodepth: int | None = None
+    ram_backed: bool = False  # every feature file lives in memory (tmpfs, zram)
+
+
+# reads in flight per queue (ring, pool) when a workload's profile gives no iodepth: the
+# depth the tuned GNN benches used (docs/PERFORMANCE.md); a batch with fewer rows gets fewer
+ROW_DEPTH = 128
+
+
+def row_depth(request: RowRequest, queues: int = 1) -> int:
+    """Reads in flight per queue for a row fetcher: the profile's iodepth, else ROW_DEPTH,
+    but no more than the largest mini-batch spread over ``queues`` needs."""
+    if request.iodepth is not None:
+        return request.iodepth
+    return max(1, min(ROW_DEPTH, -(-request.max_rows // queues)))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,16 @@ import numpy as np
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, close_all, open_rows, row_error
+from gpufio.core.rows import (
+    RowFetchError,
+    RowRequest,
+    RowSupport,
+    RowTable,
+    close_all,
+    open_rows,
+    row_depth,
+    row_error,
+)
 from gpufio.core.slots import SlotTable
 from gpufio.core.targets import aligned_buffer
 from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, sync_files
@@ -77,8 +86,12 @@ class CpuGpu(Engine):
 
     @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-        return UringFetch(table, xp, request.dim, job.iodepth, request.direct,
-                          request.max_rows, cls.settings(job).sqe_async)
+        # with no sqe_async given, hand reads of in-memory tables to io-wq (RAM-backed
+        # targets gained from it: docs/PERFORMANCE.md); a drive's reads stay inline
+        sqe_async = (cls.settings(job).sqe_async if "sqe_async" in job.options_as_given
+                     else request.ram_backed)
+        return UringFetch(table, xp, request.dim, row_depth(request), request.direct,
+                          request.max_rows, sqe_async)
 
     tensors = TensorSupport(host=False)
 
@@ -282,7 +295,7 @@ class UringFetch:
         self.xp, self.dim, self.layout, self.depth = xp, dim, table.layout, iodepth
         self._sqe_flags = uring.SQE_ASYNC if sqe_async else 0
         self.rows = 0
-        self.facts = {"iodepth": iodepth}  # how the rows were fetched, for the result
+        self.facts = {"iodepth": iodepth, "sqe_async": sqe_async}  # how, for the result
         self._fds = np.array(open_rows(table, direct), dtype=np.int64)
         self.ring = uring.Ring(iodepth)
         self._mem = None

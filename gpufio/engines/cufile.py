@@ -23,7 +23,7 @@ import numpy as np
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, row_error
+from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, row_depth, row_error
 from gpufio.core.slots import SlotTable
 from gpufio.core.tensors import (
     Extent,
@@ -193,7 +193,7 @@ class CuFile(Engine):
     @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
         return CuFileFetch(table, xp, request.dim, cls.settings(job).threads,
-                           job.iodepth, request.direct)
+                           row_depth(request), request.direct)
 
     tensors = TensorSupport(host=False)
 

@@ -24,7 +24,16 @@ from gpufio.core.checks import Check, verdict
 from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, close_all, open_rows, row_error
+from gpufio.core.rows import (
+    RowFetchError,
+    RowRequest,
+    RowSupport,
+    RowTable,
+    close_all,
+    open_rows,
+    row_depth,
+    row_error,
+)
 from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
@@ -123,7 +132,14 @@ class GpuUring(Engine):
 
     @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-        return GpuUringFetch(table, xp, request.dim, resolved_options(job), job.iodepth,
+        o = resolved_options(job)
+        if "sqe_async" not in job.options_as_given:
+            # in-memory tables: reads handed to io-wq, which served RAM-backed targets faster
+            # (docs/PERFORMANCE.md); a drive's reads stay inline
+            o = replace(o, sqe_async=request.ram_backed,
+                        registered=(not request.ram_backed if GpuUring.settings(job).registered
+                                    is None else o.registered))
+        return GpuUringFetch(table, xp, request.dim, o, row_depth(request, o.rings),
                              request.direct, request.cache_bytes)
 
     @classmethod
@@ -352,7 +368,8 @@ class GpuUringFetch:
                  direct: bool, cache_bytes: int = 0) -> None:
         self.xp, self.dim, self.layout = xp, dim, table.layout
         self.rows = 0
-        self.facts = {"iodepth": iodepth}  # how the rows were fetched, for the result
+        # how the rows were fetched, for the result
+        self.facts = {"iodepth": iodepth, "rings": opts.rings, "sqe_async": opts.sqe_async}
         self.stall_ns = opts.stall_timeout
         self._threads = opts.rings * iodepth
         self.cache = None

@@ -20,6 +20,7 @@ from gpufio.core import iolog
 from gpufio.core.job import Job
 from gpufio.core.rows import RowFetchError, RowRequest, evict
 from gpufio.engines import all_engines
+from gpufio.facts.device import path_facts
 from gpufio.io import gpu
 from gpufio.workloads.gnn import dataset, features, memlimit, timing
 from gpufio.workloads.gnn.model import GraphSage
@@ -37,7 +38,9 @@ def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
     g = job.workload_options
     most = max_input_nodes(g["batch_size"], list(g["fanout"]), ds.graph.nodes)
     request = RowRequest(dim=g["feature_dim"], max_rows=most, direct=job.direct,
-                         cache_bytes=g["cache_size"], advice=g["mmap_advice"])
+                         cache_bytes=g["cache_size"], advice=g["mmap_advice"],
+                         iodepth=job.iodepth if "iodepth" in job.options_as_given else None,
+                         ram_backed=all(path_facts(p).get("ram_backed") for p in ds.paths))
     return all_engines()[job.engine].row_fetcher(job, ds.table, xp, request)
 
 
@@ -179,7 +182,7 @@ def _result(job: Job, ds: dataset.Dataset, t: _Tally, fetcher: Any) -> dict[str,
         "feature_dim": g["feature_dim"], "batch_size": g["batch_size"],
         "fanout": list(g["fanout"]), "hidden": g["hidden"], "targets": ds.paths,
         "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": fetcher.page_cache,
-        "iodepth": fetcher.facts.get("iodepth"),
+        "iodepth": fetcher.facts.get("iodepth"), "fetch": dict(fetcher.facts),
         "drop_cache": bool(fetcher.facts.get("drop_cache", False)),
         "mmap_advice": fetcher.facts.get("mmap_advice"),
         "baseline": all_engines()[job.engine].rows.baseline,
