@@ -58,7 +58,8 @@ def _uring_fetcher(tmp_path, cache_bytes, rings=1, iodepth=8, nodes=20_000, dim=
         "feature_dim": dim, "batch_size": 16, "rings": rings, "iodepth": iodepth,
         "directory": str(tmp_path)}}, "g.toml", {}).jobs[0]
     ds = dataset.prepare(job)
-    request = RowRequest(dim=dim, max_rows=nodes, direct=job.direct, cache_bytes=cache_bytes)
+    request = RowRequest(dim=dim, max_rows=nodes, direct=job.direct, cache_bytes=cache_bytes,
+                         iodepth=iodepth)
     return GpuUring.row_fetcher(job, ds.table, cp, request), job.randseed
 
 

@@ -132,13 +132,9 @@ class GpuUring(Engine):
 
     @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
+        # the engine's own defaults otherwise (inline, registered): on tmpfs they gathered
+        # faster than io-wq did (docs/PERFORMANCE.md)
         o = resolved_options(job)
-        if "sqe_async" not in job.options_as_given:
-            # in-memory tables: reads handed to io-wq, which served RAM-backed targets faster
-            # (docs/PERFORMANCE.md); a drive's reads stay inline
-            o = replace(o, sqe_async=request.ram_backed,
-                        registered=(not request.ram_backed if GpuUring.settings(job).registered
-                                    is None else o.registered))
         return GpuUringFetch(table, xp, request.dim, o, row_depth(request, o.rings),
                              request.direct, request.cache_bytes)
 
