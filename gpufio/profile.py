@@ -75,6 +75,8 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option("gpu", "int", 0, "GPU index for GPU engines", minimum=0),
     Option("gpus", "intlist", (), "GPU indexes for GPU engines, given to the job's workers "
            "round-robin (overrides 'gpu')"),
+    Option("gpu_targets", "gpu_targets", "all", "which targets each GPU's workers read: "
+           "\"all\", \"nearest\" (the closest by PCIe topology) or {0 = [...], 1 = [...]}"),
     Option("verify", "bool", False, "check every block read against the data pattern"),
     Option("continue_on_error", "bool", False, "keep going after I/O errors (they are counted "
            "either way)"),
@@ -173,6 +175,19 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
         raise BadInput(f"{where}key 'bs': {values['bs']} is not a multiple of 512")
     if any(g < 0 for g in values["gpus"]):
         raise BadInput(f"{where}key 'gpus': GPU indexes cannot be negative, got {raw['gpus']!r}")
+    if isinstance(values["gpu_targets"], tuple):
+        gpus = set(values["gpus"] or (values["gpu"],))
+        for gpu, paths in values["gpu_targets"]:
+            if gpu not in gpus:
+                raise BadInput(f"{where}key 'gpu_targets': GPU {gpu} is not one of the job's "
+                               f"GPUs ({', '.join(map(str, sorted(gpus)))})")
+            for p in paths:
+                if p not in values["targets"]:
+                    raise BadInput(f"{where}key 'gpu_targets': {p} (GPU {gpu}) is not one of "
+                                   "the job's targets")
+        missing = gpus - {g for g, _ in values["gpu_targets"]}
+        if missing:
+            raise BadInput(f"{where}key 'gpu_targets': GPU {min(missing)} reads no target")
     if "targets" in raw and not values["targets"]:
         raise BadInput(f"{where}key 'targets': the list is empty; name files or block devices, "
                        "or leave the key out for a scratch file")

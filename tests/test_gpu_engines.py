@@ -126,3 +126,18 @@ def test_ctrl_c_keeps_results_and_frees_rings_and_gpu_memory(engine, pattern_fil
     assert r.runtime_ns < 5e9
     assert (pool.used_bytes(), _uring_fds()) == before
     assert np.isfinite(r.lat.mean)
+
+
+def test_gpu_targets_limit_each_gpus_reads_and_spawned_workers_sit_on_its_node(odd_targets):
+    a, b = odd_targets
+    engine = {"engine": "cpu-gpu", "iodepth": 8, "processes": True}
+    (r,) = run(engine, odd_targets, rw="randread", verify=True, io_size="1m", numjobs=2,
+               gpu_targets={"0": [str(a)]}).results
+    assert r.ok and [p["ios"] for p in r.per_target] == [r.ios, 0]
+    assert r.engine_facts["gpu_targets"] == {"0": [str(a)]}
+    from gpufio.io.gpu import gpu_facts
+    from gpufio.run.placement import gpu_cpus
+
+    want = gpu_cpus(gpu_facts(), 0)
+    pinned = r.engine_facts["worker_cpus"]
+    assert len(pinned) == 2 and all(w["cpus"] == (want or w["cpus"]) for w in pinned)

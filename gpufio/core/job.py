@@ -42,6 +42,7 @@ class Job:
     gpu: int
     gpus: tuple[int, ...]
     workload: str
+    gpu_targets: Any
     verify: bool
     rwmixread: int
     fsync: int

@@ -124,7 +124,9 @@ class OffsetStream:
 
     def __init__(self, *, random: bool, bs: int, regions: list[tuple[int, int]],
                  dist: Distribution, file_service: str, seed: tuple[int, ...],
-                 budget: int | None, write_fraction: float = 0.0) -> None:
+                 budget: int | None, write_fraction: float = 0.0,
+                 subset: tuple[int, ...] | None = None) -> None:
+        """``subset``: the only targets (indexes) this worker reads (its GPU's gpu_targets)."""
         self._random = random
         self._bs = bs
         self._starts = np.array([r[0] for r in regions], dtype=np.uint64)
@@ -135,6 +137,7 @@ class OffsetStream:
         self._salt = int(self._rng.integers(0, 1 << 63))
         self._cursor = [0] * len(regions)
         self._rr = 0
+        self._subset = np.array(subset if subset else range(len(regions)), dtype=np.int32)
         self.remaining = budget
         self._tgt = np.empty(0, np.int32)
         self._offs = np.empty(0, np.uint64)
@@ -183,14 +186,14 @@ class OffsetStream:
         return True
 
     def _generate(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        ntargets = len(self._nblocks)
+        ntargets = len(self._subset)
         if self._file_random:
-            tgt = self._rng.integers(0, ntargets, n, dtype=np.int32)
+            tgt = self._subset[self._rng.integers(0, ntargets, n)]
         else:
-            tgt = ((self._rr + np.arange(n)) % ntargets).astype(np.int32)
+            tgt = self._subset[(self._rr + np.arange(n)) % ntargets]
             self._rr = (self._rr + n) % ntargets
         blocks = np.empty(n, dtype=np.uint64)
-        for t in range(ntargets):
+        for t in self._subset.tolist():
             mask = tgt == t if ntargets > 1 else slice(None)
             k = int(np.count_nonzero(mask)) if ntargets > 1 else n
             blocks[mask] = self._blocks_for(t, k)

@@ -78,6 +78,24 @@ def _as_percentiles(value: Any, what: str) -> tuple[float, ...]:
     return tuple(sorted(set(out)))
 
 
+def _as_gpu_targets(value: Any, what: str) -> Any:
+    """"all", "nearest", or {gpu index: [targets]} (a TOML table, its keys the indexes), the
+    table as a tuple of (gpu, targets) pairs so that a Job stays hashable and frozen."""
+    if value in ("all", "nearest"):
+        return value
+    if isinstance(value, dict) and value:
+        pairs = []
+        for key, targets in value.items():
+            try:
+                gpu = int(key)
+            except (TypeError, ValueError):
+                raise BadInput(f"{what}: {key!r} is not a GPU index") from None
+            pairs.append((gpu, _as_str_list(targets, f"{what} (GPU {gpu})")))
+        return tuple(sorted(pairs))
+    raise BadInput(f"{what}: expected \"all\", \"nearest\" or a table of GPU index = "
+                   f"[targets], got {value!r}")
+
+
 _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "bool": _as_bool,
     "int": _as_int,
@@ -87,6 +105,7 @@ _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "strlist": _as_str_list,
     "intlist": _as_int_list,
     "percentiles": _as_percentiles,
+    "gpu_targets": _as_gpu_targets,
 }
 
 
@@ -119,7 +138,8 @@ class Option:
 
 # the Python type each kind of option converts to
 _TYPES: dict[str, type] = {"bool": bool, "int": int, "str": str, "size": int, "time": int,
-                           "strlist": tuple, "intlist": tuple, "percentiles": tuple}
+                           "strlist": tuple, "intlist": tuple, "percentiles": tuple,
+                           "gpu_targets": object}
 
 
 def settings_class(name: str, options: tuple[Option, ...]) -> type:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,21 @@ def _disk_dir(dev: int) -> Path | None:
     return node.parent if (node / "partition").exists() else node
 
 
+def pci_device_of(path: str) -> Path | None:
+    """The PCI device (its /sys/devices directory) of the disk holding ``path``: the
+    nearest PCI function above the disk in sysfs (an NVMe controller, a virtio device's
+    function); None for RAM-backed and other targets with no disk on a PCI bus."""
+    st = os.stat(path)
+    disk = _disk_dir(st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev)
+    if disk is None:
+        return None
+    for parent in [disk, *disk.parents]:
+        if _PCI_FUNCTION.match(parent.name):
+            return parent
+    return None
+
+
+_PCI_FUNCTION = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _GT_PER_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
 
 

@@ -255,4 +255,59 @@ def gpu_facts() -> list[dict[str, Any]]:
                     "memory_bytes": int(props["totalGlobalMem"]), "pci_bus_id": bus,
                     "compute_capability": f"{props['major']}.{props['minor']}",
                     **pci_link(device), **pci_place_facts(device)})
+    nvml = nvml_facts([g["pci_bus_id"] for g in out])
+    for g, facts in zip(out, nvml):
+        if facts:
+            g["nvml"] = facts
     return out
+
+
+# NVML's topology levels (nvmlGpuTopologyLevel_t), as the result names them
+_NVML_LEVELS = {0: "same board", 10: "same PCIe switch", 20: "PCIe switches under one host "
+                "bridge", 30: "same host bridge", 40: "same NUMA node", 50: "across sockets"}
+
+
+def nvml_facts(bus_ids: list[str]) -> list[dict[str, Any]]:
+    """What NVML (nvidia-ml-py) says of each GPU, by PCI bus id: its PCIe link now and at
+    most, its CPU affinity, and how it meets each other GPU; [{}...] without NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return [{} for _ in bus_ids]
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver NVML can talk to: sysfs facts only
+        return [{} for _ in bus_ids]
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByPciBusId(b) for b in bus_ids]
+        out = []
+        for i, h in enumerate(handles):
+            facts: dict[str, Any] = {}
+            for key, call in (("link_gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                              ("link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
+                              ("max_link_gen", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                              ("max_link_width", "nvmlDeviceGetMaxPcieLinkWidth")):
+                try:
+                    facts[key] = int(getattr(pynvml, call)(h))
+                except Exception:  # a query this GPU or driver does not answer
+                    pass
+            try:
+                words = pynvml.nvmlDeviceGetCpuAffinity(h, -(-(os.cpu_count() or 1) // 64))
+                facts["cpu_affinity"] = [64 * w + c for w, word in enumerate(words)
+                                         for c in range(64) if word >> c & 1]
+            except Exception:
+                pass
+            peers = {}
+            for j, other in enumerate(handles):
+                if j != i:
+                    try:
+                        level = pynvml.nvmlDeviceGetTopologyCommonAncestor(h, other)
+                        peers[str(j)] = _NVML_LEVELS.get(int(level), str(level))
+                    except Exception:
+                        pass
+            if peers:
+                facts["to_gpus"] = peers
+            out.append(facts)
+        return out
+    finally:
+        pynvml.nvmlShutdown()

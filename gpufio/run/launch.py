@@ -74,7 +74,7 @@ class ThreadWorker:
     """A worker in a thread of this process."""
 
     def __init__(self, engine_cls: type[Engine], job, targets, ctx: WorkerContext,
-                 index: int, go: threading.Event, shared=None) -> None:
+                 index: int, go: threading.Event, shared=None, cpus: list[int] = ()) -> None:
         self._ready = threading.Event()
         self.outcome: WorkerOutcome | None = None
 
@@ -135,18 +135,23 @@ def _serve(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: in
 
 
 def _spawned_main(engine_name: str, job, paths: list[str], spec: dict, shared_source,
-                  nworkers: int, conn, go) -> None:
-    """A fresh interpreter: reopen the targets, map the shared memory, run like a fork."""
+                  nworkers: int, conn, go, cpus: list[int]) -> None:
+    """A fresh interpreter: pinned to ``cpus`` (its GPU's NUMA node) before anything else
+    allocates, its own handle of every target, the shared memory mapped, run like a fork."""
     from gpufio.core import targets as tg
     from gpufio.core.context import JobShared
     from gpufio.engines import all_engines
 
     die_with_parent()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     shared = JobShared(nworkers, shared_source)
     opened = [tg.open_target(p, job.direct, WriteConsent.of(job)) for p in paths]
     try:
         ctx = WorkerContext(**spec, control=shared.control, block=shared.blocks[spec["worker"]],
                             own_cpu=True)
+        ctx.note("worker_cpus", [{"worker": spec["worker"],
+                                  "cpus": sorted(os.sched_getaffinity(0))}])
         _serve(all_engines()[engine_name], job, opened, ctx, spec["worker"], conn, go)
     finally:
         for t in opened:
@@ -159,10 +164,12 @@ class ProcessWorker:
     context = _FORK
 
     def __init__(self, engine_cls: type[Engine], job, targets, ctx: WorkerContext,
-                 index: int, go, shared=None) -> None:
+                 index: int, go, shared=None, cpus: list[int] = ()) -> None:
+        """``cpus``: where a spawned worker runs (its GPU's NUMA node; empty: anywhere)."""
         self._conn, child_conn = self.context.Pipe(duplex=False)
         self.outcome: WorkerOutcome | None = None
         self._index = index
+        self._cpus = list(cpus)
         target, args = self._entry(engine_cls, job, targets, ctx, index, child_conn, go, shared)
         self._proc = self.context.Process(target=target, args=args, daemon=True,
                                           name=f"{job.name}/{index}")
@@ -215,4 +222,5 @@ class SpawnWorker(ProcessWorker):
 
     def _entry(self, engine_cls, job, targets, ctx, index, conn, go, shared) -> tuple:
         return _spawned_main, (engine_cls.name, job, [t.path for t in targets],
-                               ctx.spawn_args(), shared.source, len(shared.blocks), conn, go)
+                               ctx.spawn_args(), shared.source, len(shared.blocks), conn, go,
+                               self._cpus)

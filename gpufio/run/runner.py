@@ -30,6 +30,8 @@ from gpufio.core.stats import CpuTimes, LatencyStats
 from gpufio.core.steady import SAMPLE_NS, Criterion, SteadyState
 from gpufio.engines import all_engines
 from gpufio.engines.base import Engine, label
+from gpufio.io.gpu import gpu_facts
+from gpufio.run import placement
 from gpufio.run.launch import ProcessWorker, SpawnWorker, ThreadWorker
 from gpufio.run.records import DirResult, JobResult, RunOutcome, Snapshot
 
@@ -110,6 +112,13 @@ class JobRun:
         self._steady_last = (0, 0, 0)
         kind = engine.worker_kind_for(job)
         in_process = kind != "thread"
+        gpus = gpu_facts() if engine.uses_gpu else []
+        subsets, placed = placement.target_sets(job, targets, gpus) if engine.uses_gpu \
+            else (None, {})
+        self.engine_facts.update(placed)
+        # a spawned worker runs on the CPUs of its GPU's NUMA node
+        cpus = [placement.gpu_cpus(gpus, job.gpu_of(w)) if kind == "spawn" else []
+                for w in range(job.numjobs)]
         handle = {"process": ProcessWorker, "spawn": SpawnWorker, "thread": ThreadWorker}[kind]
         self._go = (multiprocessing.get_context("fork" if kind == "process" else "spawn").Event()
                     if in_process else threading.Event())
@@ -118,7 +127,8 @@ class JobRun:
                 bs=job.bs, stream=OffsetStream(
                     random=job.random, bs=job.bs, regions=regions, dist=job.random_distribution,
                     file_service=job.file_service, seed=(job.randseed, w),
-                    budget=worker_budgets[w], write_fraction=job.write_fraction)
+                    budget=worker_budgets[w], write_fraction=job.write_fraction,
+                    subset=subsets.get(job.gpu_of(w)) if subsets else None)
                 if trace is None else
                 ReplayStream(trace, budget=worker_budgets[w], regions=regions,
                              writes=job.writes),
@@ -128,7 +138,7 @@ class JobRun:
                 continue_on_error=job.continue_on_error,
                 own_cpu=in_process, worker=w, sync_every=job.fsync or job.fdatasync,
                 datasync=bool(job.fdatasync), fill_threads=fill_threads(job)),
-                w, self._go, self.shared)
+                w, self._go, self.shared, cpus=cpus[w])
             for w in range(job.numjobs)]
         self._in_process = in_process
         self.state = "setup"
