@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufio.cli import app
+from gpufio.core import iolog
 from gpufio.core.errors import BadInput
 from gpufio.profile import from_dict
 from gpufio.workloads.gnn import features, graph, timing
@@ -668,3 +669,36 @@ def test_gnn_jobs_need_no_tuning_keys(tmp_path, extra, depth, sqe_async):
     r = run_job(from_dict({"global": g}, "g.toml", {}).jobs[0])
     assert r["error"] == 0 and r["iodepth"] == depth
     assert r["fetch"]["sqe_async"] is sqe_async
+
+
+def test_a_job_over_two_gpus_runs_a_trainer_each_over_the_one_table(tmp_path):
+    from gpufio.workloads import all_workloads
+
+    g = {"workload": "gnn", "engine": "mmap", "device": "cpu", "nodes": 4000,
+         "feature_dim": 32, "hidden": 8, "batch_size": 32, "fanout": [4, 2], "iterations": 3,
+         "warmup": 1, "directory": str(tmp_path), "gpus": [0, 1],
+         "gnn_iolog": str(tmp_path / "agg.iolog")}
+    doc = all_workloads()["gnn"].run(from_dict({"global": g}, "g.toml", {}), True, 1)
+    (j,) = doc["jobs"]
+    assert j["error"] == 0 and [p["gpu"] for p in j["per_gpu"]] == [0, 1]
+    assert "not exchanged" in j["trainers"]["gradients"]
+    per = [p["aggregation"] for p in j["per_gpu"]]
+    assert j["aggregation"]["rows"] == sum(a["rows"] for a in per)
+    assert j["aggregation"]["iops"] == pytest.approx(sum(a["iops"] for a in per))
+    assert j["verify"]["rows_checked"] == sum(p["verify"]["rows_checked"] for p in j["per_gpu"])
+    logs = [iolog.read(p["iolog"]["path"]) for p in j["per_gpu"]]
+    assert not np.array_equal(logs[0].offs, logs[1].offs)  # their own mini-batches
+    assert len(list(tmp_path.glob("gnn-features-*.f32"))) == 1  # the one shared table
+    from gpufio.workloads.gnn.report import rows
+
+    assert [r["job"] for r in rows(doc)] == ["g", "g · gpu 0", "g · gpu 1"]
+
+
+def test_memory_limit_with_several_trainers_is_refused(tmp_path):
+    from gpufio.workloads.gnn.parallel import run_trainers
+
+    job = from_dict({"global": {"workload": "gnn", "engine": "mmap", "device": "cpu",
+                                "nodes": 2000, "gpus": [0, 1], "memory_limit": "1g",
+                                "directory": str(tmp_path)}}, "g.toml", {}).jobs[0]
+    with pytest.raises(BadInput, match="data-parallel job over gpus \\[0, 1\\] runs 2"):
+        run_trainers(job, lambda: False, None)

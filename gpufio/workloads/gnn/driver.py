@@ -16,8 +16,8 @@ from gpufio.core.job import Profile
 from gpufio.results.live import Interval, LiveTable
 from gpufio.results.render import table
 from gpufio.workloads.gnn import timing
+from gpufio.workloads.gnn.parallel import run_trainers
 from gpufio.workloads.gnn.report import document
-from gpufio.workloads.gnn.run import run_job
 from gpufio.workloads.sequence import run_each
 
 
@@ -79,9 +79,7 @@ def _progress(quiet: bool) -> Any:
 
 def run_profile(prof: Profile, quiet: bool = False) -> dict[str, Any]:
     """Run every job of a GNN profile; Ctrl-C ends the current job after its iteration."""
-    results, interrupted = run_each(
-        prof.jobs, lambda job, stop, progress: [run_job(job, stop=stop, progress=progress)],
-        _progress(quiet))
+    results, interrupted = run_each(prof.jobs, run_trainers, _progress(quiet))
     return document(results, prof.path, interrupted)
 
 

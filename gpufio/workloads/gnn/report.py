@@ -74,6 +74,16 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "cache_hits": f"{100 * j['cache']['hit_rate']:.1f}%" if j.get("cache") else "",
             "verify": f"{j['verify']['mismatches']} bad / {j['verify']['rows_checked']}",
         })
+        for g in j.get("per_gpu", []):  # a data-parallel job's trainers, under its total
+            gs, ga = g["stages"], g["aggregation"]
+            out.append({"job": f"{j['jobname']} · gpu {g['gpu']}", "engine": out[-1]["engine"],
+                        "batch": j["batch_size"], "targets": len(j["targets"]),
+                        "iters": f"{gs.get('timed_iterations', 0)} timed",
+                        **{f"{st}_ms": round(gs.get(f"{st}_ms", 0.0), 2) for st in timing.STAGES},
+                        "total_ms": round(gs.get("total_ms", 0.0), 2),
+                        "agg_share": f"{100 * gs.get('aggregation_share', 0.0):.0f}%",
+                        "agg_rows/s": round(ga["iops"]), "agg_MB/s": round(ga["bw_bytes"] / 1e6, 1),
+                        "verify": f"{g['verify']['mismatches']} bad / {g['verify']['rows_checked']}"})
     return out
 
 

@@ -60,9 +60,12 @@ class _Tally:
     trace_counts: list[int] = field(default_factory=list)  # its reads, per iteration
 
 
-def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
+def run_job(job: Job, stop: Any = None, progress: Any = None,
+            trainer: int | None = None) -> dict[str, Any]:
     """Run one GNN job; ``stop()`` returning True ends it early (Ctrl-C); ``progress(job,
-    iterations done, last iteration's stage ns)`` is called after each iteration."""
+    iterations done, last iteration's stage ns)`` is called after each iteration;
+    ``trainer``: this trainer's index among a data-parallel job's, which draws its own
+    mini-batches."""
     g = job.workload_options
     xp = _array_module(job)
     ds = dataset.prepare(job, xp)
@@ -71,12 +74,13 @@ def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
     limit = g["memory_limit"]
     if limit:
         evict(ds.paths)  # pages cached before the move would not count against it
-    if g["gnn_iolog"]:
-        tally.trace = iolog.Writer(g["gnn_iolog"], ds.paths)
+    if g["gnn_iolog"]:  # a trainer of a data-parallel job writes a log of its own
+        tally.trace = iolog.Writer(g["gnn_iolog"] + ("" if trainer is None else f".gpu{job.gpu}"),
+                                   ds.paths)
     try:
         with memlimit.limited(limit) if limit else contextlib.nullcontext({}) as limit_facts:
             try:
-                _iterate(job, ds, xp, fetcher, tally, stop, progress)
+                _iterate(job, ds, xp, fetcher, tally, stop, progress, trainer)
             except RowFetchError as e:  # the run ends; what was measured so far is reported
                 tally.failure = f"iteration {tally.done}: {e}"
     finally:
@@ -101,15 +105,17 @@ def run_job(job: Job, stop: Any = None, progress: Any = None) -> dict[str, Any]:
 
 
 def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally,
-             stop: Any, progress: Any) -> None:
+             stop: Any, progress: Any, trainer: int | None = None) -> None:
     """Sample, aggregate, train, ``iterations`` times, each stage timed to a device sync."""
     g = job.workload_options
     sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
     indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
     model = GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
                       job.randseed)
-    rng = (np.random.default_rng([job.randseed, 1]) if xp is np
-           else xp.random.default_rng(job.randseed))
+    # each trainer of a data-parallel job its own mini-batches; the table's seed stays the job's
+    seed = [job.randseed, 1] if trainer is None else [job.randseed, 1, trainer]
+    rng = (np.random.default_rng(seed) if xp is np else xp.random.default_rng(
+        job.randseed if trainer is None else int(np.random.SeedSequence(seed).generate_state(1)[0])))
     lr = float(g["learning_rate"])
     for it in range(g["iterations"]):
         if stop is not None and stop():
