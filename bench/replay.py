@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The very same GNN aggregation reads through fio and through each gpufio engine.
+
+A GNN job (``--device``, engine mmap) writes every row its mini-batches ask for as an fio
+iolog (``gnn_iolog``); then fio replays that log into host memory (``--read_iolog``,
+``--replay_no_stall``) and each gpufio engine replays it (``read_iolog``) into its own
+memory (GPU memory for the GPU engines), at the same queue depth, one after another, the
+page cache dropped before each. Prints each replay's reads/s and its ratio to fio's.
+
+    python3 bench/replay.py --fio .peers/fio --dir /mnt/nvme/gnn --engines uring cpu-gpu cufile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from compare import report, run_counted, window_cpu  # noqa: E402
+
+from gpufio.core import iolog  # noqa: E402
+from gpufio.core.rows import evict  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def gpufio_json(profile: str) -> dict:
+    """``gpufio run`` on a profile's text; its JSON document and the run's cgroup samples."""
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(profile)
+    try:
+        out, samples = run_counted([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json",
+                                    "-q"], cwd=ROOT)
+    finally:
+        os.unlink(f.name)
+    return {"doc": json.loads(out), "samples": samples}
+
+
+def trace(args: argparse.Namespace) -> str:
+    """Run the GNN job that writes the log; the log's path."""
+    log = str(Path(args.dir) / "aggregation.iolog")
+    gpufio_json(f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "{args.device}"\n'
+                f"nodes = {args.nodes}\nfeature_dim = 1024\nbatch_size = {args.batch}\n"
+                f"fanout = {json.dumps(args.fanout)}\niterations = {args.iterations}\n"
+                f'warmup = 0\ntargets = ["{args.dir}"]\ngnn_iolog = "{log}"\n')
+    return log
+
+
+def replay_fio(fio: str, log: str, depth: int) -> dict:
+    out, samples = run_counted([fio, "--name=replay", f"--read_iolog={log}",
+                                "--replay_no_stall=1", "--ioengine=io_uring", "--direct=1",
+                                f"--iodepth={depth}", "--output-format=json"])
+    doc = json.loads(out)
+    rd = doc["jobs"][0]["read"]
+    cpu = (1e6 * window_cpu(samples, doc["timestamp_ms"] - rd["runtime"], doc["timestamp_ms"])
+           / rd["total_ios"]) if samples and rd["total_ios"] else None
+    return {"ios": rd["total_ios"], "iops": rd["iops"], "cpu_us": cpu}
+
+
+def replay_gpufio(engine: str, log: str, depth: int) -> dict:
+    r = gpufio_json(f'[global]\nengine = "{engine}"\nread_iolog = "{log}"\niodepth = {depth}\n')
+    job, samples = r["doc"]["jobs"][0], r["samples"]
+    ios = job["read"]["total_ios"]
+    cpu = (1e6 * window_cpu(samples, *job["window_unix_ms"]) / ios) if samples and ios else None
+    return {"ios": ios, "iops": job["read"]["iops"], "cpu_us": cpu, "error": job["error"],
+            "mode": job["engine_facts"].get("mode")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fio", required=True)
+    ap.add_argument("--dir", required=True, help="where the feature table and the log go")
+    ap.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
+    ap.add_argument("--nodes", type=int, default=250_000)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--fanout", type=int, nargs="+", default=[10, 5, 5])
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--iodepth", type=int, default=128)
+    ap.add_argument("--engines", nargs="+", default=["psync", "uring", "cpu-gpu", "cufile", "mmap"])
+    ap.add_argument("--json", help="also write every replay's numbers here")
+    args = ap.parse_args()
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    log = trace(args)
+    entries = len(iolog.read(log).offs)
+    files = list(iolog.read(log).files)
+    evict(files)
+    fio = replay_fio(args.fio, log, args.iodepth)
+    rows = [["fio io_uring (host memory)", args.iodepth, fio["ios"], round(fio["iops"]), "1.00",
+             f"{fio['cpu_us']:.2f}" if fio["cpu_us"] is not None else ""]]
+    raw = {"log": log, "entries": entries, "fio": fio, "gpufio": {}}
+    for engine in args.engines:
+        depth = 1 if engine == "psync" else args.iodepth
+        evict(files)
+        r = replay_gpufio(engine, log, depth)
+        raw["gpufio"][engine] = r
+        name = f"gpufio {engine}" + (f" ({r['mode']})" if r.get("mode") else "")
+        rows.append([name, depth, r["ios"], round(r["iops"]), f"{r['iops'] / fio['iops']:.2f}",
+                     f"{r['cpu_us']:.2f}" if r["cpu_us"] is not None else ""])
+    return report(f"{entries} aggregation reads of {args.iterations} GNN iterations "
+                  f"(batch {args.batch}, fanout {args.fanout}), replayed once each", rows,
+                  ["replay", "qd", "reads", "reads/s", "vs fio", "CPU us/read"], raw, args.json, [])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
