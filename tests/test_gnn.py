@@ -361,6 +361,8 @@ def test_memory_limit_runs_the_iterations_in_a_capped_cgroup_and_comes_back(tmp_
     assert r["error"] == 0 and facts["limit_bytes"] == 512 << 20
     assert facts["cgroup_version"] in (1, 2) and f"gpufio-{os.getpid()}" in facts["cgroup"]
     assert facts["peak_bytes"] is None or 0 < facts["peak_bytes"] <= 512 << 20
+    for key in ("usage_at_entry_bytes", "usage_at_exit_bytes"):  # what the group held
+        assert facts[key] is None or 0 <= facts[key] <= 512 << 20
     assert open("/proc/self/cgroup").read() == before
     assert not os.path.exists(facts["cgroup"])
 
@@ -383,6 +385,29 @@ def test_a_killed_runs_empty_cgroup_is_removed_by_the_next_run():
         for g in (stale, live):
             if g.exists():
                 g.rmdir()
+
+
+def test_a_limited_job_rehearses_a_step_outside_the_group_first(tmp_path, monkeypatch):
+    """Everything the iterations would set up lazily is set up before the move (GPU
+    libraries and kernels there): the rehearsal's step runs before memlimit.limited, and the
+    job's own rows and mini-batches are as without it."""
+    from gpufio.workloads.gnn import memlimit, run
+
+    order = []
+    real_limited, real_rehearse = memlimit.limited, run._rehearse
+    monkeypatch.setattr(run, "_rehearse", lambda *a: (order.append("rehearse"),
+                                                      real_rehearse(*a))[1])
+
+    def limited(limit):
+        order.append("limit")
+        return real_limited(limit)
+
+    monkeypatch.setattr(memlimit, "limited", limited)
+    limited_run = run_job(from_dict(_gnn(tmp_path, memory_limit="512m"), "g.toml", {}).jobs[0])
+    plain = run_job(from_dict(_gnn(tmp_path), "g.toml", {}).jobs[0])
+    assert order == ["rehearse", "limit"]
+    assert limited_run["aggregation"]["rows"] == plain["aggregation"]["rows"]
+    assert limited_run["loss_first"] == plain["loss_first"]
 
 
 def test_memory_limit_where_no_cgroup_can_be_made_is_exit_2(tmp_path, monkeypatch):

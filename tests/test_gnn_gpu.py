@@ -129,3 +129,30 @@ def test_gnn_job_with_gpu_cache_reports_its_hit_rate_over_timed_iterations(tmp_p
     assert c["rows"] == 8192 and c["bytes"] == 8 << 20
     assert c["hits"] + c["reads"] + c["coalesced"] == r["aggregation"]["rows"]
     assert 0 < c["hit_rate"] < 1  # hub nodes recur across batches; the table has more rows
+
+
+@pytest.mark.parametrize("engine", ["mmap", "cpu-gpu", "gpu-uring", "cufile"])
+def test_each_engine_finishes_first_in_a_fresh_process_under_a_small_limit(engine, tmp_path):
+    """Issue 18's stall: a job run first in its process under a memory_limit 4x smaller
+    than its table must finish, at the speed the limit allows, and say what the group held."""
+    import json
+    import subprocess
+    import sys
+
+    from gpufio.engines import all_engines
+
+    if why := all_engines()[engine].unavailable():
+        pytest.skip(why)
+    profile = tmp_path / "g.toml"
+    profile.write_text(f'[global]\nworkload = "gnn"\nengine = "{engine}"\nnodes = 100_000\n'
+                       'feature_dim = 1024\nbatch_size = 256\nfanout = [5, 3]\n'
+                       'iterations = 4\nwarmup = 1\nmemory_limit = "100m"\n'
+                       f'directory = "{tmp_path}"\n')
+    out = subprocess.run([sys.executable, "-m", "gpufio", "run", str(profile), "-f", "json",
+                          "-q"], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (j,) = json.loads(out.stdout)["jobs"]
+    assert j["iterations_done"] == 4 and j["verify"]["mismatches"] == 0
+    m = j["memory_limit"]
+    assert m["limit_bytes"] == 100 << 20 and j["feature_bytes"] >= 4 * m["limit_bytes"]
+    assert m["usage_at_entry_bytes"] is not None and m["peak_bytes"] is not None

@@ -23,8 +23,9 @@ from gpufio.core.errors import BadInput
 # A hard memory.max kills a loader whose mapped pages are faulted back as fast as reclaim
 # takes them, which is exactly the thrashing an out-of-core mmap run is meant to show.
 # v1 has only the hard limit.
-V1 = {"limit": "memory.limit_in_bytes", "peak": "memory.max_usage_in_bytes"}
-V2 = {"limit": "memory.high", "peak": "memory.peak"}
+V1 = {"limit": "memory.limit_in_bytes", "peak": "memory.max_usage_in_bytes",
+      "usage": "memory.usage_in_bytes"}
+V2 = {"limit": "memory.high", "peak": "memory.peak", "usage": "memory.current"}
 
 
 def _parent() -> tuple[Path, Path, dict[str, str]]:
@@ -62,6 +63,13 @@ def _remove_stale(parent: Path) -> None:
             pass  # not ours to remove, or not empty after all
 
 
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 @contextmanager
 def limited(limit: int) -> Iterator[dict[str, Any]]:
     """Run the block with this process's new memory charged to a cgroup capped at ``limit``
@@ -80,12 +88,12 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
     facts: dict[str, Any] = {"limit_bytes": limit, "cgroup": str(child),
                              "cgroup_version": 1 if files is V1 else 2,
                              "control": files["limit"]}
+    facts["usage_at_entry_bytes"] = _read_int(child / files["usage"])
     try:
         yield facts
     finally:
-        try:
-            facts["peak_bytes"] = int((child / files["peak"]).read_text())
-        except OSError:  # memory.peak needs Linux 5.19 on cgroup v2
-            facts["peak_bytes"] = None
+        facts["usage_at_exit_bytes"] = _read_int(child / files["usage"])
+        # memory.peak needs Linux 5.19 on cgroup v2
+        facts["peak_bytes"] = _read_int(child / files["peak"])
         (home / "cgroup.procs").write_text(str(os.getpid()))
         cgroups.remove(child)
