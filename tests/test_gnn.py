@@ -727,3 +727,25 @@ def test_memory_limit_with_several_trainers_is_refused(tmp_path):
                                 "directory": str(tmp_path)}}, "g.toml", {}).jobs[0]
     with pytest.raises(BadInput, match="data-parallel job over gpus \\[0, 1\\] runs 2"):
         run_trainers(job, lambda: False, None)
+
+
+@pytest.mark.parametrize("nodes,dim", [(1000, 32), (640, 1024), (77, 100)])
+def test_the_generated_table_is_written_in_turns_and_holds_every_row(tmp_path, monkeypatch,
+                                                                     nodes, dim):
+    """Two buffers taking turns, O_DIRECT where the pieces are page-aligned and a last piece
+    that is not written through the page cache: every row lands where the layout says."""
+    from gpufio.core.rows import Layout
+    from gpufio.workloads.gnn import features
+
+    monkeypatch.setattr(features, "WRITE_BYTES", 64 * 1024)  # many pieces, and a tail
+    seen = []
+    monkeypatch.setattr(features.events, "emit", lambda kind, line: seen.append(line))
+    layout = Layout(2, dim * 4)
+    for t in range(2):
+        path = tmp_path / f"part{t}.f32"
+        features.write_share(str(path), t, layout, nodes, dim, 9)
+        assert path.stat().st_size == layout.bytes_needed(t, nodes)
+        ids = np.arange(t, nodes, 2)
+        got = np.fromfile(path, np.float32).reshape(-1, dim)
+        assert np.array_equal(got, features.values(9, ids, dim))
+    assert seen and "GB/s" in seen[-1] and "s left" in seen[-1]

@@ -10,14 +10,21 @@ without reading the file again.
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 import numpy as np
 
+from gpufio.core import events
 from gpufio.core.errors import BadInput
 from gpufio.core.pattern import seed_mix, splitmix64
 from gpufio.core.rows import Layout
+from gpufio.core.targets import aligned_buffer
 
-WRITE_ROWS = 4096
+# bytes a generated table is written in: large sequential writes, two buffers taking turns
+# (one written while the next is generated)
+WRITE_BYTES = 64 << 20
+PROGRESS_S = 2.0
 
 
 def values(seed: int, nodes: np.ndarray, dim: int, xp=np) -> "np.ndarray":
@@ -55,20 +62,126 @@ def check_file(path: str, layout: Layout, target: int, nodes: int) -> None:
 
 def write_share(path: str, target: int, layout: Layout, nodes: int, dim: int,
                 seed: int, xp=np) -> None:
-    """Write target ``target``'s rows of the striped generated table into ``path``; the
-    values are computed with ``xp`` (CuPy makes a table of many GB take seconds, not
-    minutes of NumPy)."""
+    """Write target ``target``'s rows of the striped generated table into ``path``, at
+    storage speed: the values are computed with ``xp`` (on the GPU with CuPy) into one of
+    two host buffers (pinned for CuPy) while a thread writes the other with large
+    sequential writes (O_DIRECT where the rows are page-aligned), with progress lines
+    giving the rate and the time left."""
     ids = np.arange(target, nodes, layout.ntargets, dtype=np.int64)
+    per = max(1, WRITE_BYTES // layout.row_bytes)
+    total = layout.bytes_needed(target, nodes)
+    direct = layout.header % 4096 == 0 and (per * layout.row_bytes) % 4096 == 0
+    bufs = [_host_buffer(per * layout.row_bytes, xp) for _ in range(2)]
     with open(path, "wb") as f:
-        f.truncate(layout.bytes_needed(target, nodes))
-        for lo in range(0, len(ids), WRITE_ROWS):
-            chunk = ids[lo:lo + WRITE_ROWS]
-            rows = np.zeros((len(chunk), layout.row_bytes // 4), np.float32)
+        f.truncate(total)
+    fd = _open_for_writes(path, direct)
+    try:
+        writer = _Writer(fd, path, total)
+        for k, lo in enumerate(range(0, len(ids), per)):
+            chunk = ids[lo:lo + per]
+            buf = bufs[k % 2]
+            writer.wait_free(k % 2)
+            rows = np.frombuffer(buf, np.float32, len(chunk) * layout.row_bytes // 4)
+            rows = rows.reshape(len(chunk), layout.row_bytes // 4)
             vals = values(seed, xp.asarray(chunk), dim, xp)
-            rows[:, :dim] = vals if xp is np else vals.get()
-            f.seek(layout.header + lo * layout.row_bytes)
-            f.write(rows.tobytes())
-        os.fsync(f.fileno())  # written back, so evicting the file's pages really drops them
+            if xp is np:
+                rows[:, :dim] = vals
+            elif rows.shape[1] == dim:
+                vals.get(out=rows)  # straight into the pinned buffer
+            else:
+                rows[:, :dim] = vals.get()
+            nbytes = len(chunk) * layout.row_bytes
+            if direct and nbytes % 4096:  # the last piece of an O_DIRECT file: its own fd
+                writer.finish()
+                os.close(fd)
+                fd = _open_for_writes(path, False)
+                writer = _Writer(fd, path, total, writer.done)
+            writer.put(k % 2, memoryview(buf)[:nbytes], layout.header + lo * layout.row_bytes)
+        writer.finish()
+        os.fsync(fd)  # written back, so evicting the file's pages really drops them
+    finally:
+        os.close(fd)
+
+
+def _host_buffer(nbytes: int, xp) -> Any:
+    """A page-aligned host buffer: pinned memory for CuPy's copies, else an anonymous map."""
+    if xp is not np:
+        import cupyx
+
+        # pinned memory comes from a pool that aligns to less than a page (O_DIRECT's need)
+        whole = cupyx.empty_pinned((nbytes + 4096,), np.uint8)
+        skip = -whole.ctypes.data % 4096
+        return whole[skip:skip + nbytes]
+    return aligned_buffer(nbytes)
+
+
+def _open_for_writes(path: str, direct: bool) -> int:
+    """A descriptor writing ``path``: O_DIRECT where asked and the filesystem takes it."""
+    if direct:
+        try:
+            return os.open(path, os.O_WRONLY | os.O_DIRECT)
+        except OSError:  # a filesystem without O_DIRECT: through the page cache
+            pass
+    return os.open(path, os.O_WRONLY)
+
+
+class _Writer:
+    """The writing thread: each put buffer is written at its offset while the next one is
+    generated; wait_free(b) returns once buffer b is written; progress lines on the way."""
+
+    def __init__(self, fd: int, path: str, total: int, done: int = 0) -> None:
+        import queue
+        import threading
+
+        self._fd, self._path, self._total, self.done = fd, path, total, done
+        self._queue: Any = queue.Queue(maxsize=1)
+        self._free = [threading.Event(), threading.Event()]
+        for e in self._free:
+            e.set()
+        self._error: BaseException | None = None
+        self._t0 = self._shown = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="gnn-writer")
+        self._thread.start()
+
+    def put(self, b: int, data: memoryview, offset: int) -> None:
+        self._free[b].clear()
+        self._queue.put((b, data, offset))
+
+    def wait_free(self, b: int) -> None:
+        self._free[b].wait()
+        if self._error is not None:
+            raise self._error
+
+    def finish(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            b, data, offset = item
+            try:
+                while len(data):
+                    n = os.pwrite(self._fd, data, offset)
+                    data, offset = data[n:], offset + n
+                    self.done += n
+                self._progress()
+            except BaseException as e:  # raised in the generating thread
+                self._error = e
+            finally:
+                self._free[b].set()
+
+    def _progress(self) -> None:
+        now = time.perf_counter()
+        if now - self._shown < PROGRESS_S and self.done < self._total:
+            return
+        self._shown = now
+        rate = self.done / max(now - self._t0, 1e-9)
+        left = (self._total - self.done) / rate if rate else 0.0
+        events.emit("progress", f"gpufio: {self._path}: {self.done / 1e9:.1f} of "
+                                f"{self._total / 1e9:.1f} GB, {rate / 1e9:.2f} GB/s, "
+                                f"{left:.0f} s left")
 
 
 def holds_generated(path: str, target: int, layout: Layout, dim: int, seed: int) -> bool:
