@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import report  # noqa: E402
+from compare import report, run_counted, window_cpu  # noqa: E402
 
 from gpufio.core.units import parse_size  # noqa: E402
 
@@ -61,15 +61,23 @@ def run_gpufio(directory: str, where: str, state: str, bs: str, depth: int, iter
     return json.loads(out.stdout)["jobs"]
 
 
-def run_fio(fio: str, path: str, rw: str, size: int, bs: str, depth: int, direct: bool) -> float:
-    """fio's GB/s for one sequential pass over ``size`` bytes: bytes over the job's runtime
-    (a write's end_fsync included)."""
+def run_fio(fio: str, path: str, rw: str, size: int, bs: str, depth: int,
+            direct: bool) -> tuple[float, float | None]:
+    """fio's GB/s for one sequential pass over ``size`` bytes (bytes over the job's runtime,
+    a write's end_fsync included) and its CPU seconds per GB, from its cgroup over that
+    runtime (kernel threads working for it included, as gpufio's process times include its
+    io-wq and pool threads); None where no cgroup can be made."""
     cmd = [fio, "--name=ckpt", f"--filename={path}", f"--rw={rw}", f"--bs={bs}",
            f"--size={size}", f"--iodepth={depth}", "--ioengine=io_uring",
            f"--direct={int(direct)}", "--output-format=json",
            *(["--end_fsync=1"] if rw == "write" else [])]
-    job = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["jobs"][0]
-    return job[rw]["io_bytes"] / (job["job_runtime"] / 1e3) / 1e9
+    out, samples = run_counted(cmd)
+    doc = json.loads(out)
+    job = doc["jobs"][0]
+    gb = job[rw]["io_bytes"] / 1e9
+    cpu = (window_cpu(samples, doc["timestamp_ms"] - job["job_runtime"], doc["timestamp_ms"]) / gb
+           if samples and gb else None)
+    return gb / (job["job_runtime"] / 1e3), cpu
 
 
 def drop(path: str) -> None:
@@ -109,13 +117,17 @@ def main() -> int:
             for name in os.listdir(directory):  # room for fio's file
                 os.unlink(os.path.join(directory, name))
             peer = os.path.join(directory, "fio-ckpt.dat")
-            fio_w = run_fio(args.fio, peer, "write", size, args.bs, args.iodepth, not ram)
+            fio_w, fio_w_cpu = run_fio(args.fio, peer, "write", size, args.bs, args.iodepth,
+                                       not ram)
             drop(peer)
-            fio_r = run_fio(args.fio, peer, "read", size, args.bs, args.iodepth, not ram)
+            fio_r, fio_r_cpu = run_fio(args.fio, peer, "read", size, args.bs, args.iodepth,
+                                       not ram)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         raw.append({"target": tname, "layout": where, "gpufio": jobs, "fio_write_gbps": fio_w,
-                    "fio_read_gbps": fio_r})
+                    "fio_read_gbps": fio_r, "fio_cpu_s_per_gb": [fio_w_cpu, fio_r_cpu]})
+        fio_cpu = (f"{fio_w_cpu:.2f}/{fio_r_cpu:.2f}" if None not in (fio_w_cpu, fio_r_cpu)
+                   else "")
         for j in jobs:
             s, r = j["save"]["gb_per_s"], j["restore"]["gb_per_s"]
             vs = j.get("vs_naive")
@@ -135,6 +147,7 @@ def main() -> int:
                          f"{vs['save']:.2f}/{vs['restore']:.2f}" if vs else "",
                          f"{j['save']['ttfb_ms']:.2f}/{j['restore']['ttfb_ms']:.2f}",
                          f"{j['save']['cpu_s_per_gb']:.2f}/{j['restore']['cpu_s_per_gb']:.2f}",
+                         fio_cpu,
                          f"{100 * j['save']['fsync_share']:.0f}%",
                          f"{j['verify']['bad_shards']} bad / {j['verify']['bytes'] / 1e9:.1f} GB",
                          " ".join(verdict)])
@@ -142,8 +155,8 @@ def main() -> int:
                   f"{args.iterations} rounds", rows,
                   ["target", "layout (files)", "gpufio path", "save GB/s", "fio write", "ratio",
                    "restore GB/s", "fio read", "ratio", "vs naive s/r", "TTFB ms s/r",
-                   "CPU s/GB s/r", "fsync", "verify", "goal"], {"fio": fio_version, "runs": raw}, args.json,
-                  missed if args.check else [])
+                   "CPU s/GB s/r", "fio CPU s/GB w/r", "fsync", "verify", "goal"],
+                  {"fio": fio_version, "runs": raw}, args.json, missed if args.check else [])
 
 
 if __name__ == "__main__":
