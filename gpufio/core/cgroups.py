@@ -54,6 +54,21 @@ def remove(group: Path) -> None:
             time.sleep(0.02)
 
 
+def remove_stale(parent: Path) -> None:
+    """Remove the groups of earlier gpufio runs that were killed (kill -9, an OOM kill on
+    cgroup v1) before they could remove their own: empty, and named after a process that is
+    gone (gpufio-PID, gpufio-PID-..., gpufio-bench-PID-...)."""
+    for group in parent.glob("gpufio-*"):
+        pid = group.name.removeprefix("gpufio-").removeprefix("bench-").split("-")[0]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        try:
+            if not (group / "cgroup.procs").read_text().strip():
+                group.rmdir()
+        except OSError:
+            pass  # not ours to remove, or not empty after all
+
+
 class CpuGroup:
     """A new cgroup (cpuacct on v1; on v2 a sibling of this process's own group, whose
     cpu.stat every v2 group has) that processes are moved into and whose user and system CPU
@@ -71,6 +86,7 @@ class CpuGroup:
             parent, self.version = (self.home if self.home == v2_mount else self.home.parent), 2
         else:
             raise OSError("no cgroup hierarchy with CPU accounting is mounted")
+        remove_stale(parent)
         self.path = parent / name
         self.path.mkdir(exist_ok=True)
 

@@ -49,20 +49,6 @@ def _parent() -> tuple[Path, Path, dict[str, str]]:
     raise OSError("no memory cgroup (v1 or v2) is mounted")
 
 
-def _remove_stale(parent: Path) -> None:
-    """Remove the groups of earlier gpufio runs that were killed (an OOM kill on cgroup v1)
-    before they could remove their own: empty, and named after a process that is gone."""
-    for group in parent.glob("gpufio-*"):
-        pid = group.name.removeprefix("gpufio-")
-        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
-            continue
-        try:
-            if not (group / "cgroup.procs").read_text().strip():
-                group.rmdir()
-        except OSError:
-            pass  # not ours to remove, or not empty after all
-
-
 def _read_int(path: Path) -> int | None:
     try:
         return int(path.read_text())
@@ -76,7 +62,7 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
     bytes; yields the facts for the result (peak usage filled in on the way out)."""
     try:
         parent, home, files = _parent()
-        _remove_stale(parent)
+        cgroups.remove_stale(parent)
         child = parent / f"gpufio-{os.getpid()}"
         child.mkdir(exist_ok=True)
         (child / files["limit"]).write_text(str(limit))
