@@ -82,6 +82,15 @@ def write_profile(tmp_path: Path):
     return write
 
 
+@pytest.fixture
+def dead_pid() -> int:
+    """A process id no process has (above pid_max's default)."""
+    pid = 4_000_000
+    while Path(f"/proc/{pid}").exists():
+        pid += 1
+    return pid
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``gpu`` tests cleanly on machines without a GPU (CI, the developers' machines)."""
     gpu_items = [item for item in items if "gpu" in item.keywords]

@@ -84,14 +84,11 @@ def test_cgroup_accounting_with_concurrent_jobs_is_refused(write_profile, patter
     assert res.exit_code == 2 and "cannot be used with concurrent = true" in res.stderr
 
 
-def test_a_killed_runs_cpu_group_is_removed_by_the_next_one():
+def test_a_killed_runs_cpu_group_is_removed_by_the_next_one(dead_pid):
     g = _group(f"gpufio-probe-{os.getpid()}")
     parent = g.path.parent
     g.close([])
-    dead = 4_000_000  # above pid_max's default: no such process
-    while Path(f"/proc/{dead}").exists():
-        dead += 1
-    stale, live = parent / f"gpufio-{dead}-cpu", parent / f"gpufio-bench-{os.getpid()}-7"
+    stale, live = parent / f"gpufio-{dead_pid}-cpu", parent / f"gpufio-bench-{os.getpid()}-7"
     stale.mkdir()
     live.mkdir()
     try:

@@ -368,14 +368,11 @@ def test_memory_limit_runs_the_iterations_in_a_capped_cgroup_and_comes_back(tmp_
 
 
 @pytest.mark.skipif(not _can_make_memory_cgroups(), reason="cannot create memory cgroups here")
-def test_a_killed_runs_empty_cgroup_is_removed_by_the_next_run():
+def test_a_killed_runs_empty_cgroup_is_removed_by_the_next_run(dead_pid):
     from gpufio.workloads.gnn import memlimit
 
     parent, _, _ = memlimit._parent()
-    dead = 4_000_000  # above pid_max's default: no such process
-    while Path(f"/proc/{dead}").exists():
-        dead += 1
-    stale, live = parent / f"gpufio-{dead}", parent / f"gpufio-{os.getpid()}-other"
+    stale, live = parent / f"gpufio-{dead_pid}", parent / f"gpufio-{os.getpid()}-other"
     stale.mkdir()
     live.mkdir()
     try:
