@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "gpufio"
 # highest first; the package root (gpufio/__init__.py: the version) sits below everything
-BANDS = ("cli", "profile", "workloads", "results", "fio", "run", "engines", "io", "core",
+BANDS = ("pyg", "cli", "profile", "workloads", "results", "fio", "run", "engines", "io", "core",
          "facts", "")
 
 

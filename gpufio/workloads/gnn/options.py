@@ -35,6 +35,9 @@ GNN_OPTIONS: tuple[Option, ...] = (
            "(.npy files: read from their header)", minimum=0),
     Option("batch_size", "int", 1024, "seed nodes per mini-batch", minimum=1),
     Option("fanout", "intlist", (10, 5, 5), "neighbours sampled per node, per layer"),
+    Option("model", "str", "sage", "what trains on the fetched rows: gpufio's own GraphSAGE "
+           "('sage', CuPy or NumPy) or PyG's SAGEConv layers ('pyg-sage', needs torch and "
+           "torch_geometric)", choices=("sage", "pyg-sage")),
     Option("hidden", "int", 256, "hidden width of the GraphSAGE layers", minimum=1),
     Option("classes", "int", 19, "output classes (IGB: 19)", minimum=2),
     Option("iterations", "int", 1100, "mini-batches in all", minimum=1),

@@ -105,6 +105,18 @@ def run_job(job: Job, stop: Any = None, progress: Any = None,
     return result
 
 
+def make_model(job: Job, xp: Any) -> Any:
+    """The job's model: gpufio's GraphSAGE, or PyG's (``model = "pyg-sage"``)."""
+    g = job.workload_options
+    if g["model"] == "pyg-sage":
+        from gpufio.workloads.gnn.pyg_model import PygSage
+
+        return PygSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
+                       job.randseed, float(g["learning_rate"]))
+    return GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
+                     job.randseed)
+
+
 def _rehearse(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any) -> None:
     """One untimed training step on a small mini-batch of its own, before a job moves into
     its memory cgroup: everything the iterations set up lazily (the GPU's modules and
@@ -113,8 +125,7 @@ def _rehearse(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any) -> None:
     The measured iterations draw the same mini-batches as without it."""
     g = job.workload_options
     indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
-    model = GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
-                      job.randseed)
+    model = make_model(job, xp)
     rng = (np.random.default_rng([job.randseed, 2]) if xp is np
            else xp.random.default_rng(job.randseed + 1))
     seeds = xp.floor(rng.random(min(8, g["batch_size"])) * (ds.seeds or ds.graph.nodes))
@@ -133,8 +144,7 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
     g = job.workload_options
     sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
     indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
-    model = GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
-                      job.randseed)
+    model = make_model(job, xp)
     # each trainer of a data-parallel job its own mini-batches; the table's seed stays the job's
     seed = [job.randseed, 1] if trainer is None else [job.randseed, 1, trainer]
     rng = (np.random.default_rng(seed) if xp is np else xp.random.default_rng(
