@@ -43,9 +43,9 @@ ENGINE_KEYS = {
     "mmap-random": {"engine": "mmap", "mmap_advice": "random"},
     "cpu-gpu": {"iodepth": 128, "sqe_async": True},
     "cufile": {"iodepth": 128},
-    # IOSQE_ASYNC as in the measured runs (docs/PERFORMANCE.md); block reads are faster
-    # without it, GNN rows have not been measured so
-    "gpu-uring": {"rings": 8, "iodepth": 128, "sqe_async": True},
+    # inline submission: on tmpfs it gathered faster than IOSQE_ASYNC (docs/PERFORMANCE.md,
+    # "GNN gather with no tuning keys"), as the block reads do
+    "gpu-uring": {"rings": 8, "iodepth": 128},
 }
 
 
