@@ -84,6 +84,16 @@ def configure(threads: int, io_bytes: int, direct: bool) -> None:
                 kvikio.defaults.set(key, value)
 
 
+def settled(future: Any, deadline_ns: int) -> bool:
+    """Whether a KvikIO future is done by ``deadline_ns`` (perf_counter_ns), polled: a
+    wedged path must end in a diagnostic, never in a blocking get()."""
+    while not future.done():
+        if time.perf_counter_ns() > deadline_ns:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
 def _threads(job: Job) -> int:
     """KvikIO's pool size (one pool per process): the option, or a thread for every read the
     process keeps queued, iodepth for each of its workers."""
@@ -448,8 +458,8 @@ class KvikioQueue:
 
         deadline = time.perf_counter_ns() + STALL_LIMIT_NS
         for fut in self._futures:
-            while fut is not None and not fut.done() and time.perf_counter_ns() < deadline:
-                time.sleep(POLL_S)
+            if fut is not None:
+                settled(fut, deadline)
         for f in self._files:
             f.close()
         if self._registered is not None:
@@ -552,12 +562,9 @@ class CuFileFetch:
         return out
 
     def _finish(self, i: int, future: Any, ids: np.ndarray) -> None:
-        t0 = time.perf_counter_ns()
-        while not future.done():  # a wedged path must end in a diagnostic, not a hang
-            if time.perf_counter_ns() - t0 > STALL_LIMIT_NS:
-                raise RowFetchError(f"feature row of node {int(ids[i])}: KvikIO has not "
-                                    f"finished it in {STALL_LIMIT_NS / 1e9:g} s")
-            time.sleep(POLL_S)
+        if not settled(future, time.perf_counter_ns() + STALL_LIMIT_NS):
+            raise RowFetchError(f"feature row of node {int(ids[i])}: KvikIO has not "
+                                f"finished it in {STALL_LIMIT_NS / 1e9:g} s")
         try:
             got = future.get()
         except Exception as e:  # KvikIO raises on a failed read, without an errno
@@ -609,9 +616,7 @@ class CuFileTensors:
         except BaseException:
             deadline = time.perf_counter_ns() + STALL_LIMIT_NS
             for _, future in pending:  # none may land in memory the caller frees...
-                while not future.done() and time.perf_counter_ns() < deadline:
-                    time.sleep(POLL_S)  # ...unless the path is wedged: then do not hang
-                if future.done():
+                if settled(future, deadline):  # ...unless the path is wedged: then do not hang
                     with contextlib.suppress(Exception):
                         future.get()
             raise
@@ -619,14 +624,11 @@ class CuFileTensors:
 
     def _finish(self, piece: list[int], future: Any, write: bool) -> None:
         what = "save" if write else "restore"
-        t0 = time.perf_counter_ns()
-        while not future.done():  # a wedged path must end in a diagnostic, not a hang
-            if time.perf_counter_ns() - t0 > STALL_LIMIT_NS:
-                ext = self._extents[piece[0]]
-                raise TensorIOError(f"{what} of shard {ext.shard}: {self._paths[ext.file]} at "
-                                    f"byte {piece[2]}: KvikIO has not finished the piece in "
-                                    f"{STALL_LIMIT_NS / 1e9:g} s")
-            time.sleep(POLL_S)
+        if not settled(future, time.perf_counter_ns() + STALL_LIMIT_NS):
+            ext = self._extents[piece[0]]
+            raise TensorIOError(f"{what} of shard {ext.shard}: {self._paths[ext.file]} at "
+                                f"byte {piece[2]}: KvikIO has not finished the piece in "
+                                f"{STALL_LIMIT_NS / 1e9:g} s")
         try:
             got = future.get()
         except Exception as e:  # KvikIO raises on a failed I/O, without an errno

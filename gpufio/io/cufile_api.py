@@ -133,7 +133,8 @@ def deregister_handle(cf: Any, fd: int) -> None:
 def _result(status: np.ndarray, ret: np.ndarray) -> np.ndarray:
     """Bytes moved, or -errno, per completed entry."""
     out = ret.astype(np.int64)
-    out[status == FAILED] = np.where(out[status == FAILED] < 0, out[status == FAILED], -errno.EIO)
+    failed = status == FAILED
+    out[failed] = np.where(out[failed] < 0, out[failed], -errno.EIO)
     out[status == CANCELED] = -errno.ECANCELED
     out[status == TIMEOUT] = -errno.ETIMEDOUT
     return out
@@ -207,7 +208,7 @@ class StreamQueue:
 
     def __init__(self, cf: Any, cp: Any, handles: list[int], base: int, bs: int, depth: int,
                  streams: int, registered: bool) -> None:
-        self._cf, self._cp, self._fh, self._base, self._bs = cf, cp, handles, base, bs
+        self._cf, self._fh, self._base, self._bs = cf, handles, base, bs
         self._streams = [cp.cuda.Stream(non_blocking=True) for _ in range(streams)]
         self.registered = registered
         if registered:
