@@ -105,16 +105,16 @@ def test_timed_replay_and_several_lengths_are_refused(tmp_path, two_files):
 
 def test_a_replay_hands_out_the_logs_ios_in_order(trace_log):
     path, offs = trace_log
-    s = ReplayStream(iolog.read(str(path)), budget=7, regions=[(0, 256), (0, 256)])
+    s = ReplayStream(iolog.read(str(path)), budget=7)
     got = [s.next(3), s.next(3), s.next(3), s.next(3)]
     tgt = np.concatenate([g[0] for g in got]).tolist()
     off = np.concatenate([g[1] for g in got]).tolist()
     assert off == [blk * BS for _, blk in offs] and tgt == [0, 1, 0, 0, 1, 1, 0]
     assert len(got[-1][1]) == 0  # done after one replay
-    loop = ReplayStream(iolog.read(str(path)), budget=None, regions=[(0, 256), (0, 256)])
+    loop = ReplayStream(iolog.read(str(path)), budget=None)
     assert loop.next(10)[1].tolist()[7:] == [8 * BS, 0, 0]  # a time-based job wraps around
     assert s.block_aligned(BS, 0) and not ReplayStream(
-        iolog.read(str(path)), budget=1, regions=[]).block_aligned(8192, 0)
+        iolog.read(str(path)), budget=1).block_aligned(8192, 0)
     assert OffsetStream(random=True, bs=BS, regions=[(0, 4)], dist=from_dict(
         {"global": {}}, "p", {}).jobs[0].random_distribution, file_service="roundrobin",
         seed=(1,), budget=1).block_aligned(BS, 0)

@@ -213,19 +213,17 @@ class OffsetStream:
 
 class ReplayStream:
     """One worker's replay of an iolog (core/iolog.Trace): its I/Os in its order, ``budget``
-    of them (None: over and over, for a time-based job). The same interface as OffsetStream.
-    ``writes`` False reads where the log writes: the read-back of a replay that wrote."""
+    of them (None: over and over, for a time-based job). OffsetStream's interface but for
+    region_arrays: engines that draw their own offsets refuse replays. ``writes`` False reads
+    where the log writes: the read-back of a replay that wrote."""
 
-    def __init__(self, trace: Any, *, budget: int | None, regions: list[tuple[int, int]],
-                 writes: bool = True) -> None:
+    def __init__(self, trace: Any, *, budget: int | None, writes: bool = True) -> None:
         self._tgt, self._offs = trace.tgt, trace.offs
         self._wr = trace.writes if writes else np.zeros(len(trace.tgt), bool)
         self._pos = 0
         self._idx = np.zeros(0, np.int64)
         self.remaining = budget
         self._mixed = bool(self._wr.any() and not self._wr.all())
-        self._starts = np.array([r[0] for r in regions], dtype=np.uint64)
-        self._nblocks = np.array([r[1] for r in regions], dtype=np.uint64)
 
     def next(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``n`` of the trace's next I/Os; empty once a single replay is done."""
@@ -240,9 +238,6 @@ class ReplayStream:
         if self._mixed:
             return self._wr[self._idx]
         return bool(self._wr[0])
-
-    def region_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._starts.copy(), self._nblocks.copy()
 
     def block_aligned(self, bs: int, base: int) -> bool:
         """Whether every I/O starts a whole number of ``bs`` blocks after ``base``."""

@@ -29,11 +29,14 @@ def parse_cpulist(text: str) -> set[int]:
     return cpus
 
 
+def _facts_of(gpu_facts: list[dict[str, Any]], gpu: int) -> dict[str, Any]:
+    return next((g for g in gpu_facts if g.get("index") == gpu), {})
+
+
 def gpu_cpus(gpu_facts: list[dict[str, Any]], gpu: int) -> list[int]:
     """The CPUs of GPU ``gpu``'s NUMA node this process may use ([] when unknown, or when
     none of them is allowed: the worker is then left where the kernel puts it)."""
-    facts = next((g for g in gpu_facts if g.get("index") == gpu), {})
-    local = parse_cpulist(facts.get("local_cpulist", ""))
+    local = parse_cpulist(_facts_of(gpu_facts, gpu).get("local_cpulist", ""))
     return sorted(local & os.sched_getaffinity(0))
 
 
@@ -50,12 +53,12 @@ def target_sets(job: Job, targets: list[Target], gpu_facts: list[dict[str, Any]]
         sets = {g: tuple(index[p] for p in paths) for g, paths in job.gpu_targets}
     else:
         sets, why = {}, {}
+        devs = [pci_device_of(t.path) for t in targets]
         for g in job.gpu_list:
-            bus = next((f.get("pci_bus_id") for f in gpu_facts if f.get("index") == g), None)
+            bus = _facts_of(gpu_facts, g).get("pci_bus_id")
             place = (pci_devices / bus.lower()).resolve() if bus else None
             ranks = []
-            for t in targets:
-                dev = pci_device_of(t.path)
+            for t, dev in zip(targets, devs):
                 rel = pci_relation(dev, place) if dev is not None and place is not None else None
                 why.setdefault(str(g), {})[t.path] = rel or "unknown"
                 ranks.append(NEARNESS.index(rel) if rel in NEARNESS else len(NEARNESS))

@@ -18,6 +18,12 @@ class DirResult:
     ios: int = 0
     bytes: int = 0
 
+    def add(self, other: Any) -> None:
+        """Take in another record of the same direction (a worker's, or another result's)."""
+        self.lat.merge(other.lat)
+        self.ios += other.ios
+        self.bytes += other.bytes
+
 
 @dataclass
 class JobResult:

@@ -112,13 +112,15 @@ class JobRun:
         self._steady_last = (0, 0, 0)
         kind = engine.worker_kind_for(job)
         in_process = kind != "thread"
-        gpus = gpu_facts() if engine.uses_gpu else []
-        subsets, placed = placement.target_sets(job, targets, gpus) if engine.uses_gpu \
-            else (None, {})
+        # the GPUs' facts only where they decide something: each GPU's targets, and the CPUs
+        # of its NUMA node for its spawned workers
+        placing = engine.uses_gpu and (job.gpu_targets != "all" or kind == "spawn")
+        gpus = gpu_facts() if placing else []
+        subsets, placed = placement.target_sets(job, targets, gpus) if placing else (None, {})
         self.engine_facts.update(placed)
-        # a spawned worker runs on the CPUs of its GPU's NUMA node
         cpus = [placement.gpu_cpus(gpus, job.gpu_of(w)) if kind == "spawn" else []
                 for w in range(job.numjobs)]
+        threads = fill_threads(job)
         handle = {"process": ProcessWorker, "spawn": SpawnWorker, "thread": ThreadWorker}[kind]
         self._go = (multiprocessing.get_context("fork" if kind == "process" else "spawn").Event()
                     if in_process else threading.Event())
@@ -130,14 +132,13 @@ class JobRun:
                     budget=worker_budgets[w], write_fraction=job.write_fraction,
                     subset=subsets.get(job.gpu_of(w)) if subsets else None)
                 if trace is None else
-                ReplayStream(trace, budget=worker_budgets[w], regions=regions,
-                             writes=job.writes),
+                ReplayStream(trace, budget=worker_budgets[w], writes=job.writes),
                 control=self.control, ntargets=len(targets), block=self.shared.blocks[w],
                 # writes are verified by the read-back, not as they go
                 seeds=seeds, verify=job.verify and job.reads,
                 continue_on_error=job.continue_on_error,
                 own_cpu=in_process, worker=w, sync_every=job.fsync or job.fdatasync,
-                datasync=bool(job.fdatasync), fill_threads=fill_threads(job)),
+                datasync=bool(job.fdatasync), fill_threads=threads),
                 w, self._go, self.shared, cpus=cpus[w])
             for w in range(job.numjobs)]
         self._in_process = in_process
@@ -311,9 +312,7 @@ class JobRun:
         dirs = [DirResult() for _ in DIRECTIONS]
         for r in recs:
             for d, rd in zip(dirs, r.dirs):
-                d.lat.merge(rd.lat)
-                d.ios += rd.ios
-                d.bytes += rd.bytes
+                d.add(rd)
         per_target, errors, bad = [], [], []
         for i, t in enumerate(self.targets):
             entry = {"path": t.path}
@@ -378,9 +377,7 @@ def per_gpu(job: Job, records: list[tuple[int, Any]]) -> list[dict[str, Any]]:
                                                 "dirs": [DirResult() for _ in DIRECTIONS]})
         entry["workers"].append(w)
         for d, rd in zip(entry["dirs"], rec.dirs):
-            d.lat.merge(rd.lat)
-            d.ios += rd.ios
-            d.bytes += rd.bytes
+            d.add(rd)
     return [out[g] for g in sorted(out)]
 
 
