@@ -102,6 +102,11 @@ def use(index: int) -> Any:
     return cupy
 
 
+def array_module(device: str, index: int) -> Any:
+    """A workload's array module: NumPy for ``device = "cpu"``, else CuPy on GPU ``index``."""
+    return np if device == "cpu" else use(index)
+
+
 def sm_count(index: int) -> int:
     """Streaming multiprocessors of GPU ``index``."""
     import cupy

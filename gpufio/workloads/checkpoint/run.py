@@ -17,14 +17,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
 from gpufio.core.rows import evict
 from gpufio.core.tensors import Mover, TensorIOError, TensorRequest
 from gpufio.engines import all_engines
 from gpufio.engines.base import label
+from gpufio.io import gpu
 from gpufio.workloads.checkpoint import layout
 from gpufio.workloads.checkpoint.naive import LABEL as NAIVE_LABEL
 from gpufio.workloads.checkpoint.naive import NaiveMover
@@ -84,12 +83,6 @@ def sizes_of(job: Job) -> list[int]:
     return cycled(given, c["state_size"]) if given else llama_mix(c["state_size"])
 
 
-def _array_module(job: Job) -> Any:
-    if job.workload_options["device"] == "cpu":
-        return np
-    from gpufio.io import gpu
-
-    return gpu.use(job.gpu)
 
 
 def _states(xp: Any, sizes: list[int], job: Job) -> tuple[State, State]:
@@ -110,7 +103,7 @@ def run_job(job: Job, stop: Callable[[], bool], progress: Progress | None,
             naive: bool) -> list[dict[str, Any]]:
     """The engine's rounds, then the naive path's when ``naive``: one result each."""
     c = job.workload_options
-    xp = _array_module(job)
+    xp = gpu.array_module(job.workload_options["device"], job.gpu)
     sizes = sizes_of(job)
     p = layout.plan(job, sizes)
     files = layout.open_files(job, p)

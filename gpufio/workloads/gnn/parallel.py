@@ -17,7 +17,7 @@ from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
 from gpufio.run.launch import die_with_parent
 from gpufio.workloads.gnn import dataset
-from gpufio.workloads.gnn.run import run_job
+from gpufio.workloads.gnn.run import array_module, run_job
 
 GRADIENTS = ("not exchanged: each trainer trains its own copy of the model on its own "
              "mini-batches; the measurement is the data path")
@@ -36,7 +36,9 @@ def run_trainers(job: Job, stop: Any, progress: Any) -> list[dict[str, Any]]:
     if job.workload_options["memory_limit"]:
         raise BadInput(f"job '{job.name}': memory_limit caps one process's page cache; a "
                        f"data-parallel job over gpus {gpus} runs {len(gpus)}: give one GPU")
-    dataset.prepare(job)  # the shared table and graph, once, before the trainers look for them
+    # the shared table and graph, once, before the trainers look for them (generated on the
+    # GPU for a GPU job, as one trainer alone would)
+    dataset.prepare(job, array_module(job))
     ctx = multiprocessing.get_context("spawn")
     pipes, procs = [], []
     try:

@@ -27,8 +27,9 @@ from gpufio.workloads.gnn.model import GraphSage
 from gpufio.workloads.gnn.sampler import max_input_nodes, sample
 
 
-def _array_module(job: Job) -> Any:
-    return np if job.workload_options["device"] == "cpu" else gpu.use(job.gpu)
+def array_module(job: Job) -> Any:
+    """NumPy for ``device = "cpu"``, else CuPy on the job's GPU."""
+    return gpu.array_module(job.workload_options["device"], job.gpu)
 
 
 def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
@@ -67,7 +68,7 @@ def run_job(job: Job, stop: Any = None, progress: Any = None,
     ``trainer``: this trainer's index among a data-parallel job's, which draws its own
     mini-batches."""
     g = job.workload_options
-    xp = _array_module(job)
+    xp = array_module(job)
     ds = dataset.prepare(job, xp)
     fetcher = _fetcher(job, ds, xp)
     tally = _Tally(np.zeros((g["iterations"], 3), dtype=np.int64))
