@@ -83,6 +83,17 @@ def write_profile(tmp_path: Path):
 
 
 @pytest.fixture
+def run_quietly():
+    """``gpufio run PROFILE -q`` through the CLI, in process: its result (exit code, stdout,
+    stderr)."""
+    from typer.testing import CliRunner
+
+    from gpufio.cli import app
+
+    return lambda path: CliRunner().invoke(app, ["run", str(path), "-q"])
+
+
+@pytest.fixture
 def dead_pid() -> int:
     """A process id no process has (above pid_max's default)."""
     pid = 4_000_000

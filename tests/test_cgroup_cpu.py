@@ -7,9 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gpufio.cli import app
 from gpufio.core import cgroups
 from gpufio.profile import from_dict
 from gpufio.run import runner
@@ -63,24 +61,25 @@ def test_a_cgroup_job_says_so_and_leaves_no_group_behind(tmp_path):
     assert not list(parent.glob(f"gpufio-{os.getpid()}-cpu"))
 
 
-def test_no_cgroup_is_a_one_line_exit_2(monkeypatch, write_profile, pattern_file):
+def test_no_cgroup_is_a_one_line_exit_2(monkeypatch, write_profile, pattern_file, run_quietly):
     def refuse(self, name):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(cgroups.CpuGroup, "__init__", refuse)
     path = write_profile(f'[global]\nengine = "psync"\ntargets = ["{pattern_file}"]\n'
                          'cpu_accounting = "cgroup"\n')
-    res = CliRunner().invoke(app, ["run", str(path), "-q"])
+    res = run_quietly(path)
     assert res.exit_code == 2
     assert res.stderr.strip().splitlines() == [
         "gpufio: error: job 'job': cpu_accounting = \"cgroup\": cannot make a cgroup here: "
         "Permission denied"]
 
 
-def test_cgroup_accounting_with_concurrent_jobs_is_refused(write_profile, pattern_file):
+def test_cgroup_accounting_with_concurrent_jobs_is_refused(write_profile, pattern_file,
+                                                           run_quietly):
     path = write_profile(f'[global]\nengine = "psync"\ntargets = ["{pattern_file}"]\n'
                          'concurrent = true\ncpu_accounting = "cgroup"\n[[job]]\n[[job]]\n')
-    res = CliRunner().invoke(app, ["run", str(path), "-q"])
+    res = run_quietly(path)
     assert res.exit_code == 2 and "cannot be used with concurrent = true" in res.stderr
 
 

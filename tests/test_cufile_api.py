@@ -252,15 +252,11 @@ def test_results_map_cufile_statuses_to_errno():
     ("iodepth_batch", 8, "kvikio", "iodepth_batch is for api 'batch'"),
     ("streams", 4, "batch", "streams is for api 'async'"),
 ])
-def test_api_options_out_of_place_are_one_line_errors(write_profile, pattern_file, key, value,
-                                                      api, msg):
-    from typer.testing import CliRunner
-
-    from gpufio.cli import app
-
+def test_api_options_out_of_place_are_one_line_errors(write_profile, pattern_file, run_quietly,
+                                                      key, value, api, msg):
     path = write_profile(f'[global]\nengine = "cufile"\ntargets = ["{pattern_file}"]\n'
                          f'api = "{api}"\n{key} = {value}\n')
-    res = CliRunner().invoke(app, ["run", str(path), "-q"])
+    res = run_quietly(path)
     assert res.exit_code == 2
     assert len(res.stderr.strip().splitlines()) == 1 and msg in res.stderr
 

@@ -50,10 +50,7 @@ def test_gpus_are_given_to_workers_round_robin(given, expected):
 
 
 def test_require_gds_in_compat_mode_is_a_one_line_exit_2(monkeypatch, write_profile,
-                                                         pattern_file):
-    from typer.testing import CliRunner
-
-    from gpufio.cli import app
+                                                         pattern_file, run_quietly):
     from gpufio.engines import cufile
 
     monkeypatch.setattr(cufile.CuFile, "unavailable", classmethod(lambda cls: None))
@@ -61,7 +58,7 @@ def test_require_gds_in_compat_mode_is_a_one_line_exit_2(monkeypatch, write_prof
     monkeypatch.setattr(gpu, "use", lambda index: None)
     path = write_profile(f'[global]\nengine = "cufile"\ntargets = ["{pattern_file}"]\n'
                          'require_gds = true\n')
-    res = CliRunner().invoke(app, ["run", str(path), "-q"])
+    res = run_quietly(path)
     assert res.exit_code == 2
     assert res.stderr.strip().splitlines() == [
         "gpufio: error: job 'job': engine 'cufile': require_gds is set, but cuFile runs in "
