@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import report, run_counted, window_cpu  # noqa: E402
+from compare import fio_cpu_s, report, run_counted  # noqa: E402
 
 from gpufio.core.units import parse_size  # noqa: E402
 
@@ -75,9 +75,8 @@ def run_fio(fio: str, path: str, rw: str, size: int, bs: str, depth: int,
     doc = json.loads(out)
     job = doc["jobs"][0]
     gb = job[rw]["io_bytes"] / 1e9
-    cpu = (window_cpu(samples, doc["timestamp_ms"] - job["job_runtime"], doc["timestamp_ms"]) / gb
-           if samples and gb else None)
-    return gb / (job["job_runtime"] / 1e3), cpu
+    cpu = fio_cpu_s(doc, samples, job["job_runtime"])
+    return gb / (job["job_runtime"] / 1e3), cpu / gb if cpu is not None and gb else None
 
 
 def drop(path: str) -> None:

@@ -157,26 +157,47 @@ def window_cpu(samples: list[tuple[float, float]], start_ms: float, end_ms: floa
     return float(np.interp(end_ms, t, cpu) - np.interp(start_ms, t, cpu))
 
 
+def gpufio_counted(profile: str) -> tuple[dict, list[tuple[float, float]] | None]:
+    """``gpufio run -f json`` on a profile's text, in a cgroup of its own (run_counted): its
+    result document and the group's CPU samples."""
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(profile)
+    try:
+        out, samples = run_counted([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json",
+                                    "-q"], cwd=Path(__file__).resolve().parent.parent)
+    finally:
+        os.unlink(f.name)
+    return json.loads(out), samples
+
+
+def gpufio_cpu_s(job: dict, samples: list[tuple[float, float]] | None) -> float | None:
+    """CPU seconds a gpufio job's cgroup was charged over its measured window (None: no
+    samples)."""
+    return window_cpu(samples, *job["window_unix_ms"]) if samples else None
+
+
+def fio_cpu_s(doc: dict, samples: list[tuple[float, float]] | None,
+              runtime_ms: float) -> float | None:
+    """CPU seconds fio's cgroup was charged over its measured window: the ``runtime_ms``
+    before it wrote its report (timestamp_ms). None: no samples."""
+    end = doc["timestamp_ms"]
+    return window_cpu(samples, end - runtime_ms, end) if samples else None
+
+
 def run_gpufio(target: str, opts: dict, numjobs: int, iodepth: int, runtime: int) -> dict:
     """One gpufio run's headline numbers; ``target``: a path, or several joined with ':'
     (fio's filename syntax), I/Os spread over them round-robin."""
     prof = {"rw": "randread", "bs": "4k", "targets": target.split(":"), "numjobs": numjobs,
             "iodepth": iodepth, "runtime": f"{runtime}s", "time_based": True,
             "ramp_time": "1s", "concurrent": False, **opts}
-    lines = ["[global]"] + [f"{k} = {json.dumps(v)}" for k, v in prof.items()]
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-        f.write("\n".join(lines) + "\n")
-    try:
-        out, samples = run_counted([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json",
-                                    "-q"], cwd=Path(__file__).resolve().parent.parent)
-    finally:
-        os.unlink(f.name)
-    job = json.loads(out)["jobs"][0]
+    doc, samples = gpufio_counted("\n".join(["[global]"] + [f"{k} = {json.dumps(v)}"
+                                                            for k, v in prof.items()]) + "\n")
+    job = doc["jobs"][0]
     rd = job["write" if job["write"]["total_ios"] > job["read"]["total_ios"] else "read"]
     ios = job["read"]["total_ios"] + job["write"]["total_ios"]
     cpu_us, how = job["cpu_us_per_io"], "self"
-    if samples and ios:
-        cpu_us, how = 1e6 * window_cpu(samples, *job["window_unix_ms"]) / ios, "cgroup"
+    if (cpu_s := gpufio_cpu_s(job, samples)) is not None and ios:
+        cpu_us, how = 1e6 * cpu_s / ios, "cgroup"
     return {"iops": rd["iops"], "p50": rd["lat_ns"]["percentile"]["50.000000"],
             "p99": rd["lat_ns"]["percentile"]["99.000000"], "cpu_us": cpu_us, "cpu": how,
             "mode": job.get("engine_facts", {}).get("mode"),
@@ -196,10 +217,8 @@ def run_fio(fio: str, target: str, opts: list[str], numjobs: int, iodepth: int,
     rd = job["write" if job["write"]["total_ios"] > job["read"]["total_ios"] else "read"]
     pct = rd["lat_ns"]["percentile"]
     ios = job["read"]["total_ios"] + job["write"]["total_ios"]
-    if samples and ios:
-        # fio's measured window: its runtime, ending when it wrote its report
-        end = doc["timestamp_ms"]
-        cpu_s, how = window_cpu(samples, end - rd["runtime"], end), "cgroup"
+    if (cpu_s := fio_cpu_s(doc, samples, rd["runtime"])) is not None and ios:
+        how = "cgroup"
     else:
         # with group_reporting fio's usr_cpu/sys_cpu are the average of the group's jobs
         cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rd["runtime"] / 1000 * numjobs

@@ -14,38 +14,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import report, run_counted, window_cpu  # noqa: E402
+from compare import fio_cpu_s, gpufio_counted, gpufio_cpu_s, report, run_counted  # noqa: E402
 
 from gpufio.core import iolog  # noqa: E402
 from gpufio.core.rows import evict  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def gpufio_json(profile: str) -> dict:
-    """``gpufio run`` on a profile's text; its JSON document and the run's cgroup samples."""
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-        f.write(profile)
-    try:
-        out, samples = run_counted([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json",
-                                    "-q"], cwd=ROOT)
-    finally:
-        os.unlink(f.name)
-    return {"doc": json.loads(out), "samples": samples}
 
 
 def trace(args: argparse.Namespace) -> str:
     """Run the GNN job that writes the log; the log's path."""
     log = str(Path(args.dir) / "aggregation.iolog")
-    gpufio_json(f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "{args.device}"\n'
+    gpufio_counted(f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "{args.device}"\n'
                 f"nodes = {args.nodes}\nfeature_dim = 1024\nbatch_size = {args.batch}\n"
                 f"fanout = {json.dumps(args.fanout)}\niterations = {args.iterations}\n"
                 f'warmup = 0\ntargets = ["{args.dir}"]\ngnn_iolog = "{log}"\n')
@@ -58,16 +42,18 @@ def replay_fio(fio: str, log: str, depth: int) -> dict:
                                 f"--iodepth={depth}", "--output-format=json"])
     doc = json.loads(out)
     rd = doc["jobs"][0]["read"]
-    cpu = (1e6 * window_cpu(samples, doc["timestamp_ms"] - rd["runtime"], doc["timestamp_ms"])
-           / rd["total_ios"]) if samples and rd["total_ios"] else None
-    return {"ios": rd["total_ios"], "iops": rd["iops"], "cpu_us": cpu}
+    cpu = fio_cpu_s(doc, samples, rd["runtime"])
+    return {"ios": rd["total_ios"], "iops": rd["iops"],
+            "cpu_us": 1e6 * cpu / rd["total_ios"] if cpu is not None and rd["total_ios"] else None}
 
 
 def replay_gpufio(engine: str, log: str, depth: int) -> dict:
-    r = gpufio_json(f'[global]\nengine = "{engine}"\nread_iolog = "{log}"\niodepth = {depth}\n')
-    job, samples = r["doc"]["jobs"][0], r["samples"]
+    doc, samples = gpufio_counted(f'[global]\nengine = "{engine}"\nread_iolog = "{log}"\n'
+                                  f'iodepth = {depth}\n')
+    job = doc["jobs"][0]
     ios = job["read"]["total_ios"]
-    cpu = (1e6 * window_cpu(samples, *job["window_unix_ms"]) / ios) if samples and ios else None
+    cpu = gpufio_cpu_s(job, samples)
+    cpu = 1e6 * cpu / ios if cpu is not None and ios else None
     return {"ios": ios, "iops": job["read"]["iops"], "cpu_us": cpu, "error": job["error"],
             "mode": job["engine_facts"].get("mode")}
 
