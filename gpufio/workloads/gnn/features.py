@@ -74,9 +74,11 @@ def write_share(path: str, target: int, layout: Layout, nodes: int, dim: int,
     bufs = [_host_buffer(per * layout.row_bytes, xp) for _ in range(2)]
     with open(path, "wb") as f:
         f.truncate(total)
-    fd = _open_for_writes(path, direct)
+    fds = [_open_for_writes(path, direct)]
+    if direct:  # the last piece need not be page-aligned: it goes through the page cache
+        fds.append(_open_for_writes(path, False))
+    writer = _Writer(path, total)
     try:
-        writer = _Writer(fd, path, total)
         for k, lo in enumerate(range(0, len(ids), per)):
             chunk = ids[lo:lo + per]
             buf = bufs[k % 2]
@@ -91,16 +93,14 @@ def write_share(path: str, target: int, layout: Layout, nodes: int, dim: int,
             else:
                 rows[:, :dim] = vals.get()
             nbytes = len(chunk) * layout.row_bytes
-            if direct and nbytes % 4096:  # the last piece of an O_DIRECT file: its own fd
-                writer.finish()
-                os.close(fd)
-                fd = _open_for_writes(path, False)
-                writer = _Writer(fd, path, total, writer.done)
-            writer.put(k % 2, memoryview(buf)[:nbytes], layout.header + lo * layout.row_bytes)
+            writer.put(k % 2, fds[-1] if nbytes % 4096 else fds[0], memoryview(buf)[:nbytes],
+                       layout.header + lo * layout.row_bytes)
         writer.finish()
-        os.fsync(fd)  # written back, so evicting the file's pages really drops them
+        os.fsync(fds[0])  # written back, so evicting the file's pages really drops them
     finally:
-        os.close(fd)
+        writer.close()  # no write may still be using a descriptor closed here
+        for fd in fds:
+            os.close(fd)
 
 
 def _host_buffer(nbytes: int, xp) -> Any:
@@ -126,14 +126,15 @@ def _open_for_writes(path: str, direct: bool) -> int:
 
 
 class _Writer:
-    """The writing thread: each put buffer is written at its offset while the next one is
-    generated; wait_free(b) returns once buffer b is written; progress lines on the way."""
+    """The writing thread: each put buffer is written through its descriptor at its offset
+    while the next one is generated; wait_free(b) returns once buffer b is written; progress
+    lines on the way."""
 
-    def __init__(self, fd: int, path: str, total: int, done: int = 0) -> None:
+    def __init__(self, path: str, total: int) -> None:
         import queue
         import threading
 
-        self._fd, self._path, self._total, self.done = fd, path, total, done
+        self._path, self._total, self.done = path, total, 0
         self._queue: Any = queue.Queue(maxsize=1)
         self._free = [threading.Event(), threading.Event()]
         for e in self._free:
@@ -143,27 +144,33 @@ class _Writer:
         self._thread = threading.Thread(target=self._run, daemon=True, name="gnn-writer")
         self._thread.start()
 
-    def put(self, b: int, data: memoryview, offset: int) -> None:
+    def put(self, b: int, fd: int, data: memoryview, offset: int) -> None:
         self._free[b].clear()
-        self._queue.put((b, data, offset))
+        self._queue.put((b, fd, data, offset))
 
     def wait_free(self, b: int) -> None:
         self._free[b].wait()
         if self._error is not None:
             raise self._error
 
+    def close(self) -> None:
+        """Let the queued writes end and the thread with them."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
     def finish(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
+        """close(), then raise what a write raised."""
+        self.close()
         if self._error is not None:
             raise self._error
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            b, data, offset = item
+            b, fd, data, offset = item
             try:
                 while len(data):
-                    n = os.pwrite(self._fd, data, offset)
+                    n = os.pwrite(fd, data, offset)
                     data, offset = data[n:], offset + n
                     self.done += n
                 self._progress()
