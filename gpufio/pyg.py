@@ -74,8 +74,9 @@ class FeatureStore(_PygStore):
             return self._xp.arange(self._rows, dtype=self._xp.int64)[index]
         if isinstance(index, self._torch.Tensor):
             index = index.to(self._torch.int64)
-            return (self._xp.from_dlpack(index) if self._xp is not np
-                    else index.cpu().numpy())
+            if self._xp is not np and index.is_cuda:
+                return self._xp.from_dlpack(index)  # already on the GPU: no copy
+            index = index.cpu().numpy()
         return self._xp.asarray(index, dtype=self._xp.int64)
 
     def _fetch(self, ids: Any) -> Any:

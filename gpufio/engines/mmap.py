@@ -111,7 +111,9 @@ class Mmap(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         return {**super().describe(job), "page_cache": True,
                 "drop_cache": cls.settings(job).drop_cache,
-                **({"write_prefetch": "MADV_WILLNEED, one batch ahead"} if job.writes else {}),
+                **({"write_prefetch": "MADV_WILLNEED, one batch ahead"
+                    + (", then MADV_POPULATE_WRITE" if job.bs >= BIG_STORE else "")}
+                   if job.writes else {}),
                 "gpus": list(job.gpu_list), "lands_in": "gpu memory", "batch": job.iodepth}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
