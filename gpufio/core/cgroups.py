@@ -104,8 +104,9 @@ class CpuGroup:
         return CpuTimes(int(stat["user_usec"]) / 1e6, int(stat["system_usec"]) / 1e6)
 
     def close(self, pids: list[int] | None = None) -> None:
-        """Move ``pids`` (default: this process) back home and remove the group."""
-        for pid in pids or [os.getpid()]:
+        """Move ``pids`` (None: this process; []: none, they have ended) back home and remove
+        the group."""
+        for pid in [os.getpid()] if pids is None else pids:
             try:
                 (self.home / "cgroup.procs").write_text(str(pid))
             except ProcessLookupError:
