@@ -122,6 +122,12 @@ def cases(ram: bool) -> list[dict]:
          "depth": 128, "jobs": 1, **qd, "goal": 0.9},
         {"path": "cufile async", "g": {"engine": "cufile", "api": "async"}, "depth": 128,
          "jobs": 1, **qd, "goal": 0.9},
+        # one process's cuFile takes at most 32 I/O threads, so at most 32 compat-mode reads
+        # reach the drive: 4 processes of 32 put fio's 128 there, their contexts sharing the
+        # GPU through MPS (without it they take turns: docs/PERFORMANCE.md)
+        {"path": "cufile batch processes MPS", "g": {"engine": "cufile", "api": "batch",
+                                                     "threads": 32, "processes": True},
+         "depth": 32, "jobs": 4, **qd, "goal": 0.9, "mps": True},
         # the same against KvikIO driven directly: what of the gap is KvikIO's own
         {"path": "cufile", "g": {"engine": "cufile"}, "depth": 128, "jobs": 1,
          "peer": "KvikIO futures qd128", "kvikio": True, "goal": 0.9},

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,11 +53,20 @@ def run(cmd: list[str]) -> dict:
     return json.loads(out.stdout)
 
 
+def median_by(runs: list, key: callable) -> Any:
+    """The median run by ``key`` (the upper one of an even count): a whole run's document,
+    so its percentiles and gate waits stay its own."""
+    return sorted(runs, key=key)[len(runs) // 2]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--paths", nargs="+", default=list(PATHS))
     ap.add_argument("--runtime", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="pairs of runs per row, interleaved; the row holds the median "
+                         "one-process run and the median merged run")
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
@@ -70,12 +80,22 @@ def main() -> int:
             for n in args.ranks:
                 one = profile(target, {**share, key: n * share[key]}, args.runtime)
                 each = profile(target, share, args.runtime)
+                pairs = []
                 try:
-                    single = run([*gpufio, one, "-f", "json", "-q"])["jobs"][0]
-                    merged_doc = run([args.mpirun, "-n", str(n), *gpufio, each, "-f", "json", "-q"])
+                    for _ in range(args.repeat):  # interleaved: drift hits both alike
+                        pairs.append((run([*gpufio, one, "-f", "json", "-q"])["jobs"][0],
+                                      run([args.mpirun, "-n", str(n), *gpufio, each, "-f",
+                                           "json", "-q"])))
                 finally:
                     os.unlink(one)
                     os.unlink(each)
+                single = median_by([s for s, _ in pairs], lambda j: j["read"]["iops"])
+                merged_doc = median_by([m for _, m in pairs],
+                                       lambda d: d["jobs"][0]["read"]["iops"])
+                if args.repeat > 1:
+                    print("bench: " + name + f" x{n}: one process / ranks IOPS " + ", ".join(
+                        f"{s['read']['iops']:.0f}/{m['jobs'][0]['read']['iops']:.0f}"
+                        for s, m in pairs), file=sys.stderr, flush=True)
                 merged = merged_doc["jobs"][0]
                 ratio = merged["read"]["iops"] / single["read"]["iops"]
                 p99 = merged["read"]["lat_ns"]["percentile"]["99.000000"]
@@ -90,7 +110,8 @@ def main() -> int:
                              f"{max(waits):.0f}", f"{p99 / 1e3:.0f} in [{min(own) / 1e3:.0f}, "
                              f"{max(own) / 1e3:.0f}]", merged["verify"]["failures"],
                              f"{merged_doc['mpi']['merge_ns'] / 1e6:.1f}", verdict])
-                raw.append({"path": name, "ranks": n, "single": single, "merged": merged_doc})
+                raw.append({"path": name, "ranks": n, "pairs": [{"single": s, "merged": m}
+                                                                  for s, m in pairs]})
                 print(f"bench: {name} x{n}: one process {single['read']['iops']:.0f}, "
                       f"ranks {merged['read']['iops']:.0f}", file=sys.stderr, flush=True)
     finally:
