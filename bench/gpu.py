@@ -159,6 +159,7 @@ def start_mps(directory: Path) -> callable:
 def setup_rootfile(directory: Path, size: int) -> tuple[str, callable]:
     """A pattern file on the root disk, read with O_DIRECT: the slow drive."""
     path = directory / "gpufio-bench-root.dat"
+    path.unlink(missing_ok=True)  # the bench's own file, left behind by a bench killed early
     targets.create_file(str(path), size, 8)
     return str(path), lambda: path.unlink(missing_ok=True)
 
