@@ -360,9 +360,10 @@ def test_memory_limit_runs_the_iterations_in_a_capped_cgroup_and_comes_back(tmp_
     facts = r["memory_limit"]
     assert r["error"] == 0 and facts["limit_bytes"] == 512 << 20
     assert facts["cgroup_version"] in (1, 2) and f"gpufio-{os.getpid()}" in facts["cgroup"]
-    assert facts["peak_bytes"] is None or 0 < facts["peak_bytes"] <= 512 << 20
+    top = (512 << 20) + facts["anon_peak_bytes"]  # the page cache's limit, plus the process's own
+    assert facts["peak_bytes"] is None or 0 < facts["peak_bytes"] <= top
     for key in ("usage_at_entry_bytes", "usage_at_exit_bytes"):  # what the group held
-        assert facts[key] is None or 0 <= facts[key] <= 512 << 20
+        assert facts[key] is None or 0 <= facts[key] <= top
     assert open("/proc/self/cgroup").read() == before
     assert not os.path.exists(facts["cgroup"])
 
@@ -405,6 +406,72 @@ def test_a_limited_job_rehearses_a_step_outside_the_group_first(tmp_path, monkey
     assert order == ["rehearse", "limit"]
     assert limited_run["aggregation"]["rows"] == plain["aggregation"]["rows"]
     assert limited_run["loss_first"] == plain["loss_first"]
+
+
+def test_the_watcher_keeps_the_limit_at_the_page_cache_limit_plus_anonymous_memory(tmp_path):
+    """memory_limit bounds the page cache: the group's limit follows limit + its anonymous
+    memory (up at once, down by a MiB or more), until the watcher's input closes; it reports
+    the largest anonymous size, and stops by itself when the group goes."""
+    import threading
+
+    from gpufio.core import cgroups
+
+    stat, high = tmp_path / "memory.stat", tmp_path / "memory.high"
+    mib = 1 << 20
+
+    def anon(n):
+        stat.write_text(f"file 7\nanon {n}\nshmem 0\n")
+
+    def limit_becomes(n):
+        for _ in range(500):
+            if high.exists() and high.read_text() == str(n):
+                return True
+            threading.Event().wait(0.01)
+        return False
+
+    anon(3 * mib)
+    r, w = os.pipe()
+    out = {}
+    with open(r, "rb") as done:
+        t = threading.Thread(target=lambda: out.update(
+            cgroups.follow_anonymous(high, stat, "anon", 100 * mib, done)))
+        t.start()
+        assert limit_becomes(103 * mib)
+        anon(40 * mib)
+        assert limit_becomes(140 * mib)
+        anon(40 * mib - 4096)  # a page less: not worth a reclaim
+        threading.Event().wait(0.1)
+        assert high.read_text() == str(140 * mib)
+        anon(10 * mib)
+        assert limit_becomes(110 * mib)
+        os.close(w)
+        t.join(5)
+    assert not t.is_alive() and out == {"anon_peak_bytes": 40 * mib}
+    stat.unlink()  # the group is gone: the watcher ends
+    r, w = os.pipe()
+    with open(r, "rb") as never:  # its writer stays open: only the missing group ends it
+        assert cgroups.follow_anonymous(high, stat, "anon", 1, never) == {"anon_peak_bytes": 0}
+    os.close(w)
+
+
+def test_the_watcher_process_follows_the_group_and_ends_with_its_input(tmp_path):
+    """The watcher runs as a process of its own (outside the group it watches); closing its
+    input, as the kernel does when gpufio is killed, ends it with what it saw."""
+    import time
+
+    from gpufio.workloads.gnn import memlimit
+
+    (tmp_path / "memory.stat").write_text("anon 5242880\nfile 0\n")
+    w = memlimit._watcher(tmp_path, memlimit.V2, 1 << 20)
+    try:
+        deadline = time.monotonic() + 10
+        while (not (tmp_path / "memory.high").exists()
+               or (tmp_path / "memory.high").read_text() != str(6 << 20)):
+            assert time.monotonic() < deadline, "the watcher never set the limit"
+            time.sleep(0.01)
+    finally:
+        seen = memlimit._stop(w)
+    assert w.returncode == 0 and seen == {"anon_peak_bytes": 5 << 20}
 
 
 def test_memory_limit_where_no_cgroup_can_be_made_is_exit_2(tmp_path, monkeypatch):

@@ -156,3 +156,4 @@ def test_each_engine_finishes_first_in_a_fresh_process_under_a_small_limit(engin
     m = j["memory_limit"]
     assert m["limit_bytes"] == 100 << 20 and j["feature_bytes"] >= 4 * m["limit_bytes"]
     assert m["usage_at_entry_bytes"] is not None and m["peak_bytes"] is not None
+    assert m["peak_bytes"] <= m["limit_bytes"] + m["anon_peak_bytes"] + (1 << 20)

@@ -9,9 +9,13 @@ the benchmarks' peers (fio) measured like for like.
 
 from __future__ import annotations
 
+import json
 import os
+import select
+import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from gpufio.core.stats import CpuTimes
 
@@ -69,6 +73,56 @@ def remove_stale(parent: Path) -> None:
             pass  # not ours to remove, or not empty after all
 
 
+# how often follow_anonymous looks at the group: the limit stays that close behind its growth
+FOLLOW_S = 0.02
+
+
+def _stat(stat_file: Path, key: str) -> int:
+    for line in stat_file.read_text().splitlines():
+        name, value = line.split()
+        if name == key:
+            return int(value)
+    raise OSError(f"{stat_file} has no '{key}'")
+
+
+def follow_anonymous(limit_file: Path, stat_file: Path, key: str, limit: int,
+                     done: IO[bytes]) -> dict[str, int]:
+    """Keep a memory group's limit at ``limit`` plus the group's anonymous memory (``key`` of
+    its memory.stat: anon on v2, rss on v1) until ``done`` is readable or closed, so that
+    ``limit`` bounds the page cache alone: anonymous memory cannot be reclaimed without swap,
+    and a group held above its limit by it throttles (v2) or kills (v1) every allocation.
+    Returns the largest anonymous size seen."""
+    peak = written = -1
+    while True:
+        try:
+            anon = _stat(stat_file, key)
+        except OSError:  # the group went (its process ended first): nothing left to follow
+            break
+        peak = max(peak, anon)
+        # up at once, down only by a MiB or more: lowering a limit makes the writer reclaim
+        if anon > written or written - anon >= 1 << 20:
+            try:
+                limit_file.write_text(str(limit + anon))
+                written = anon
+            except OSError:  # v1 refuses a limit below its usage (EBUSY) until reclaim
+                pass
+        if select.select([done], [], [], FOLLOW_S)[0]:
+            break
+    return {"anon_peak_bytes": max(peak, 0)}
+
+
+def _follow_main(argv: list[str], inp: IO[bytes], out: IO[bytes]) -> None:
+    """``python -m gpufio.core.cgroups LIMIT_FILE STAT_FILE KEY LIMIT``: follow_anonymous
+    until ``inp`` closes (or its parent dies); says "ready" on ``out`` first and the result
+    last. ``out`` is a pipe to gpufio (memlimit.py), never a terminal."""
+    limit_file, stat_file, key, limit = Path(argv[0]), Path(argv[1]), argv[2], int(argv[3])
+    out.write(b"ready\n")
+    out.flush()
+    seen = follow_anonymous(limit_file, stat_file, key, limit, inp)
+    out.write(json.dumps(seen).encode() + b"\n")
+    out.flush()
+
+
 class CpuGroup:
     """A new cgroup (cpuacct on v1; on v2 a sibling of this process's own group, whose
     cpu.stat every v2 group has) that processes are moved into and whose user and system CPU
@@ -112,3 +166,7 @@ class CpuGroup:
             except ProcessLookupError:
                 pass  # it has ended: nothing to move
         remove(self.path)
+
+
+if __name__ == "__main__":
+    _follow_main(sys.argv[1:], sys.stdin.buffer, sys.stdout.buffer)

@@ -4,14 +4,22 @@ cannot hold a feature table larger than the limit, as with the experiment's 892 
 The process moves itself into a new memory cgroup with the limit set (cgroup v1: a child of
 its own memory cgroup; v2: a sibling of its own cgroup, or a child of the root, where the
 parent can delegate the memory controller), and moves back afterwards; memory charged before
-the move stays where it was, so only what the iterations allocate, the page cache of the
-reads included, counts. The result records the limit, the control file, the cgroup used and
-the peak usage measured there.
+the move stays where it was. The limit is one of page cache: what the process allocates for
+itself after the move (its heap, the GPU runtime's host memory: anonymous memory, which
+without swap cannot be reclaimed) is added to it as it grows, by a watcher process outside
+the group (cgroups.follow_anonymous). A fixed limit is held above by that memory, and then
+every allocation is throttled (v2's memory.high) or the job killed (v1): the stall of issue
+18, where the group held 105-113 MB of anonymous memory and almost no page cache under a
+100 MB limit. The result records the limit, the control file, the cgroup used, the usage
+measured there and the largest anonymous size the watcher saw.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,8 +32,8 @@ from gpufio.core.errors import BadInput
 # takes them, which is exactly the thrashing an out-of-core mmap run is meant to show.
 # v1 has only the hard limit.
 V1 = {"limit": "memory.limit_in_bytes", "peak": "memory.max_usage_in_bytes",
-      "usage": "memory.usage_in_bytes"}
-V2 = {"limit": "memory.high", "peak": "memory.peak", "usage": "memory.current"}
+      "usage": "memory.usage_in_bytes", "anon": "rss"}
+V2 = {"limit": "memory.high", "peak": "memory.peak", "usage": "memory.current", "anon": "anon"}
 
 
 def _parent() -> tuple[Path, Path, dict[str, str]]:
@@ -56,23 +64,52 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+def _watcher(child: Path, files: dict[str, str], limit: int) -> subprocess.Popen:
+    """The process that keeps the group's limit at ``limit`` plus its anonymous memory,
+    started outside the group (it must never be throttled itself), watching once it says
+    so; it ends when its standard input closes, also when gpufio is killed."""
+    w = subprocess.Popen([sys.executable, "-m", "gpufio.core.cgroups", str(child / files["limit"]),
+                          str(child / "memory.stat"), files["anon"], str(limit)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    if w.stdout.readline().strip() != b"ready":
+        w.kill()
+        w.wait()
+        raise OSError("the memory watcher did not start")
+    return w
+
+
+def _stop(w: subprocess.Popen) -> dict[str, int]:
+    """End the watcher; what it saw."""
+    out, _ = w.communicate(timeout=10)
+    try:
+        return json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}
+
+
 @contextmanager
 def limited(limit: int) -> Iterator[dict[str, Any]]:
-    """Run the block with this process's new memory charged to a cgroup capped at ``limit``
-    bytes; yields the facts for the result (peak usage filled in on the way out)."""
+    """Run the block with this process's new page cache charged to a cgroup capped at
+    ``limit`` bytes (its new anonymous memory on top); yields the facts for the result
+    (usage and peaks filled in on the way out)."""
+    watcher = None
     try:
         parent, home, files = _parent()
         cgroups.remove_stale(parent)
         child = parent / f"gpufio-{os.getpid()}"
         child.mkdir(exist_ok=True)
         (child / files["limit"]).write_text(str(limit))
+        watcher = _watcher(child, files, limit)
         (child / "cgroup.procs").write_text(str(os.getpid()))
     except OSError as e:
+        if watcher is not None:
+            _stop(watcher)
         raise BadInput(f"key 'memory_limit': cannot run under a memory cgroup here: "
                        f"{e.strerror or e}; run gpufio under one instead (e.g. systemd-run "
                        "--scope -p MemoryHigh=...)") from None
-    facts: dict[str, Any] = {"limit_bytes": limit, "cgroup": str(child),
-                             "cgroup_version": 1 if files is V1 else 2,
+    facts: dict[str, Any] = {"limit_bytes": limit, "applies_to": "page cache; the process's "
+                             "new anonymous memory is added to the group's limit as it grows",
+                             "cgroup": str(child), "cgroup_version": 1 if files is V1 else 2,
                              "control": files["limit"]}
     facts["usage_at_entry_bytes"] = _read_int(child / files["usage"])
     try:
@@ -82,4 +119,5 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
         # memory.peak needs Linux 5.19 on cgroup v2
         facts["peak_bytes"] = _read_int(child / files["peak"])
         (home / "cgroup.procs").write_text(str(os.getpid()))
+        facts.update(_stop(watcher))
         cgroups.remove(child)
