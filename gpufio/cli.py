@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from gpufio import __version__, profile
-from gpufio.core.errors import BadInput, RunFailed
+from gpufio.core.errors import BadInput, RunFailed, WorkerHung
 from gpufio.facts import host as hostinfo
 from gpufio.results import render
 from gpufio.run import runner
@@ -59,6 +59,10 @@ def _exit_codes() -> Iterator[None]:
     except BadInput as e:
         typer.echo(f"gpufio: error: {e}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
+    except WorkerHung as e:
+        typer.echo(f"gpufio: error: {e}", err=True)
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)  # not sys.exit: the exit handlers would wait for the stuck call
     except RunFailed as e:
         typer.echo(f"gpufio: error: {e}", err=True)
         raise typer.Exit(EXIT_FAILED) from None

@@ -3,6 +3,7 @@ budget, splits it over the targets, and reads nothing."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gpufio.core import targets
@@ -46,3 +47,88 @@ def test_fios_null_job_files_run_on_it(tmp_path):
     path.write_text("[global]\nioengine=null\nbs=4k\nsize=1m\n[j]\niodepth=16\n")
     (job,) = load(str(path)).jobs
     assert (job.engine, job.iodepth) == ("null", 16)
+
+
+@pytest.fixture
+def stuck(monkeypatch):
+    """The null engine with a run that completes a few I/Os, then makes a call that never
+    returns (as a library stuck inside would); released when the test ends."""
+    import threading
+
+    from gpufio.engines.null import Null
+
+    release = threading.Event()
+
+    def run(self):
+        tgt, offs = self.ctx.next_batch(4)
+        self.ctx.complete(np.full(len(offs), 1000, np.int64), tgt, self._full[:len(offs)],
+                          self.ctx.last_writes())
+        release.wait()  # the call that does not return
+
+    monkeypatch.setattr(Null, "run", run)
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.3)
+    monkeypatch.setattr(runner, "NO_PROGRESS_S", 0.3)
+    yield
+    release.set()
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_worker_that_never_returns_after_its_runtime_is_named_not_waited_for(
+        stuck, pattern_file, monkeypatch, kind):
+    """A thread is named with the gpufio frame it is stuck under (the process then exits
+    without it, cli.py); a process worker is killed."""
+    import os
+
+    from gpufio.core.errors import WorkerHung
+    from gpufio.engines.null import Null
+
+    monkeypatch.setattr(Null, "worker_kind", kind)
+    where = (r"thread t/0, in gpufio/\S+\.py:\d+ \(\w+\)" if kind == "thread"
+             else r"process (\d+)")
+    with pytest.raises(WorkerHung, match=rf"job 't': worker 0 \({where}\) did not stop "
+                                         r"within 0.3 s of the job's end") as e:
+        _run([pattern_file], runtime="200ms", time_based=True)
+    if kind == "process":
+        pid = int(str(e.value).split("process ")[1].split(")")[0])
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_job_whose_ios_stopped_completing_is_stopped_and_its_worker_named(stuck,
+                                                                           pattern_file):
+    from gpufio.core.errors import WorkerHung
+
+    with pytest.raises(WorkerHung, match=r"worker 0 .* did not stop within 0.3 s after no "
+                                         r"I/O completed for 0.3 s; it is stuck"):
+        _run([pattern_file], io_size="1m")  # no runtime: only the stall ends it
+
+
+def test_gpufio_run_with_a_stuck_worker_thread_says_so_and_exits_1(tmp_path, pattern_file):
+    """The CLI ends the process at once (exit 1, one line) instead of waiting in the
+    interpreter's shutdown for the thread that never returns."""
+    import re
+    import subprocess
+    import sys
+
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'[global]\nengine = "null"\ntargets = ["{pattern_file}"]\n'
+                       'runtime = "200ms"\ntime_based = true\n')
+    code = f"""
+import sys, threading
+from gpufio.engines.null import Null
+from gpufio.run import runner
+Null.worker_kind = "thread"
+Null.run = lambda self: threading.Event().wait()
+runner.STOP_GRACE_S = 0.3
+sys.argv = ["gpufio", "run", {str(profile)!r}, "-q"]
+from gpufio.cli import main
+main()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1
+    (line,) = out.stderr.splitlines()
+    assert re.fullmatch(r"gpufio: error: job 'p': worker 0 \(thread p/0, in gpufio/run/"
+                        r"launch.py:\d+ \(_run\)\) did not stop within 0.3 s of the job's end; "
+                        r"it is stuck in a call that does not return, and gpufio ends "
+                        r"without it", line)

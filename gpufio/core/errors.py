@@ -20,6 +20,12 @@ class RunFailed(Exception):
     """A run that ended without a result to report (exit code 1); the text says why."""
 
 
+class WorkerHung(RunFailed):
+    """A worker that will not stop: a call that never returns (a library stuck inside). The
+    process must end without waiting for it, and without the libraries' exit handlers,
+    which would wait for that very call."""
+
+
 @contextmanager
 def reading(path: str, what: str) -> Iterator[None]:
     """Turn the ways opening or decoding an input file fails into one-line BadInput errors."""

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from gpufio.core.context import FinalRecord, WorkerContext
@@ -96,6 +97,22 @@ class ThreadWorker:
     def join(self) -> None:
         if self._thread.ident is not None:  # Ctrl-C can land before every worker started
             self._thread.join()
+
+    def where(self) -> str:
+        """Where the worker's thread is now: its innermost frame in gpufio (the call into a
+        library that does not return is made there)."""
+        root = Path(__file__).resolve().parent.parent
+        frame = sys._current_frames().get(self._thread.ident)
+        while frame is not None:
+            path = Path(frame.f_code.co_filename)
+            if path.is_relative_to(root):
+                return (f"thread {self._thread.name}, in {path.relative_to(root.parent)}:"
+                        f"{frame.f_lineno} ({frame.f_code.co_name})")
+            frame = frame.f_back
+        return f"thread {self._thread.name}"
+
+    def kill(self) -> None:
+        """Nothing can end a thread from outside: the process's exit does (errors.WorkerHung)."""
 
 
 _PR_SET_PDEATHSIG = 1
@@ -213,6 +230,15 @@ class ProcessWorker:
         while not self.poll():
             self._conn.poll(0.05)
         self._proc.join()
+
+    def where(self) -> str:
+        return f"process {self._proc.pid}"
+
+    def kill(self) -> None:
+        """SIGKILL: the kernel releases its rings, pinned memory and GPU context."""
+        if self._proc.pid is not None:
+            self._proc.kill()
+            self._proc.join()
 
 
 class SpawnWorker(ProcessWorker):

@@ -22,7 +22,7 @@ import numpy as np
 from gpufio.core import cgroups, events, iolog, pattern
 from gpufio.core import targets as tg
 from gpufio.core.context import DIRECTIONS, READ, WRITE, JobShared, WorkerContext
-from gpufio.core.errors import BadInput
+from gpufio.core.errors import BadInput, WorkerHung
 from gpufio.core.guard import WriteConsent
 from gpufio.core.job import Job, Profile
 from gpufio.core.offsets import OffsetStream, ReplayStream
@@ -36,6 +36,11 @@ from gpufio.run.launch import ProcessWorker, SpawnWorker, ThreadWorker
 from gpufio.run.records import DirResult, JobResult, RunOutcome, Snapshot
 
 TICK_S = 0.02
+# a job whose workers complete no I/O for NO_PROGRESS_S is stopped, and a worker still
+# running STOP_GRACE_S after its job was stopped is stuck (errors.WorkerHung): far beyond
+# any I/O's latency or a worker's teardown, so only a call that never returns meets them
+NO_PROGRESS_S = 60.0
+STOP_GRACE_S = 30.0
 
 
 # threads one worker may use to generate the pattern of its writes in host memory
@@ -151,6 +156,9 @@ class JobRun:
         self._last_sample = (0, 0, 0)
         self.interrupted = False
         self._end_syncs = self._end_sync_ns = 0
+        self._progress = (0, -1)  # (when, completed I/Os) the count last moved
+        self._stalled = False  # stopped because nothing completed for NO_PROGRESS_S
+        self._stopping_since: int | None = None
 
     def start(self) -> None:
         """Start the workers; they set up their engines and wait for the clock. With
@@ -223,6 +231,37 @@ class JobRun:
                 self._sample(now)
             if self.steady is not None and not self.steady.attained:
                 self._watch_steady(now)
+        self._watch_hang(now)
+
+    def _watch_hang(self, now: int) -> None:
+        """Stop a job whose I/Os stopped completing; then name the worker that still runs
+        STOP_GRACE_S after its job was stopped (errors.WorkerHung), never wait for it."""
+        if self.state == "run" and not self.control.stopping:
+            ios = self._live_totals()[0]
+            if ios != self._progress[1]:
+                self._progress = (now, ios)
+            elif now - self._progress[0] > NO_PROGRESS_S * 1e9:
+                self._stalled = True
+                self.control.stop()
+        if not self.control.stopping:
+            return
+        self._stopping_since = self._stopping_since or now
+        if now - self._stopping_since <= STOP_GRACE_S * 1e9:
+            return
+        stuck = [(i, w) for i, w in enumerate(self.workers) if not w.poll()]
+        if stuck:
+            i, w = stuck[0]
+            why = (f"after no I/O completed for {NO_PROGRESS_S:g} s" if self._stalled
+                   else "of the job's end")
+            raise WorkerHung(f"job '{self.job.name}': worker {i} ({w.where()}) did not stop "
+                             f"within {STOP_GRACE_S:g} s {why}; it is stuck in a call that "
+                             "does not return, and gpufio ends without it")
+
+    def kill(self) -> None:
+        """End the workers that can be ended (processes); a stuck thread ends with us."""
+        for w in self.workers:
+            if not w.poll():
+                w.kill()
 
     def _live_totals(self) -> tuple[int, int, int]:
         live = [self.shared.live(w) for w in range(len(self.workers))]
@@ -604,6 +643,10 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
                 finished.extend(runs)
                 results.extend(r.result() for r in runs)
                 break
+            except WorkerHung:  # joining would wait for ever
+                for r in runs:
+                    r.kill()
+                raise
             except BaseException:  # another rank failed: no worker outlives the run
                 for r in runs:
                     r.stop()
