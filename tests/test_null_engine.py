@@ -86,7 +86,7 @@ def test_a_worker_that_never_returns_after_its_runtime_is_named_not_waited_for(
     where = (r"thread t/0, in gpufio/\S+\.py:\d+ \(\w+\)" if kind == "thread"
              else r"process (\d+)")
     with pytest.raises(WorkerHung, match=rf"job 't': worker 0 \({where}\) did not stop "
-                                         r"within 0.3 s of the job's end") as e:
+                                         r"within 0.3 s of being told to") as e:
         _run([pattern_file], runtime="200ms", time_based=True)
     if kind == "process":
         pid = int(str(e.value).split("process ")[1].split(")")[0])
@@ -129,6 +129,23 @@ main()
     assert out.returncode == 1
     (line,) = out.stderr.splitlines()
     assert re.fullmatch(r"gpufio: error: job 'p': worker 0 \(thread p/0, in gpufio/run/"
-                        r"launch.py:\d+ \(_run\)\) did not stop within 0.3 s of the job's end; "
+                        r"launch.py:\d+ \(_run\)\) did not stop within 0.3 s of being told to; "
                         r"it is stuck in a call that does not return, and gpufio ends "
                         r"without it", line)
+
+
+def test_ctrl_c_with_a_worker_stuck_in_a_call_names_it_instead_of_waiting(stuck, pattern_file):
+    from gpufio.core.errors import WorkerHung
+
+    ticks = []
+
+    def on_tick(snapshots):
+        ticks.append(1)
+        if len(ticks) == 3:
+            raise KeyboardInterrupt
+
+    prof = from_dict({"global": {"engine": "null", "targets": [str(pattern_file)],
+                                 "runtime": "60s", "time_based": True}}, "t.toml", {})
+    with pytest.raises(WorkerHung, match=r"job 't': worker 0 \(process \d+\) did not stop "
+                                         r"within 0.3 s"):
+        runner.run_profile(prof, on_tick=on_tick, quiet=True, tick_every_s=0.05)

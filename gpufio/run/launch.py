@@ -94,9 +94,11 @@ class ThreadWorker:
         """True once the worker has finished (its outcome is then set)."""
         return not self._thread.is_alive() and self._thread.ident is not None
 
-    def join(self) -> None:
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout`` s) for the worker to end; True once it has."""
         if self._thread.ident is not None:  # Ctrl-C can land before every worker started
-            self._thread.join()
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def where(self) -> str:
         """Where the worker's thread is now: its innermost frame in gpufio (the call into a
@@ -224,12 +226,18 @@ class ProcessWorker:
             self._receive()
         return self.outcome is not None
 
-    def join(self) -> None:
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout`` s) for the worker's outcome and its exit; True once
+        both are in."""
         if self._proc.pid is None:  # Ctrl-C can land before every worker started
-            return
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not self.poll():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
             self._conn.poll(0.05)
-        self._proc.join()
+        self._proc.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self._proc.exitcode is not None
 
     def where(self) -> str:
         return f"process {self._proc.pid}"

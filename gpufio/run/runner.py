@@ -248,14 +248,18 @@ class JobRun:
         self._stopping_since = self._stopping_since or now
         if now - self._stopping_since <= STOP_GRACE_S * 1e9:
             return
-        stuck = [(i, w) for i, w in enumerate(self.workers) if not w.poll()]
+        stuck = [i for i, w in enumerate(self.workers) if not w.poll()]
         if stuck:
-            i, w = stuck[0]
-            why = (f"after no I/O completed for {NO_PROGRESS_S:g} s" if self._stalled
-                   else "of the job's end")
-            raise WorkerHung(f"job '{self.job.name}': worker {i} ({w.where()}) did not stop "
-                             f"within {STOP_GRACE_S:g} s {why}; it is stuck in a call that "
-                             "does not return, and gpufio ends without it")
+            raise self._hung(stuck[0])
+
+    def _hung(self, worker: int) -> WorkerHung:
+        """The error that names a worker which did not stop within STOP_GRACE_S."""
+        why = (f"after no I/O completed for {NO_PROGRESS_S:g} s" if self._stalled
+               else "of being told to")
+        return WorkerHung(f"job '{self.job.name}': worker {worker} "
+                          f"({self.workers[worker].where()}) did not stop within "
+                          f"{STOP_GRACE_S:g} s {why}; it is stuck in a call that does not "
+                          "return, and gpufio ends without it")
 
     def kill(self) -> None:
         """End the workers that can be ended (processes); a stuck thread ends with us."""
@@ -288,9 +292,13 @@ class JobRun:
 
     def join(self) -> None:
         """Wait for the workers to finish; then end_fsync, whose time counts in the measured
-        runtime (as fio's end_fsync)."""
-        for w in self.workers:
-            w.join()
+        runtime (as fio's end_fsync). Workers told to stop get STOP_GRACE_S to end (Ctrl-C
+        too): a worker stuck in a call is named (WorkerHung), never waited for."""
+        deadline = time.monotonic() + STOP_GRACE_S
+        for i, w in enumerate(self.workers):
+            if not w.join(max(0.0, deadline - time.monotonic()) if self.control.stopping
+                          else None):
+                raise self._hung(i)
         self._mark_end()
         if self._group is not None:
             self._group.close()
@@ -635,10 +643,7 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
             try:
                 _drive(runs, finished, on_tick, tick_every_s)
             except KeyboardInterrupt:
-                for r in runs:
-                    r.stop()
-                for r in runs:
-                    r.join()
+                _stop_all(runs)
                 outcome.interrupted = True
                 finished.extend(runs)
                 results.extend(r.result() for r in runs)
@@ -648,10 +653,7 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
                     r.kill()
                 raise
             except BaseException:  # another rank failed: no worker outlives the run
-                for r in runs:
-                    r.stop()
-                for r in runs:
-                    r.join()
+                _stop_all(runs)
                 raise
             finished.extend(runs)
             for r in runs:
@@ -673,6 +675,20 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
         for _, _, tgts, _ in prepared:
             for t in tgts:
                 t.close()
+
+
+def _stop_all(runs: list[JobRun]) -> None:
+    """Stop every job and wait for its workers; one that will not stop is named
+    (WorkerHung) after the workers that can be ended were."""
+    for r in runs:
+        r.stop()
+    try:
+        for r in runs:
+            r.join()
+    except WorkerHung:
+        for r in runs:
+            r.kill()
+        raise
 
 
 def _drive(runs: list[JobRun], finished: list[JobRun],
