@@ -16,7 +16,8 @@ from gpufio.profile import load  # noqa: E402
 def _args(**kw):
     base = dict(nodes=4000, iterations=6, warmup=2, fanout=[10, 5, 5], memory_limit=None,
                 engines=["mmap", "mmap-random", "gpu-uring", "gpu-uring+cache"],
-                cache_size="64m", batch=[1024], storage="zram", iops_cap=None)
+                cache_size="64m", batch=[1024], storage="zram", iops_cap=None,
+                baseline_iterations=None, baseline_warmup=None)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -32,6 +33,19 @@ def test_profile_has_a_job_per_engine_and_target_count_and_loads(tmp_path):
     assert jobs["mmap-random-1t"].workload_options["mmap_advice"] == "random"
     assert jobs["gpu-uring+cache-2t"].workload_options["cache_size"] == 64 << 20
     assert list(jobs["gpu-uring-2t"].targets) == ["/a", "/b"]
+
+
+def test_the_mmap_jobs_may_run_fewer_iterations_than_the_protocol(tmp_path):
+    """The experiment's 1100 iterations do not fit the mmap loader out of core: its jobs
+    take --baseline-iterations and --baseline-warmup, every other job the protocol's."""
+    path = tmp_path / "p.toml"
+    path.write_text(gnn.profile_text(_args(iterations=1100, warmup=1000, baseline_iterations=30,
+                                           baseline_warmup=5), [["/a"]]))
+    runs = {j.name.removesuffix("[batch_size=1024]"): (j.workload_options["iterations"],
+                                                      j.workload_options["warmup"])
+            for j in load(str(path)).jobs}
+    assert runs == {"mmap-1t": (30, 5), "mmap-random-1t": (30, 5), "gpu-uring-1t": (1100, 1000),
+                    "gpu-uring+cache-1t": (1100, 1000)}
 
 
 def _job(name, engine, agg_ms, targets=1, speedup=None, two=None, cache=None):

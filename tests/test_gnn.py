@@ -145,7 +145,8 @@ def test_stage_timing_arithmetic():
     ns = np.array([[9e9, 9e9, 9e9]] + [[1e6, 6e6, 3e6], [3e6, 10e6, 7e6]], dtype=np.int64)
     s = timing.summarize(ns, warmup=1)
     assert s == {"sampling_ms": 2.0, "aggregation_ms": 8.0, "training_ms": 5.0,
-                 "total_ms": 15.0, "aggregation_share": 8 / 15, "timed_iterations": 2}
+                 "total_ms": 15.0, "aggregation_share": 8 / 15,
+                 "accelerator_utilisation": 5 / 15, "timed_iterations": 2}
     base = {"sampling_ms": 2.0, "aggregation_ms": 200.0, "training_ms": 5.0, "total_ms": 207.0}
     sp = timing.speedups(s, base)
     assert sp["aggregation"] == 25.0 and sp["total"] == pytest.approx(207 / 15)

@@ -65,6 +65,7 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             **{f"{st}_ms": round(s.get(f"{st}_ms", 0.0), 2) for st in timing.STAGES},
             "total_ms": round(s.get("total_ms", 0.0), 2),
             "agg_share": f"{100 * s.get('aggregation_share', 0.0):.0f}%",
+            "AU": f"{100 * s.get('accelerator_utilisation', 0.0):.0f}%",
             "speedup": f"{j['speedup_vs_mmap']['total']:.2f}x" if "speedup_vs_mmap" in j else "",
             "agg_speedup": (f"{j['speedup_vs_mmap']['aggregation']:.2f}x"
                             if "speedup_vs_mmap" in j else ""),
@@ -82,6 +83,7 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
                         **{f"{st}_ms": round(gs.get(f"{st}_ms", 0.0), 2) for st in timing.STAGES},
                         "total_ms": round(gs.get("total_ms", 0.0), 2),
                         "agg_share": f"{100 * gs.get('aggregation_share', 0.0):.0f}%",
+                        "AU": f"{100 * gs.get('accelerator_utilisation', 0.0):.0f}%",
                         "agg_rows/s": round(ga["iops"]), "agg_MB/s": round(ga["bw_bytes"] / 1e6, 1),
                         "verify": f"{g['verify']['mismatches']} bad / {g['verify']['rows_checked']}"})
     return out
