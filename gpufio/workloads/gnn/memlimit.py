@@ -79,8 +79,13 @@ def _watcher(child: Path, files: dict[str, str], limit: int) -> subprocess.Popen
 
 
 def _stop(w: subprocess.Popen) -> dict[str, int]:
-    """End the watcher; what it saw."""
-    out, _ = w.communicate(timeout=10)
+    """End the watcher; what it saw (nothing, if it had to be killed)."""
+    try:
+        out, _ = w.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # stuck in a write the kernel makes wait: kill it
+        w.kill()
+        w.communicate()
+        return {}
     try:
         return json.loads(out.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
