@@ -265,3 +265,86 @@ def test_the_api_is_part_of_the_label():
     from gpufio.engines.base import label
 
     assert label("cufile", {"mode": "compat", "api": "batch"}) == "cufile batch (compat)"
+
+
+class PoolBinding:
+    """cuFile's POSIX pool parameters as libcufile keeps them (size_t arrays by address)."""
+
+    def __init__(self, sizes=(4, 1024, 16384), counts=(128, 64, 32), get_error=None,
+                 set_error=None):
+        self.sizes, self.counts = list(sizes), list(counts)
+        self.get_error, self.set_error, self.sets = get_error, set_error, []
+
+    def get_parameter_posix_pool_slab_array(self, sizes, counts, n):
+        if self.get_error:
+            raise self.get_error
+        assert n == len(self.sizes)
+        (ctypes.c_size_t * n).from_address(sizes)[:] = self.sizes
+        (ctypes.c_size_t * n).from_address(counts)[:] = self.counts
+
+    def set_parameter_posix_pool_slab_array(self, sizes, counts, n):
+        if self.set_error:
+            raise self.set_error
+        self.sets.append((list((ctypes.c_size_t * n).from_address(sizes)),
+                          list((ctypes.c_size_t * n).from_address(counts))))
+
+
+def test_the_bounce_buffer_class_of_the_io_gets_a_buffer_per_io_in_flight():
+    """128 writes of 1 MiB in flight hung cuFile's submit with the 1 MiB class's default 64
+    buffers: that class is raised to 128; a class already large enough is left alone."""
+    cf = PoolBinding()
+    assert cufile_api.size_pool(cf, 1 << 20, 128) == {
+        "slab_kb": [4, 1024, 16384], "count": [128, 128, 32], "sized": True}
+    assert cf.sets == [([4, 1024, 16384], [128, 128, 32])]
+    cf = PoolBinding()
+    assert cufile_api.size_pool(cf, 4096, 128)["count"] == [128, 64, 32] and cf.sets == []
+    assert cufile_api.size_pool(PoolBinding(), 8192, 16)["count"] == [128, 64, 32]
+    assert cufile_api.size_pool(PoolBinding(), 2 << 20, 40)["count"] == [128, 64, 40]
+
+
+def test_a_pool_that_cannot_be_read_sized_or_hold_the_io_says_why():
+    assert cufile_api.size_pool(PoolBinding(get_error=RuntimeError("no symbol")), 4096, 8) == {
+        "sized": False, "why": "cuFile did not report its POSIX pool (no symbol)"}
+    refused = cufile_api.size_pool(PoolBinding(set_error=RuntimeError("busy")), 1 << 20, 128)
+    assert refused == {"slab_kb": [4, 1024, 16384], "count": [128, 64, 32], "sized": False,
+                       "why": "cuFile refused 128 buffers of 1024 KiB (busy)"}
+    assert cufile_api.size_pool(PoolBinding(), 32 << 20, 4)["why"] == (
+        "no slab class holds an I/O of 33554432 bytes")
+
+
+def test_a_pool_short_of_the_ios_in_flight_is_named_with_the_way_out(monkeypatch):
+    monkeypatch.setattr(cufile_api, "_open", {"pool": {
+        "slab_kb": [4, 1024, 16384], "count": [128, 64, 32], "sized": True}})
+    assert cufile_api.pool_shortfall(1 << 20, 64) is None
+    assert cufile_api.pool_shortfall(4096, 128) is None
+    assert cufile_api.pool_shortfall(1 << 20, 128) == (
+        "128 I/Os of 1048576 bytes in flight need as many of cuFile's 1024 KiB bounce buffers "
+        "and it has 64 (its driver was opened for an earlier job of this run); cuFile's "
+        "submit would wait for ever: keep at most 64 in flight, or raise "
+        "properties.posix_pool_slab_count in cufile.json")
+    monkeypatch.setattr(cufile_api, "_open", {"pool": {
+        "slab_kb": [4, 1024], "count": [128, 64], "sized": False, "why": "cuFile refused"}})
+    assert "and it has 64 (cuFile refused);" in cufile_api.pool_shortfall(1 << 20, 100)
+    monkeypatch.setattr(cufile_api, "_open", {"pool": {"sized": False, "why": "unread"}})
+    assert cufile_api.pool_shortfall(1 << 20, 1000) is None  # nothing known to be short
+
+
+def test_the_pool_is_sized_before_the_driver_opens_and_recorded(monkeypatch):
+    import sys
+    import types
+
+    class Binding(PoolBinding):
+        opened_after = None
+
+        def driver_open(self):
+            self.opened_after = list(self.sets)
+
+    fake = Binding()
+    for name in ("cuda", "cuda.bindings"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "cuda.bindings.cufile", fake)
+    monkeypatch.setattr(cufile_api, "_open", {})
+    assert cufile_api.binding(0, 1 << 20, 96) is fake
+    assert fake.opened_after == [([4, 1024, 16384], [128, 96, 32])]
+    assert cufile_api.pool_facts() == {"slab_kb": [4, 1024, 16384], "count": [128, 96, 32],
+                                       "sized": True}

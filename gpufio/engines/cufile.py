@@ -94,11 +94,16 @@ def settled(future: Any, deadline_ns: int) -> bool:
     return True
 
 
+def _inflight(job: Job) -> int:
+    """The I/Os one process keeps in flight, iodepth for each of its workers: they share
+    one cuFile driver and one KvikIO pool."""
+    return job.iodepth * (1 if CuFile.settings(job).processes else job.numjobs)
+
+
 def _threads(job: Job) -> int:
     """KvikIO's pool size (one pool per process): the option, or a thread for every read the
-    process keeps queued, iodepth for each of its workers."""
-    s = CuFile.settings(job)
-    return s.threads or job.iodepth * (1 if s.processes else job.numjobs)
+    process keeps queued."""
+    return CuFile.settings(job).threads or _inflight(job)
 
 
 # filesystems cuFile moves data on by GPUDirect (with nvidia-fs); on others it falls back
@@ -287,13 +292,21 @@ class CuFile(Engine):
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         s = cls.settings(job)
+        pool = None
         if s.api != "kvikio":
             from gpufio.io import cufile_api
 
-            cufile_api.binding(s.threads)  # before KvikIO opens the driver (cufile_mode)
-        facts = {**super().describe(job), "mode": cufile_mode(s.api), "api": s.api,
+            inflight = _inflight(job)
+            cufile_api.binding(s.threads, job.bs, inflight)  # before KvikIO opens the driver
+            pool = cufile_api.pool_facts()
+        mode = cufile_mode(s.api)
+        if pool is not None and mode == "compat":  # GDS moves the bytes without the pool
+            short = cufile_api.pool_shortfall(job.bs, inflight)
+            if short:
+                raise BadInput(f"job '{job.name}': {short}")
+        facts = {**super().describe(job), "mode": mode, "api": s.api,
                  "register_buffers": s.register_buffers, "gpus": list(job.gpu_list),
-                 "lands_in": "gpu memory"}
+                 "lands_in": "gpu memory", **({"cufile_posix_pool": pool} if pool else {})}
         if s.api == "kvikio":
             facts["kvikio"] = {"threads": _threads(job), "task_size": max(job.bs, 4096),
                                "gds_threshold": 0, "bounce_buffer_size": max(job.bs, 4096)}
@@ -475,7 +488,7 @@ class RawQueue:
         from gpufio.io import cufile_api
 
         self.api = settings.api
-        cf = cufile_api.binding(settings.threads)
+        cf = cufile_api.binding(settings.threads, job.bs, _inflight(job))
         self._cf, self._base, self._fds = cf, dev.data.ptr, [t.fd for t in targets]
         self._handles = [cufile_api.register_handle(cf, t.fd, t.path) for t in targets]
         self._registered = False

@@ -42,6 +42,8 @@ OP_READ, OP_WRITE = 0, 1
 COMPLETE, FAILED, CANCELED, TIMEOUT = 0x10, 0x40, 0x08, 0x20
 STREAM_FIXED_ALIGNED = 0xF  # buffer offset, file offset and size known at submit, 4 KiB-aligned
 DEFAULT_MAX_BATCH = 128  # cuFile's default properties.io_batchsize
+# classes of cuFile's POSIX bounce-buffer pool (properties.posix_pool_slab_size_kb / _count)
+POOL_CLASSES = 3
 
 _open: dict[str, Any] = {}
 # cuFile registers a descriptor once per process: workers that share a target's descriptor
@@ -50,10 +52,65 @@ _handles: dict[int, list[int]] = {}
 _handles_lock = threading.Lock()
 
 
-def binding(threads: int = 0) -> Any:
+def size_pool(cf: Any, io_bytes: int, inflight: int) -> dict[str, Any]:
+    """Give cuFile's POSIX pool a bounce buffer for each of ``inflight`` I/Os of
+    ``io_bytes``, before the driver opens; what the pool then holds, for the result.
+
+    In compat mode every batch (and stream) I/O in flight holds one buffer of the smallest
+    slab class that fits it, and with none free ``cuFileBatchIOSubmit`` waits for ever
+    (nixl #2070; on the H200 machine 128 writes of 1 MiB hung, 64 ran: the 1 MiB class has
+    64 buffers by default). So that class's count is raised to the I/Os in flight."""
+    sizes, counts = np.zeros(POOL_CLASSES, np.uint64), np.zeros(POOL_CLASSES, np.uint64)
+    try:
+        cf.get_parameter_posix_pool_slab_array(sizes.ctypes.data, counts.ctypes.data,
+                                               POOL_CLASSES)
+    except Exception as e:  # an older libcufile, or another number of classes
+        return {"sized": False, "why": f"cuFile did not report its POSIX pool ({e})"}
+    facts: dict[str, Any] = {"slab_kb": sizes.tolist(), "count": counts.tolist()}
+    fits = [k for k in np.argsort(sizes).tolist() if int(sizes[k]) << 10 >= io_bytes]
+    if not fits:
+        return {**facts, "sized": False, "why": f"no slab class holds an I/O of {io_bytes} bytes"}
+    k = fits[0]
+    if int(counts[k]) < inflight:
+        counts[k] = inflight
+        try:
+            cf.set_parameter_posix_pool_slab_array(sizes.ctypes.data, counts.ctypes.data,
+                                                   POOL_CLASSES)
+        except Exception as e:
+            return {**facts, "sized": False, "why": f"cuFile refused {inflight} buffers of "
+                                                    f"{int(sizes[k])} KiB ({e})"}
+    return {"slab_kb": sizes.tolist(), "count": counts.tolist(), "sized": True}
+
+
+def pool_shortfall(io_bytes: int, inflight: int) -> str | None:
+    """Why the open driver's pool lacks a buffer for each of ``inflight`` I/Os of
+    ``io_bytes`` (cuFile's submit would then wait for ever), or None: it has them, or it
+    could not be read (nothing is known to be short)."""
+    pool = _open.get("pool", {})
+    fits = sorted((kb, n) for kb, n in zip(pool.get("slab_kb", []), pool.get("count", []))
+                  if kb << 10 >= io_bytes)
+    if not fits or fits[0][1] >= inflight:
+        return None
+    kb, n = fits[0]
+    why = (pool["why"] if not pool.get("sized") and "why" in pool
+           else "its driver was opened for an earlier job of this run")
+    return (f"{inflight} I/Os of {io_bytes} bytes in flight need as many of cuFile's "
+            f"{kb} KiB bounce buffers and it has {n} ({why}); cuFile's submit would wait for "
+            f"ever: keep at most {n} in flight, or raise properties.posix_pool_slab_count in "
+            "cufile.json")
+
+
+def pool_facts() -> dict[str, Any]:
+    """The bounce-buffer pool the open driver was given (size_pool's facts)."""
+    return dict(_open.get("pool", {}))
+
+
+def binding(threads: int = 0, io_bytes: int = 0, inflight: int = 0) -> Any:
     """``cuda.bindings.cufile``, with its driver opened once per process; ``threads``: the
     I/O threads cuFile runs compat-mode and batch I/Os on (execution.max_io_threads, which
-    cufile.json sets to 4 by default), set before the driver opens (0: cufile.json's)."""
+    cufile.json sets to 4 by default), set before the driver opens (0: cufile.json's);
+    ``inflight`` I/Os of ``io_bytes``: what its bounce-buffer pool is sized for
+    (size_pool)."""
     if "cf" not in _open:
         try:
             import cuda.bindings.cufile as cf
@@ -82,11 +139,12 @@ def binding(threads: int = 0) -> Any:
                                f"{threads} ({e}); it is set before cuFile's driver opens, once "
                                f"a process: run jobs with other threads in another gpufio "
                                f"run") from None
+        pool = size_pool(cf, io_bytes, inflight) if inflight else {}
         try:
             cf.driver_open()
         except Exception as e:
             raise BadInput(f"engine 'cufile': cuFileDriverOpen failed: {e}") from None
-        _open["cf"] = cf
+        _open["cf"], _open["pool"] = cf, pool
     return _open["cf"]
 
 
