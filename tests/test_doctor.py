@@ -39,7 +39,8 @@ GDS = {"proc/sys/kernel/osrelease": "6.8.0-50-generic",
        "proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15",
        "proc/cmdline": "ro quiet iommu=pt",
        "etc/cufile.json": '{ // cuFile settings\n "properties": {"io_batchsize": 128,\n'
-                          ' "use_poll_mode": false, "url": "http://x//y"}}'}
+                          ' "use_poll_mode": false, "url": "http://x//y",\n'
+                          ' "posix_pool_slab_size_kb": [4, 1024], "posix_pool_slab_count": [128, 64]}}'}
 P2P = {"proc/sys/kernel/osrelease": "6.11.0",
        "boot/config-6.11.0": "CONFIG_A=y\nCONFIG_PCI_P2PDMA=y\n",
        "proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  "
@@ -73,6 +74,8 @@ def test_cufile_mode_gds_through_nvidia_fs(tmp_path):
     assert c["mode cuFile will take"].status == "ok"
     assert c["mode cuFile will take"].found == "gds (nvidia-fs)"
     assert "io_batchsize=128" in c["cufile.json"].found
+    assert ("posix_pool_slab_size_kb=[4, 1024], posix_pool_slab_count=[128, 64]"
+            in c["cufile.json"].found)
     assert c["open driver >= 565"].status == "warn"  # P2PDMA's prerequisites are still listed
 
 

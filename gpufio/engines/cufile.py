@@ -255,9 +255,12 @@ class CuFile(Engine):
             out.append(Check(area, "cufile.json", "warn", f"{path}: {error}",
                              "cuFile's defaults apply; set CUFILE_ENV_PATH_JSON to your cufile.json"))
         else:
+            # the POSIX pool: compat mode's bounce buffers, one per batch or stream I/O in
+            # flight (gpufio raises the count of a job's class for its run: cufile_api)
             keys = ("properties.allow_compat_mode", "properties.io_batchsize",
                     "properties.use_poll_mode", "properties.use_pci_p2pdma",
-                    "properties.max_direct_io_size_kb")
+                    "properties.max_direct_io_size_kb", "properties.posix_pool_slab_size_kb",
+                    "properties.posix_pool_slab_count")
             found = ", ".join(f"{k.split('.')[-1]}={cufile_setting(settings, k)}" for k in keys
                               if cufile_setting(settings, k) is not None)
             out.append(Check(area, "cufile.json", "ok", f"{path}: {found or 'no settings'}"))
