@@ -420,8 +420,10 @@ def test_the_watcher_keeps_the_limit_at_the_page_cache_limit_plus_anonymous_memo
     stat, high = tmp_path / "memory.stat", tmp_path / "memory.high"
     mib = 1 << 20
 
-    def anon(n):
-        stat.write_text(f"file 7\nanon {n}\nshmem 0\n")
+    def anon(n):  # replaced whole, as the kernel's file reads: never seen half-written
+        tmp = tmp_path / "stat.new"
+        tmp.write_text(f"file 7\nanon {n}\nshmem 0\n")
+        os.replace(tmp, stat)
 
     def limit_becomes(n):
         for _ in range(500):
