@@ -83,6 +83,7 @@ def test_a_worker_that_never_returns_after_its_runtime_is_named_not_waited_for(
     from gpufio.engines.null import Null
 
     monkeypatch.setattr(Null, "worker_kind", kind)
+    monkeypatch.setattr(runner, "NO_PROGRESS_S", 60.0)  # only the runtime's end stops it
     where = (r"thread t/0, in gpufio/\S+\.py:\d+ \(\w+\)" if kind == "thread"
              else r"process (\d+)")
     with pytest.raises(WorkerHung, match=rf"job 't': worker 0 \({where}\) did not stop "
