@@ -77,3 +77,12 @@ def test_goals_are_judged_only_where_they_apply(speedup, two, limit, missed):
     assert verdicts["mmap-1t"] == "" and verdicts["gpu-uring+cache-1t"] == ""  # no goal
     assert verdicts["gpu-uring-2t"] == ("ok" if two <= 0.65 else "MISS 2 targets")
     assert rows[2][6] == "40.0%"  # the cache's hit rate
+
+
+def test_the_engines_run_as_shipped_with_no_tuning_keys(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(gnn.profile_text(_args(engines=["mmap", "cpu-gpu", "cufile", "gpu-uring"]),
+                                     [["/a"]]))
+    text = path.read_text()
+    assert not any(key in text for key in ("iodepth", "rings", "sqe_async"))
+    assert len(load(str(path)).jobs) == 4
