@@ -49,6 +49,13 @@ def cases(ram: bool) -> list[dict]:
             out.append({"path": f"{name} {shape}", "g": engine, "shape": shape,
                         "depth": d if engine["engine"] != "gpu-uring" or not ram else 128,
                         "fio_jobs": 1, "fio_depth": d, "goal": None if ram else 0.9})
+    if not ram:
+        # the loaders' path beside fio's own mmap engine (stores through a shared mapping, a
+        # synchronous engine: one I/O at a time), not a goal: what the path itself costs
+        for shape in SHAPES:
+            out.append({"path": f"mmap {shape} vs fio mmap", "g": {"engine": "mmap"},
+                        "shape": shape, "depth": depth, "fio_jobs": 1, "fio_depth": 1,
+                        "fio_engine": ["--ioengine=mmap"], "goal": None})
     if ram:
         out.append({"path": "gpu-uring 4k randwrite vs 16 jobs", "g": {"engine": "gpu-uring",
                                                                       "rings": 8},
@@ -113,14 +120,16 @@ def main() -> int:
                         print(f"bench: {tname} {c['path']}: gpufio failed: {e.stderr.strip()}",
                               file=sys.stderr, flush=True)
                         break
-                    p_runs.append(run_fio(args.fio, target_of, URING + fio_shape, c["fio_jobs"],
-                                          c["fio_depth"], args.runtime))
+                    p_runs.append(run_fio(args.fio, target_of, c.get("fio_engine", URING)
+                                          + fio_shape, c["fio_jobs"], c["fio_depth"],
+                                          args.runtime))
                 if not g_runs:
                     missed.append(f"{tname} {c['path']}: failed")
                     continue
                 bs = 1 << 20 if c["shape"] == "1m write" else 4096
+                peer = "fio mmap" if "fio_engine" in c else "fio io_uring"
                 rows.append(case_row(tname, c, f"1x{c['depth']}",
-                                     f"fio io_uring {c['fio_jobs']}x{c['fio_depth']}", bs,
+                                     f"{peer} {c['fio_jobs']}x{c['fio_depth']}", bs,
                                      g_runs, p_runs, missed, raw))
     finally:
         for clean in cleanups:
