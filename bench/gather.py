@@ -19,15 +19,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import report  # noqa: E402
+from compare import gpufio_counted, report  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 GOAL = 0.8
 # each engine's block job as its block benchmark runs it on RAM (bench/gpu.py's cases)
 BLOCK = {"gpu-uring": {"rings": 8, "iodepth": 128},
@@ -56,17 +54,13 @@ def block_profile(args: argparse.Namespace, table: str) -> str:
 
 
 def gpufio(text: str) -> dict:
-    """``gpufio run`` of a profile's ``text``; its JSON document."""
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-        f.write(text)
+    """``gpufio run`` of a profile's ``text`` (compare.gpufio_counted); its JSON document, or
+    the run's own error as the bench's last word."""
     try:
-        out = subprocess.run([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json", "-q"],
-                             capture_output=True, text=True, cwd=ROOT)
-    finally:
-        os.unlink(f.name)
-    if out.returncode:
-        raise SystemExit(f"bench: gpufio failed ({out.returncode}): {out.stderr.strip()[-800:]}")
-    return json.loads(out.stdout)
+        return gpufio_counted(text)[0]
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"bench: gpufio failed ({e.returncode}): "
+                         f"{(e.stderr or '').strip()[-800:]}") from None
 
 
 def judge(gnn: dict, block: dict) -> tuple[list[list], list[str]]:
