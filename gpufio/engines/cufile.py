@@ -441,9 +441,6 @@ class KvikioQueue:
     def room(self) -> int:
         return len(self._futures)
 
-    def busy(self) -> int:
-        return sum(f is not None for f in self._futures)
-
     def submit(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
                writes: np.ndarray) -> None:
         bs = self._bs
