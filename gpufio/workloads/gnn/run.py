@@ -121,9 +121,10 @@ def make_model(job: Job, xp: Any) -> Any:
 def _rehearse(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any) -> None:
     """One untimed training step on a small mini-batch of its own, before a job moves into
     its memory cgroup: everything the iterations set up lazily (the GPU's modules and
-    libraries, kernel compilation, memory pools) is then allocated outside the limit, where
-    it cannot hold the group above memory.high and have every later allocation throttled.
-    The measured iterations draw the same mini-batches as without it."""
+    libraries, kernel compilation, memory pools) is then allocated outside the group, so
+    the anonymous memory the group's limit must make room for (memlimit's watcher) stays
+    what the iterations themselves allocate. The measured iterations draw the same
+    mini-batches as without it."""
     g = job.workload_options
     indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
     model = make_model(job, xp)
