@@ -91,6 +91,15 @@ def test_merged_totals_are_sums_and_percentiles_those_of_all_samples():
     assert [t["rank"] for t in job["targets"]] == [0, 1, 2, 3]
 
 
+def test_coordination_adds_the_gate_the_skew_the_messages_and_the_merge():
+    docs = [rank_doc(r, "a", np.full(10, 1000)) for r in range(3)]
+    docs[0]["rank"].update(gate_open_ns=2_000_000, recv_ns=1_000_000)
+    mpi = merge_ranks(docs)["mpi"]
+    # skew: the ranks' gates opened at 0, 1 and 2 ms
+    assert mpi["coordination_ns"] == 2_000_000 + 2_000_000 + 1_000_000 + mpi["merge_ns"]
+    assert mpi["coordination_share"] == pytest.approx(mpi["coordination_ns"] / 2e9)
+
+
 def test_merging_64_ranks_takes_under_a_second():
     rng = np.random.default_rng(1)
     docs = [rank_doc(r, f"h{r // 8}", rng.integers(1000, 10**7, 5000)) for r in range(64)]
@@ -173,6 +182,8 @@ def test_mpirun_merges_every_rank(tmp_path):
     assert sorted(t["path"] for t in job["targets"]) == [str(tmp_path / f"t{r}.dat") for r in range(3)]
     assert job["mpi"]["start_skew_ns"] >= 0 and doc["mpi"]["merge_ns"] > 0
     assert all(r["gate_wait_ns"] >= 0 for r in doc["mpi"]["ranks"])
+    assert doc["mpi"]["coordination_ns"] >= doc["mpi"]["merge_ns"]
+    assert 0 < doc["mpi"]["coordination_share"] < 1
     res = cli.invoke(app, ["compare", *(2 * [str(_saved(tmp_path, out))]), "-f", "json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["rows"]
 

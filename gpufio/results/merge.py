@@ -124,9 +124,22 @@ def merge_ranks(docs: list[dict[str, Any]]) -> dict[str, Any]:
     out["jobs"] = [merge_job([d["jobs"][i] for d in docs], ranks)
                    for i in range(min(len(d["jobs"]) for d in docs))]
     out["interrupted"] = any(d["interrupted"] for d in docs)
+    merge_ns = time.perf_counter_ns() - t0
     out["mpi"] = {"size": len(docs), "hosts": sorted({r["host"] for r in ranks}),
                   "ranks": [{"rank": r["rank"], "local_rank": r["local_rank"], "host": r["host"],
                              "gate_wait_ns": r["gate_wait_ns"], "host_facts": d["host"]}
                             for r, d in zip(ranks, docs)],
-                  "merge_ns": time.perf_counter_ns() - t0}
+                  "merge_ns": merge_ns, **coordination(out["jobs"], ranks[0], merge_ns)}
     return out
+
+
+def coordination(jobs: list[dict[str, Any]], root: dict[str, Any], merge_ns: int) -> dict[str, Any]:
+    """What coordinating the ranks cost the run, against the jobs' measured time: rank 0
+    opening the gates once every rank was ready, the start skew left between the ranks'
+    clocks, receiving the ranks' messages and the merge. Waiting for the slowest rank's set-up
+    is not in it (``gate_wait_ns``): that happens before the clocks start."""
+    skew = sum(j["mpi"]["start_skew_ns"] or 0 for j in jobs)
+    cost = root.get("gate_open_ns", 0) + skew + root.get("recv_ns", 0) + merge_ns
+    runtime_ns = sum(max(j[d]["runtime"] for d in DIRECTIONS) * 1e6 for j in jobs)
+    return {"coordination_ns": cost,
+            "coordination_share": cost / runtime_ns if runtime_ns else None}

@@ -56,6 +56,10 @@ class World:
     # wall-clock ns at which each job's gate opened here, and ns spent waiting in gates
     starts: dict[str, int] = field(default_factory=dict)
     waited_ns: int = 0
+    # what coordinating costs beyond waiting for the slowest rank: rank 0's time from the
+    # last rank's "ready" to its last "go" sent, and the time spent receiving messages
+    open_ns: int = 0
+    recv_ns: int = 0
 
     @property
     def root(self) -> bool:
@@ -111,7 +115,10 @@ class World:
         src = MPI.ANY_SOURCE if source < 0 else source
         while time.monotonic() < deadline:
             if self.comm.iprobe(source=src, tag=CTRL):
-                return self.comm.recv(source=src, tag=CTRL)
+                t0 = time.monotonic_ns()
+                msg = self.comm.recv(source=src, tag=CTRL)
+                self.recv_ns += time.monotonic_ns() - t0
+                return msg
             time.sleep(POLL_S)
         return None
 
@@ -170,8 +177,10 @@ class World:
         t0 = time.monotonic_ns()
         if self.root:
             self._collect("ready", f"the start of job '{name}'")
+            t_all = time.monotonic_ns()
             for r in range(1, self.size):
                 self._send(r, ("go", name), f"the start of job '{name}'")
+            self.open_ns += time.monotonic_ns() - t_all
         else:
             self._send(0, ("ready", self.rank, name), f"the start of job '{name}'")
             self._await("go", f"the start of job '{name}'")
@@ -216,7 +225,8 @@ class World:
     def facts(self) -> dict[str, Any]:
         """This rank, for the result."""
         return {"rank": self.rank, "local_rank": self.local_rank, "host": self.host,
-                "job_starts_ns": dict(self.starts), "gate_wait_ns": self.waited_ns}
+                "job_starts_ns": dict(self.starts), "gate_wait_ns": self.waited_ns,
+                "gate_open_ns": self.open_ns, "recv_ns": self.recv_ns}
 
 
 def detect() -> World | None:
