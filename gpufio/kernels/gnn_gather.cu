@@ -121,7 +121,8 @@ extern "C" __global__ void gio_gather(const GioQueue* q, const GioCache* cache, 
                     if (ok) cache_publish(cache, node, cs);
                     else cache_drop(cache, node, cs);
                 }
-                if (!ok && atomicAdd(&stats[0], 1ull) == 0) {
+                // a failed row fails its followers too: they would copy it out of dst
+                if (!ok && atomicAdd(&stats[0], 1ull + __popc(followers)) == 0) {
                     stats[1] = (u64)node;
                     stats[2] = (u64)(long long)res;
                 }
@@ -133,7 +134,7 @@ extern "C" __global__ void gio_gather(const GioQueue* q, const GioCache* cache, 
         warp_count(&stats[3], ready && look == LOOK_HIT, lane);
         warp_count(&stats[4], ready && look == LOOK_FILL, lane);
         // the followers of ready leaders copy the row their leader fetched, now in dst
-        unsigned lead = __ballot_sync(FULL, ready && followers != 0u);
+        unsigned lead = __ballot_sync(FULL, ok && followers != 0u);
         while (lead) {
             const int l = __ffs(lead) - 1;
             lead &= lead - 1;
@@ -146,7 +147,10 @@ extern "C" __global__ void gio_gather(const GioQueue* q, const GioCache* cache, 
                          nullptr, dst_row16, lane, false);
             }
         }
-        const bool freed = phase == ROW_FOLLOW && __shfl_sync(FULL, ready ? 1 : 0, leader) != 0;
+        // every lane joins the shuffle (a *_sync(FULL) that only some lanes reach hangs the
+        // warp), so it is not behind the && that picks the followers
+        const bool leader_ready = __shfl_sync(FULL, ready ? 1 : 0, leader) != 0;
+        const bool freed = phase == ROW_FOLLOW && leader_ready;
         warp_count(&stats[5], freed, lane);
         if (ready || freed) {  // the next row of this lane's own
             i += slots;
