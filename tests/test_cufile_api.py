@@ -268,25 +268,32 @@ def test_the_api_is_part_of_the_label():
 
 
 class PoolBinding:
-    """cuFile's POSIX pool parameters as libcufile keeps them (size_t arrays by address)."""
+    """cuFile's POSIX pool parameters as libcufile keeps them (size_t arrays by address);
+    ``closed_get``: libcufile 1.15 reports the pool only once its driver is open; ``keeps``:
+    the counts it holds whatever was set."""
 
     def __init__(self, sizes=(4, 1024, 16384), counts=(128, 64, 32), get_error=None,
-                 set_error=None):
+                 set_error=None, closed_get=False, keeps=None):
         self.sizes, self.counts = list(sizes), list(counts)
         self.get_error, self.set_error, self.sets = get_error, set_error, []
+        self.closed_get, self.keeps, self.open = closed_get, keeps, False
 
     def get_parameter_posix_pool_slab_array(self, sizes, counts, n):
-        if self.get_error:
-            raise self.get_error
+        if self.get_error or (self.closed_get and not self.open):
+            raise self.get_error or RuntimeError("INVALID_VALUE (5022)")
         assert n == len(self.sizes)
         (ctypes.c_size_t * n).from_address(sizes)[:] = self.sizes
-        (ctypes.c_size_t * n).from_address(counts)[:] = self.counts
+        (ctypes.c_size_t * n).from_address(counts)[:] = self.keeps or self.counts
 
     def set_parameter_posix_pool_slab_array(self, sizes, counts, n):
         if self.set_error:
             raise self.set_error
         self.sets.append((list((ctypes.c_size_t * n).from_address(sizes)),
                           list((ctypes.c_size_t * n).from_address(counts))))
+        self.sizes, self.counts = self.sets[-1]
+
+    def driver_open(self):
+        self.open = True
 
 
 def test_the_bounce_buffer_class_of_the_io_gets_a_buffer_per_io_in_flight():
@@ -294,7 +301,8 @@ def test_the_bounce_buffer_class_of_the_io_gets_a_buffer_per_io_in_flight():
     buffers: that class is raised to 128; a class already large enough is left alone."""
     cf = PoolBinding()
     assert cufile_api.size_pool(cf, 1 << 20, 128) == {
-        "slab_kb": [4, 1024, 16384], "count": [128, 128, 32], "sized": True}
+        "asked_from": "libcufile", "slab_kb": [4, 1024, 16384], "count": [128, 128, 32],
+        "sized": True}
     assert cf.sets == [([4, 1024, 16384], [128, 128, 32])]
     cf = PoolBinding()
     assert cufile_api.size_pool(cf, 4096, 128)["count"] == [128, 64, 32] and cf.sets == []
@@ -302,14 +310,48 @@ def test_the_bounce_buffer_class_of_the_io_gets_a_buffer_per_io_in_flight():
     assert cufile_api.size_pool(PoolBinding(), 2 << 20, 40)["count"] == [128, 64, 40]
 
 
-def test_a_pool_that_cannot_be_read_sized_or_hold_the_io_says_why():
-    assert cufile_api.size_pool(PoolBinding(get_error=RuntimeError("no symbol")), 4096, 8) == {
-        "sized": False, "why": "cuFile did not report its POSIX pool (no symbol)"}
+def test_a_pool_not_reported_before_the_driver_opens_is_sized_from_cufile_json(
+        monkeypatch, tmp_path):
+    """On the H200 machine libcufile refused to report the pool before cuFileDriverOpen
+    (INVALID_VALUE), so the counts to raise come from cufile.json (comments and all)."""
+    conf = tmp_path / "cufile.json"
+    conf.write_text('{ // the admin\'s\n "properties": {"posix_pool_slab_size_kb": [4, 2048, 8192],'
+                    ' "posix_pool_slab_count": [16, 8, 4]}}')
+    monkeypatch.setenv("CUFILE_ENV_PATH_JSON", str(conf))
+    assert cufile_api.configured_pool() == ([4, 2048, 8192], [16, 8, 4])
+    cf = PoolBinding(closed_get=True)
+    assert cufile_api.size_pool(cf, 1 << 20, 128) == {
+        "asked_from": "cufile.json", "slab_kb": [4, 2048, 8192], "count": [16, 128, 4],
+        "sized": True}
+    monkeypatch.setenv("CUFILE_ENV_PATH_JSON", str(tmp_path / "none.json"))
+    assert cufile_api.configured_pool() == cufile_api.DEFAULT_POOL
+
+
+def test_what_the_open_driver_holds_is_recorded_and_a_count_not_taken_is_not_sized():
+    asked = {"asked_from": "cufile.json", "slab_kb": [4, 1024, 16384], "count": [128, 128, 64],
+             "sized": True}
+    cf = PoolBinding(sizes=[4, 1024, 16384], counts=[128, 128, 64])
+    cf.driver_open()
+    assert cufile_api.pool_opened(cf, asked) == asked
+    kept = PoolBinding(keeps=[128, 64, 64])
+    kept.driver_open()
+    assert cufile_api.pool_opened(kept, asked) == {
+        **asked, "count": [128, 64, 64], "sized": False,
+        "why": "cuFile kept [128, 64, 64] buffers of [4, 1024, 16384] KiB, not the "
+               "[128, 128, 64] asked for before its driver opened"}
+    assert cufile_api.pool_opened(PoolBinding(closed_get=True), asked) == asked  # unknown
+
+
+def test_a_pool_that_cannot_be_sized_or_hold_the_io_says_why(monkeypatch):
     refused = cufile_api.size_pool(PoolBinding(set_error=RuntimeError("busy")), 1 << 20, 128)
-    assert refused == {"slab_kb": [4, 1024, 16384], "count": [128, 64, 32], "sized": False,
+    assert refused == {"asked_from": "libcufile", "slab_kb": [4, 1024, 16384],
+                       "count": [128, 128, 32], "sized": False,
                        "why": "cuFile refused 128 buffers of 1024 KiB (busy)"}
     assert cufile_api.size_pool(PoolBinding(), 32 << 20, 4)["why"] == (
         "no slab class holds an I/O of 33554432 bytes")
+    monkeypatch.setattr(cufile_api, "configured_pool", lambda: ([4, 1024], [8, 8]))
+    assert cufile_api.size_pool(PoolBinding(closed_get=True), 4096, 4) == {
+        "asked_from": "cufile.json", "sized": False, "why": "cuFile's pool has 2 classes, not 3"}
 
 
 def test_a_pool_short_of_the_ios_in_flight_is_named_with_the_way_out(monkeypatch):
@@ -338,6 +380,7 @@ def test_the_pool_is_sized_before_the_driver_opens_and_recorded(monkeypatch):
 
         def driver_open(self):
             self.opened_after = list(self.sets)
+            super().driver_open()
 
     fake = Binding()
     for name in ("cuda", "cuda.bindings"):
@@ -346,5 +389,5 @@ def test_the_pool_is_sized_before_the_driver_opens_and_recorded(monkeypatch):
     monkeypatch.setattr(cufile_api, "_open", {})
     assert cufile_api.binding(0, 1 << 20, 96) is fake
     assert fake.opened_after == [([4, 1024, 16384], [128, 96, 32])]
-    assert cufile_api.pool_facts() == {"slab_kb": [4, 1024, 16384], "count": [128, 96, 32],
-                                       "sized": True}
+    assert cufile_api.pool_facts() == {"asked_from": "libcufile", "slab_kb": [4, 1024, 16384],
+                                       "count": [128, 96, 32], "sized": True}

@@ -44,6 +44,7 @@ STREAM_FIXED_ALIGNED = 0xF  # buffer offset, file offset and size known at submi
 DEFAULT_MAX_BATCH = 128  # cuFile's default properties.io_batchsize
 # classes of cuFile's POSIX bounce-buffer pool (properties.posix_pool_slab_size_kb / _count)
 POOL_CLASSES = 3
+DEFAULT_POOL = ([4, 1024, 16384], [128, 64, 64])  # cuFile's documented KiB and counts
 
 _open: dict[str, Any] = {}
 # cuFile registers a descriptor once per process: workers that share a target's descriptor
@@ -52,34 +53,74 @@ _handles: dict[int, list[int]] = {}
 _handles_lock = threading.Lock()
 
 
-def size_pool(cf: Any, io_bytes: int, inflight: int) -> dict[str, Any]:
-    """Give cuFile's POSIX pool a bounce buffer for each of ``inflight`` I/Os of
-    ``io_bytes``, before the driver opens; what the pool then holds, for the result.
+def configured_pool() -> tuple[list[int], list[int]]:
+    """The POSIX pool's classes as cufile.json sets them (properties.posix_pool_slab_size_kb
+    and _count), else cuFile's documented defaults."""
+    from gpufio.facts.system import Host, cufile_setting
 
-    In compat mode every batch (and stream) I/O in flight holds one buffer of the smallest
-    slab class that fits it, and with none free ``cuFileBatchIOSubmit`` waits for ever
-    (nixl #2070; on the H200 machine 128 writes of 1 MiB hung, 64 ran: the 1 MiB class has
-    64 buffers by default). So that class's count is raised to the I/Os in flight."""
+    settings = Host().cufile_json()[1]
+    kb = cufile_setting(settings, "properties.posix_pool_slab_size_kb") or DEFAULT_POOL[0]
+    count = cufile_setting(settings, "properties.posix_pool_slab_count") or DEFAULT_POOL[1]
+    return [int(k) for k in kb], [int(c) for c in count]
+
+
+def read_pool(cf: Any) -> tuple[list[int], list[int]] | None:
+    """The pool's classes (KiB, count) as libcufile holds them; None where it will not say
+    (libcufile 1.15 answers only once its driver is open)."""
     sizes, counts = np.zeros(POOL_CLASSES, np.uint64), np.zeros(POOL_CLASSES, np.uint64)
     try:
         cf.get_parameter_posix_pool_slab_array(sizes.ctypes.data, counts.ctypes.data,
                                                POOL_CLASSES)
-    except Exception as e:  # an older libcufile, or another number of classes
-        return {"sized": False, "why": f"cuFile did not report its POSIX pool ({e})"}
-    facts: dict[str, Any] = {"slab_kb": sizes.tolist(), "count": counts.tolist()}
-    fits = [k for k in np.argsort(sizes).tolist() if int(sizes[k]) << 10 >= io_bytes]
+    except Exception:  # not yet open, an older libcufile, or another number of classes
+        return None
+    return [int(k) for k in sizes], [int(c) for c in counts]
+
+
+def size_pool(cf: Any, io_bytes: int, inflight: int) -> dict[str, Any]:
+    """Give cuFile's POSIX pool a bounce buffer for each of ``inflight`` I/Os of
+    ``io_bytes``, before the driver opens; what was asked, for the result (``pool_opened``
+    adds what the pool then holds).
+
+    In compat mode every batch (and stream) I/O in flight holds one buffer of the smallest
+    slab class that fits it, and with none free ``cuFileBatchIOSubmit`` waits for ever
+    (nixl #2070; on the H200 machine 128 writes of 1 MiB hung, 64 ran: the 1 MiB class has
+    64 buffers by default). So that class's count is raised to the I/Os in flight. Before
+    the driver opens libcufile may not report the pool: then cufile.json's classes are the
+    ones raised."""
+    pool = read_pool(cf)
+    facts: dict[str, Any] = {"asked_from": "libcufile" if pool else "cufile.json"}
+    sizes, counts = pool or configured_pool()
+    if len(sizes) != POOL_CLASSES or len(counts) != POOL_CLASSES:
+        return {**facts, "sized": False,
+                "why": f"cuFile's pool has {len(sizes)} classes, not {POOL_CLASSES}"}
+    fits = sorted((kb, k) for k, kb in enumerate(sizes) if kb << 10 >= io_bytes)
     if not fits:
         return {**facts, "sized": False, "why": f"no slab class holds an I/O of {io_bytes} bytes"}
-    k = fits[0]
-    if int(counts[k]) < inflight:
-        counts[k] = inflight
+    k = fits[0][1]
+    if counts[k] < inflight:
+        counts = [*counts[:k], inflight, *counts[k + 1:]]
+        # the arrays are named so they outlive the call that reads them by address
+        kb_arr, count_arr = np.array(sizes, np.uint64), np.array(counts, np.uint64)
         try:
-            cf.set_parameter_posix_pool_slab_array(sizes.ctypes.data, counts.ctypes.data,
+            cf.set_parameter_posix_pool_slab_array(kb_arr.ctypes.data, count_arr.ctypes.data,
                                                    POOL_CLASSES)
         except Exception as e:
-            return {**facts, "sized": False, "why": f"cuFile refused {inflight} buffers of "
-                                                    f"{int(sizes[k])} KiB ({e})"}
-    return {"slab_kb": sizes.tolist(), "count": counts.tolist(), "sized": True}
+            return {**facts, "slab_kb": sizes, "count": counts, "sized": False,
+                    "why": f"cuFile refused {inflight} buffers of {sizes[k]} KiB ({e})"}
+    return {**facts, "slab_kb": sizes, "count": counts, "sized": True}
+
+
+def pool_opened(cf: Any, asked: dict[str, Any]) -> dict[str, Any]:
+    """``asked`` (size_pool's facts) with what the open driver's pool holds: where the two
+    differ, cuFile did not take the counts, and the pool is not sized."""
+    held = read_pool(cf)
+    if held is None or "count" not in asked:
+        return asked
+    out = {**asked, "slab_kb": held[0], "count": held[1]}
+    if asked.get("sized") and held != (asked["slab_kb"], asked["count"]):
+        out.update(sized=False, why=f"cuFile kept {held[1]} buffers of {held[0]} KiB, not the "
+                                    f"{asked['count']} asked for before its driver opened")
+    return out
 
 
 def pool_shortfall(io_bytes: int, inflight: int) -> str | None:
@@ -144,7 +185,7 @@ def binding(threads: int = 0, io_bytes: int = 0, inflight: int = 0) -> Any:
             cf.driver_open()
         except Exception as e:
             raise BadInput(f"engine 'cufile': cuFileDriverOpen failed: {e}") from None
-        _open["cf"], _open["pool"] = cf, pool
+        _open["cf"], _open["pool"] = cf, pool_opened(cf, pool) if pool else pool
     return _open["cf"]
 
 
