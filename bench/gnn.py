@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,7 +38,11 @@ from compare import report  # noqa: E402
 from gpufio.core.units import parse_size  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-GOALS = {"agg_speedup_vs_mmap": 25.0, "two_targets_agg_ratio": 0.65}
+# issue 18 section 4, for plain gpu-uring out of core (the table at least 4x the limit):
+# aggregation 25x DGL's loader and 10x the MADV_RANDOM one, 4 M rows/s (twice the article's
+# 2 M IOPS), an aggregation share below 77%; and two targets 40% lower where storage limits
+GOALS = {"agg_speedup_vs_mmap": 25.0, "agg_speedup_vs_random": 10.0, "agg_rows_per_s": 4e6,
+         "agg_share": 0.77, "two_targets_agg_ratio": 0.60}
 # no tuning keys: each engine's row fetcher derives its queue depth, rings and submission
 # from the machine, the batch and where the table lives, as profiles/gnn-igbh.toml ships
 # (issue 18 sections 3 and 4); only the tuned loader's advice is a key
@@ -73,10 +78,21 @@ def zram_targets(count: int, size: int, mounts: Path) -> tuple[list[str], list[P
 
 
 def drop_zram(dirs: list[str], devs: list[Path]) -> None:
+    """Unmount and free the devices. Right after the unmount the kernel may still hold a
+    device for a moment (EBUSY on reset, seen on the H200 machine): try again for a few
+    seconds, then leave it with a warning instead of losing the run's table."""
     for d in dirs:
         subprocess.run(["umount", d], capture_output=True)
     for dev in devs:
-        (dev / "reset").write_text("1")
+        for _ in range(20):
+            try:
+                (dev / "reset").write_text("1")
+                break
+            except OSError:
+                time.sleep(0.25)
+        else:
+            print(f"bench: {dev.name} stayed busy; reset it by hand (echo 1 > {dev}/reset)",
+                  file=sys.stderr)
 
 
 def cap_iops(devs: list[str], iops: int) -> Path:
@@ -191,23 +207,43 @@ def sizes(args: argparse.Namespace) -> tuple[int, int | None]:
     return args.nodes * 4096, limit
 
 
+def _out_of_core_misses(j: dict, random_ms: float | None) -> list[str]:
+    """The section 4 goals a plain gpu-uring job out of core misses, each as a few words."""
+    out = []
+    sp = j.get("speedup_vs_mmap", {}).get("aggregation")
+    if sp is not None and sp < GOALS["agg_speedup_vs_mmap"]:
+        out.append(f"{sp:.1f}x mmap")
+    agg_ms = j["stages"].get("aggregation_ms", 0.0)
+    if random_ms is not None and agg_ms and random_ms / agg_ms < GOALS["agg_speedup_vs_random"]:
+        out.append(f"{random_ms / agg_ms:.1f}x mmap-random")
+    rows = j.get("aggregation", {}).get("iops")
+    if rows is not None and rows < GOALS["agg_rows_per_s"]:
+        out.append(f"{rows / 1e6:.2f} M rows/s")
+    share = j["stages"].get("aggregation_share")
+    if share is not None and share >= GOALS["agg_share"]:
+        out.append(f"aggregation {100 * share:.0f}% of the iteration")
+    return out
+
+
 def judge(doc: dict, args: argparse.Namespace) -> tuple[list[list], list[str]]:
-    """A row per job with its goal verdicts, and the goals missed. The speedup goal applies
-    to plain gpu-uring at batch 1024 with the table at least 4x the memory limit; the
+    """A row per job with its goal verdicts, and the goals missed. The section 4 goals apply
+    to plain gpu-uring (no cache) on one target, each batch size, with the table at least 4x
+    the memory limit (the MADV_RANDOM one where that loader ran at the same batch size); the
     two-target goal to every job measured on two targets."""
     rows, missed = [], []
     feature_bytes, limit = sizes(args)
     out_of_core = limit is not None and feature_bytes >= 4 * limit
+    random_ms = {j["batch_size"]: j["stages"].get("aggregation_ms")
+                 for j in doc["jobs"] if j["jobname"].startswith("mmap-random")}
     for j in doc["jobs"]:
         sp = j.get("speedup_vs_mmap", {}).get("aggregation")
         two = j.get("aggregation_vs_one_target")
         verdict = ""
-        if sp is not None and j["engine"] == "gpu-uring" and j["batch_size"] == 1024 \
-                and out_of_core and "cache" not in j:
-            ok = sp >= GOALS["agg_speedup_vs_mmap"]
-            verdict = "ok" if ok else f"MISS <{GOALS['agg_speedup_vs_mmap']}x"
-            if not ok:
-                missed.append(f"{j['jobname']}: aggregation {sp:.1f}x mmap")
+        if j["engine"] == "gpu-uring" and out_of_core and "cache" not in j \
+                and len(j["targets"]) == 1:
+            misses = _out_of_core_misses(j, random_ms.get(j["batch_size"]))
+            verdict = "MISS " + ", ".join(misses) if misses else "ok"
+            missed += [f"{j['jobname']}: {m}" for m in misses]
         if two is not None:
             ok = two <= GOALS["two_targets_agg_ratio"]
             verdict += (" " if verdict else "") + ("ok" if ok else "MISS 2 targets")
