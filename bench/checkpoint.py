@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checkpoint save and restore against fio's sequential write and read, in one run.
 
-On each storage (a tmpfs directory, a directory on the root disk), gpufio's checkpoint
+On each storage (a tmpfs directory, a directory on the root disk, with ``--targets zram`` one
+on ext4 on a zram device), gpufio's checkpoint
 workload saves and restores a GPU state through each GPU engine and the naive path (layout
 'single', one file like fio's, and 'files', a file per shard), every round compared on the
 GPU; then fio 3.42 writes a file
@@ -27,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import fio_cpu_s, report, run_counted  # noqa: E402
+from compare import fio_cpu_s, report, run_counted, setup_zram_ext4  # noqa: E402
 
 from gpufio.core.units import parse_size  # noqa: E402
 
@@ -96,7 +97,8 @@ def main() -> int:
     ap.add_argument("--iodepth", type=int, default=16)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--root-dir", default=str(Path.home()), help="the root-disk directory")
-    ap.add_argument("--targets", nargs="+", default=["tmpfs", "rootdisk"])
+    ap.add_argument("--targets", nargs="+", default=["tmpfs", "rootdisk"],
+                    choices=("tmpfs", "zram", "rootdisk"))
     ap.add_argument("--layouts", nargs="+", default=["single", "files"])
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
@@ -105,10 +107,16 @@ def main() -> int:
     size = parse_size(args.state, "--state")
     rows, raw, missed = [], [], []
     goaled = {name for name, _, held in ENGINES if held}
+    # ext4 on zram: RAM like tmpfs, but with O_DIRECT; room for the state and fio's copy
+    zram = setup_zram_ext4(2 * size + (2 << 30)) if "zram" in args.targets else None
+    bases = {"tmpfs": "/dev/shm", "rootdisk": args.root_dir,
+             "zram": os.path.dirname(zram[0]) if zram else None}
     for tname, where in ((t, lay) for t in args.targets for lay in args.layouts):
         # tmpfs has no O_DIRECT: both tools go through its pages, which are the data
         ram = tname == "tmpfs"
-        base = "/dev/shm" if ram else args.root_dir
+        base = bases[tname]
+        if base is None:
+            continue  # no zram here (setup_zram_ext4 said why)
         directory = tempfile.mkdtemp(prefix="gpufio-ckpt-bench-", dir=base)
         try:
             jobs = run_gpufio(directory, where, args.state, args.bs, args.iodepth,
@@ -150,6 +158,8 @@ def main() -> int:
                          f"{100 * j['save']['fsync_share']:.0f}%",
                          f"{j['verify']['bad_shards']} bad / {j['verify']['bytes'] / 1e9:.1f} GB",
                          " ".join(verdict)])
+    if zram:
+        zram[1]()
     return report(f"{fio_version} · checkpoint {args.state}, bs {args.bs}, qd {args.iodepth}, "
                   f"{args.iterations} rounds", rows,
                   ["target", "layout (files)", "gpufio path", "save GB/s", "fio write", "ratio",

@@ -85,9 +85,30 @@ def setup_zram() -> tuple[str, callable] | None:
     return "/dev/zram0", lambda: (dev / "reset").write_text("1")
 
 
-def setup_zram_ext4() -> tuple[str, callable] | None:
-    """A pattern file on ext4 on a zram device of its own: RAM-backed like tmpfs, but a block
-    device with a filesystem, which cuFile's own APIs can register (tmpfs they cannot)."""
+def release_zram(mnt: str, control: Path, word: str) -> None:
+    """Unmount ``mnt`` and free its zram device (``word`` into ``control``: the device's
+    reset, or hot_remove with its number). Just after a tool exits the kernel may still hold
+    its files (io_uring tears a ring's registered files down after the process is gone), so
+    the unmount and the free are tried again for a few seconds; then the device is left with
+    a warning instead of losing the run's table."""
+    for _ in range(40):
+        gone = subprocess.run(["umount", mnt], capture_output=True).returncode == 0 \
+            or not os.path.ismount(mnt)
+        try:
+            if gone:
+                control.write_text(word)
+                return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    print(f"bench: {mnt} stayed busy; unmount it and write {word} to {control} by hand",
+          file=sys.stderr)
+
+
+def setup_zram_ext4(room: int = 2 * SIZE) -> tuple[str, callable] | None:
+    """A pattern file on ext4 on a zram device of its own (``room`` bytes): RAM-backed like
+    tmpfs, but a block device with a filesystem, which cuFile's own APIs can register (tmpfs
+    they cannot), and where O_DIRECT works."""
     control = Path("/sys/class/zram-control/hot_add")
     if not control.exists():
         subprocess.run(["modprobe", "zram"], capture_output=True)
@@ -96,7 +117,7 @@ def setup_zram_ext4() -> tuple[str, callable] | None:
     n = control.read_text().strip()
     dev, mnt = f"/dev/zram{n}", Path(f"/tmp/gpufio-zram{n}")
     try:
-        Path(f"/sys/block/zram{n}/disksize").write_text(str(2 * SIZE))
+        Path(f"/sys/block/zram{n}/disksize").write_text(str(room))
         subprocess.run(["mkfs.ext4", "-q", dev], check=True)
         mnt.mkdir(exist_ok=True)
         subprocess.run(["mount", dev, str(mnt)], check=True)
@@ -111,9 +132,8 @@ def setup_zram_ext4() -> tuple[str, callable] | None:
     targets.create_file(str(path), SIZE, 7)
 
     def clean() -> None:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
+        release_zram(str(mnt), Path("/sys/class/zram-control/hot_remove"), n)
         udev.unlink(missing_ok=True)
-        Path("/sys/class/zram-control/hot_remove").write_text(n)
 
     return str(path), clean
 

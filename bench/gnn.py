@@ -27,13 +27,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import report  # noqa: E402
+from compare import release_zram, report  # noqa: E402
 
 from gpufio.core.units import parse_size  # noqa: E402
 
@@ -78,21 +77,8 @@ def zram_targets(count: int, size: int, mounts: Path) -> tuple[list[str], list[P
 
 
 def drop_zram(dirs: list[str], devs: list[Path]) -> None:
-    """Unmount and free the devices. Right after the unmount the kernel may still hold a
-    device for a moment (EBUSY on reset, seen on the H200 machine): try again for a few
-    seconds, then leave it with a warning instead of losing the run's table."""
-    for d in dirs:
-        subprocess.run(["umount", d], capture_output=True)
-    for dev in devs:
-        for _ in range(20):
-            try:
-                (dev / "reset").write_text("1")
-                break
-            except OSError:
-                time.sleep(0.25)
-        else:
-            print(f"bench: {dev.name} stayed busy; reset it by hand (echo 1 > {dev}/reset)",
-                  file=sys.stderr)
+    for d, dev in zip(dirs, devs):
+        release_zram(d, dev / "reset", "1")
 
 
 def cap_iops(devs: list[str], iops: int) -> Path:

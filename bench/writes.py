@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """gpufio's writes on every engine against fio's, in one run, on the GPU machine.
 
-On a tmpfs file and a file on the root disk (both carrying gpufio's pattern), each engine
+On a tmpfs file, a file on ext4 on a zram device (``--targets zram``) and a file on the root
+disk (each carrying gpufio's pattern), each engine
 writes 4 KiB random and 1 MiB sequential blocks, verified by its read-back, beside fio's
 io_uring writing from host memory at the same queue depth; gpu-uring's 4 KiB random writes
 also stand beside fio io_uring with 16 jobs. Medians and ratios are printed; the issue's
@@ -21,7 +22,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import CASE_HEADERS, case_row, report, run_fio, run_gpufio, setup_tmpfs  # noqa: E402
+from compare import (  # noqa: E402
+    CASE_HEADERS,
+    case_row,
+    report,
+    run_fio,
+    run_gpufio,
+    setup_tmpfs,
+    setup_zram_ext4,
+)
 from gpu import setup_rootfile  # noqa: E402
 
 from gpufio.core import targets  # noqa: E402
@@ -81,7 +90,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool; medians are reported")
     ap.add_argument("--root-dir", default=str(Path.home()), help="where the root-disk file goes")
     ap.add_argument("--root-size", default="4g", help="size of the root-disk file")
-    ap.add_argument("--targets", nargs="+", default=["tmpfs", "rootdisk"])
+    ap.add_argument("--targets", nargs="+", default=["tmpfs", "rootdisk"],
+                    choices=("tmpfs", "zram", "rootdisk"))
     ap.add_argument("--paths", nargs="+", help="only cases whose name starts with one of these")
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
@@ -98,6 +108,9 @@ def main() -> int:
                 targets.create_file(p, 1 << 30, 7)
                 cleanups.append(lambda p=p: os.unlink(p))
             many = ":".join([path, *extra])
+        if "zram" in args.targets and (z := setup_zram_ext4()):
+            cleanups.append(z[1])
+            tgts["zram"] = (z[0], True)
         if "rootdisk" in args.targets:
             path, clean = setup_rootfile(Path(args.root_dir), parse_size(args.root_size, "--root-size"))
             cleanups.append(clean)
@@ -106,6 +119,8 @@ def main() -> int:
             for c in cases(ram):
                 if args.paths and not any(c["path"].startswith(p) for p in args.paths):
                     continue
+                if (c.get("files") or "bw_goal" in c) and tname != "tmpfs":
+                    continue  # tmpfs's own cases: its inode lock, the GB/s goal set on it
                 fio_shape, g_shape = SHAPES[c["shape"]]
                 target_of = many if c.get("files") else target
                 g_runs, p_runs = [], []
