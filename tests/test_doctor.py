@@ -207,6 +207,22 @@ def test_targets_drive_ram_missing(tmp_path):
     assert missing.status == "fail"
 
 
+def test_a_target_on_any_pci_disk_is_placed_against_each_gpu(tmp_path, monkeypatch):
+    """Not only NVMe: the root disk of the H200 machine is virtio, a PCI function too."""
+    from gpufio.run import doctor
+
+    root = Path("/sys/devices/pci0000:00")
+    disk_fn, gpu = root / "0000:00:02.0", root / "0000:00:06.0"
+    monkeypatch.setattr(doctor, "pci_device_of", lambda path: disk_fn)
+    f = tmp_path / "t.dat"
+    f.write_bytes(b"\0" * 4096)
+    mine = {c.name: c for c in target_checks(str(f), 1, {"0000:00:06.0": gpu})}
+    assert mine["PCIe path to GPU 0000:00:06.0"].found == (
+        "same root complex, other root ports (the disk's PCI function 0000:00:02.0)")
+    shm = {c.name for c in target_checks("/dev/shm", 1, {"0000:00:06.0": gpu})}
+    assert "PCIe path to GPU 0000:00:06.0" not in shm  # RAM has no place in the tree
+
+
 def test_doctor_command_json_and_exit_codes(tmp_path):
     f = tmp_path / "t.dat"
     f.write_bytes(b"\0" * 4096)
@@ -268,7 +284,8 @@ def test_gpu_facts_carry_local_cpus_bar1_and_the_path_to_each_nvme(tmp_path, mon
     devices = tmp_path / "pci-devices"
     devices.mkdir()
     os.symlink(gpu, devices / "0000:02:00.0")
-    monkeypatch.setattr(document, "disk_pci_path", lambda disk: nvme if disk == "nvme0n1" else None)
-    facts = document.topology({"pci_bus_id": "0000:02:00.0"}, ["nvme0n1", "nvme1n1"], devices)
+    monkeypatch.setattr(document, "pci_device_of", lambda path: nvme if path == "/a" else None)
+    facts = document.topology({"pci_bus_id": "0000:02:00.0"},
+                              {"nvme0n1": "/a", "vdb": "/b"}, devices)
     assert facts == {"pcie_path_to": {"nvme0n1": "same PCIe switch"}}
-    assert document.topology({"pci_bus_id": "0000:09:00.0"}, ["nvme0n1"], devices) == {}
+    assert document.topology({"pci_bus_id": "0000:09:00.0"}, {"nvme0n1": "/a"}, devices) == {}

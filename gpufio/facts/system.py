@@ -208,12 +208,6 @@ def pci_place_facts(device: Path) -> dict[str, Any]:
     return facts
 
 
-def disk_pci_path(disk: str) -> Path | None:
-    """The PCI device (in /sys/devices) behind an NVMe disk name ('nvme0n1'), or None."""
-    link = Path(f"/sys/block/{disk}/device/device")
-    return link.resolve() if link.exists() else None
-
-
 def pci_relation(a: Path, b: Path) -> str:
     """How two PCI devices (their /sys/devices paths) meet: under one PCIe switch, at one
     root port, in one root complex, or across root complexes (usually other sockets)."""

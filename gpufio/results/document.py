@@ -19,8 +19,9 @@ from gpufio.core.job import Job, Profile, directions, job_direction
 from gpufio.core.stats import LatencyStats
 from gpufio.engines import all_engines
 from gpufio.engines.base import label
+from gpufio.facts.device import pci_device_of
 from gpufio.facts.host import host_facts
-from gpufio.facts.system import disk_pci_path, pci_relation
+from gpufio.facts.system import pci_relation
 from gpufio.results.render import render as render_rows
 from gpufio.run.records import JobResult, RunOutcome
 
@@ -139,26 +140,36 @@ def _group_total(results: list[JobResult]) -> dict[str, Any]:
 
 def _gpus_if_used(outcome: RunOutcome) -> list[dict[str, Any]]:
     """GPU facts when a job used a GPU engine (CPU-only runs never load CUDA for them), each
-    with its PCIe path to every NVMe target of the run."""
+    with its PCIe path to the disk of every target of the run that has one."""
     if not any(all_engines()[r.job.engine].uses_gpu for r in outcome.results):
         return []
     from gpufio.io.gpu import gpu_facts
 
-    disks = sorted({t["device"] for r in outcome.results for t in r.targets
-                    if str(t.get("device", "")).startswith("nvme")})
+    disks: dict[str, str] = {}  # a disk, and one target's path on it
+    for r in outcome.results:
+        for t in r.targets:
+            if t.get("device") and not t.get("ram_backed"):
+                disks.setdefault(str(t["device"]), t["path"])
     return [{**g, **topology(g, disks)} for g in gpu_facts()]
 
 
-def topology(gpu: dict[str, Any], disks: list[str],
+def topology(gpu: dict[str, Any], disks: dict[str, str],
              pci_devices: Path = Path("/sys/bus/pci/devices")) -> dict[str, Any]:
-    """``pcie_path_to``: how the GPU and each NVMe disk meet in the PCIe tree (same switch,
-    same root port, same root complex, across root complexes)."""
+    """``pcie_path_to``: how the GPU and each disk (given by a path on it) meet in the PCIe
+    tree (same switch, same root port, same root complex, across root complexes), where the
+    disk hangs below a PCI function (an NVMe controller, a virtio or SCSI adapter)."""
     place = pci_devices / str(gpu.get("pci_bus_id", "")).lower()
     if not disks or not place.exists():
         return {}
-    paths = {d: disk_pci_path(d) for d in disks}
-    return {"pcie_path_to": {d: pci_relation(p, place.resolve())
-                             for d, p in paths.items() if p is not None}}
+    out = {}
+    for disk, path in disks.items():
+        try:
+            dev = pci_device_of(path)
+        except OSError:  # the target is gone by now: nothing to place
+            dev = None
+        if dev is not None:
+            out[disk] = pci_relation(dev, place.resolve())
+    return {"pcie_path_to": out} if out else {}
 
 
 def build_document(outcome: RunOutcome, profile: Profile) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from gpufio.core.checks import FAIL, OK, WARN, Check, verdict
 from gpufio.core.job import Job
 from gpufio.engines import all_engines
-from gpufio.facts.device import path_facts, pci_link
+from gpufio.facts.device import path_facts, pci_device_of, pci_link
 from gpufio.facts.system import ACS_REDIRECTS, Host, acs_control, bar_size, pci_relation
 
 
@@ -99,10 +99,13 @@ def target_checks(path: str, depth: int, gpus: dict[str, Path]) -> list[Check]:
                            f"raise /sys/block/{disk}/queue/nr_requests to {depth} or more"))
     if "current_pcie_gen" in facts:
         out.append(link_check(area, "drive PCIe link", facts))
-        place = Path(f"/sys/block/{disk}/device/device").resolve()
+    # the PCI function the disk hangs below (NVMe controller, virtio or SCSI adapter)
+    place = pci_device_of(path) if gpus and not facts.get("ram_backed") else None
+    if place is not None:
         for addr, gpu_place in gpus.items():
             out.append(Check(area, f"PCIe path to GPU {addr}", OK,
-                             pci_relation(place, gpu_place)))
+                             f"{pci_relation(place, gpu_place)} (the disk's PCI function "
+                             f"{place.name})"))
     return out
 
 
