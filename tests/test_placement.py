@@ -10,6 +10,7 @@ import pytest
 
 from gpufio.core.errors import BadInput
 from gpufio.core.offsets import OffsetStream
+from gpufio.facts.system import parse_cpulist
 from gpufio.io import gpu
 from gpufio.profile import from_dict
 from gpufio.run import placement
@@ -20,7 +21,7 @@ def _job(**g):
 
 
 def test_cpulists_and_the_gpus_allowed_cpus(monkeypatch):
-    assert placement.parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
     facts = [{"index": 0, "local_cpulist": "2-7"}, {"index": 1, "local_cpulist": "8-9"}]
     assert placement.gpu_cpus(facts, 0) == [2, 3, 4]

@@ -91,13 +91,7 @@ class Host:
     def cpus(self) -> int:
         """Online CPUs, from the kernel's list ('0-15,32-47')."""
         text = self.read("sys/devices/system/cpu/online")
-        if not text:
-            return os.cpu_count() or 1
-        n = 0
-        for part in text.split(","):
-            lo, _, hi = part.partition("-")
-            n += int(hi or lo) - int(lo) + 1
-        return n
+        return len(parse_cpulist(text)) if text else os.cpu_count() or 1
 
     def cufile_json(self) -> tuple[str, dict[str, Any] | None, str | None]:
         """(path, settings, error) of cuFile's configuration: $CUFILE_ENV_PATH_JSON or
@@ -206,6 +200,17 @@ def pci_place_facts(device: Path) -> dict[str, Any]:
     if bar1 is not None:
         facts["bar1_bytes"] = bar1
     return facts
+
+
+def parse_cpulist(text: str) -> set[int]:
+    """The CPUs of a kernel cpulist ("0-7,16-23")."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 def pci_relation(a: Path, b: Path) -> str:

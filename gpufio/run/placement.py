@@ -11,22 +11,11 @@ from typing import Any
 from gpufio.core.job import Job
 from gpufio.core.targets import Target
 from gpufio.facts.device import pci_device_of
-from gpufio.facts.system import pci_relation
+from gpufio.facts.system import parse_cpulist, pci_relation
 
 # pci_relation's answers, nearest first
 NEARNESS = ("same PCIe switch", "same root port", "same root complex, other root ports",
             "across root complexes")
-
-
-def parse_cpulist(text: str) -> set[int]:
-    """The CPUs of a kernel cpulist ("0-7,16-23")."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 def _facts_of(gpu_facts: list[dict[str, Any]], gpu: int) -> dict[str, Any]:
