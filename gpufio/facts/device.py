@@ -39,6 +39,15 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def read_int(path: str | Path) -> int | None:
+    """The integer a sysfs or cgroup file holds; None where it is missing or holds none."""
+    text = _read(Path(path))
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
 def dio_alignment(path: str) -> tuple[int, int] | None:
     """(memory, offset) alignment O_DIRECT needs on ``path``, from statx; None if unknown."""
     libc = ctypes.CDLL(None, use_errno=True)

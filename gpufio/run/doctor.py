@@ -14,7 +14,7 @@ from pathlib import Path
 from gpufio.core.checks import FAIL, OK, WARN, Check, verdict
 from gpufio.core.job import Job
 from gpufio.engines import all_engines
-from gpufio.facts.device import path_facts, pci_device_of, pci_link
+from gpufio.facts.device import path_facts, pci_device_of, pci_link, read_int
 from gpufio.facts.system import ACS_REDIRECTS, Host, acs_control, bar_size, pci_relation
 
 
@@ -92,7 +92,7 @@ def target_checks(path: str, depth: int, gpus: dict[str, Path]) -> list[Check]:
                            facts["scheduler"], "NVMe needs no scheduler: echo none > "
                            f"/sys/block/{facts.get('device')}/queue/scheduler"))
     disk = facts.get("device")
-    limit = _read_int(f"/sys/block/{disk}/queue/nr_requests") if disk else None
+    limit = read_int(f"/sys/block/{disk}/queue/nr_requests") if disk else None
     if limit is not None:
         out.append(verdict(area, "queue depth limit", depth <= limit,
                            f"nr_requests {limit}, jobs keep up to {depth} in flight",
@@ -107,13 +107,6 @@ def target_checks(path: str, depth: int, gpus: dict[str, Path]) -> list[Check]:
                              f"{pci_relation(place, gpu_place)} (the disk's PCI function "
                              f"{place.name})"))
     return out
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        return int(Path(path).read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None) -> list[Check]:

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 from gpufio.core import cgroups
 from gpufio.core.errors import BadInput
+from gpufio.facts.device import read_int
 
 # v2 caps with memory.high: over it the group is throttled and reclaimed, never OOM-killed.
 # A hard memory.max kills a loader whose mapped pages are faulted back as fast as reclaim
@@ -55,13 +56,6 @@ def _parent() -> tuple[Path, Path, dict[str, str]]:
             (parent / "cgroup.subtree_control").write_text("+memory")
         return parent, own, V2
     raise OSError("no memory cgroup (v1 or v2) is mounted")
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _watcher(child: Path, files: dict[str, str], limit: int) -> subprocess.Popen:
@@ -116,13 +110,13 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
                              "new anonymous memory is added to the group's limit as it grows",
                              "cgroup": str(child), "cgroup_version": 1 if files is V1 else 2,
                              "control": files["limit"]}
-    facts["usage_at_entry_bytes"] = _read_int(child / files["usage"])
+    facts["usage_at_entry_bytes"] = read_int(child / files["usage"])
     try:
         yield facts
     finally:
-        facts["usage_at_exit_bytes"] = _read_int(child / files["usage"])
+        facts["usage_at_exit_bytes"] = read_int(child / files["usage"])
         # memory.peak needs Linux 5.19 on cgroup v2
-        facts["peak_bytes"] = _read_int(child / files["peak"])
+        facts["peak_bytes"] = read_int(child / files["peak"])
         (home / "cgroup.procs").write_text(str(os.getpid()))
         facts.update(_stop(watcher))
         cgroups.remove(child)
