@@ -83,8 +83,6 @@ def sizes_of(job: Job) -> list[int]:
     return cycled(given, c["state_size"]) if given else llama_mix(c["state_size"])
 
 
-
-
 def _states(xp: Any, sizes: list[int], job: Job) -> tuple[State, State]:
     """The saved state and the memory it is restored into; BadInput when they do not fit."""
     try:

@@ -157,8 +157,6 @@ def load(root: str, size: str, dim: int, cache: Path, hetero: bool = False) -> I
     the edge file's path, size and modification time."""
     if hetero:
         return load_hetero(root, size, dim, cache)
-    """The paper nodes of ``<root>/<size>``; the CSR is built once and cached in ``cache``
-    under a name keyed by the edge file's path, size and modification time."""
     base = Path(root).expanduser() / size / "processed"
     feats = _need(base / "paper" / "node_feat.npy")
     labels = _array(_need(base / "paper" / "node_label_19.npy"), "label array")

@@ -130,14 +130,18 @@ def _rehearse(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any) -> None:
     model = make_model(job, xp)
     rng = (np.random.default_rng([job.randseed, 2]) if xp is np
            else xp.random.default_rng(job.randseed + 1))
-    seeds = xp.floor(rng.random(min(8, g["batch_size"])) * (ds.seeds or ds.graph.nodes))
-    seeds = seeds.astype(xp.int64)
+    seeds = _seeds(xp, rng, min(8, g["batch_size"]), ds)
     mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
     _, grads = model.loss_and_grads(mb, fetcher.fetch(mb.input_nodes), seeds % g["classes"])
     model.step(grads, float(g["learning_rate"]))
     if xp is not np:
         xp.cuda.Device().synchronize()
     fetcher.rows = 0  # the rehearsal's rows are not the job's
+
+
+def _seeds(xp: Any, rng: Any, n: int, ds: dataset.Dataset) -> Any:
+    """``n`` mini-batch seeds, uniform over the seed nodes (IGBH: the papers)."""
+    return xp.floor(rng.random(n) * (ds.seeds or ds.graph.nodes)).astype(xp.int64)
 
 
 def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally,
@@ -158,7 +162,7 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
         if it == g["warmup"] and _cache_of(fetcher) is not None:
             tally.cache_at_warmup = fetcher.counters()
         t0 = time.perf_counter_ns()
-        seeds = xp.floor(rng.random(g["batch_size"]) * (ds.seeds or ds.graph.nodes)).astype(xp.int64)
+        seeds = _seeds(xp, rng, g["batch_size"], ds)
         mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
         sync()
         t1 = time.perf_counter_ns()
