@@ -383,7 +383,8 @@ class GpuUringFetch:
             # loaded now: never while the agents spin (see DeviceQueue.start)
             self._gather = cuda.module("gnn_gather").get_function("gio_gather")
             self._d_fds = xp.asarray(self.queue.file_refs)
-            self._stats = xp.zeros(6, xp.uint64)  # failed, node, result, hits, reads, coalesced
+            # failed, node, result, hits, reads, coalesced, rows claimed (gnn_gather.cu)
+            self._stats = xp.zeros(7, xp.uint64)
             self._stream = xp.cuda.Stream(non_blocking=True)
         except BaseException:
             self.close()
@@ -405,6 +406,7 @@ class GpuUringFetch:
             out = xp.empty((n, self.dim), xp.float32)
             ids = xp.ascontiguousarray(nodes, dtype=xp.int64)
             self._stats[:3] = 0
+            self._stats[6] = 0
         blocks = -(-self._threads // 128)
         try:
             q.start(requesters=blocks * 128, keep=(ids, out))  # the gather writes them

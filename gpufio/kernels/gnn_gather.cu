@@ -3,11 +3,14 @@
 // in GPU memory (gio_cache.cuh).
 //
 // Launched with one thread per request slot (rounded up to whole blocks), so every thread
-// owns its slot and a post never waits for another thread. Rows k, k + slots, k + 2 slots ...
-// go to the owner of slot k, one after another: each lane moves on to its next row as soon
-// as its own has landed and been copied, as the block benchmark's requesters do, so a warp
-// never waits for its slowest read before posting again (waiting for all 32 held a warp's
-// reads in flight to a fraction of its slots). In each pass of the warp:
+// owns its slot and a post never waits for another thread. Row k goes first to the owner of
+// slot k; after that each lane claims its next row from a counter every thread shares
+// (stats[6], claimed a warp at a time), as soon as its own has landed and been copied, as
+// the block benchmark's requesters claim their I/Os. So a warp never waits for its slowest
+// read before posting again (waiting for all 32 held a warp's reads in flight to a fraction
+// of its slots), and a thread whose reads land sooner takes more rows: the kernel ends about
+// one read after the last row is claimed, not when the unluckiest thread's fixed share of
+// the rows is done. In each pass of the warp:
 //  - lanes that take up a new row in the same pass and want the same node are coalesced
 //    (__match_any_sync): the lowest one fetches, the others copy its row once it is in dst;
 //  - each fetching lane looks its row up in the cache: a hit is copied from the cache page;
@@ -19,7 +22,8 @@
 // A lane whose row another thread is filling asks again in a later pass, while its warp goes
 // on with its other lanes and publishes their fills, so no two warps can wait for each other.
 // stats: [0] failed rows, [1] first failed node, [2] its result, [3] cache hits,
-//        [4] rows read from storage, [5] coalesced duplicates.
+//        [4] rows read from storage, [5] coalesced duplicates, [6] rows claimed past the
+//        first `slots` (zero at each launch).
 #include "gio_queue.cuh"
 #include "gio_cache.cuh"
 
@@ -152,8 +156,15 @@ extern "C" __global__ void gio_gather(const GioQueue* q, const GioCache* cache, 
         const bool leader_ready = __shfl_sync(FULL, ready ? 1 : 0, leader) != 0;
         const bool freed = phase == ROW_FOLLOW && leader_ready;
         warp_count(&stats[5], freed, lane);
-        if (ready || freed) {  // the next row of this lane's own
-            i += slots;
+        // the next rows, claimed for the warp's moving lanes with one atomic
+        const bool moving = ready || freed;
+        const unsigned want = __ballot_sync(FULL, moving);
+        const int first = __ffs(want) - 1;  // a ready lane always exists here
+        u64 claimed = 0;
+        if (lane == first) claimed = atomicAdd(&stats[6], (u64)__popc(want));
+        claimed = __shfl_sync(FULL, claimed, first);
+        if (moving) {
+            i = slots + claimed + __popc(want & ((1u << lane) - 1u));
             followers = 0u;
             leader = lane;
             posted = false;
