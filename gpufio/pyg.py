@@ -18,6 +18,7 @@ import numpy as np
 from gpufio.core.errors import BadInput
 from gpufio.core.rows import Layout, RowRequest, RowTable
 from gpufio.engines import all_engines
+from gpufio.io import gpu
 from gpufio.profile import from_dict
 
 try:
@@ -38,6 +39,8 @@ class FeatureStore(_PygStore):
                  attr_name: str = "x", max_rows: int = 1 << 20, **options: Any) -> None:
         if TensorAttr is None:
             raise BadInput("gpufio.pyg needs torch and torch_geometric (pip install 'gpufio[pyg]')")
+        if device not in ("gpu", "cpu"):  # checked first: a misspelt "cpu" must not load CUDA
+            raise BadInput(f"gpufio.pyg: device '{device}': use \"gpu\" or \"cpu\"")
         super().__init__()
         import torch
 
@@ -53,12 +56,7 @@ class FeatureStore(_PygStore):
         if device == "cpu" and cls.rows.gpu_only:
             raise BadInput(f"gpufio.pyg: engine '{engine}' fetches rows into GPU memory only; "
                            "use device = \"gpu\"")
-        if device == "gpu":
-            from gpufio.io import gpu
-
-            self._xp = gpu.use(job.gpu)
-        else:
-            self._xp = np
+        self._xp = gpu.array_module(device, job.gpu)
         request = RowRequest(dim=dim, max_rows=max_rows, direct=job.direct,
                              iodepth=job.iodepth if "iodepth" in options else None)
         self._fetcher = cls.row_fetcher(job, RowTable(tuple(paths), layout, rows), self._xp,

@@ -67,6 +67,8 @@ def test_a_gpu_only_engine_on_the_cpu_and_an_engine_without_rows_are_refused(tab
         _store(table, "gpu-uring", "cpu")
     with pytest.raises(BadInput, match="fetches no rows"):
         _store(table, "psync", "cpu")
+    with pytest.raises(BadInput, match="device 'cpus': use \"gpu\" or \"cpu\""):
+        _store(table, "cpu-gpu", "cpus")
 
 
 @pytest.mark.gpu
