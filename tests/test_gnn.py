@@ -240,6 +240,19 @@ def test_two_targets_are_striped_and_a_foreign_file_is_refused(tmp_path):
         run_job(prof.jobs[0])
 
 
+def test_a_tuned_madvise_is_no_baseline(tmp_path, write_profile):
+    """Speedups are against the loader as DGL runs it: a MADV_RANDOM job alone gives none."""
+    text = (f'[global]\nworkload = "gnn"\ndevice = "cpu"\nnodes = 5000\nfeature_dim = 32\n'
+            f'hidden = 16\nbatch_size = 64\nfanout = [4, 3]\niterations = 3\nwarmup = 1\n'
+            f'directory = "{tmp_path}"\n[[job]]\nengine = "mmap"\nmmap_advice = "random"\n'
+            f'[[job]]\nengine = "cpu-gpu"\n')
+    res = cli.invoke(app, ["run", str(write_profile(text)), "-f", "json"])
+    assert res.exit_code == 0, res.output
+    jobs = json.loads(res.stdout)["jobs"]
+    assert [j["baseline"] for j in jobs] == [False, False]
+    assert not any("speedup_vs_mmap" in j for j in jobs)
+
+
 def test_cli_json_table_speedup_and_early_stop(tmp_path, write_profile):
     text = (f'[global]\nworkload = "gnn"\ndevice = "cpu"\nnodes = 5000\nfeature_dim = 32\n'
             f'hidden = 16\nbatch_size = 64\nfanout = [4, 3]\niterations = 5\nwarmup = 1\n'
@@ -254,6 +267,8 @@ def test_cli_json_table_speedup_and_early_stop(tmp_path, write_profile):
     assert doc["jobs"][0]["mmap_advice"] == "normal"
     assert doc["jobs"][1]["verify"]["mismatches"] == 0
     assert doc["jobs"][0]["speedup_vs_mmap"]["total"] == 1.0
+    assert doc["jobs"][0]["baseline"] and not doc["jobs"][1]["baseline"]
+    assert "speedup_vs_mmap" in doc["jobs"][1]
     table = cli.invoke(app, ["run", str(write_profile(text)), "-f", "markdown"])
     assert "| job" in table.stdout and "aggregation_ms" in table.stdout
     prof = from_dict(_gnn(tmp_path, iterations=50, warmup=1), "g.toml", {})
