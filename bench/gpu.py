@@ -133,17 +133,6 @@ def cases(ram: bool) -> list[dict]:
         {"path": "cufile batch 8 processes MPS", "g": {"engine": "cufile", "api": "batch",
                                                        "threads": 16, "processes": True},
          "depth": 16, "jobs": 8, **qd, "goal": 0.9, "mps": True},
-        # a batch handle takes new I/Os only once all of its own have completed, so in
-        # batches of a quarter of the depth a slot waits for its batch's slowest read:
-        # batches of one keep every slot's read on the drive, at a submit call per read
-        {"path": "cufile batch of 1, processes MPS", "g": {"engine": "cufile", "api": "batch",
-                                                           "threads": 32, "processes": True,
-                                                           "iodepth_batch": 1},
-         "depth": 32, "jobs": 4, **qd, "goal": 0.9, "mps": True},
-        {"path": "cufile batch of 1, 8 processes MPS", "g": {"engine": "cufile", "api": "batch",
-                                                             "threads": 16, "processes": True,
-                                                             "iodepth_batch": 1},
-         "depth": 16, "jobs": 8, **qd, "goal": 0.9, "mps": True},
         # the same against KvikIO driven directly: what of the gap is KvikIO's own
         {"path": "cufile", "g": {"engine": "cufile"}, "depth": 128, "jobs": 1,
          "peer": "KvikIO futures qd128", "kvikio": True, "goal": 0.9},
