@@ -1,8 +1,8 @@
 """The gpufio command line: parse, call, render, map failures to exit codes.
 
 Exit codes: 0 success, 1 a run failed (I/O errors, bad data, engine failure), 2 bad input,
-3 an internal error (a gpufio bug), 130 interrupted by Ctrl-C (results so far are still
-written).
+3 an internal error (a gpufio bug), 130 interrupted by Ctrl-C or SIGTERM (results so far
+are still written).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from rich.console import Console
 
 from gpufio import __version__, profile
 from gpufio.core.errors import BadInput, RunFailed, WorkerHung
+from gpufio.core.signals import sigterm_as_sigint
 from gpufio.facts import host as hostinfo
 from gpufio.results import render
 from gpufio.run import runner
@@ -125,6 +126,7 @@ def run(
                                help="run N times; report each job's median run and the spread"),
 ) -> None:
     """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
+    sigterm_as_sigint()
     with _exit_codes():
         if fmt not in _all_formats():
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(_all_formats())}")

@@ -272,7 +272,8 @@ def test_two_targets_take_turns_with_the_shards(tmp_path, where):
     assert (on_a, on_b) == (2 << 20, 1 << 20)  # shards 0 and 2 on a, shard 1 on b
 
 
-def test_ctrl_c_ends_the_run_after_its_round_with_exit_130(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_ends_the_run_after_its_round_with_exit_130(tmp_path, sig):
     import signal
     import subprocess
     import sys
@@ -291,7 +292,7 @@ def test_ctrl_c_ends_the_run_after_its_round_with_exit_130(tmp_path):
         assert line, "gpufio ended before its first round"
         if "round" in line:
             lines.append(line)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sig))
     t0 = time.monotonic()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and time.monotonic() - t0 < 30, err

@@ -194,7 +194,8 @@ def test_failed_verify_exits_1(pattern_file, write_profile):
     assert f"{pattern_file}@8192" in res.stderr
 
 
-def test_ctrl_c_keeps_results_and_exits_130(write_profile, scratch):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_keeps_results_and_exits_130(write_profile, scratch, sig):
     path = write_profile('[global]\nsize = "1m"\nruntime = "60s"\ntime_based = true\n')
     env = {**os.environ, "GPUFIO_SCRATCH": str(scratch)}
     proc = subprocess.Popen([sys.executable, "-m", "gpufio", "run", str(path), "-f", "json"],
@@ -203,7 +204,7 @@ def test_ctrl_c_keeps_results_and_exits_130(write_profile, scratch):
     while not list(scratch.glob("*.dat")) and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(1.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     doc = json.loads(out)

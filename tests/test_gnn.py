@@ -473,8 +473,10 @@ def test_the_watcher_keeps_the_limit_at_the_page_cache_limit_plus_anonymous_memo
 
 
 def test_the_watcher_process_follows_the_group_and_ends_with_its_input(tmp_path):
-    """The watcher runs as a process of its own (outside the group it watches); closing its
-    input, as the kernel does when gpufio is killed, ends it with what it saw."""
+    """The watcher runs as a process of its own (outside the group it watches); Ctrl-C and
+    SIGTERM sent to gpufio's process group leave it running; closing its input, as gpufio does
+    and the kernel does when gpufio is killed, ends it with what it saw."""
+    import signal
     import time
 
     from gpufio.workloads.gnn import memlimit
@@ -487,6 +489,10 @@ def test_the_watcher_process_follows_the_group_and_ends_with_its_input(tmp_path)
                or (tmp_path / "memory.high").read_text() != str(6 << 20)):
             assert time.monotonic() < deadline, "the watcher never set the limit"
             time.sleep(0.01)
+        w.send_signal(signal.SIGINT)
+        w.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert w.poll() is None
     finally:
         seen = memlimit._stop(w)
     assert w.returncode == 0 and seen == {"anon_peak_bytes": 5 << 20}
@@ -799,6 +805,40 @@ def test_a_job_over_two_gpus_runs_a_trainer_each_over_the_one_table(tmp_path):
     from gpufio.workloads.gnn.report import rows
 
     assert [r["job"] for r in rows(doc)] == ["g", "g · gpu 0", "g · gpu 1"]
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_sigterm_stops_every_trainer_after_its_iteration_with_exit_130(tmp_path, write_profile,
+                                                                       group):
+    """SIGTERM to gpufio alone (kill) or to its process group (timeout(1)) ends a job over
+    two GPUs' trainers as Ctrl-C does: each trainer's iterations so far are kept."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    text = (f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "cpu"\nnodes = 4000\n'
+            f'feature_dim = 32\nhidden = 8\nbatch_size = 32\nfanout = [4, 2]\n'
+            f'iterations = 100000\nwarmup = 1\ndirectory = "{tmp_path}"\ngpus = [0, 1]\n')
+    proc = subprocess.Popen([sys.executable, "-m", "gpufio", "run", str(write_profile(text)),
+                             "-q", "-f", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=group)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("gnn-features-*.f32")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(3.0)  # the trainers are iterating
+    if group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    doc = json.loads(out)
+    (j,) = doc["jobs"]
+    assert doc["interrupted"] and j["interrupted"] and j["error"] == 0
+    assert [p["gpu"] for p in j["per_gpu"]] == [0, 1]
+    assert all(p["iterations_done"] < 100000 for p in j["per_gpu"])
 
 
 def test_memory_limit_with_several_trainers_is_refused(tmp_path):

@@ -26,6 +26,7 @@ from typing import Callable
 from gpufio.core.context import FinalRecord, WorkerContext
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
+from gpufio.core.signals import ignore_stop_signals
 from gpufio.engines.base import Engine
 
 _FORK = multiprocessing.get_context("fork")
@@ -149,7 +150,7 @@ def _forked_main(engine_cls: type[Engine], job, targets, ctx: WorkerContext, ind
 
 def _serve(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
            conn, go) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner stops us, not Ctrl-C
+    ignore_stop_signals()  # the runner stops us, not Ctrl-C or SIGTERM sent to the group
     conn.send(_run(engine_cls, job, targets, ctx, index, lambda: conn.send("ready"), go.wait))
 
 

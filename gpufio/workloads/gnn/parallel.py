@@ -15,6 +15,7 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
+from gpufio.core.signals import sigterm_as_sigint
 from gpufio.run.launch import die_with_parent
 from gpufio.workloads.gnn import dataset
 from gpufio.workloads.gnn.run import array_module, run_job
@@ -40,16 +41,26 @@ def run_trainers(job: Job, stop: Any, progress: Any) -> list[dict[str, Any]]:
     # GPU for a GPU job, as one trainer alone would)
     dataset.prepare(job, array_module(job))
     ctx = multiprocessing.get_context("spawn")
+    stopping = ctx.Event()
     pipes, procs = [], []
     try:
         for i, gpu in enumerate(gpus):
             mine, theirs = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_trainer_main, args=(replace(job, gpu=gpu, gpus=()), i, theirs),
+            p = ctx.Process(target=_trainer_main, args=(replace(job, gpu=gpu, gpus=()), i, theirs,
+                                                         stopping),
                             daemon=True, name=f"{job.name}/gpu{gpu}")
             p.start()
             pipes.append(mine)
             procs.append(p)
-        results = [_receive(pipe, proc, gpu) for pipe, proc, gpu in zip(pipes, procs, gpus)]
+
+        def pass_stop() -> None:
+            """A stop sent to gpufio alone (kill, not the process group's Ctrl-C) reaches
+            the trainers too, each ending after its current iteration."""
+            if stop():
+                stopping.set()
+
+        results = [_receive(pipe, proc, gpu, pass_stop)
+                   for pipe, proc, gpu in zip(pipes, procs, gpus)]
     finally:
         for p in procs:  # a trainer still running after a failure must not outlive the run
             if p.is_alive():
@@ -58,9 +69,11 @@ def run_trainers(job: Job, stop: Any, progress: Any) -> list[dict[str, Any]]:
     return [combine(job, gpus, results)]
 
 
-def _receive(pipe: Any, proc: Any, gpu: int) -> dict[str, Any]:
-    """A trainer's result, or its one-line error raised here."""
+def _receive(pipe: Any, proc: Any, gpu: int, waiting: Any) -> dict[str, Any]:
+    """A trainer's result, or its one-line error raised here; ``waiting`` runs at each
+    look while there is none yet."""
     while not pipe.poll(0.2):
+        waiting()
         if not proc.is_alive() and not pipe.poll(0):
             raise RuntimeError(f"the trainer on GPU {gpu} ended (exit {proc.exitcode}) "
                                "without a result")
@@ -72,14 +85,17 @@ def _receive(pipe: Any, proc: Any, gpu: int) -> dict[str, Any]:
     return value
 
 
-def _trainer_main(job: Job, trainer: int, pipe: Any) -> None:
-    """One trainer: its GPU, its mini-batches; Ctrl-C (sent to the whole process group)
-    ends it after its current iteration, as in one process."""
+def _trainer_main(job: Job, trainer: int, pipe: Any, stopping: Any) -> None:
+    """One trainer: its GPU, its mini-batches; Ctrl-C or SIGTERM (sent to the whole process
+    group), or ``stopping`` set by gpufio, ends it after its current iteration, as in one
+    process."""
     die_with_parent()
     stopped: list[bool] = []
     signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
+    sigterm_as_sigint()
     try:
-        pipe.send(("ok", run_job(job, stop=lambda: bool(stopped), trainer=trainer)))
+        pipe.send(("ok", run_job(job, stop=lambda: bool(stopped) or stopping.is_set(),
+                                 trainer=trainer)))
     except BadInput as e:
         pipe.send(("bad", str(e)))
     except Exception as e:  # reported by the parent, naming this trainer's GPU
