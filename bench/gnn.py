@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -170,8 +171,14 @@ def main() -> int:
             prof = Path(tmp) / "gnn-bench.toml"
             prof.write_text(profile_text(args, sets))
             out = Path(args.json or Path(tmp) / "gnn.json")
-            run = subprocess.run([sys.executable, "-m", "gpufio", "run", str(prof), "-f",
-                                  "json", "-o", str(out)], cwd=ROOT)
+            run = subprocess.Popen([sys.executable, "-m", "gpufio", "run", str(prof), "-f",
+                                    "json", "-o", str(out)], cwd=ROOT)
+            # timeout(1) and batch systems stop a bench with SIGTERM, a user with Ctrl-C:
+            # gpufio then ends its job after the current iteration and writes what it
+            # measured, which is reported
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: run.send_signal(signal.SIGTERM))
+            run.wait()
             if not out.exists():
                 if run.returncode == -9:
                     print("bench: gpufio was killed (SIGKILL): on cgroup v1 a memory_limit "
@@ -258,8 +265,11 @@ def summarize(doc: dict, args: argparse.Namespace) -> int:
         b_it = args.iterations if args.baseline_iterations is None else args.baseline_iterations
         b_wu = args.warmup if args.baseline_warmup is None else args.baseline_warmup
         base = f" (mmap jobs: {b_it - b_wu} timed of {b_it})"
+    stopped = " · stopped early (SIGTERM or Ctrl-C): jobs not run are missing" \
+        if doc["interrupted"] else ""
     return report(f"GNN {args.storage}{cap}{mem} · {args.nodes} nodes · fanout {args.fanout} · "
-                  f"{args.iterations - args.warmup} timed of {args.iterations} iterations{base}",
+                  f"{args.iterations - args.warmup} timed of {args.iterations} iterations{base}"
+                  f"{stopped}",
                   rows, ["job", "batch", "targets", "aggregation ms", "agg speedup vs mmap",
                          "agg vs 1 target", "cache hits", "goal"],
                   {}, None, missed if args.check else [])

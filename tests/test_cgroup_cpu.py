@@ -98,3 +98,17 @@ def test_a_killed_runs_cpu_group_is_removed_by_the_next_one(dead_pid):
         for d in (stale, live):
             if d.exists():
                 d.rmdir()
+
+
+@pytest.mark.parametrize("user,system,expected", [(2, 1, (2.0, 1.0)), (0, 0, (3.0, 0.0))])
+def test_v1_times_are_the_exact_usage_split_by_the_sampled_user_and_system(
+        tmp_path, user, system, expected):
+    """cgroup v1's usage_user and usage_sys only count what scheduler ticks saw (nothing for
+    a short burst, too little under load); cpuacct.usage is exact and is what is reported."""
+    g = object.__new__(cgroups.CpuGroup)
+    g.path, g.version = tmp_path, 1
+    (tmp_path / "cpuacct.usage").write_text(str(3 * 10 ** 9))
+    (tmp_path / "cpuacct.usage_user").write_text(str(user * 10 ** 6))
+    (tmp_path / "cpuacct.usage_sys").write_text(str(system * 10 ** 6))
+    t = g.times()
+    assert (t.usr, t.sys) == pytest.approx(expected)

@@ -153,9 +153,14 @@ class CpuGroup:
     def times(self) -> CpuTimes:
         """User and system CPU seconds charged to the group so far."""
         if self.version == 1:
-            usr = int((self.path / "cpuacct.usage_user").read_text()) / 1e9
-            sys_ = int((self.path / "cpuacct.usage_sys").read_text()) / 1e9
-            return CpuTimes(usr, sys_)
+            # cpuacct.usage is the exact run time; usage_user and usage_sys are sampled at
+            # the scheduler's ticks (0 for a burst that no tick saw, little under load), so
+            # they only split the exact total; with no tick seen it is all counted as user
+            total = int((self.path / "cpuacct.usage").read_text()) / 1e9
+            usr = int((self.path / "cpuacct.usage_user").read_text())
+            sys_ = int((self.path / "cpuacct.usage_sys").read_text())
+            user_share = usr / (usr + sys_) if usr + sys_ else 1.0
+            return CpuTimes(total * user_share, total * (1.0 - user_share))
         stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines())
         return CpuTimes(int(stat["user_usec"]) / 1e6, int(stat["system_usec"]) / 1e6)
 
