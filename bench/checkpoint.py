@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import fio_cpu_s, report, run_counted, setup_zram_ext4  # noqa: E402
+from compare import clean_up_on_sigterm, fio_cpu_s, report, run_counted, setup_zram_ext4  # noqa: E402
 
 from gpufio.core.units import parse_size  # noqa: E402
 
@@ -103,6 +103,7 @@ def main() -> int:
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
+    clean_up_on_sigterm()
     fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
     size = parse_size(args.state, "--state")
     rows, raw, missed = [], [], []

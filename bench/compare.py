@@ -286,6 +286,12 @@ def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def clean_up_on_sigterm() -> None:
+    """timeout(1) and batch systems stop a bench with SIGTERM: leave through the finally
+    blocks, so its zram devices, mounts and files are released as after Ctrl-C."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fio", default=shutil.which("fio"), help="fio binary (default: on PATH)")
@@ -300,7 +306,7 @@ def main() -> int:
     args = ap.parse_args()
     if not args.fio:
         raise SystemExit("bench: fio not found (apt-get install fio, or pass --fio PATH)")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanups below
+    clean_up_on_sigterm()
     fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
     cleanups = []
     tgts = {}

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from compare import (  # noqa: E402
     CASE_HEADERS,
     case_row,
+    clean_up_on_sigterm,
     report,
     run_counted,
     run_fio,
@@ -232,7 +232,7 @@ def main() -> int:
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    clean_up_on_sigterm()
     fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
     cleanups, tgts = [], {}
     rows, raw, missed = [], [], []

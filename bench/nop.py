@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import report, run_gpufio, setup_tmpfs  # noqa: E402
+from compare import clean_up_on_sigterm, report, run_gpufio, setup_tmpfs  # noqa: E402
 
 GOAL = 0.9
 
@@ -50,6 +50,7 @@ def main() -> int:
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
+    clean_up_on_sigterm()
     target, clean = setup_tmpfs()
     rows, raw, missed = [], [], []
     try:

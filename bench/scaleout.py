@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compare import report, setup_tmpfs  # noqa: E402
+from compare import clean_up_on_sigterm, report, setup_tmpfs  # noqa: E402
 
 GOAL = 0.9
 SKEW_GOAL_MS = 10.0  # issue 17: the ranks' clocks start within 10 ms of each other
@@ -65,7 +65,7 @@ def median_by(runs: list, key: callable) -> Any:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--paths", nargs="+", default=list(PATHS))
+    ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
     ap.add_argument("--runtime", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1,
                     help="pairs of runs per row, interleaved; the row holds the median "
@@ -74,6 +74,7 @@ def main() -> int:
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
+    clean_up_on_sigterm()
     target, clean = setup_tmpfs()
     gpufio = [sys.executable, "-m", "gpufio", "run"]
     rows, raw, missed = [], [], []

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from compare import (  # noqa: E402
     CASE_HEADERS,
     case_row,
+    clean_up_on_sigterm,
     report,
     run_fio,
     run_gpufio,
@@ -96,6 +97,7 @@ def main() -> int:
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
+    clean_up_on_sigterm()
     fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
     cleanups, tgts, rows, raw, missed = [], {}, [], [], []
     try:

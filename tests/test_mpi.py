@@ -43,6 +43,18 @@ needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="no mpi4py and mpirun here
 cli = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def no_mpich_segments_left():
+    """A run that ends in MPI_Abort (a failed, hung or killed rank) leaves MPICH's shared
+    memory segment in /dev/shm; remove the ones these tests made, or every CI run on a
+    long-lived machine would leave a few MB more."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("mpich_shm_*"))
+    yield
+    for seg in set(shm.glob("mpich_shm_*")) - before:
+        seg.unlink(missing_ok=True)
+
+
 def rank_doc(rank: int, host: str, lats: np.ndarray, runtime_ns: int = 2_000_000_000) -> dict:
     """A rank's one-job document holding ``lats`` as its reads."""
     lat = LatencyStats()
