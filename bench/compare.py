@@ -286,6 +286,16 @@ def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def fio_and_root_args(ap: argparse.ArgumentParser, fio_help: str, runtime: int,
+                      repeat: int) -> None:
+    """The options of the GPU machine's benches that run fio and may use a root-disk file."""
+    ap.add_argument("--fio", required=True, help=fio_help)
+    ap.add_argument("--runtime", type=int, default=runtime, help="measured seconds per run")
+    ap.add_argument("--repeat", type=int, default=repeat, help="runs per tool; medians are reported")
+    ap.add_argument("--root-dir", default=str(Path.home()), help="where the root-disk file goes")
+    ap.add_argument("--root-size", default="4g", help="size of the root-disk file")
+
+
 def clean_up_on_sigterm() -> None:
     """timeout(1) and batch systems stop a bench with SIGTERM: leave through the finally
     blocks, so its zram devices, mounts and files are released as after Ctrl-C."""

@@ -30,6 +30,7 @@ from compare import (  # noqa: E402
     CASE_HEADERS,
     case_row,
     clean_up_on_sigterm,
+    fio_and_root_args,
     report,
     run_counted,
     run_fio,
@@ -220,11 +221,7 @@ print(json.dumps({{"iops": done / dt, "p50": float(np.percentile(lats, 50)),
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fio", required=True, help="fio built with libcufile")
-    ap.add_argument("--runtime", type=int, default=3, help="measured seconds per run")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per tool; medians are reported")
-    ap.add_argument("--root-dir", default=str(Path.home()), help="where the root-disk file goes")
-    ap.add_argument("--root-size", default="4g", help="size of the root-disk file")
+    fio_and_root_args(ap, "fio built with libcufile", runtime=3, repeat=3)
     ap.add_argument("--targets", nargs="+", default=["tmpfs", "zram", "rootdisk"],
                     help="tmpfs, zram, rootdisk, zram-ext4 (cuFile's own APIs on RAM)")
     ap.add_argument("--paths", nargs="+",

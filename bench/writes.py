@@ -26,6 +26,7 @@ from compare import (  # noqa: E402
     CASE_HEADERS,
     case_row,
     clean_up_on_sigterm,
+    fio_and_root_args,
     report,
     run_fio,
     run_gpufio,
@@ -86,11 +87,7 @@ def cases(ram: bool) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fio", required=True, help="fio (with io_uring)")
-    ap.add_argument("--runtime", type=int, default=2, help="measured seconds per run")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per tool; medians are reported")
-    ap.add_argument("--root-dir", default=str(Path.home()), help="where the root-disk file goes")
-    ap.add_argument("--root-size", default="4g", help="size of the root-disk file")
+    fio_and_root_args(ap, "fio (with io_uring)", runtime=2, repeat=1)
     ap.add_argument("--targets", nargs="+", default=["tmpfs", "rootdisk"],
                     choices=("tmpfs", "zram", "rootdisk"))
     ap.add_argument("--paths", nargs="+", help="only cases whose name starts with one of these")
