@@ -262,6 +262,23 @@ def test_a_rank_killed_outright_is_ended_by_the_launcher(tmp_path):
 
 
 @needs_mpi
+def test_sigterm_to_the_launcher_stops_every_rank_and_keeps_the_merged_results(tmp_path):
+    """scancel and Slurm's time limit send SIGTERM: mpiexec passes it to the ranks, which stop
+    as at Ctrl-C, and rank 0 still writes the merged document of what they measured."""
+    p = mpirun(tmp_path, 3, PROFILE.format(runtime="60s", d=tmp_path), "-f", "json")
+    t0 = time.monotonic()
+    _signal_after_start(tmp_path, p, lambda procs: p.pid, signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and time.monotonic() - t0 < 30, err
+    doc = json.loads(out)
+    (job,) = doc["jobs"]
+    assert doc["interrupted"] and job["interrupted"]
+    assert job["read"]["total_ios"] == sum(r["read"]["total_ios"] for r in job["mpi"]["ranks"]) > 0
+    assert "interrupted; results so far were written" in err
+    assert none_left(tmp_path)
+
+
+@needs_mpi
 def test_workloads_that_run_as_one_process_refuse_mpirun(tmp_path):
     text = (f'[global]\nworkload = "checkpoint"\ndevice = "cpu"\nstate_size = "1m"\n'
             f'engine = "psync"\ntargets = ["{tmp_path}"]\n')
