@@ -159,7 +159,8 @@ extern "C" __global__ void gio_gather(const GioQueue* q, const GioCache* cache, 
         // the next rows, claimed for the warp's moving lanes with one atomic
         const bool moving = ready || freed;
         const unsigned want = __ballot_sync(FULL, moving);
-        const int first = __ffs(want) - 1;  // a ready lane always exists here
+        // with no lane moving, first is -1: nothing is claimed and the shuffle's value unused
+        const int first = __ffs(want) - 1;
         u64 claimed = 0;
         if (lane == first) claimed = atomicAdd(&stats[6], (u64)__popc(want));
         claimed = __shfl_sync(FULL, claimed, first);
