@@ -129,8 +129,8 @@ def cases(ram: bool) -> list[dict]:
         {"path": "cufile batch processes MPS", "g": {"engine": "cufile", "api": "batch",
                                                      "threads": 32, "processes": True},
          "depth": 32, "jobs": 4, **qd, "goal": 0.9, "mps": True},
-        # 4 x 32 left about 92 of the 128 reads on the drive (IOPS x p50): more processes,
-        # each with a thread per read it keeps in flight
+        # 4 x 32 left fewer than 128 reads on the drive (IOPS x p50: docs/PERFORMANCE.md):
+        # more processes, each with a thread per read it keeps in flight
         {"path": "cufile batch 8 processes MPS", "g": {"engine": "cufile", "api": "batch",
                                                        "threads": 16, "processes": True},
          "depth": 16, "jobs": 8, **qd, "goal": 0.9, "mps": True},

@@ -9,8 +9,8 @@ itself after the move (its heap, the GPU runtime's host memory: anonymous memory
 without swap cannot be reclaimed) is added to it as it grows, by a watcher process outside
 the group (cgroups.follow_anonymous). A fixed limit is held above by that memory, and then
 every allocation is throttled (v2's memory.high) or the job killed (v1): the stall of issue
-18, where the group held 105-113 MB of anonymous memory and almost no page cache under a
-100 MB limit. The result records the limit, the control file, the cgroup used, the usage
+18, a group held above its limit by anonymous memory with almost no page cache in it
+(docs/PERFORMANCE.md). The result records the limit, the control file, the cgroup used, the usage
 measured there and the largest anonymous size the watcher saw.
 """
 
