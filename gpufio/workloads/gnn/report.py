@@ -54,6 +54,15 @@ def document(results: list[dict[str, Any]], path: str, interrupted: bool) -> dic
             "host": host, "interrupted": interrupted, "jobs": results}
 
 
+def _stage_cells(s: dict[str, Any]) -> dict[str, Any]:
+    """The timing columns of a job's row and of each of its trainers' rows."""
+    return {"iters": f"{s.get('timed_iterations', 0)} timed",
+            **{f"{st}_ms": round(s.get(f"{st}_ms", 0.0), 2) for st in timing.STAGES},
+            "total_ms": round(s.get("total_ms", 0.0), 2),
+            "agg_share": f"{100 * s.get('aggregation_share', 0.0):.0f}%",
+            "AU": f"{100 * s.get('accelerator_utilisation', 0.0):.0f}%"}
+
+
 def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for j in doc["jobs"]:
@@ -61,11 +70,7 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({
             "job": j["jobname"], "engine": label(j["engine"], {"mode": j.get("engine_mode")}),
             "batch": j["batch_size"],
-            "targets": len(j["targets"]), "iters": f"{s.get('timed_iterations', 0)} timed",
-            **{f"{st}_ms": round(s.get(f"{st}_ms", 0.0), 2) for st in timing.STAGES},
-            "total_ms": round(s.get("total_ms", 0.0), 2),
-            "agg_share": f"{100 * s.get('aggregation_share', 0.0):.0f}%",
-            "AU": f"{100 * s.get('accelerator_utilisation', 0.0):.0f}%",
+            "targets": len(j["targets"]), **_stage_cells(s),
             "speedup": f"{j['speedup_vs_mmap']['total']:.2f}x" if "speedup_vs_mmap" in j else "",
             "agg_speedup": (f"{j['speedup_vs_mmap']['aggregation']:.2f}x"
                             if "speedup_vs_mmap" in j else ""),
@@ -79,11 +84,7 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             gs, ga = g["stages"], g["aggregation"]
             out.append({"job": f"{j['jobname']} · gpu {g['gpu']}", "engine": out[-1]["engine"],
                         "batch": j["batch_size"], "targets": len(j["targets"]),
-                        "iters": f"{gs.get('timed_iterations', 0)} timed",
-                        **{f"{st}_ms": round(gs.get(f"{st}_ms", 0.0), 2) for st in timing.STAGES},
-                        "total_ms": round(gs.get("total_ms", 0.0), 2),
-                        "agg_share": f"{100 * gs.get('aggregation_share', 0.0):.0f}%",
-                        "AU": f"{100 * gs.get('accelerator_utilisation', 0.0):.0f}%",
+                        **_stage_cells(gs),
                         "agg_rows/s": round(ga["iops"]), "agg_MB/s": round(ga["bw_bytes"] / 1e6, 1),
                         "verify": f"{g['verify']['mismatches']} bad / {g['verify']['rows_checked']}"})
     return out
