@@ -112,55 +112,57 @@ def main() -> int:
     zram = setup_zram_ext4(2 * size + (2 << 30)) if "zram" in args.targets else None
     bases = {"tmpfs": "/dev/shm", "rootdisk": args.root_dir,
              "zram": os.path.dirname(zram[0]) if zram else None}
-    for tname, where in ((t, lay) for t in args.targets for lay in args.layouts):
-        # tmpfs has no O_DIRECT: both tools go through its pages, which are the data
-        ram = tname == "tmpfs"
-        base = bases[tname]
-        if base is None:
-            continue  # no zram here (setup_zram_ext4 said why)
-        directory = tempfile.mkdtemp(prefix="gpufio-ckpt-bench-", dir=base)
-        try:
-            jobs = run_gpufio(directory, where, args.state, args.bs, args.iodepth,
-                              args.iterations, direct=not ram)
-            for name in os.listdir(directory):  # room for fio's file
-                os.unlink(os.path.join(directory, name))
-            peer = os.path.join(directory, "fio-ckpt.dat")
-            fio_w, fio_w_cpu = run_fio(args.fio, peer, "write", size, args.bs, args.iodepth,
-                                       not ram)
-            drop(peer)
-            fio_r, fio_r_cpu = run_fio(args.fio, peer, "read", size, args.bs, args.iodepth,
-                                       not ram)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-        raw.append({"target": tname, "layout": where, "gpufio": jobs, "fio_write_gbps": fio_w,
-                    "fio_read_gbps": fio_r, "fio_cpu_s_per_gb": [fio_w_cpu, fio_r_cpu]})
-        fio_cpu = (f"{fio_w_cpu:.2f}/{fio_r_cpu:.2f}" if None not in (fio_w_cpu, fio_r_cpu)
-                   else "")
-        for j in jobs:
-            s, r = j["save"]["gb_per_s"], j["restore"]["gb_per_s"]
-            vs = j.get("vs_naive")
-            verdict = []
-            if j["jobname"] in goaled:
-                if s < GOAL_FIO * fio_w or r < GOAL_FIO * fio_r:
-                    verdict.append(f"MISS <{GOAL_FIO}x fio")
-                if vs and min(vs.values()) < GOAL_NAIVE:
-                    verdict.append(f"MISS <{GOAL_NAIVE}x naive")
-                if verdict:
-                    missed.append(f"{tname} {where} {j['jobname']}: {', '.join(verdict)}")
-                else:
-                    verdict.append("ok")
-            path = j["path"] + (" async" if j["jobname"].endswith("async") else "")
-            rows.append([tname, f"{where} ({j['files']})", path, f"{s:.2f}", f"{fio_w:.2f}",
-                         f"{s / fio_w:.2f}", f"{r:.2f}", f"{fio_r:.2f}", f"{r / fio_r:.2f}",
-                         f"{vs['save']:.2f}/{vs['restore']:.2f}" if vs else "",
-                         f"{j['save']['ttfb_ms']:.2f}/{j['restore']['ttfb_ms']:.2f}",
-                         f"{j['save']['cpu_s_per_gb']:.2f}/{j['restore']['cpu_s_per_gb']:.2f}",
-                         fio_cpu,
-                         f"{100 * j['save']['fsync_share']:.0f}%",
-                         f"{j['verify']['bad_shards']} bad / {j['verify']['bytes'] / 1e9:.1f} GB",
-                         " ".join(verdict)])
-    if zram:
-        zram[1]()
+    try:  # the zram device is released however the run ends (SIGTERM too)
+        for tname, where in ((t, lay) for t in args.targets for lay in args.layouts):
+            # tmpfs has no O_DIRECT: both tools go through its pages, which are the data
+            ram = tname == "tmpfs"
+            base = bases[tname]
+            if base is None:
+                continue  # no zram here (setup_zram_ext4 said why)
+            directory = tempfile.mkdtemp(prefix="gpufio-ckpt-bench-", dir=base)
+            try:
+                jobs = run_gpufio(directory, where, args.state, args.bs, args.iodepth,
+                                  args.iterations, direct=not ram)
+                for name in os.listdir(directory):  # room for fio's file
+                    os.unlink(os.path.join(directory, name))
+                peer = os.path.join(directory, "fio-ckpt.dat")
+                fio_w, fio_w_cpu = run_fio(args.fio, peer, "write", size, args.bs, args.iodepth,
+                                           not ram)
+                drop(peer)
+                fio_r, fio_r_cpu = run_fio(args.fio, peer, "read", size, args.bs, args.iodepth,
+                                           not ram)
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+            raw.append({"target": tname, "layout": where, "gpufio": jobs, "fio_write_gbps": fio_w,
+                        "fio_read_gbps": fio_r, "fio_cpu_s_per_gb": [fio_w_cpu, fio_r_cpu]})
+            fio_cpu = (f"{fio_w_cpu:.2f}/{fio_r_cpu:.2f}" if None not in (fio_w_cpu, fio_r_cpu)
+                       else "")
+            for j in jobs:
+                s, r = j["save"]["gb_per_s"], j["restore"]["gb_per_s"]
+                vs = j.get("vs_naive")
+                verdict = []
+                if j["jobname"] in goaled:
+                    if s < GOAL_FIO * fio_w or r < GOAL_FIO * fio_r:
+                        verdict.append(f"MISS <{GOAL_FIO}x fio")
+                    if vs and min(vs.values()) < GOAL_NAIVE:
+                        verdict.append(f"MISS <{GOAL_NAIVE}x naive")
+                    if verdict:
+                        missed.append(f"{tname} {where} {j['jobname']}: {', '.join(verdict)}")
+                    else:
+                        verdict.append("ok")
+                path = j["path"] + (" async" if j["jobname"].endswith("async") else "")
+                rows.append([tname, f"{where} ({j['files']})", path, f"{s:.2f}", f"{fio_w:.2f}",
+                             f"{s / fio_w:.2f}", f"{r:.2f}", f"{fio_r:.2f}", f"{r / fio_r:.2f}",
+                             f"{vs['save']:.2f}/{vs['restore']:.2f}" if vs else "",
+                             f"{j['save']['ttfb_ms']:.2f}/{j['restore']['ttfb_ms']:.2f}",
+                             f"{j['save']['cpu_s_per_gb']:.2f}/{j['restore']['cpu_s_per_gb']:.2f}",
+                             fio_cpu,
+                             f"{100 * j['save']['fsync_share']:.0f}%",
+                             f"{j['verify']['bad_shards']} bad / {j['verify']['bytes'] / 1e9:.1f} GB",
+                             " ".join(verdict)])
+    finally:
+        if zram:
+            zram[1]()
     return report(f"{fio_version} · checkpoint {args.state}, bs {args.bs}, qd {args.iodepth}, "
                   f"{args.iterations} rounds", rows,
                   ["target", "layout (files)", "gpufio path", "save GB/s", "fio write", "ratio",
