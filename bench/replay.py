@@ -30,9 +30,9 @@ def trace(args: argparse.Namespace) -> str:
     """Run the GNN job that writes the log; the log's path."""
     log = str(Path(args.dir) / "aggregation.iolog")
     gpufio_counted(f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "{args.device}"\n'
-                f"nodes = {args.nodes}\nfeature_dim = 1024\nbatch_size = {args.batch}\n"
-                f"fanout = {json.dumps(args.fanout)}\niterations = {args.iterations}\n"
-                f'warmup = 0\ntargets = ["{args.dir}"]\ngnn_iolog = "{log}"\n')
+                   f"nodes = {args.nodes}\nfeature_dim = 1024\nbatch_size = {args.batch}\n"
+                   f"fanout = {json.dumps(args.fanout)}\niterations = {args.iterations}\n"
+                   f'warmup = 0\ntargets = ["{args.dir}"]\ngnn_iolog = "{log}"\n')
     return log
 
 
