@@ -194,12 +194,17 @@ def test_failed_verify_exits_1(pattern_file, write_profile):
     assert f"{pattern_file}@8192" in res.stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_or_sigterm_keeps_results_and_exits_130(write_profile, scratch, sig):
+# a shell starts its background jobs with SIGINT ignored: SIGTERM must still stop them
+@pytest.mark.parametrize("sig,sigint_ignored", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                                (signal.SIGTERM, True)])
+def test_ctrl_c_or_sigterm_keeps_results_and_exits_130(write_profile, scratch, sig,
+                                                       sigint_ignored):
     path = write_profile('[global]\nsize = "1m"\nruntime = "60s"\ntime_based = true\n')
     env = {**os.environ, "GPUFIO_SCRATCH": str(scratch)}
     proc = subprocess.Popen([sys.executable, "-m", "gpufio", "run", str(path), "-f", "json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+                            if sigint_ignored else None)
     deadline = time.monotonic() + 30
     while not list(scratch.glob("*.dat")) and time.monotonic() < deadline:
         time.sleep(0.1)

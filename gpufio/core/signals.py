@@ -13,13 +13,14 @@ from typing import Any
 
 def sigterm_as_sigint() -> None:
     """From now on SIGTERM runs whatever handles SIGINT at that moment: Python's default
-    (KeyboardInterrupt) or a workload's stop flag."""
+    (KeyboardInterrupt) or a workload's stop flag. Where SIGINT is ignored, as a shell
+    starts its background jobs, SIGTERM still stops the run as Ctrl-C would."""
 
     def on_term(signum: int, frame: Any) -> None:
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):
             handler(signal.SIGINT, frame)
-        elif handler == signal.SIG_DFL:
+        else:  # SIG_DFL, or SIG_IGN inherited from a shell: Python's Ctrl-C
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
