@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from gpufio.core import pattern
+from gpufio.core.rate import Pacer
 from gpufio.core.stats import PLAT_NR, CpuTimes, LatencyStats
 
 MAX_BAD_OFFSETS = 8
@@ -256,8 +257,10 @@ class WorkerContext:
     def __init__(self, *, bs: int, stream, control: JobControl, ntargets: int, block: np.ndarray,
                  seeds: list[int] | None, verify: bool, continue_on_error: bool,
                  own_cpu: bool = False, worker: int = 0, sync_every: int = 0,
-                 datasync: bool = False, fill_threads: int = 1) -> None:
+                 datasync: bool = False, fill_threads: int = 1,
+                 pacer: Pacer | None = None) -> None:
         self.bs = bs
+        self.pacer = pacer  # rate_iops: when I/Os may go (None: at once)
         # threads that generate the pattern of host-memory writes (the CPU's fill, not the
         # I/O, is what limits large writes from one worker otherwise)
         self.fill_threads = fill_threads
@@ -282,7 +285,7 @@ class WorkerContext:
         return {"bs": self.bs, "stream": self.stream, "ntargets": self.rec.ntargets,
                 "seeds": self._seeds, "verify": self._verify, "continue_on_error": self._continue,
                 "sync_every": self._sync_every, "datasync": self._datasync,
-                "worker": self.worker, "fill_threads": self.fill_threads}
+                "worker": self.worker, "fill_threads": self.fill_threads, "pacer": self.pacer}
 
     @property
     def measuring(self) -> bool:
@@ -310,10 +313,19 @@ class WorkerContext:
         return self._halted or self.control.stopping
 
     def next_batch(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Up to ``n`` (target index, offset) pairs; empty arrays mean: stop issuing."""
-        if self.done:
+        """Up to ``n`` (target index, offset) pairs; empty arrays mean: stop issuing. Under
+        a rate cap, those due now, after a wait until at least one is."""
+        if self.pacer is not None and not self.done:
+            n = self.pacer.wait(n, lambda: self.done)
+        if self.done or not n:
             return np.empty(0, np.int32), np.empty(0, np.uint64)
         return self.stream.next(n)
+
+    def due(self, n: int) -> tuple[int, int]:
+        """How many of ``n`` I/Os a rate cap lets go now, and when none, the ns until one
+        may: for engines that would rather reap their I/Os in flight than wait in
+        ``next_batch`` (a completion reaped late would count the wait as latency)."""
+        return (n, 0) if self.pacer is None else self.pacer.due(n)
 
     def last_writes(self) -> np.ndarray | bool:
         """Which I/Os of the batch ``next_batch`` last handed out write: a bool array for a

@@ -80,6 +80,9 @@ class Engine(ABC):
     # "process": each worker is a forked process, so Python time per batch scales with
     # numjobs as fio's job processes do; "thread" for engines holding a CUDA context.
     worker_kind: ClassVar[str] = "process"
+    # whether its workers take their I/Os from ctx.next_batch, so a rate cap (rate_iops)
+    # holds; False for engines whose loop runs on the device
+    paced: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -100,6 +100,7 @@ class GpuUring(Engine):
     peer = "BaM (needs its own kernel module and an unbound NVMe drive)"
     iodepth_means = "request slots per ring: rings x iodepth reads in flight per worker"
     uses_gpu = True
+    paced = False  # GPU threads post the reads: no host loop to space them
     worker_kind = "thread"
     options = (
         Option("rings", "int", 0, "io_uring rings, one SQPOLL kernel thread each (0: half the "

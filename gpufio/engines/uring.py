@@ -147,6 +147,10 @@ class Uring(Engine):
             want = min(len(free), ring.space()) if issuing and not syncing else 0
             if want and job.writes and not job.mixed:
                 want = min(want, ctx.until_sync)
+            until_due = WAIT_NS
+            if want and ring.inflight:  # rate_iops: reap while nothing is due, never sleep
+                want, until_due = ctx.due(want)
+                until_due = min(until_due or WAIT_NS, WAIT_NS)
             if want:
                 tgt, offs = ctx.next_batch(want)
                 k = len(offs)
@@ -179,7 +183,7 @@ class Uring(Engine):
                     ring.submit()
                     os.sched_yield()
                     continue
-            ring.submit(wait=1, timeout_ns=WAIT_NS)
+            ring.submit(wait=1, timeout_ns=until_due)
             ud, res = ring.reap()
             now = clock()
             completed += len(ud)

@@ -33,6 +33,7 @@ KEYS = {
     "steadystate": "steadystate", "ss": "steadystate", "steadystate_duration":
     "steadystate_duration", "ss_dur": "steadystate_duration", "steadystate_ramp_time":
     "steadystate_ramp_time", "ss_ramp": "steadystate_ramp_time",
+    "rate_iops": "rate_iops", "rate_process": "rate_process",
 }
 # accepted as they are: gpufio already behaves so (random offsets never repeat within a pass,
 # jobs run one after another, results are reported per job, workers may be threads) or they
@@ -49,7 +50,7 @@ EQUIVALENTS = {
     "iodepth_batch_complete_min": "engines reap what has completed",
     "iodepth_batch": "engines submit what is free in one call",
     "hipri": "none (polled I/O is not offered)", "loops": "use runtime with time_based",
-    "startdelay": "none", "thinktime": "none", "rate_iops": "none", "rate": "none",
+    "startdelay": "none", "thinktime": "none", "rate": "rate_iops (bs times it)",
     "cpus_allowed": "none (use taskset)", "numa_cpu_nodes": "none (use numactl)",
     "output-format": "gpufio run --format", "write_bw_log": "samples are in the JSON result",
     "write_lat_log": "the latency histogram is in the JSON result",

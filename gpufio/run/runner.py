@@ -26,6 +26,7 @@ from gpufio.core.errors import BadInput, WorkerHung
 from gpufio.core.guard import WriteConsent
 from gpufio.core.job import Job, Profile
 from gpufio.core.offsets import OffsetStream, ReplayStream
+from gpufio.core.rate import pacer_for, unpaced
 from gpufio.core.stats import CpuTimes, LatencyStats
 from gpufio.core.steady import SAMPLE_NS, Criterion, SteadyState
 from gpufio.engines import all_engines
@@ -143,7 +144,8 @@ class JobRun:
                 seeds=seeds, verify=job.verify and job.reads,
                 continue_on_error=job.continue_on_error,
                 own_cpu=in_process, worker=w, sync_every=job.fsync or job.fdatasync,
-                datasync=bool(job.fdatasync), fill_threads=threads),
+                datasync=bool(job.fdatasync), fill_threads=threads,
+                pacer=pacer_for(job.workload_options, job.randseed, w)),
                 w, self._go, self.shared, cpus=cpus[w])
             for w in range(job.numjobs)]
         self._in_process = in_process
@@ -540,8 +542,9 @@ def check_machine_limits(profile: Profile) -> None:
 
 def _phase_job(job: Job, name: str, **changes: Any) -> Job:
     """A phase of ``job`` run beside it (preconditioning, read-back): a plain budgeted pass
-    with none of the job's own phases, steady-state watch or syncs, plus ``changes``."""
+    with none of the job's own phases, steady-state watch, syncs or rate cap, plus ``changes``."""
     return replace(job, name=f"{job.name} ({name})", time_based=False, runtime=None,
+                   workload_options=unpaced(job.workload_options),
                    ramp_time=0, steadystate=None, steadystate_duration=0,
                    steadystate_ramp_time=0, precondition="none", fsync=0, fdatasync=0,
                    **changes)

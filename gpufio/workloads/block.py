@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from gpufio.core import rate
 from gpufio.core.errors import BadInput, RunFailed
 from gpufio.core.job import Profile
+from gpufio.engines import all_engines
 from gpufio.results import document
 from gpufio.results.live import LiveDisplay
 from gpufio.results.load import METRICS
@@ -85,10 +87,15 @@ def run(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
 
 
 def _check(where: str, engine: str, values: Mapping[str, Any]) -> None:
-    """The block workload has no keys of its own to check."""
+    """A rate cap needs an engine whose host loop spaces the I/Os."""
+    if values["rate_iops"] and not all_engines()[engine].paced:
+        raise BadInput(f"{where}key 'rate_iops': engine '{engine}' issues its I/Os from the "
+                       "GPU, where no rate cap applies; use a host-driven engine")
+    if values["rate_process"] != "linear" and not values["rate_iops"]:
+        raise BadInput(f"{where}key 'rate_process': needs a rate_iops to space")
 
 
 BLOCK = register(Workload(
-    name="block", summary="the I/O benchmark", options=(), check=_check,
+    name="block", summary="the I/O benchmark", options=rate.OPTIONS, check=_check,
     formats=document.FORMATS, run=run, render=document.render,
     problems=document.problems, metrics=tuple(METRICS.values())))
