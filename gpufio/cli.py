@@ -182,45 +182,111 @@ def plot(
         typer.echo(f"{output}: written")
 
 
+CONFIDENCE = typer.Option(0.99, "--confidence", min=0.5, max=0.9999,
+                          help="how sure a change must be before it fails (the rank interval's "
+                          "level); 0.99 needs 5 runs a side, 0.95 needs 4")
+
+
+def _load_all(paths: list[Path]) -> list[dict]:
+    from gpufio.results import load as results
+
+    return [results.load(str(p)) for p in paths]
+
+
+def _write_text(path: Path, text: str, option: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise BadInput(f"{option} {path}: {e.strerror}") from None
+
+
 @app.command()
 def check(
-    result_path: Path = typer.Argument(..., metavar="RESULT.json", help="the run to judge"),
-    baseline_path: Path = typer.Option(..., "--baseline", "-b", help="the stored baseline run"),
+    result_paths: list[Path] = typer.Argument(..., metavar="RESULT.json...",
+                                              help="the run to judge: a file (one run or "
+                                              "--repeat), or several (their runs together)"),
+    baseline_paths: list[Path] = typer.Option(..., "--baseline", "-b",
+                                              help="the baseline: a --repeat run or a "
+                                              "'gpufio baseline' file; repeat for several files"),
     max_drop: list[str] = typer.Option([], "--max-drop", metavar="METRIC=N%",
                                        help="largest allowed fall of iops or bw"),
     max_rise: list[str] = typer.Option([], "--max-rise", metavar="METRIC=N%",
                                        help="largest allowed rise of lat_* or cpu_per_io"),
+    confidence: float = CONFIDENCE,
     junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML here"),
+    markdown: Optional[Path] = typer.Option(None, "--markdown",
+                                            help="write a Markdown summary here (a "
+                                            "pull-request comment)"),
+    suggest: bool = typer.Option(False, "--suggest-limits",
+                                 help="also print the tightest limit per metric that the "
+                                 "baseline's spread lets the gate detect"),
 ) -> None:
-    """Exit 1 if a metric moved the wrong way past its limit (the profile's [check] by default)."""
+    """Exit 1 if a metric moved the wrong way past its limit (the profile's [check] by
+    default) and beyond the baseline's run-to-run noise."""
+    from gpufio.results import baseline as base_file
     from gpufio.results import check as gate
     from gpufio.results import load as results
+    from gpufio.results import report, trend
+    from gpufio.results.runs import side
 
     with _exit_codes():
-        result, baseline = results.load(str(result_path)), results.load(str(baseline_path))
-        known = results.metrics_of(result)
+        found, baseline = _load_all(result_paths), _load_all(baseline_paths)
+        known = results.metrics_of(found[0])
         limits = {**gate.parse_limits(max_drop, "--max-drop", rising=False, known=known),
                   **gate.parse_limits(max_rise, "--max-rise", rising=True, known=known)}
+        if suggest:
+            render.render(base_file.rows(baseline, confidence), "table",
+                          title="limits the baseline's spread supports",
+                          left=("job", "metric"), console=_stdout_console())
         if not limits:
-            limits = result.get("check") or {}
+            limits = found[0].get("check") or {}
         if not limits:
-            raise BadInput(f"{result_path}: no limits: give --max-drop/--max-rise, or run a "
-                           "profile with a [check] table")
-        for warning in gate.mismatches(result, baseline):
-            typer.echo(f"gpufio: WARNING: not like for like: {warning}", err=True)
-        findings = gate.check(result, baseline, limits)
+            if suggest:
+                return
+            raise BadInput(f"{result_paths[0]}: no limits: give --max-drop/--max-rise, or run "
+                           "a profile with a [check] table")
+        warnings = [f"not like for like: {w}" for w in gate.mismatches(found[0], baseline[0])]
+        for label, docs in (("baseline", baseline), ("result", found)):
+            for runs in side(docs).values():
+                warnings += trend.warnings(label, runs)
+        for warning in warnings:
+            typer.echo(f"gpufio: WARNING: {warning}", err=True)
+        findings = gate.check(found, baseline, limits, confidence)
         for f in findings:
-            mark = "ok  " if f.passed else "FAIL"
-            change = "n/a" if f.change_pct is None else f"{f.change_pct:+.1f}%"
-            typer.echo(f"{mark} {f.job} {f.metric}: {change} (limit {f.limit_pct:g}%)"
-                       + (f" {f.why}" if f.why else ""))
+            typer.echo(report.line(f))
+        if os.environ.get("GITHUB_ACTIONS") == "true":
+            for a in report.annotations(findings, warnings):
+                typer.echo(a)
         if junit is not None:
-            try:
-                junit.write_text(gate.junit_xml(findings))
-            except OSError as e:
-                raise BadInput(f"--junit {junit}: {e.strerror}") from None
+            _write_text(junit, report.junit_xml(findings), "--junit")
+        if markdown is not None:
+            _write_text(markdown, report.markdown(findings, warnings), "--markdown")
         if not all(f.passed for f in findings):
             raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def baseline(
+    files: list[Path] = typer.Argument(..., metavar="RESULT.json...",
+                                       help="runs of one profile: --repeat results or single runs"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="write the baseline (every run kept) here"),
+    confidence: float = CONFIDENCE,
+) -> None:
+    """Fold runs into one baseline file for check, and show each metric's run-to-run spread
+    and the tightest limit it supports."""
+    from gpufio.results import baseline as base_file
+
+    with _exit_codes():
+        docs = _load_all(files)
+        doc = base_file.make(docs, [str(f) for f in files])
+        if output is not None:
+            _write_text(output, json.dumps(doc, indent=2) + "\n", "--output")
+        render.render(base_file.rows([doc], confidence), "table",
+                      title=f"baseline of {sum(doc['baseline']['runs'].values())} job runs",
+                      left=("job", "metric"), console=_stdout_console())
+        if output is not None:
+            typer.echo(f"{output}: written")
 
 
 @app.command()

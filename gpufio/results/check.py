@@ -1,24 +1,38 @@
-"""``gpufio check``: fail CI when a path got slower than its stored baseline.
+"""``gpufio check``: fail CI when a path got slower than its stored baseline, not on noise.
 
 Thresholds say how far each metric may move the wrong way (``--max-drop iops=5%``,
 ``--max-rise lat_p99=10%``, or the profile's ``[check]`` table, which runs embed in their
-results). Every (job, metric) checked becomes a JUnit test case, so CI systems show them.
+results). With several runs a side (``--repeat``, several files, a ``gpufio baseline``
+file) a metric fails only when its change is past the limit and its rank-based interval
+(results/spread.py) lies wholly on the worse side: a change the baseline's own
+run-to-run spread does not explain. With fewer runs the limit alone decides, and the
+finding says there was no noise estimate. Latency percentiles compare the runs' merged
+histograms where the files keep them.
 """
 
 from __future__ import annotations
 
 import difflib
-import xml.etree.ElementTree as ET
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from gpufio.core.errors import BadInput
-from gpufio.results.load import METRICS, Metric, job_metrics, jobs_by_name, metrics_of, setup_facts
+from gpufio.results.load import METRICS, Metric, jobs_by_name, metrics_of, setup_facts
+from gpufio.results.runs import JobRuns, side
+from gpufio.results.spread import (Spread, detectable, hist_bootstrap, hist_percentile, histogram,
+                                   interval_bootstrap, rank_interval, runs_needed, seed_of, spread)
+
+# how sure a change must be before it fails the gate: at 99%, five runs a side suffice
+DEFAULT_CONFIDENCE = 0.99
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One (job, metric) checked: the values, the allowed change and the verdict."""
+    """One (job, metric) checked: the values, the change and its interval, the baseline's
+    spread, the allowed change and the verdict."""
 
     job: str
     metric: str
@@ -28,6 +42,21 @@ class Finding:
     change_pct: float | None
     passed: bool
     why: str
+    # the change's interval at ``confidence``, in percent; from the runs when ``noise``,
+    # else from within one run (resampled intervals or histogram), shown but not decisive
+    interval: tuple[float, float] | None = None
+    noise: bool = False
+    confidence: float = DEFAULT_CONFIDENCE
+    spread: Spread | None = None  # the baseline's run-to-run spread of the metric
+    runs: tuple[int, int] = (0, 0)  # baseline runs, result runs
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        """FAIL, ok, or ok but past the limit within the noise."""
+        if not self.passed:
+            return "FAIL"
+        return "ok (noise)" if self.note.startswith("past the limit") else "ok"
 
 
 def parse_limits(items: dict[str, Any] | list[str], what: str, rising: bool,
@@ -58,36 +87,143 @@ def parse_limits(items: dict[str, Any] | list[str], what: str, rising: bool,
     return limits
 
 
-def check(result: dict[str, Any], baseline: dict[str, Any], limits: dict[str, float]) -> list[Finding]:
-    """Every (job, metric) with a limit, compared against the baseline."""
-    base_jobs, jobs = jobs_by_name(baseline), jobs_by_name(result)
-    known = metrics_of(result)
+def _percentile_of(metric: str) -> tuple[str, float] | None:
+    """(direction, percentile) of a latency percentile metric (lat_p99, write_lat_p99.9)."""
+    d, name = ("write", metric[6:]) if metric.startswith("write_") else ("read", metric)
+    return (d, float(name[5:])) if name.startswith("lat_p") else None
+
+
+def _merged(runs: JobRuns, d: str) -> np.ndarray | None:
+    """The histogram of every run of ``runs`` in direction ``d`` merged; None when a run
+    kept none."""
+    if not runs.bins or not all(b.get(d) for b in runs.bins):
+        return None
+    return sum(histogram(b[d]) for b in runs.bins)
+
+
+def _values(base: JobRuns, result: JobRuns, metric: str) -> tuple[list[float], list[float],
+                                                                     float, float, Any]:
+    """Each side's per-run values, the two values compared (medians, or a latency
+    percentile of the merged histograms), and what a within-run interval resamples."""
+    b = [m[metric] for m in base.metrics if metric in m]
+    r = [m[metric] for m in result.metrics if metric in m]
+    bv, rv = statistics.median(b), statistics.median(r)
+    pct = _percentile_of(metric)
+    if pct is not None:
+        hb, hr = _merged(base, pct[0]), _merged(result, pct[0])
+        if hb is not None and hr is not None and hb.sum() and hr.sum():
+            bv, rv = hist_percentile(hb, pct[1]) / 1e3, hist_percentile(hr, pct[1]) / 1e3
+            return b, r, bv, rv, (hb, hr, pct[1])
+    if metric in ("iops", "write_iops", "bw", "write_bw") and len(base.intervals) == 1 \
+            and len(result.intervals) == 1:
+        return b, r, bv, rv, (base.intervals[0], result.intervals[0])
+    return b, r, bv, rv, None
+
+
+def _within_run(what: Any, confidence: float, seed: int) -> tuple[float, float] | None:
+    """A single run's interval: its intervals' rates, or its histogram, resampled."""
+    if what is None:
+        return None
+    if len(what) == 3:
+        return hist_bootstrap(what[0], what[1], what[2], confidence, seed)
+    return interval_bootstrap(what[0], what[1], confidence, seed)
+
+
+def _pct(bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+    return None if bounds is None else (100 * bounds[0], 100 * bounds[1])
+
+
+def judge(name: str, metric: str, base: JobRuns, result: JobRuns, limit: float,
+          better_higher: bool, confidence: float = DEFAULT_CONFIDENCE) -> Finding:
+    """One metric of one job: past the limit, and (with runs enough) beyond the noise."""
+    b, r, bv, rv, within = _values(base, result, metric)
+    change = (rv / bv - 1) if bv else 0.0
+    worse = -change if better_higher else change
+    past = worse > limit
+    said = (f"{metric} {'fell' if change < 0 else 'rose'} {abs(100 * change):.1f}% "
+            f"(limit {100 * limit:g}%)")
+    common = dict(limit_pct=100 * limit, change_pct=100 * change, confidence=confidence,
+                  spread=spread(b) if len(b) > 1 else None, runs=(len(b), len(r)))
+    positive = all(v > 0 for v in b + r)
+    interval = rank_interval(b, r, confidence) if positive else None
+    if interval is None:
+        need = runs_needed(confidence)
+        why = ("values not all positive" if not positive else
+               f"{len(b)} baseline run{'s' * (len(b) != 1)} and {len(r)} result "
+               f"run{'s' * (len(r) != 1)}; {100 * confidence:g}% needs {need} a side")
+        note = f"no noise estimate ({why}): decided by the limit alone"
+        return Finding(name, metric, bv, rv, passed=not past, why=said if past else "",
+                       interval=_pct(_within_run(within, confidence, seed_of(name, metric))),
+                       note=note, **common)
+    beyond = interval[1] < 0 if better_higher else interval[0] > 0
+    note = ""
+    if past and not beyond:
+        note = (f"past the limit but within the noise: the {100 * confidence:g}% interval "
+                "includes no change")
+    return Finding(name, metric, bv, rv, passed=not (past and beyond),
+                   why=f"{said}, beyond the baseline's noise" if past and beyond else "",
+                   interval=_pct(interval), noise=True, note=note, **common)
+
+
+def check(result: dict[str, Any] | list[dict[str, Any]],
+          baseline: dict[str, Any] | list[dict[str, Any]], limits: dict[str, float],
+          confidence: float = DEFAULT_CONFIDENCE) -> list[Finding]:
+    """Every (job, metric) with a limit, judged against the baseline; each side is one
+    result document or several (their runs together)."""
+    results_ = result if isinstance(result, list) else [result]
+    baselines = baseline if isinstance(baseline, list) else [baseline]
+    base_jobs, jobs = side(baselines), side(results_)
+    known = metrics_of(results_[0])
     findings = []
     for name in dict.fromkeys(list(base_jobs) + list(jobs)):
-        b = job_metrics(base_jobs[name]) if name in base_jobs else None
-        r = job_metrics(jobs[name]) if name in jobs else None
+        b, r = base_jobs.get(name), jobs.get(name)
         for metric, limit in limits.items():
             if b is None or r is None:
                 where = "baseline" if b is None else "result"
-                findings.append(Finding(name, metric, b and b.get(metric), r and r.get(metric),
-                                        100 * limit, None, False, f"job missing from the {where}"))
+                findings.append(Finding(name, metric, None, None, 100 * limit, None, False,
+                                        f"job missing from the {where}"))
                 continue
-            if metric not in b and metric not in r:
+            in_b = all(metric in m for m in b.metrics)
+            in_r = all(metric in m for m in r.metrics)
+            if not any(metric in m for m in b.metrics + r.metrics):
                 continue  # a direction this job does not have (a write limit, a read job)
-            if metric not in b or metric not in r:
-                where = "baseline" if metric not in b else "result"
-                findings.append(Finding(name, metric, b.get(metric), r.get(metric), 100 * limit,
-                                        None, False, f"{metric} missing from the {where} "
+            if not in_b or not in_r:
+                where = "baseline" if not in_b else "result"
+                findings.append(Finding(name, metric, None, None, 100 * limit, None, False,
+                                        f"{metric} missing from the {where} "
                                         "(the job's rw differs)"))
                 continue
-            change = (r[metric] / b[metric] - 1) if b[metric] else 0.0
-            worse = -change if known[metric].higher_is_better else change
-            passed = worse <= limit
-            why = "" if passed else (f"{metric} {'fell' if change < 0 else 'rose'} "
-                                     f"{abs(100 * change):.1f}% (limit {100 * limit:g}%)")
-            findings.append(Finding(name, metric, b[metric], r[metric], 100 * limit,
-                                    100 * change, passed, why))
+            findings.append(judge(name, metric, b, r, limit, known[metric].higher_is_better,
+                                  confidence))
     return findings
+
+
+def suggest_limits(baseline: list[dict[str, Any]],
+                   confidence: float = DEFAULT_CONFIDENCE) -> dict[str, dict[str, float | None]]:
+    """Per job, each metric's smallest change as many result runs as the baseline has would
+    show at ``confidence`` (a fraction; None: too few baseline runs): limits below it only
+    ever fail through the noise test, so it is the tightest limit worth setting."""
+    out: dict[str, dict[str, float | None]] = {}
+    known = metrics_of(baseline[0])
+    for name, runs in side(baseline).items():
+        mine: dict[str, float | None] = {}
+        for metric in known:
+            values = [m[metric] for m in runs.metrics if metric in m]
+            if len(values) != runs.n or not all(v > 0 for v in values):
+                continue
+            rise = detectable(values, confidence)
+            if rise is not None and known[metric].higher_is_better:
+                rise = 1 - 1 / (1 + rise)  # the same shift, as a fall
+            mine[metric] = rise
+        out[name] = mine
+    return out
+
+
+def _options(job: dict[str, Any]) -> dict[str, Any]:
+    """A job's resolved options, its workload's own (rate_iops) among them."""
+    opts = dict(job.get("resolved options", {}))
+    own = opts.pop("workload_options", None) or {}
+    return {**opts, **own}
 
 
 def mismatches(result: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
@@ -101,24 +237,8 @@ def mismatches(result: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     for name, job in jobs_by_name(result).items():
         if name not in base_jobs:
             continue
-        a = {k: v for k, v in base_jobs[name].get("resolved options", {}).items()}
-        b = {k: v for k, v in job.get("resolved options", {}).items()}
+        a, b = _options(base_jobs[name]), _options(job)
         changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         if changed:
             out.append(f"job '{name}': options differ: {', '.join(changed)}")
     return out
-
-
-def junit_xml(findings: list[Finding], suite: str = "gpufio check") -> str:
-    """JUnit XML: one test case per (job, metric); a failure element for each regression."""
-    root = ET.Element("testsuites")
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(findings)),
-                       failures=str(sum(not f.passed for f in findings)))
-    for f in findings:
-        case = ET.SubElement(ts, "testcase", classname=f.job, name=f.metric)
-        props = ET.SubElement(case, "system-out")
-        props.text = (f"baseline={f.baseline} value={f.value} change_pct={f.change_pct} "
-                      f"limit_pct={f.limit_pct}")
-        if not f.passed:
-            ET.SubElement(case, "failure", message=f.why, type="regression")
-    return ET.tostring(root, encoding="unicode", xml_declaration=True)

@@ -1,8 +1,10 @@
-"""``gpufio run --repeat N``: one result from N runs, so a CI gate compares medians.
+"""``gpufio run --repeat N``: one result from N runs, so a CI gate compares distributions.
 
 Each job keeps the whole record of the run whose IOPS is the median (a real run, so all its
-fields agree with each other) and gains ``repeat``: every run's metrics, their median, min
-and max. ``results.job_metrics`` reads the medians from there.
+fields agree with each other) and gains ``repeat``: every run's metrics, latency histogram
+buckets and per-interval IOPS, and their median, min and max. ``results.job_metrics`` reads
+the medians from there, ``results.runs`` the runs. A document that is itself repeated
+contributes all of its runs.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from gpufio.results.load import headline_iops, job_metrics
+from gpufio.results.load import headline_iops
+from gpufio.results.runs import job_runs
 
 
 def combine(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -22,14 +25,17 @@ def combine(docs: list[dict[str, Any]]) -> dict[str, Any]:
         runs = [d["jobs"][j] for d in docs if j < len(d["jobs"])]
         by_iops = sorted(runs, key=headline_iops)
         chosen = dict(by_iops[(len(by_iops) - 1) // 2])
-        metrics = [job_metrics(r) for r in runs]
-        keys = [k for k in metrics[0] if all(k in m for m in metrics)]
-        metrics = [{k: m[k] for k in keys} for m in metrics]
+        every = job_runs(runs[0])
+        for r in runs[1:]:
+            every.extend(job_runs(r))
+        keys = [k for k in every.metrics[0] if all(k in m for m in every.metrics)]
+        metrics = [{k: m[k] for k in keys} for m in every.metrics]
         chosen["repeat"] = {
-            "n": len(runs), "runs": metrics,
+            "n": len(metrics), "runs": metrics,
             "median": {k: statistics.median(m[k] for m in metrics) for k in keys},
             "min": {k: min(m[k] for m in metrics) for k in keys},
             "max": {k: max(m[k] for m in metrics) for k in keys},
+            "lat_bins": every.bins, "intervals": every.intervals,
         }
         chosen["error"] = max(r["error"] for r in runs)
         jobs.append(chosen)

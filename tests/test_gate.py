@@ -1,0 +1,294 @@
+"""The CI gate on distributions: verdicts on synthetic runs with known spreads, the rank
+interval, the 1-run case, baseline files, limits from the spread, drive-state warnings, and
+what CI reads (lines, exit codes, JUnit, GitHub annotations, Markdown)."""
+
+import itertools
+import json
+import math
+import xml.etree.ElementTree as ET
+from collections import Counter
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from gpufio.cli import app
+from gpufio.results import baseline as base_file
+from gpufio.results import check as gate
+from gpufio.results import report, spread, trend
+from gpufio.results.runs import side
+
+cli = CliRunner()
+LIMITS = {"iops": 0.05, "lat_p99": 0.10}
+
+
+def one_run(iops, p99_us=100.0, samples=None, bins=None):
+    """A single run's job document, as ``gpufio run`` writes it (the fields check reads)."""
+    pct = {"50.000000": p99_us * 500, "99.000000": p99_us * 1e3, "99.900000": p99_us * 2e3}
+    lat = {"mean": p99_us * 500, "percentile": pct}
+    if bins is not None:
+        lat["bins"] = bins
+    return {"jobname": "a", "error": 0, "engine": "uring",
+            "read": {"iops": iops, "bw_bytes": iops * 4096, "total_ios": int(iops), "lat_ns": lat},
+            "cpu_us_per_io": 2.0, "resolved options": {"bs": 4096, "rw": "randread"},
+            "samples": [{"t_ms": 100.0 * (i + 1), "iops": v, "bw_bytes": v * 4096}
+                        for i, v in enumerate(samples or [])],
+            "targets": [{"path": "/dev/nvme0n1", "model": "Drive X"}]}
+
+
+def doc(*jobs):
+    return {"host": {"cpu": "CPU", "cpus": 2, "kernel": "6.18"}, "gpus": [], "interrupted": False,
+            "jobs": list(jobs)}
+
+
+def repeated(values, p99s=None):
+    """A --repeat document: one job whose runs have these IOPS (and p99s, in us)."""
+    from gpufio.results.repeat import combine
+
+    p99s = p99s or [100.0] * len(values)
+    return combine([doc(one_run(v, p)) for v, p in zip(values, p99s)])
+
+
+def spread_around(median, pct, n=5):
+    """n runs spread evenly within ±pct% of median (the middle one the median)."""
+    return [median * (1 + pct / 100 * (2 * i / (n - 1) - 1)) for i in range(n)]
+
+
+def write(tmp_path, name, d):
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return p
+
+
+# -- the rank interval -------------------------------------------------------------------
+
+def test_rank_distribution_is_exact():
+    def brute(m, n):
+        counts = Counter()
+        for xs in itertools.combinations(range(m + n), n):
+            counts[sum(sum(1 for y in range(x) if y not in xs) for x in xs)] += 1
+        total, run = math.comb(m + n, n), 0
+        return [(run := run + counts[u]) / total for u in range(m * n + 1)]
+    for m, n in ((1, 1), (2, 3), (5, 5), (4, 6), (1, 5)):
+        assert spread._rank_cdf(m, n) == pytest.approx(brute(m, n))
+
+
+def test_rank_order_and_runs_needed():
+    assert spread.rank_order(5, 5, 0.99) == 1  # complete separation: p = 2/252
+    assert spread.rank_order(5, 5, 0.95) == 3
+    assert spread.rank_order(4, 4, 0.99) is None and spread.rank_order(1, 1, 0.5) is None
+    assert (spread.runs_needed(0.99), spread.runs_needed(0.95)) == (5, 4)
+    # large samples take the normal approximation, close to the exact distribution
+    cdf = spread._rank_cdf(150, 150)
+    exact = next(k for k, p in enumerate(cdf) if p > 0.025)
+    assert abs(spread.rank_order(150, 150, 0.95) - exact) <= 2
+
+
+def test_rank_interval_bounds_the_ratio():
+    base = [100, 101, 99, 102, 98]
+    lo, hi = spread.rank_interval(base, [90, 91, 89, 90.5, 92], 0.99)
+    assert lo == pytest.approx(89 / 102 - 1) and hi == pytest.approx(92 / 98 - 1)
+    assert spread.rank_interval(base, [95], 0.99) is None
+
+
+def test_detectable_is_the_shift_that_separates_the_runs():
+    base = [100, 101, 99, 102, 98]
+    d = spread.detectable(base, 0.99)
+    assert d == pytest.approx(102 / 98 - 1)
+    # a candidate just past that shift is significant; just short of it is not
+    past = spread.rank_interval(base, [v * (1 + d) * 1.001 for v in base], 0.99)
+    short = spread.rank_interval(base, [v * (1 + d) * 0.999 for v in base], 0.99)
+    assert past[0] > 0 and short[0] <= 0
+    assert spread.detectable([5.0], 0.99) is None
+
+
+# -- verdicts on synthetic runs ---------------------------------------------------------
+
+def test_a_regression_beyond_a_tight_baseline_fails():
+    base = repeated(spread_around(1000, 1))
+    slow = repeated(spread_around(900, 1))
+    (f,) = gate.check(slow, base, {"iops": 0.05})
+    assert not f.passed and f.noise and f.verdict == "FAIL" and f.runs == (5, 5)
+    assert f.change_pct == pytest.approx(-10.0)
+    assert f.interval[1] < 0 and f.interval[0] == pytest.approx(100 * (891 / 1010 - 1))
+    assert f.spread.n == 5 and f.spread.high == pytest.approx(0.01)
+    assert "past the limit, beyond the baseline's noise" in report.line(f)
+
+
+def test_a_change_within_a_noisy_baseline_passes_and_says_so():
+    base = repeated(spread_around(1000, 20))
+    cand = repeated(spread_around(920, 20))
+    (f,) = gate.check(cand, base, {"iops": 0.05})
+    assert f.passed and f.noise and f.verdict == "ok (noise)"
+    assert f.change_pct == pytest.approx(-8.0) and f.interval[0] < 0 < f.interval[1]
+    assert "past the limit but within the noise" in report.line(f)
+
+
+def test_a_change_inside_the_limit_passes_even_when_significant():
+    (f,) = gate.check(repeated(spread_around(970, 0.5)), repeated(spread_around(1000, 0.5)),
+                      {"iops": 0.05})
+    assert f.passed and f.interval[1] < 0 and f.verdict == "ok" and not f.note
+
+
+def test_identical_distributions_never_fail():
+    rng = np.random.default_rng(7)
+    failures = 0
+    for _ in range(200):
+        b, c = (list(1000 * np.exp(rng.normal(0, 0.1, 5))) for _ in range(2))
+        failures += not gate.check(repeated(c), repeated(b), {"iops": 0.05})[0].passed
+    # at 99% a false alarm needs every candidate run below every baseline run: p = 1/252
+    assert failures <= 3
+
+
+def test_latency_percentiles_come_from_the_merged_histograms():
+    # every run's p99 field says 100 us, but the merged histograms put it far higher
+    def run_with(bucket):
+        return one_run(1000, 100.0, bins={str(bucket): 1000})
+    from gpufio.core.stats import bucket_index, bucket_value
+    lo, hi = int(bucket_index(np.array([100_000]))[0]), int(bucket_index(np.array([150_000]))[0])
+    base, cand = doc(run_with(lo)), doc(run_with(hi))
+    (f,) = gate.check(cand, base, {"lat_p99": 0.10})
+    assert f.baseline == pytest.approx(bucket_value(np.array([lo]))[0] / 1e3)
+    assert f.value == pytest.approx(bucket_value(np.array([hi]))[0] / 1e3)
+    assert not f.passed and f.change_pct > 40
+
+
+def test_one_run_each_decides_by_the_limit_and_says_it_has_no_noise_estimate():
+    samples = [1000, 1010, 990, 1005, 995, 1000]
+    base = doc(one_run(1000, samples=samples))
+    slow = doc(one_run(900, samples=[s * 0.9 for s in samples]))
+    (f,) = gate.check(slow, base, {"iops": 0.05})
+    assert not f.passed and not f.noise and f.why == "iops fell 10.0% (limit 5%)"
+    assert f.note.startswith("no noise estimate (1 baseline run and 1 result run; 99% "
+                             "needs 5 a side)")
+    # the interval shown comes from within the runs (their intervals resampled)
+    assert f.interval is not None and f.interval[1] < 0
+    assert "interval within one run" in report.line(f)
+    (ok,) = gate.check(doc(one_run(990)), base, {"iops": 0.05})
+    assert ok.passed and ok.interval is None and "no noise estimate" in ok.note
+
+
+def test_resampling_is_seeded_so_verdicts_repeat():
+    rng = np.random.default_rng(1)
+    samples = list(rng.normal(1000, 80, 30))
+    bins = {str(i): int(c) for i, c in enumerate(rng.integers(0, 50, 600)) if c}
+    base = doc(one_run(1000, samples=samples, bins=bins))
+    cand = doc(one_run(960, samples=[s * 0.96 for s in samples], bins=bins))
+    first = gate.check(cand, base, LIMITS)
+    assert all(f.interval is not None for f in first)
+    assert gate.check(cand, base, LIMITS) == first
+
+
+def test_several_files_are_the_runs_of_one_side():
+    base = [doc(one_run(v)) for v in spread_around(1000, 1)]
+    runs = side(base)["a"]
+    assert runs.n == 5
+    (f,) = gate.check([doc(one_run(v)) for v in spread_around(800, 1)], base, {"iops": 0.05})
+    assert f.runs == (5, 5) and f.noise and not f.passed
+
+
+def test_limits_proposed_from_the_spread():
+    tight = gate.suggest_limits([repeated(spread_around(1000, 2))])["a"]
+    noisy = gate.suggest_limits([repeated(spread_around(1000, 20))])["a"]
+    assert tight["iops"] == pytest.approx(1 - 980 / 1020) and noisy["iops"] > tight["iops"]
+    assert gate.suggest_limits([doc(one_run(1000))])["a"]["iops"] is None
+    assert base_file._ceil_pct(0.04) == "4%" and base_file._ceil_pct(0.0001) == "0.5%"
+
+
+# -- drive state --------------------------------------------------------------------------
+
+def test_trend_within_a_run_warns():
+    rising = [1000 + 40 * i for i in range(20)]
+    assert trend.run_trend(rising) == pytest.approx((1000, 1760))
+    flat_noisy = list(np.random.default_rng(3).normal(1000, 150, 20))
+    assert trend.run_trend(flat_noisy) is None
+    assert trend.run_trend([1000, 2000, 3000]) is None  # too short to tell
+    (line,) = trend.warnings("baseline", side([doc(one_run(1000, samples=rising))])["a"])
+    assert "job 'a' (baseline, its run): IOPS rose from 1,000 to 1,760 (fitted)" in line
+    assert "steady state not reached" in line
+
+
+# -- the command line -----------------------------------------------------------------------
+
+def test_check_cli_output_exit_codes_annotations_markdown(tmp_path, monkeypatch):
+    base = write(tmp_path, "base.json", repeated(spread_around(1000, 1)))
+    same = write(tmp_path, "same.json", repeated(spread_around(1000, 1)))
+    slow = write(tmp_path, "slow.json", repeated(spread_around(850, 1)))
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    res = cli.invoke(app, ["check", str(same), "-b", str(base), "--max-drop", "iops=5%"])
+    assert res.exit_code == 0 and res.stdout.startswith("ok   a iops: +0.0%, 99% interval")
+    assert "::" not in res.stdout
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    junit, md = tmp_path / "junit.xml", tmp_path / "summary.md"
+    res = cli.invoke(app, ["check", str(slow), "-b", str(base), "--max-drop", "iops=5%",
+                           "--junit", str(junit), "--markdown", str(md)])
+    assert res.exit_code == 1
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("FAIL a iops: -15.0%, 99% interval -16.7%..-13.3% (limit 5%; "
+                               "baseline spread ±0.7% over 5 runs")
+    (error,) = [ln for ln in lines if ln.startswith("::")]
+    # GitHub reads % as an escape: %25 shows as %
+    assert error.startswith("::error title=gpufio check: a iops::a iops: -15.0%25, 99%25 interval")
+    message = ET.parse(junit).getroot().find("testsuite/testcase/failure").get("message")
+    assert message.startswith("a iops: -15.0%, 99% interval -16.7%..-13.3%")
+    text = md.read_text()
+    assert text.startswith("### gpufio check: 1 regression\n")
+    assert "| FAIL " in text and "-16.7%..-13.3%" in text
+
+
+def test_annotations_warn_for_noise_and_warnings():
+    base, cand = repeated(spread_around(1000, 20)), repeated(spread_around(920, 20))
+    findings = gate.check(cand, base, {"iops": 0.05})
+    lines = report.annotations(findings, ["not like for like: kernel differs\nnext"])
+    assert lines[0].startswith("::warning title=gpufio check: a iops::ok (noise) a iops:")
+    assert lines[1] == "::warning title=gpufio check::not like for like: kernel differs%0Anext"
+
+
+def test_a_rate_cap_is_named_where_options_differ():
+    capped = one_run(1000)
+    capped["resolved options"]["workload_options"] = {"rate_iops": 900}
+    assert gate.mismatches(doc(capped), doc(one_run(1000))) == [
+        "job 'a': options differ: rate_iops"]
+
+
+def test_one_run_cli_says_no_noise_estimate(tmp_path):
+    base = write(tmp_path, "b.json", doc(one_run(1000)))
+    cand = write(tmp_path, "c.json", doc(one_run(800)))
+    res = cli.invoke(app, ["check", str(cand), "-b", str(base), "--max-drop", "iops=5%"])
+    assert res.exit_code == 1 and "no noise estimate" in res.stdout
+
+
+def test_baseline_command_writes_every_run_and_the_spread(tmp_path):
+    runs = [write(tmp_path, f"r{i}.json", doc(one_run(v, samples=[v] * 5)))
+            for i, v in enumerate(spread_around(1000, 2))]
+    out = tmp_path / "baseline.json"
+    res = cli.invoke(app, ["baseline", *map(str, runs), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "--max-drop iops=4%" in res.stdout and "±1.5% over 5 runs" in res.stdout
+    written = json.loads(out.read_text())
+    rep = written["jobs"][0]["repeat"]
+    assert rep["n"] == 5 and len(rep["intervals"]) == 5 and written["baseline"]["runs"] == {"a": 5}
+    # a baseline file and a --repeat file read alike; a repeated file folds in all its runs
+    again = tmp_path / "again.json"
+    assert cli.invoke(app, ["baseline", str(out), str(runs[0]), "-o", str(again)]).exit_code == 0
+    assert json.loads(again.read_text())["jobs"][0]["repeat"]["n"] == 6
+    res = cli.invoke(app, ["check", str(out), "-b", str(out), "--suggest-limits"])
+    assert res.exit_code == 0 and "limits the baseline's spread supports" in res.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["baseline", "{d}/missing.json"], "no such result file"),
+    (["baseline", "{d}/a.json", "{d}/b.json"], "{d}/b.json: its jobs (b) are not"),
+    (["check", "{d}/a.json", "-b", "{d}/a.json", "--max-drop", "iops=5%",
+      "--confidence", "1.5"], "--confidence"),
+    (["check", "{d}/a.json", "-b", "{d}/a.json", "--max-drop", "iops=5%",
+      "--markdown", "{d}/no/such/dir/s.md"], "--markdown {d}/no/such/dir/s.md: No such file"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    write(tmp_path, "a.json", doc(one_run(1000)))
+    b = one_run(1000)
+    b["jobname"] = "b"
+    write(tmp_path, "b.json", doc(b))
+    res = cli.invoke(app, [a.format(d=tmp_path) for a in args])
+    assert res.exit_code == 2 and message.format(d=tmp_path) in res.output
+    assert "Traceback" not in res.output
