@@ -50,7 +50,7 @@ EQUIVALENTS = {
     "iodepth_batch_complete_min": "engines reap what has completed",
     "iodepth_batch": "engines submit what is free in one call",
     "hipri": "none (polled I/O is not offered)", "loops": "use runtime with time_based",
-    "startdelay": "none", "thinktime": "none", "rate": "rate_iops (bs times it)",
+    "startdelay": "none", "thinktime": "none", "rate": "rate_iops: rate divided by bs",
     "cpus_allowed": "none (use taskset)", "numa_cpu_nodes": "none (use numactl)",
     "output-format": "gpufio run --format", "write_bw_log": "samples are in the JSON result",
     "write_lat_log": "the latency histogram is in the JSON result",

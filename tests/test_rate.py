@@ -1,0 +1,123 @@
+"""rate_iops and rate_process: the schedule by counts on a fake clock, the poisson gaps by
+their distribution, and real runs whose I/O counts stay at or under the cap."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from gpufio import profile
+from gpufio.cli import app
+from gpufio.core.rate import Pacer, pacer_for, unpaced
+from gpufio.fio.jobfile import parse
+
+cli = CliRunner()
+SECOND = 1_000_000_000
+
+
+class FakeClock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def issued_by(pacer: Pacer, clock: FakeClock, times_ns: list[int], batch: int = 64) -> list[int]:
+    """Take every due I/O at each of ``times_ns``; the running count issued."""
+    counts = []
+    for t in times_ns:
+        clock.now = t
+        while True:
+            k, _ = pacer.due(batch)
+            if not k:
+                break
+            pacer.take(k)
+        counts.append(pacer.issued)
+    return counts
+
+
+def test_linear_schedule_counts_exactly():
+    clock = FakeClock()
+    pacer = Pacer(1000, "linear", clock=clock)
+    times = [0, 500_000, 1_000_000, 250 * 1_000_000 + 1, SECOND]
+    # I/O k is due at k ms: by t, floor(t / 1 ms) + 1 have gone
+    assert issued_by(pacer, clock, times) == [1, 1, 2, 251, 1001]
+    clock.now = SECOND + 400_000
+    assert pacer.due(8) == (0, 600_001)
+
+
+def test_a_worker_behind_catches_up_but_never_passes_the_schedule():
+    clock = FakeClock()
+    pacer = Pacer(10_000, "linear", clock=clock)
+    assert issued_by(pacer, clock, [0, 3 * SECOND // 10], batch=8) == [1, 3001]
+
+
+def test_poisson_gaps_are_exponential():
+    rate, n = 5000.0, 20_000
+    gaps = Pacer(rate, "poisson", seed=(0x89, 0)).gaps(n)
+    mean = 1e9 / rate
+    assert abs(gaps.mean() - mean) < 4 * mean / np.sqrt(n)  # the mean of n exponentials
+    assert abs(gaps.std() / gaps.mean() - 1) < 0.05  # an exponential's CV is 1
+    # Kolmogorov-Smirnov against the exponential CDF, at the 1% level
+    x = np.sort(gaps)
+    cdf = 1 - np.exp(-x / mean)
+    ks = max(np.max(np.arange(1, n + 1) / n - cdf), np.max(cdf - np.arange(n) / n))
+    assert ks < 1.63 / np.sqrt(n)
+    # successive gaps are independent (no correlation between neighbours)
+    assert abs(np.corrcoef(gaps[:-1], gaps[1:])[0, 1]) < 4 / np.sqrt(n)
+
+
+def test_poisson_counts_are_the_rate_and_seeded():
+    clock = FakeClock()
+    pacer = Pacer(2000, "poisson", seed=(1, 0), clock=clock)
+    count = issued_by(pacer, clock, [0, 10 * SECOND])[-1]  # the schedule starts at 0
+    expected = 2000 * 10
+    assert abs(count - expected) < 5 * np.sqrt(expected)  # a Poisson count's spread
+    again, other = (Pacer(2000, "poisson", seed=s) for s in ((1, 0), (1, 1)))
+    assert np.array_equal(again.gaps(100), Pacer(2000, "poisson", seed=(1, 0)).gaps(100))
+    assert not np.array_equal(Pacer(2000, "poisson", seed=(1, 0)).gaps(100), other.gaps(100))
+
+
+def test_wait_ends_when_told_to_stop():
+    clock = FakeClock()
+    pacer = Pacer(1, "linear", clock=clock)
+    assert pacer.wait(4, lambda: False) == 1
+    assert pacer.wait(4, lambda: True) == 0 and pacer.issued == 1
+    assert pacer.wait(0, lambda: False) == 0
+
+
+def test_options_and_the_passes_beside_a_job():
+    assert pacer_for({"rate_iops": 0}, 1, 0) is None
+    p = pacer_for({"rate_iops": 100, "rate_process": "poisson"}, 1, 0)
+    assert p.process == "poisson" and p.gap_ns == pytest.approx(1e7)
+    assert unpaced({"rate_iops": 100, "rate_process": "poisson"}) == {"rate_process": "poisson"}
+
+
+def test_fio_job_files_map_the_rate_keys():
+    data, _ = parse("[j]\nrate_iops=500\nrate_process=poisson\nsize=1m\n", "x.fio")
+    (job,) = profile.from_dict(data, "x.fio", {}).jobs
+    assert job.workload_options["rate_iops"] == 500
+    assert job.workload_options["rate_process"] == "poisson"
+
+
+@pytest.mark.parametrize("engine,process", [("null", "linear"), ("uring", "linear"),
+                                            ("uring", "poisson"), ("psync", "poisson")])
+def test_a_capped_run_stays_at_or_under_the_cap(write_profile, tmp_path, engine, process):
+    rate, numjobs, iodepth = 400, 2, 4
+    path = write_profile(f'[global]\nengine = "{engine}"\nsize = "1m"\nruntime = "500ms"\n'
+                         f'time_based = true\nnumjobs = {numjobs}\niodepth = {iodepth}\n'
+                         f'rate_iops = {rate}\nrate_process = "{process}"\n')
+    out = tmp_path / "r.json"
+    res = cli.invoke(app, ["run", str(path), "-q", "-f", "json", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    (job,) = json.loads(out.read_text())["jobs"]
+    seconds = job["read"]["runtime"] / 1e3
+    allowed = rate * seconds + 1  # each worker's schedule: one at once, then one per 1/rate
+    if process == "poisson":
+        allowed += 6 * np.sqrt(rate * seconds)  # a Poisson count, six sigmas above its mean
+    # each worker may have a batch handed out as the clock stops
+    assert 0 < job["read"]["total_ios"] <= numjobs * (allowed + iodepth)
