@@ -226,8 +226,7 @@ def check(
     from gpufio.results import baseline as base_file
     from gpufio.results import check as gate
     from gpufio.results import load as results
-    from gpufio.results import report, trend
-    from gpufio.results.runs import side
+    from gpufio.results import report
 
     with _exit_codes():
         found, baseline = _load_all(result_paths), _load_all(baseline_paths)
@@ -245,10 +244,7 @@ def check(
                 return
             raise BadInput(f"{result_paths[0]}: no limits: give --max-drop/--max-rise, or run "
                            "a profile with a [check] table")
-        warnings = [f"not like for like: {w}" for w in gate.mismatches(found[0], baseline[0])]
-        for label, docs in (("baseline", baseline), ("result", found)):
-            for runs in side(docs).values():
-                warnings += trend.warnings(label, runs)
+        warnings = gate.warnings(found, baseline)
         for warning in warnings:
             typer.echo(f"gpufio: WARNING: {warning}", err=True)
         findings = gate.check(found, baseline, limits, confidence)

@@ -20,10 +20,21 @@ from typing import Any
 import numpy as np
 
 from gpufio.core.errors import BadInput
+from gpufio.results import trend
 from gpufio.results.load import METRICS, Metric, jobs_by_name, metrics_of, setup_facts
 from gpufio.results.runs import JobRuns, side
-from gpufio.results.spread import (Spread, detectable, hist_bootstrap, hist_percentile, histogram,
-                                   interval_bootstrap, rank_interval, runs_needed, seed_of, spread)
+from gpufio.results.spread import (
+    Spread,
+    detectable,
+    hist_bootstrap,
+    hist_percentile,
+    histogram,
+    interval_bootstrap,
+    rank_interval,
+    runs_needed,
+    seed_of,
+    spread,
+)
 
 # how sure a change must be before it fails the gate: at 99%, five runs a side suffice
 DEFAULT_CONFIDENCE = 0.99
@@ -216,6 +227,16 @@ def suggest_limits(baseline: list[dict[str, Any]],
                 rise = 1 - 1 / (1 + rise)  # the same shift, as a fall
             mine[metric] = rise
         out[name] = mine
+    return out
+
+
+def warnings(result: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[str]:
+    """Why a verdict may mislead: the two sides measured unlike things, or a run's IOPS
+    still trended (a drive settling)."""
+    out = [f"not like for like: {w}" for w in mismatches(result[0], baseline[0])]
+    for label, docs in (("baseline", baseline), ("result", result)):
+        for runs in side(docs).values():
+            out += trend.warnings(label, runs)
     return out
 
 

@@ -93,7 +93,8 @@ def markdown(findings: list[Finding], warnings: list[str]) -> str:
             "result": "missing" if f.value is None else f"{f.value:,.4g}",
             "change": "n/a" if f.change_pct is None else _pct(f.change_pct),
             "interval": "" if f.interval is None else
-            f"{_pct(f.interval[0])}..{_pct(f.interval[1])}" + ("" if f.noise else " (within one run)"),
+            f"{_pct(f.interval[0])}..{_pct(f.interval[1])}"
+            + ("" if f.noise else " (within one run)"),
             "limit": f"{f.limit_pct:g}%",
             "baseline spread": str(f.spread) if f.spread else f"{f.runs[0]} run",
             "note": _reason(f)})
