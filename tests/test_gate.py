@@ -140,6 +140,28 @@ def test_identical_distributions_never_fail():
     assert failures <= 3
 
 
+def test_a_blip_in_one_run_does_not_hide_a_regression():
+    """Each run stands for itself by its median interval: a blip that slowed a third of one
+    baseline run moves that run's IOPS below the slowed candidates', not its median."""
+    from gpufio.results.repeat import combine
+
+    def run(level, blip=0):
+        samples = [level * (1 + 0.01 * (i % 3 - 1)) for i in range(10)]
+        samples[:blip] = [0.4 * level] * blip
+        return doc(one_run(float(np.mean(samples)), samples=samples))
+    base = combine([run(1000) for _ in range(4)] + [run(1000, blip=3)])
+    slow = combine([run(900) for _ in range(5)])
+    (f,) = gate.check(slow, base, {"iops": 0.05})
+    assert not f.passed and f.basis == "runs' median intervals"
+    assert f.change_pct == pytest.approx(-10.0)
+    assert "from the runs' median intervals" in report.line(f)
+    # the runs' own IOPS overlap: without the intervals the blip would hide it
+    for r in base["jobs"][0]["repeat"]["intervals"] + slow["jobs"][0]["repeat"]["intervals"]:
+        del r[4:]  # too few intervals to stand for a run
+    again = gate.check(slow, base, {"iops": 0.05})[0]
+    assert again.passed and again.basis == ""
+
+
 def test_latency_percentiles_come_from_the_merged_histograms():
     # every run's p99 field says 100 us, but the merged histograms put it far higher
     def run_with(bucket):

@@ -121,3 +121,24 @@ def test_a_capped_run_stays_at_or_under_the_cap(write_profile, tmp_path, engine,
         allowed += 6 * np.sqrt(rate * seconds)  # a Poisson count, six sigmas above its mean
     # each worker may have a batch handed out as the clock stops
     assert 0 < job["read"]["total_ios"] <= numjobs * (allowed + iodepth)
+
+
+def test_the_passes_beside_a_job_are_not_capped():
+    from gpufio.run.runner import precondition_job
+
+    (job,) = profile.from_dict({"global": {"rw": "randwrite", "size": "1m", "rate_iops": 10,
+                                           "precondition": "seq"}}, "p.toml", {}).jobs
+    assert job.workload_options["rate_iops"] == 10
+    assert "rate_iops" not in precondition_job(job, 0).workload_options
+
+
+@pytest.mark.gpu
+def test_a_capped_cpu_gpu_run_stays_at_or_under_the_cap(write_profile, tmp_path):
+    rate, iodepth = 400, 4
+    path = write_profile(f'[global]\nengine = "cpu-gpu"\nsize = "1m"\nruntime = "500ms"\n'
+                         f'time_based = true\niodepth = {iodepth}\nrate_iops = {rate}\n')
+    out = tmp_path / "r.json"
+    res = cli.invoke(app, ["run", str(path), "-q", "-f", "json", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    (job,) = json.loads(out.read_text())["jobs"]
+    assert 0 < job["read"]["total_ios"] <= rate * job["read"]["runtime"] / 1e3 + 1 + iodepth

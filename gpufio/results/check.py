@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from gpufio.core.errors import BadInput
+from gpufio.core.job import directions
 from gpufio.results import trend
 from gpufio.results.load import METRICS, Metric, jobs_by_name, metrics_of, setup_facts
 from gpufio.results.runs import JobRuns, side
@@ -61,6 +62,7 @@ class Finding:
     spread: Spread | None = None  # the baseline's run-to-run spread of the metric
     runs: tuple[int, int] = (0, 0)  # baseline runs, result runs
     note: str = ""
+    basis: str = ""  # where the values come from when not the runs' own figures
 
     @property
     def verdict(self) -> str:
@@ -112,23 +114,56 @@ def _merged(runs: JobRuns, d: str) -> np.ndarray | None:
     return sum(histogram(b[d]) for b in runs.bins)
 
 
-def _values(base: JobRuns, result: JobRuns, metric: str) -> tuple[list[float], list[float],
-                                                                     float, float, Any]:
-    """Each side's per-run values, the two values compared (medians, or a latency
-    percentile of the merged histograms), and what a within-run interval resamples."""
+# the fewest sample intervals a run needs for its median interval to stand for it
+_MIN_INTERVALS = 5
+
+
+def _interval_medians(runs: JobRuns, metric: str) -> list[float] | None:
+    """Each run's median per-interval IOPS, for an IOPS metric of a one-direction job whose
+    runs all kept enough intervals: a blip that slows part of one run moves its mean IOPS,
+    not its median interval, so the spread between runs is the runs' own."""
+    m = METRICS.get(metric)
+    if m is None or m.name not in ("iops", "write_iops") or directions(runs.job) != [m.direction]:
+        return None
+    if not runs.intervals or any(len(iv) < _MIN_INTERVALS for iv in runs.intervals):
+        return None
+    return [statistics.median(iv) for iv in runs.intervals]
+
+
+@dataclass(frozen=True)
+class _Compared:
+    """What one metric's verdict is drawn from."""
+
+    base: list[float]  # per run
+    result: list[float]
+    base_value: float  # the two values the change is between
+    value: float
+    basis: str  # where the values come from, when not the runs' own figures
+    within: Any  # what a within-run interval resamples (None: nothing)
+
+
+def _values(base: JobRuns, result: JobRuns, metric: str, confidence: float) -> _Compared:
+    """Each side's per-run values and the two values compared: medians of the runs (or of
+    their median intervals), or a latency percentile of the merged histograms."""
     b = [m[metric] for m in base.metrics if metric in m]
     r = [m[metric] for m in result.metrics if metric in m]
-    bv, rv = statistics.median(b), statistics.median(r)
     pct = _percentile_of(metric)
     if pct is not None:
         hb, hr = _merged(base, pct[0]), _merged(result, pct[0])
         if hb is not None and hr is not None and hb.sum() and hr.sum():
-            bv, rv = hist_percentile(hb, pct[1]) / 1e3, hist_percentile(hr, pct[1]) / 1e3
-            return b, r, bv, rv, (hb, hr, pct[1])
+            return _Compared(b, r, hist_percentile(hb, pct[1]) / 1e3,
+                             hist_percentile(hr, pct[1]) / 1e3, "merged histograms",
+                             (hb, hr, pct[1]))
+    need = runs_needed(confidence)
+    ib, ir = _interval_medians(base, metric), _interval_medians(result, metric)
+    if ib and ir and len(ib) >= need and len(ir) >= need:
+        return _Compared(ib, ir, statistics.median(ib), statistics.median(ir),
+                         "runs' median intervals", None)
+    within = None
     if metric in ("iops", "write_iops", "bw", "write_bw") and len(base.intervals) == 1 \
             and len(result.intervals) == 1:
-        return b, r, bv, rv, (base.intervals[0], result.intervals[0])
-    return b, r, bv, rv, None
+        within = (base.intervals[0], result.intervals[0])
+    return _Compared(b, r, statistics.median(b), statistics.median(r), "", within)
 
 
 def _within_run(what: Any, confidence: float, seed: int) -> tuple[float, float] | None:
@@ -147,14 +182,16 @@ def _pct(bounds: tuple[float, float] | None) -> tuple[float, float] | None:
 def judge(name: str, metric: str, base: JobRuns, result: JobRuns, limit: float,
           better_higher: bool, confidence: float = DEFAULT_CONFIDENCE) -> Finding:
     """One metric of one job: past the limit, and (with runs enough) beyond the noise."""
-    b, r, bv, rv, within = _values(base, result, metric)
+    got = _values(base, result, metric, confidence)
+    b, r, bv, rv = got.base, got.result, got.base_value, got.value
     change = (rv / bv - 1) if bv else 0.0
     worse = -change if better_higher else change
     past = worse > limit
     said = (f"{metric} {'fell' if change < 0 else 'rose'} {abs(100 * change):.1f}% "
             f"(limit {100 * limit:g}%)")
     common = dict(limit_pct=100 * limit, change_pct=100 * change, confidence=confidence,
-                  spread=spread(b) if len(b) > 1 else None, runs=(len(b), len(r)))
+                  spread=spread(b) if len(b) > 1 else None, runs=(len(b), len(r)),
+                  basis=got.basis)
     positive = all(v > 0 for v in b + r)
     interval = rank_interval(b, r, confidence) if positive else None
     if interval is None:
@@ -164,7 +201,7 @@ def judge(name: str, metric: str, base: JobRuns, result: JobRuns, limit: float,
                f"run{'s' * (len(r) != 1)}; {100 * confidence:g}% needs {need} a side")
         note = f"no noise estimate ({why}): decided by the limit alone"
         return Finding(name, metric, bv, rv, passed=not past, why=said if past else "",
-                       interval=_pct(_within_run(within, confidence, seed_of(name, metric))),
+                       interval=_pct(_within_run(got.within, confidence, seed_of(name, metric))),
                        note=note, **common)
     beyond = interval[1] < 0 if better_higher else interval[0] > 0
     note = ""

@@ -40,9 +40,10 @@ def line(f: Finding) -> str:
         return head + f.why
     runs = (f"baseline spread {f.spread}" if f.spread else
             f"{f.runs[0]} baseline run{'s' * (f.runs[0] != 1)}")
+    basis = f"; from the {f.basis}" if f.basis else ""
     reason = _reason(f)
     return (head + f"{_pct(f.change_pct)}, {interval_text(f)} (limit {f.limit_pct:g}%; "
-            f"{runs})" + (f": {reason}" if reason else ""))
+            f"{runs}{basis})" + (f": {reason}" if reason else ""))
 
 
 def junit_xml(findings: list[Finding], suite: str = "gpufio check") -> str:
@@ -97,6 +98,7 @@ def markdown(findings: list[Finding], warnings: list[str]) -> str:
             + ("" if f.noise else " (within one run)"),
             "limit": f"{f.limit_pct:g}%",
             "baseline spread": str(f.spread) if f.spread else f"{f.runs[0]} run",
+            "from": f.basis or "runs",
             "note": _reason(f)})
     text = head + "\n\n" + render_rows(rows, "markdown")
     if warnings:
