@@ -22,6 +22,7 @@ from gpufio.core.errors import BadInput, RunFailed, WorkerHung
 from gpufio.core.signals import sigterm_as_sigint
 from gpufio.facts import host as hostinfo
 from gpufio.results import render
+from gpufio.results.check import DEFAULT_CONFIDENCE
 from gpufio.run import runner
 from gpufio.workloads import Workload, all_workloads
 
@@ -182,9 +183,10 @@ def plot(
         typer.echo(f"{output}: written")
 
 
-CONFIDENCE = typer.Option(0.99, "--confidence", min=0.5, max=0.9999,
+CONFIDENCE = typer.Option(DEFAULT_CONFIDENCE, "--confidence", min=0.5, max=0.9999,
                           help="how sure a change must be before it fails (the rank interval's "
-                          "level); 0.99 needs 5 runs a side, 0.95 needs 4")
+                          "level); 0.99 needs 5 runs a side, 0.95 needs 4; with fewer runs the "
+                          "limit alone decides")
 
 
 def _load_all(paths: list[Path]) -> list[dict]:
@@ -222,7 +224,7 @@ def check(
                                  "baseline's spread lets the gate detect"),
 ) -> None:
     """Exit 1 if a metric moved the wrong way past its limit (the profile's [check] by
-    default) and beyond the baseline's run-to-run noise."""
+    default) and, given runs enough to tell, beyond the baseline's run-to-run noise."""
     from gpufio.results import baseline as base_file
     from gpufio.results import check as gate
     from gpufio.results import load as results

@@ -86,9 +86,9 @@ def parse_limits(items: dict[str, Any] | list[str], what: str, rising: bool,
             raise BadInput(f"{what}: unknown metric '{metric}'{hint}; known: "
                            f"{', '.join(known) or 'none'}")
         if known[metric].higher_is_better == rising:
-            side = "--max-drop/max_drop" if rising else "--max-rise/max_rise"
+            flag = "--max-drop/max_drop" if rising else "--max-rise/max_rise"
             raise BadInput(f"{what}: '{metric}' is {'better higher' if rising else 'better lower'}; "
-                           f"limit it with {side}")
+                           f"limit it with {flag}")
         text = str(raw).strip().rstrip("%")
         try:
             value = float(text)
