@@ -115,7 +115,7 @@ def test_check_cli_exit_codes_junit_and_warnings(tmp_path):
     cases = {(c.get("classname"), c.get("name")): c for c in suite.iter("testcase")}
     message = cases[("a", "iops")].find("failure").get("message")
     assert message.startswith("a iops: -20.0%, no interval (limit 5%; 1 baseline run): "
-                              "past the limit; no noise estimate")
+                              "iops fell 20.0%, past the limit; no noise estimate")
     assert cases[("b", "iops")].find("failure") is None
 
 

@@ -28,7 +28,9 @@ def _reason(f: Finding) -> str:
         return f.why
     said = ""
     if not f.passed:
-        said = "past the limit" + (", beyond the baseline's noise" if f.noise else "")
+        moved = "fell" if f.change_pct < 0 else "rose"
+        said = (f"{f.metric} {moved} {abs(f.change_pct):.1f}%, past the limit"
+                + (", beyond the baseline's noise" if f.noise else ""))
     return "; ".join(p for p in (said, f.note) if p)
 
 
