@@ -19,7 +19,7 @@ from rich.console import Console
 
 from gpufio import __version__, profile
 from gpufio.core.errors import BadInput, RunFailed, WorkerHung
-from gpufio.core.signals import sigterm_as_sigint
+from gpufio.core.signals import take_stop_signals
 from gpufio.facts import host as hostinfo
 from gpufio.results import render
 from gpufio.run import runner
@@ -126,7 +126,7 @@ def run(
                                help="run N times; report each job's median run and the spread"),
 ) -> None:
     """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
-    sigterm_as_sigint()
+    take_stop_signals()
     with _exit_codes():
         if fmt not in _all_formats():
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(_all_formats())}")
