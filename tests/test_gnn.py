@@ -4,6 +4,8 @@ stage timing, bad inputs, and whole runs through the CLI."""
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -871,3 +873,30 @@ def test_the_generated_table_is_written_in_turns_and_holds_every_row(tmp_path, m
         got = np.fromfile(path, np.float32).reshape(-1, dim)
         assert np.array_equal(got, features.values(9, ids, dim))
     assert seen and "GB/s" in seen[-1] and "s left" in seen[-1]
+
+
+def test_a_gnn_job_without_a_directory_keeps_its_caches_out_of_the_users_home(
+        tmp_path, scratch, write_profile):
+    """The tests' fixture redirects every cache gpufio keeps: a GNN job on IGB data without
+    a ``directory`` writes its graph cache into the test's scratch, nothing under HOME;
+    without the redirection the same job writes to ``~/.cache/gpufio`` (what it covers)."""
+    _igb(tmp_path / "igb")
+    path = write_profile(f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "cpu"\n'
+                         f'dataset = "igb"\nigb_root = "{tmp_path / "igb"}"\nfeature_dim = 32\n'
+                         'hidden = 8\nbatch_size = 16\nfanout = [3, 2]\niterations = 2\n'
+                         'warmup = 1\n')
+    home = tmp_path / "home"
+    home.mkdir()
+
+    def run(env):
+        res = subprocess.run([sys.executable, "-m", "gpufio", "run", str(path), "-q", "-f", "json"],
+                             capture_output=True, text=True, env=env,
+                             cwd=Path(__file__).resolve().parents[1])
+        assert res.returncode == 0, res.stderr
+
+    run({**os.environ, "HOME": str(home)})
+    assert not list(home.rglob("*"))
+    assert list(scratch.glob("gnn-graph-igb-tiny-*.npz"))
+    bare = {k: v for k, v in os.environ.items() if k not in ("GPUFIO_SCRATCH", "XDG_CACHE_HOME")}
+    run({**bare, "HOME": str(home)})
+    assert list((home / ".cache" / "gpufio").glob("gnn-graph-igb-tiny-*.npz"))
