@@ -323,6 +323,15 @@ def test_without_a_gpu_the_message_says_so(monkeypatch):
         res = cli.invoke(app, ["engines", "--format", "json"])
         rows = {r["engine"]: r for r in json.loads(res.stdout)}
         assert rows["gpu-uring"]["why not"] == "no NVIDIA GPU or driver found"
+        # mmap runs rows and tensors in host memory (device = "cpu") without a GPU
+        assert rows["mmap"]["available"] is True and rows["mmap"]["why not"] == ""
+        assert rows["mmap"]["host memory"] == {"moves": ["rows", "tensors"], "why not": ""}
+        assert rows["mmap"]["GPU memory"] == {"moves": ["block", "rows", "tensors"],
+                                              "why not": "no NVIDIA GPU or driver found"}
+        assert rows["psync"]["GPU memory"] == {"moves": [], "why not": ""}
+        table = cli.invoke(app, ["engines"], env={"COLUMNS": "300"}).stdout
+        mmap = next(line for line in table.splitlines() if line.startswith("│ mmap "))
+        assert "yes: rows, tensors" in mmap and "no: no NVIDIA GPU" in mmap
         res = cli.invoke(app, ["info", "--format", "json"])
         assert json.loads(res.stdout)["gpu_status"] == "no NVIDIA GPU or driver found"
     finally:

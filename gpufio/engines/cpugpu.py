@@ -96,6 +96,12 @@ class CpuGpu(Engine):
     tensors = TensorSupport(host=False)
 
     @classmethod
+    def host_unavailable(cls) -> str | None:
+        """Rows into host memory (device = "cpu") go through io_uring, with no GPU."""
+        facts = uring.probe()
+        return None if facts["available"] else facts["reason"]
+
+    @classmethod
     def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
                      request: TensorRequest) -> "StagedTensors":
         return StagedTensors(files, extents, request, job.gpu, cls.settings(job).sqe_async)
