@@ -19,7 +19,7 @@ from rich.console import Console
 
 from gpufio import __version__, profile
 from gpufio.core.errors import BadInput, RunFailed, WorkerHung
-from gpufio.core.signals import sigterm_as_sigint
+from gpufio.core.signals import take_stop_signals
 from gpufio.facts import host as hostinfo
 from gpufio.results import render
 from gpufio.results.check import DEFAULT_CONFIDENCE
@@ -127,7 +127,7 @@ def run(
                                help="run N times; report each job's median run and the spread"),
 ) -> None:
     """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
-    sigterm_as_sigint()
+    take_stop_signals()
     with _exit_codes():
         if fmt not in _all_formats():
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(_all_formats())}")
@@ -343,8 +343,14 @@ def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or js
 
         rows = []
         for name, cls in all_engines().items():
-            why = cls.unavailable()
-            rows.append({"engine": name, "available": why is None, "why not": why or "",
+            sides = {"host memory": (cls.host_memory(), cls.host_unavailable),
+                     "GPU memory": (cls.gpu_memory(), cls.unavailable)}
+            where = {side: {"moves": list(moves), "why not": (why() or "") if moves else ""}
+                     for side, (moves, why) in sides.items()}
+            usable = [w for w in where.values() if w["moves"] and not w["why not"]]
+            blocked = [w["why not"] for w in where.values() if w["moves"] and w["why not"]]
+            rows.append({"engine": name, "available": bool(usable),
+                         "why not": "" if usable else blocked[0], **where,
                          "path": cls.summary, "peer": cls.peer, "iodepth": cls.iodepth_means,
                          "options": {o.name: {"default": o.default, "help": o.help} for o in cls.options}})
         if fmt == "json":
@@ -352,8 +358,13 @@ def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or js
             return
         for r in rows:
             r["options"] = ", ".join(r["options"])
-            r["available"] = "yes" if r["available"] else "no"
-        render.render(rows, "table", title="gpufio engines", left=tuple(rows[0]),
+            for side in ("host memory", "GPU memory"):
+                w = r[side]
+                r[side] = ("-" if not w["moves"] else f"no: {w['why not']}" if w["why not"]
+                           else f"yes: {', '.join(w['moves'])}")
+            del r["available"], r["why not"]
+        render.render(rows, "table", title="gpufio engines (host memory: block jobs of the CPU "
+                      "paths, rows and tensors of device = \"cpu\" jobs)", left=tuple(rows[0]),
                       console=_stdout_console())
 
 
@@ -424,10 +435,12 @@ def doctor(profile_path: Optional[Path] = _DOCTOR_ARGS[0], target: list[str] = _
             raise BadInput(f"--format: {fmt!r} is not one of table, json")
         jobs = profile.load(str(profile_path)).jobs if profile_path is not None else []
         found = [c.row() for c in checks.diagnose(jobs, list(target))]
+        headline = checks.headline()
         if fmt == "json":
-            typer.echo(json.dumps({"checks": found}, indent=2))
+            typer.echo(json.dumps({"headline": headline, "checks": found}, indent=2))
         else:
-            render.render(found, "table", title="gpufio doctor",
+            render.render(found, "table", title=f"gpufio doctor: {headline}" if headline
+                          else "gpufio doctor",
                           left=("area", "name", "status", "found", "fix"),
                           console=_stdout_console())
         if any(c["status"] == "fail" for c in found):

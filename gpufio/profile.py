@@ -155,7 +155,7 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
                      + [k for opts in engines.values() for k in opts])
             raise _unknown_key(key, where, known)
     for opt in COMMON_OPTIONS:
-        values.setdefault(opt.name, opt.default)
+        values.setdefault(opt.name, workload.defaults.get(opt.name, opt.default))
     for opt in own.values():
         extra.setdefault(opt.name, opt.default)
     for opt in workload.options:

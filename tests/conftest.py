@@ -15,11 +15,20 @@ import pytest
 from gpufio.core import targets
 
 
+@pytest.fixture(scope="session")
+def _cache_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One XDG cache directory for the whole run (the compiled pattern filler is built once)."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
 @pytest.fixture(autouse=True)
-def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Keep auto-created target files inside the test's own temporary directory."""
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _cache_home: Path) -> Path:
+    """Keep auto-created target files inside the test's own temporary directory, and every
+    other cache gpufio keeps (``$XDG_CACHE_HOME/gpufio``) in the run's: tests never write
+    into the user's ~/.cache."""
     d = tmp_path / "scratch"
     monkeypatch.setenv("GPUFIO_SCRATCH", str(d))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(_cache_home))
     return d
 
 

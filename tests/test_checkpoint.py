@@ -301,3 +301,18 @@ def test_ctrl_c_or_sigterm_ends_the_run_after_its_round_with_exit_130(tmp_path, 
     assert doc["interrupted"] and job["interrupted"] and 1 <= job["iterations_done"] < 50
     assert job["verify"]["bad_shards"] == 0
     assert job["verify"]["bytes"] == job["iterations_done"] * (64 << 20)
+
+
+def test_a_checkpoint_without_bs_moves_4m_pieces_and_a_given_bs_wins(tmp_path):
+    glob = {"workload": "checkpoint", "device": "cpu", "state_size": "8m", "iterations": 1,
+            "targets": [str(tmp_path)]}
+    job = from_dict({"global": glob}, "ck.toml", {}).jobs[0]
+    assert job.bs == 4 << 20  # not the block benchmark's 4 KiB
+    assert from_dict({"global": {"size": "1m"}}, "b.toml", {}).jobs[0].bs == 4096
+    assert from_dict({"global": {**glob, "bs": "64k"}}, "ck.toml", {}).jobs[0].bs == 64 << 10
+    assert from_dict({"global": glob}, "ck.toml", {"bs": "1m"}).jobs[0].bs == 1 << 20
+    given = {"global": glob, "job": [{"engine": "psync", "bs": "8k"}, {"engine": "uring"}]}
+    assert [j.bs for j in from_dict(given, "ck.toml", {}).jobs] == [8 << 10, 4 << 20]
+    doc = driver.run_profile(from_dict({"global": {**glob, "naive": False}}, "ck.toml", {}),
+                             quiet=True)
+    assert doc["jobs"][0]["bs"] == 4 << 20 and doc["jobs"][0]["error"] == 0

@@ -289,3 +289,60 @@ def test_gpu_facts_carry_local_cpus_bar1_and_the_path_to_each_nvme(tmp_path, mon
                               {"nvme0n1": "/a", "vdb": "/b"}, devices)
     assert facts == {"pcie_path_to": {"nvme0n1": "same PCIe switch"}}
     assert document.topology({"pci_bus_id": "0000:09:00.0"}, {"nvme0n1": "/a"}, devices) == {}
+
+
+def test_a_host_without_a_gpu_says_so_and_gives_no_gpu_driver_advice(tmp_path):
+    from gpufio.run import doctor
+
+    host = tree(tmp_path, {"proc/sys/kernel/osrelease": "6.8.0", "proc/modules": ""})
+    assert doctor.headline(host) == doctor.NO_GPU
+    found = doctor.diagnose([], [], host)
+    assert not [c for c in found if "NVreg" in c.fix or "nvidia-fs" in c.fix or "modprobe" in c.fix]
+    gpu_engines = [n for n, cls in all_engines().items() if cls.uses_gpu]
+    rows = {c.area: c for c in found if c.name == "GPU"}
+    assert sorted(rows) == sorted(gpu_engines)
+    assert all(c.status == "warn" and c.found.startswith("none on this host")
+               for c in rows.values())
+    assert "rows and tensors in host memory" in rows["mmap"].found
+    # an NVIDIA card on the bus, driver or not: the GPU checks are back
+    dev = tmp_path / "sys/bus/pci/devices/0000:65:00.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x10de\n")
+    (dev / "class").write_text("0x030200\n")
+    assert host.has_gpu() and doctor.headline(host) == ""
+    assert "RMForceStaticBar1" in checks(host, "cufile")
+    assert not [c for c in doctor.diagnose([], [], host) if c.name == "GPU"]
+
+
+def test_a_profiles_gpu_jobs_fail_and_its_cpu_jobs_pass_on_a_host_without_a_gpu(tmp_path):
+    from gpufio.run import doctor
+
+    host = tree(tmp_path / "root", {"proc/modules": ""})
+    prof = from_dict({"global": {"targets": [str(tmp_path)]},
+                      "job": [{"name": "block-gpu", "engine": "cpu-gpu"},
+                              {"name": "gnn-cpu", "engine": "mmap", "workload": "gnn",
+                               "device": "cpu"}]}, "p.toml", {})
+    by = {c.name: c for c in doctor.diagnose(prof.jobs, [], host)}
+    assert by["GPU for job 'block-gpu'"].status == "fail"
+    assert by["GPU for job 'gnn-cpu'"].status == "ok"
+
+
+def test_doctor_of_a_profile_without_targets_checks_its_scratch_directory(tmp_path):
+    from gpufio.run import doctor
+
+    where = tmp_path / "not-yet" / "scratch"
+    prof = from_dict({"global": {"directory": str(where), "iodepth": 8}}, "p.toml", {})
+    found = [c for c in doctor.diagnose(prof.jobs, [], Host(str(tmp_path / "root")))
+             if c.area == f"scratch {where}"]
+    by = {c.name: c for c in found}
+    assert by["scratch target"].status == "ok"
+    assert f"checked at {tmp_path}, which exists" in by["scratch target"].found
+    assert by["a drive, not RAM"].status in ("ok", "warn")  # a real verdict on tmp_path's disk
+    assert "O_DIRECT alignment" in by and not (tmp_path / "not-yet").exists()
+
+
+def test_doctor_json_carries_the_headline():
+    from gpufio.run import doctor
+
+    res = cli.invoke(app, ["doctor", "-f", "json"])
+    assert json.loads(res.stdout)["headline"] == doctor.headline()

@@ -1,9 +1,12 @@
 """The GNN workload on the CPU (device = "cpu", NumPy): generator, features, sampler, model,
 stage timing, bad inputs, and whole runs through the CLI."""
 
+import io
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -871,3 +874,147 @@ def test_the_generated_table_is_written_in_turns_and_holds_every_row(tmp_path, m
         got = np.fromfile(path, np.float32).reshape(-1, dim)
         assert np.array_equal(got, features.values(9, ids, dim))
     assert seen and "GB/s" in seen[-1] and "s left" in seen[-1]
+
+
+def test_a_gnn_job_without_a_directory_keeps_its_caches_out_of_the_users_home(
+        tmp_path, scratch, write_profile):
+    """The tests' fixture redirects every cache gpufio keeps: a GNN job on IGB data without
+    a ``directory`` writes its graph cache into the test's scratch, nothing under HOME;
+    without the redirection the same job writes to ``~/.cache/gpufio`` (what it covers)."""
+    _igb(tmp_path / "igb")
+    path = write_profile(f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "cpu"\n'
+                         f'dataset = "igb"\nigb_root = "{tmp_path / "igb"}"\nfeature_dim = 32\n'
+                         'hidden = 8\nbatch_size = 16\nfanout = [3, 2]\niterations = 2\n'
+                         'warmup = 1\n')
+    home = tmp_path / "home"
+    home.mkdir()
+
+    def run(env):
+        res = subprocess.run([sys.executable, "-m", "gpufio", "run", str(path), "-q", "-f", "json"],
+                             capture_output=True, text=True, env=env,
+                             cwd=Path(__file__).resolve().parents[1])
+        assert res.returncode == 0, res.stderr
+
+    run({**os.environ, "HOME": str(home)})
+    assert not list(home.rglob("*"))
+    assert list(scratch.glob("gnn-graph-igb-tiny-*.npz"))
+    bare = {k: v for k, v in os.environ.items() if k not in ("GPUFIO_SCRATCH", "XDG_CACHE_HOME")}
+    run({**bare, "HOME": str(home)})
+    assert list((home / ".cache" / "gpufio").glob("gnn-graph-igb-tiny-*.npz"))
+
+
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+
+
+def test_the_shipped_experiment_caps_the_page_cache_at_a_quarter_of_the_table():
+    from gpufio.profile import load
+    from gpufio.workloads.gnn import memlimit
+
+    jobs = load(str(PROFILES / "gnn-igbh.toml")).jobs
+    assert {j.workload_options["memory_limit"] for j in jobs} == {0.25}
+    assert load(str(PROFILES / "gnn-igbh.toml"), {"memory_limit": "none"}).jobs[0] \
+        .workload_options["memory_limit"] is None
+    assert load(str(PROFILES / "gnn-igbh.toml"), {"memory_limit": "600m"}).jobs[0] \
+        .workload_options["memory_limit"] == 600 << 20
+    table = 558_000 * 4096
+    assert memlimit.resolve(0.25, table) == (table // 4, "25% of the 2.29 GB feature table")
+    assert memlimit.resolve(1 << 30, table) == (1 << 30, "")
+    assert memlimit.resolve(None, table) == (None, "")
+    for bad in ("0%", "150%", "x%", "0"):
+        with pytest.raises(BadInput, match="key 'memory_limit'"):
+            load(str(PROFILES / "gnn-igbh.toml"), {"memory_limit": bad})
+
+
+def _cpu_doc(tmp_path, **extra):
+    g = {"workload": "gnn", "engine": "mmap", "device": "cpu", "nodes": 2000,
+         "feature_dim": 32, "hidden": 8, "batch_size": 16, "fanout": [3, 2],
+         "iterations": 15, "warmup": 2, "directory": str(tmp_path), **extra}
+    from gpufio.workloads.gnn import driver
+
+    return driver, from_dict({"global": g, "job": [{"name": "a"}, {"name": "b"}]},
+                             "g.toml", {})
+
+
+def test_the_result_title_says_how_the_page_cache_was_capped(tmp_path):
+    from rich.console import Console
+
+    from gpufio.workloads.gnn import report
+
+    driver, prof = _cpu_doc(tmp_path, iterations=3, warmup=1)
+    doc = driver.run_profile(prof, quiet=True)
+    for j in doc["jobs"]:  # what a run under memory_limit = "25%" records
+        j["memory_limit"] = {"limit_bytes": 16_000, "asked": "25% of the 0.00 GB feature table"}
+    out = io.StringIO()
+    report.render(doc, "table", Console(file=out, width=300))
+    assert "page cache capped at 0.00 GB (25% of the 0.00 GB feature table)" in out.getvalue()
+
+
+def test_a_run_says_its_size_first_and_each_jobs_eta_after_its_first_iterations(tmp_path):
+    from gpufio.core import events
+
+    driver, prof = _cpu_doc(tmp_path)
+    said = []
+    with events.sink(lambda kind, text: said.append((kind, text))):
+        driver.run_profile(prof)
+    etas = [text for kind, text in said if kind == "eta"]
+    assert etas[0] == ("gpufio: 2 GNN job(s), 30 iterations in all; each job's ETA follows "
+                       "its first iterations")
+    assert len(etas) == 3
+    assert re.fullmatch(r"gpufio: a: \d+\.\d\d s an iteration over its first \d+: about .+ more "
+                        r"for its 15 iterations \(ends near \d\d:\d\d UTC\); 1 more job\(s\) "
+                        r"after it", etas[1]), etas[1]
+    assert etas[2].startswith("gpufio: b: ") and "after it" not in etas[2]
+
+
+def test_the_eta_takes_the_rate_of_the_first_iterations():
+    from gpufio.core import events
+    from gpufio.workloads.gnn import driver
+
+    job = from_dict({"global": {"workload": "gnn", "device": "cpu", "engine": "mmap",
+                                "iterations": 1100, "warmup": 1000}}, "g.toml", {}).jobs[0]
+    now = [100.0]
+    shown = []
+    eta = driver.Eta([job], lambda *a: shown.append(a[1]), clock=lambda: now[0])
+    said = []
+    with events.sink(lambda kind, text: said.append(text)):
+        for done in range(1, 30):
+            eta(job, done, None)
+            now[0] += 14.0  # 14 s an iteration: 30 s have passed at the fourth
+    assert shown == list(range(1, 30)) and len(said) == 2
+    assert said[0] == ("gpufio: 1 GNN job(s), 1100 iterations in all; each job's ETA follows "
+                       "its first iterations")
+    assert said[1].startswith(f"gpufio: {job.name}: 14.00 s an iteration over its first 4: "
+                              "about 4 h 16 min more for its 1100 iterations")
+
+
+def test_the_cpu_checks_tables_cut_no_header_on_a_narrow_terminal(tmp_path):
+    from rich.console import Console
+
+    from gpufio.workloads.gnn import report
+
+    driver, prof = _cpu_doc(tmp_path, iterations=3, warmup=1)
+    doc = driver.run_profile(prof, quiet=True)
+    out = io.StringIO()
+    report.render(doc, "table", Console(file=out, width=100))
+    text = out.getvalue()
+    assert "…" not in text
+    assert all(len(line) <= 100 for line in text.splitlines())
+    for header in report.rows(doc)[0]:
+        assert header in text, header
+
+
+def test_the_live_gnn_table_says_its_times_are_one_iterations(monkeypatch):
+    from gpufio.workloads.gnn import driver
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setenv("COLUMNS", "200")
+    job = from_dict({"global": {"workload": "gnn", "device": "cpu", "engine": "mmap",
+                                "iterations": 3, "warmup": 1}}, "g.toml", {}).jobs[0]
+    tty = Tty()
+    with driver.LiveStages(tty) as live:
+        live(job, 3, [1_000_000, 2_000_000, 3_000_000])
+    assert ("gpufio: GNN jobs (stage times of the last iteration; the result has the timed "
+            "iterations' means)") in " ".join(tty.getvalue().split())

@@ -96,11 +96,31 @@ def _as_gpu_targets(value: Any, what: str) -> Any:
                    f"[targets], got {value!r}")
 
 
+def _as_size_or_share(value: Any, what: str) -> int | float | None:
+    """A size in bytes (an int), "N%": a share of something the key's owner knows (a float
+    above 0 and at most 1), or "none": no value, where a profile set one."""
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return None
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            share = float(value.strip()[:-1]) / 100
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 1:
+            raise BadInput(f"{what}: {value!r} is not a share above 0% and at most 100%")
+        return share
+    size = parse_size(value, what)
+    if size < 1:
+        raise BadInput(f"{what}: must be greater than 0, got {value!r}")
+    return size
+
+
 _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "bool": _as_bool,
     "int": _as_int,
     "str": _as_str,
     "size": parse_size,
+    "size_or_share": _as_size_or_share,
     "time": parse_time_ns,
     "strlist": _as_str_list,
     "intlist": _as_int_list,
@@ -137,7 +157,8 @@ class Option:
 
 
 # the Python type each kind of option converts to
-_TYPES: dict[str, type] = {"bool": bool, "int": int, "str": str, "size": int, "time": int,
+_TYPES: dict[str, type] = {"bool": bool, "int": int, "str": str, "size": int,
+                           "size_or_share": object, "time": int,
                            "strlist": tuple, "intlist": tuple, "percentiles": tuple,
                            "gpu_targets": object}
 

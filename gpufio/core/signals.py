@@ -1,14 +1,25 @@
 """How gpufio's processes take the signals that stop a run. The main process treats SIGTERM
 (timeout(1), Slurm's time limit and scancel, mpirun passing a stop on, kill) as Ctrl-C, so a
 run stopped that way also ends at its next step and writes its results so far, as fio
-does. Helper processes (block workers, the memory watcher) ignore both: the main process
-stops them, and a signal sent to the whole process group (timeout, a terminal's Ctrl-C)
-must not end them under it; they die with the main process however it ends."""
+does; and it takes SIGINT even where it started with SIGINT ignored (a script's
+``gpufio run ... &``), as fio installs its own handler whatever it inherited. Helper
+processes (block workers, the memory watcher) ignore both: the main process stops them,
+and a signal sent to the whole process group (timeout, a terminal's Ctrl-C) must not end
+them under it; they die with the main process however it ends."""
 
 from __future__ import annotations
 
 import signal
 from typing import Any
+
+
+def take_stop_signals() -> None:
+    """The main process: SIGINT stops the run however gpufio was started, and SIGTERM
+    stops it as SIGINT does."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # a shell starts its background jobs so; Python then leaves Ctrl-C ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    sigterm_as_sigint()
 
 
 def sigterm_as_sigint() -> None:

@@ -128,6 +128,35 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def host_memory(cls) -> tuple[str, ...]:
+        """What this path moves in host memory, with no GPU: 'block' (the block jobs of a
+        CPU path), 'rows' and 'tensors' (the workloads' jobs with device = "cpu")."""
+        what = () if cls.uses_gpu else ("block",)
+        if cls.rows is not None and not cls.rows.gpu_only:
+            what += ("rows",)
+        if cls.tensors is not None and cls.tensors.host:
+            what += ("tensors",)
+        return what
+
+    @classmethod
+    def gpu_memory(cls) -> tuple[str, ...]:
+        """What this path moves into or out of GPU memory: its block jobs, rows, tensors."""
+        if not cls.uses_gpu:
+            return ()
+        what: tuple[str, ...] = ("block",)
+        if cls.rows is not None:
+            what += ("rows",)
+        if cls.tensors is not None and cls.tensors.gpu:
+            what += ("tensors",)
+        return what
+
+    @classmethod
+    def host_unavailable(cls) -> str | None:
+        """Why this path cannot move host memory here (``host_memory``), or None if it can:
+        a GPU path's host side needs no GPU."""
+        return None if cls.uses_gpu else cls.unavailable()
+
+    @classmethod
     def doctor(cls, host: "Host", jobs: list["Job"]) -> list[Check]:
         """What ``gpufio doctor`` checks for this path on ``host`` (readings under a root
         directory), for ``jobs`` of this engine (none: the path in general)."""

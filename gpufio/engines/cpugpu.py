@@ -43,7 +43,7 @@ from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import gpu, ringio, uring
 from gpufio.io.staging import SegmentedStaging
-from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
+from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog, ring_report
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -94,6 +94,12 @@ class CpuGpu(Engine):
                           request.max_rows, sqe_async)
 
     tensors = TensorSupport(host=False)
+
+    @classmethod
+    def host_unavailable(cls) -> str | None:
+        """Rows into host memory (device = "cpu") go through io_uring, with no GPU."""
+        facts = uring.probe()
+        return None if facts["available"] else facts["reason"]
 
     @classmethod
     def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
@@ -194,7 +200,8 @@ class CpuGpu(Engine):
                     progress += 1
             if dog.update(progress, time.perf_counter_ns()):
                 raise Stalled(f"no read or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
-                              f"segment states {state.tolist()}, ring {ring.state()}")
+                              f"segment states {state.tolist()}; "
+                              f"{ring_report(ring, [t.fd for t in self.targets])}")
 
     def _run_writes(self) -> None:
         """Segments go FREE -> COPYING (pattern generated on the GPU, copied down) ->
@@ -245,7 +252,8 @@ class CpuGpu(Engine):
                 state[s] = FREE
             if dog.update(progress, time.perf_counter_ns()):
                 raise Stalled(f"no write or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
-                              f"segment states {state.tolist()}, ring {ring.state()}")
+                              f"segment states {state.tolist()}; "
+                              f"{ring_report(ring, [t.fd for t in self.targets])}")
 
     def _wait(self, state: np.ndarray, slot_res: np.ndarray, seg_done: np.ndarray) -> int | None:
         """Wait for what is in flight: reap the ring's completions into ``slot_res`` and

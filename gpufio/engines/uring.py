@@ -22,7 +22,7 @@ from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, sync_files
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
 from gpufio.io import ringio, uring
-from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
+from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog, ring_report
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -189,7 +189,8 @@ class Uring(Engine):
             completed += len(ud)
             if dog.update(completed, now):
                 raise Stalled(f"{ring.inflight} I/Os in flight and none completed for "
-                              f"{STALL_LIMIT_NS / 1e9:g} s: ring state {ring.state()}")
+                              f"{STALL_LIMIT_NS / 1e9:g} s: "
+                              f"{ring_report(ring, [t.fd for t in self.targets])}")
             if len(ud) == 0:
                 continue
             done = ud.view(np.int64)

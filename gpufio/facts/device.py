@@ -80,6 +80,19 @@ def _disk_dir(dev: int) -> Path | None:
     return node.parent if (node / "partition").exists() else node
 
 
+def disk_inflight(fd: int) -> tuple[str, int, int] | None:
+    """The whole disk under an open file or block device and the requests it has in flight
+    at its driver and device (reads, writes; every process's), from sysfs ``inflight``;
+    None where no disk holds it (tmpfs, a pipe) or the counter cannot be read."""
+    st = os.fstat(fd)
+    disk = _disk_dir(st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev)
+    text = _read(disk / "inflight") if disk is not None else None
+    if not text or len(text.split()) != 2:
+        return None
+    reads, writes = text.split()
+    return disk.name, int(reads), int(writes)
+
+
 def pci_device_of(path: str) -> Path | None:
     """The PCI device (its /sys/devices directory) of the disk holding ``path``: the
     nearest PCI function above the disk in sysfs (an NVMe controller, a virtio device's

@@ -112,6 +112,25 @@ class Host:
         except OSError:
             return []
 
+    def nvidia_gpu_functions(self) -> list[str]:
+        """PCI addresses of NVIDIA display or 3D controllers on the bus, whether or not a
+        driver is bound to them (vendor 0x10de, class 0x03xxxx)."""
+        found = []
+        try:
+            devices = sorted(self.path("sys/bus/pci/devices").iterdir())
+        except OSError:
+            return []
+        for dev in devices:
+            vendor = self.read(f"sys/bus/pci/devices/{dev.name}/vendor")
+            klass = self.read(f"sys/bus/pci/devices/{dev.name}/class")
+            if vendor == "0x10de" and (klass or "").startswith("0x03"):
+                found.append(dev.name)
+        return found
+
+    def has_gpu(self) -> bool:
+        """An NVIDIA GPU is here: the driver lists one, or one sits on the PCI bus."""
+        return bool(self.gpu_pci_devices() or self.nvidia_gpu_functions())
+
     def pci_path(self, address: str) -> Path | None:
         """A PCI device's place in the device tree (/sys/devices/pci.../...)."""
         link = self.path(f"sys/bus/pci/devices/{address}")

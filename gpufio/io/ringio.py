@@ -12,6 +12,7 @@ import numpy as np
 
 from gpufio.core.tensors import Extent, TensorIOError, TensorRequest, piece_error, pieces
 from gpufio.io import uring
+from gpufio.io.watchdog import ring_report
 
 if TYPE_CHECKING:
     from gpufio.core.targets import Target
@@ -54,7 +55,8 @@ def move_pieces(ring: uring.Ring, opcode: int, fds: np.ndarray, offs: np.ndarray
         ud, res = ring.reap()
         if not len(ud):
             if ring.inflight:
-                raise PiecesStuck(f"no I/O completed in {WAIT_NS / 1e9:g} s: {ring.state()}")
+                raise PiecesStuck(f"no I/O completed in {WAIT_NS / 1e9:g} s: "
+                                  f"{ring_report(ring, fds)}")
             continue
         first = first or time.perf_counter_ns()
         idx = ud.astype(np.int64)

@@ -46,6 +46,9 @@ ENTER_EXT_ARG = 1 << 3
 
 SQ_NEED_WAKEUP = 1 << 0
 SQ_CQ_OVERFLOW = 1 << 1
+# the counters of a ring's /proc/<pid>/fdinfo that say where its SQEs stand, kernel-side
+KERNEL_VIEW = ("SqHead", "SqTail", "CachedSqHead", "CqHead", "CqTail", "CachedCqTail",
+               "SQEs", "CQEs")
 
 OP_NOP, OP_READ_FIXED, OP_WRITE_FIXED, OP_READ, OP_WRITE = 0, 4, 5, 22, 23
 SQE_FIXED_FILE = 1 << 0
@@ -335,6 +338,21 @@ class Ring:
                 "cq_head": self._cq_head.value, "cq_tail": self._cq_tail.value,
                 "sq_flags": self.sq_flags, "sq_dropped": self._sq_dropped.value,
                 "cq_overflow": self._cq_overflow.value, "inflight": self.inflight}
+
+    def kernel_view(self) -> dict[str, int]:
+        """The kernel's own counters of this ring (/proc/self/fdinfo: SqHead, CachedSqHead,
+        CqTail, SQEs, ...), for a stall report; {} where it shows none."""
+        try:
+            with open(f"/proc/self/fdinfo/{self.fd}") as f:
+                text = f.read()
+        except OSError:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key in KERNEL_VIEW and value.strip().lstrip("-").isdigit():
+                out[key] = int(value)
+        return out
 
     def space(self) -> int:
         """How many SQEs may be pushed now: free SQ slots, capped so the CQ can never overflow."""

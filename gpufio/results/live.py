@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 
 from gpufio.results.render import table
-from gpufio.run.records import Snapshot
+from gpufio.run.records import DONE, DONE_BOTH, Snapshot
 
 PLAIN_EVERY_S = 2.0
 LIVE_COLUMNS = ("job", "engine", "state", "IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA")
@@ -39,8 +39,12 @@ class Interval:
         return True
 
 
+def _done(s: Snapshot) -> bool:
+    return s.state in (DONE, DONE_BOTH)
+
+
 def _eta(s: Snapshot) -> str:
-    return f"{s.eta_s:.0f}s" if s.eta_s is not None and s.state != "done" else "-"
+    return f"{s.eta_s:.0f}s" if s.eta_s is not None and not _done(s) else "-"
 
 
 class LiveTable:
@@ -61,29 +65,35 @@ class LiveTable:
         self._live.update(t)
 
 
-def _table(snaps: list[Snapshot]) -> Table:
-    finished = bool(snaps) and all(s.state == "done" for s in snaps)
+def _table(snaps: list[Snapshot], note: str = "") -> Table:
+    """The live table; a finished job's row carries its result's numbers (runner.JobRun),
+    and ``note`` says what the screen's result below is beside them."""
+    finished = bool(snaps) and all(_done(s) for s in snaps)
     rows = [{"job": s.name, "engine": s.engine, "state": s.state, "IOPS": f"{s.iops:,.0f}",
              "MB/s": f"{s.bw_bytes / 1e6:,.1f}", "p50 us": f"{s.p50_ns / 1e3:,.1f}",
              "p99 us": f"{s.p99_ns / 1e3:,.1f}",
              "progress": f"{100 * s.progress:.0f}%" if s.progress is not None else "-",
              "ETA": _eta(s)} for s in snaps]
-    return table(rows, "gpufio: finished" if finished else "gpufio: running",
+    title = "gpufio: finished" if finished else "gpufio: running"
+    return table(rows, f"{title} ({note})" if note else title,
                  left=("job", "engine", "state"), columns=LIVE_COLUMNS)
 
 
 class LiveDisplay:
-    """Context manager; pass ``update`` to the runner as its on_tick callback."""
+    """Context manager; pass ``update`` to the runner as its on_tick callback. ``note``
+    goes into the table's title: what this run is where the result is not its numbers alone
+    (one of --repeat's runs, one MPI rank's share)."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, note: str = "") -> None:
         self._stream = stream or sys.stderr
+        self._note = note
         self._tty = self._stream.isatty()
         self._live: LiveTable | None = None
         self._plain = Interval(PLAIN_EVERY_S)
 
     def __enter__(self) -> "LiveDisplay":
         if self._tty:
-            self._live = LiveTable(self._stream, _table([])).__enter__()
+            self._live = LiveTable(self._stream, _table([], self._note)).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -93,7 +103,7 @@ class LiveDisplay:
     def update(self, snaps: list[Snapshot]) -> None:
         """Show the latest snapshots (throttled to one plain line set per 2 s off a TTY)."""
         if self._live is not None:
-            self._live.show(_table(snaps))
+            self._live.show(_table(snaps, self._note))
             return
         running = [s for s in snaps if s.state in ("ramp", "run")]
         if not running or not self._plain.due():

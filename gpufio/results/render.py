@@ -35,6 +35,32 @@ def table(rows: list[dict[str, Any]], title: str = "", left: Iterable[str] = (),
     return t
 
 
+def _widest_word(text: str) -> int:
+    return max((len(w) for w in text.split()), default=0)
+
+
+def fitted(rows: list[dict[str, Any]], title: str, left: Iterable[str], columns: Iterable[str],
+           width: int) -> list[Table]:
+    """``rows`` as tables no wider than ``width`` that cut no header and no word of a cell:
+    one table where it fits; else the columns dealt over several, each repeating the first
+    (the job), so a narrow terminal shows every header whole instead of 'aggregat…'."""
+    left = tuple(left)
+    keys = list(rows[0]) if rows else list(columns)
+    # a column needs its widest word, one space each side and its border
+    need = {k: max([_widest_word(k)] + [_widest_word(_text(r.get(k, ""))) for r in rows]) + 3
+            for k in keys}
+    if not keys or sum(need.values()) + 1 <= width:
+        return [table(rows, title, left, columns)]
+    first, groups = keys[0], [[keys[0]]]
+    for k in keys[1:]:
+        if sum(need[c] for c in groups[-1]) + need[k] + 1 > width and len(groups[-1]) > 1:
+            groups.append([first])
+        groups[-1].append(k)
+    return [table([{k: r.get(k, "") for k in group} for r in rows], title if i == 0 else "",
+                  left, group)
+            for i, group in enumerate(groups)]
+
+
 def render(rows: list[dict[str, Any]], fmt: str, *, title: str = "",
            left: Iterable[str] = (), columns: Iterable[str] = (),
            console: Console | None = None, problems: Iterable[str] = ()) -> str:
@@ -55,7 +81,8 @@ def render(rows: list[dict[str, Any]], fmt: str, *, title: str = "",
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}")
     console = console or Console()
-    console.print(table(rows, title, left, columns))
+    for part in fitted(rows, title, left, columns, console.width):
+        console.print(part)
     for line in problems:
         console.print(Text(line, style="red"))
     return ""

@@ -3,17 +3,22 @@
 Each engine checks what its path needs (``Engine.doctor``: cuFile's mode and why, io_uring for
 GPU-initiated I/O, MPS for spawned workers); here the targets are checked (RAM-backed or a
 drive, O_DIRECT alignment, scheduler and queue limits, the drive's PCIe link against what it
-can do, and where it sits against each GPU in the PCIe tree), and the GPUs' own links.
+can do, and where it sits against each GPU in the PCIe tree; a profile's scratch directory
+where its jobs name no targets), and the GPUs' own links. A host without a GPU says so in
+the headline, and its GPU engines get a line of what runs here instead of their checks.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
+from gpufio.core import targets as tg
 from gpufio.core.checks import FAIL, OK, WARN, Check, verdict
 from gpufio.core.job import Job
 from gpufio.engines import all_engines
+from gpufio.engines.base import Engine
 from gpufio.facts.device import path_facts, pci_device_of, pci_link, read_int
 from gpufio.facts.system import ACS_REDIRECTS, Host, acs_control, bar_size, pci_relation
 
@@ -109,15 +114,79 @@ def target_checks(path: str, depth: int, gpus: dict[str, Path]) -> list[Check]:
     return out
 
 
+NO_GPU = "no GPU on this host: the GPU paths' checks are skipped"
+
+
+def headline(host: Host | None = None) -> str:
+    """What the whole report stands under ('' when nothing does): a host without a GPU."""
+    return "" if (host or Host()).has_gpu() else NO_GPU
+
+
+def needs_gpu(engine: type[Engine], job: Job) -> bool:
+    """The job's data lands in GPU memory: a GPU engine, unless the job keeps its data in
+    host memory (device = "cpu") and the engine moves it there."""
+    host_side = bool(set(engine.host_memory()) - {"block"})
+    return engine.uses_gpu and not (host_side and job.workload_options.get("device") == "cpu")
+
+
+def without_gpu(engine: type[Engine], jobs: list[Job]) -> list[Check]:
+    """A GPU engine on a host without a GPU: what of it runs here, in place of its checks
+    (its driver and cuFile settings would be advice for a GPU that is not there)."""
+    area = engine.name
+    here = [w for w in engine.host_memory() if w != "block"]
+    elsewhere = (f"here it moves {' and '.join(here)} in host memory (device = \"cpu\")"
+                 if here else "it needs one")
+    if not jobs:
+        return [Check(area, "GPU", WARN, f"none on this host: {elsewhere}",
+                      "run its GPU jobs on a host with an NVIDIA GPU")]
+    return [verdict(area, f"GPU for job '{j.name}'", not needs_gpu(engine, j),
+                    "none needed: device = \"cpu\"" if not needs_gpu(engine, j)
+                    else f"none on this host; {elsewhere}",
+                    "run it on a host with an NVIDIA GPU" +
+                    (", or set device = \"cpu\"" if here else ""), bad=FAIL)
+            for j in jobs]
+
+
+def _existing(path: str) -> str:
+    """``path``, or the nearest directory above it that exists (where it will be created)."""
+    p = Path(path).expanduser().absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return str(p)
+
+
+def scratch_checks(jobs: list[Job], places: dict[str, Path]) -> list[Check]:
+    """The scratch directory of the jobs that name no targets (the run creates their files
+    there): the same checks as a target's, on the directory or the nearest one that exists."""
+    depths: dict[str, int] = {}
+    for j in jobs:
+        if not j.targets:
+            where = j.directory or tg.default_scratch_dir()
+            depths[where] = max(depths.get(where, 0), j.iodepth * j.numjobs)
+    out = []
+    for where, depth in depths.items():
+        area, at = f"scratch {where}", _existing(where)
+        out.append(Check(area, "scratch target", OK, "the run creates its files here (the "
+                         "profile names no targets)" + (f"; checked at {at}, which exists"
+                                                        if at != os.path.abspath(where) else "")))
+        out += [replace(c, area=area) for c in target_checks(at, depth, places)]
+    return out
+
+
 def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None) -> list[Check]:
     """Every check for ``jobs`` (a profile's; none: every engine in general) and their
-    targets plus ``targets``."""
+    targets plus ``targets``; a host without a GPU gets no GPU engine's checks, one line
+    per GPU engine instead."""
     host = host or Host()
+    gpu_less = not host.has_gpu()
     engines = all_engines()
     used = list(dict.fromkeys(j.engine for j in jobs)) if jobs else list(engines)
     out: list[Check] = []
     for name in used:
-        out += engines[name].doctor(host, [j for j in jobs if j.engine == name])
+        mine = [j for j in jobs if j.engine == name]
+        engine = engines[name]
+        out += without_gpu(engine, mine) if gpu_less and engine.uses_gpu \
+            else engine.doctor(host, mine)
     gpus, places = gpu_checks(host)
     out += gpus
     depths: dict[str, int] = {}
@@ -128,4 +197,4 @@ def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None) -> l
         depths.setdefault(t, 1)
     for t, depth in depths.items():
         out += target_checks(os.path.expanduser(t), depth, places)
-    return out
+    return out + scratch_checks(jobs, places)

@@ -83,9 +83,17 @@ class JobResult:
         return not (self.errors or self.short_ios or self.verify_failures or self.failure)
 
 
+# a finished job's Snapshot state: its numbers are its result's (both directions summed
+# in a mixed job, whose result has a row for each)
+DONE = "done"
+DONE_BOTH = "done r+w"
+
+
 @dataclass
 class Snapshot:
-    """A job's state for the live display: plain numbers, no rendering."""
+    """A job's state for the live display: plain numbers, no rendering. ``state`` is
+    setup, ramp, run, ending (the workers finished, their result not yet merged) or DONE /
+    DONE_BOTH."""
 
     name: str
     engine: str

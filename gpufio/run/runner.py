@@ -34,7 +34,7 @@ from gpufio.engines.base import Engine, label
 from gpufio.io.gpu import gpu_facts
 from gpufio.run import placement
 from gpufio.run.launch import ProcessWorker, SpawnWorker, ThreadWorker
-from gpufio.run.records import DirResult, JobResult, RunOutcome, Snapshot
+from gpufio.run.records import DONE, DONE_BOTH, DirResult, JobResult, RunOutcome, Snapshot
 
 TICK_S = 0.02
 # a job whose workers complete no I/O for NO_PROGRESS_S is stopped, and a worker still
@@ -161,6 +161,8 @@ class JobRun:
         self._progress = (0, -1)  # (when, completed I/Os) the count last moved
         self._stalled = False  # stopped because nothing completed for NO_PROGRESS_S
         self._stopping_since: int | None = None
+        self._joined = False  # every worker joined: the result can be built
+        self._final: Snapshot | None = None  # the finished job's row, from its result
 
     def start(self) -> None:
         """Start the workers; they set up their engines and wait for the clock. With
@@ -310,6 +312,7 @@ class JobRun:
             for t in self.targets:
                 os.fsync(t.fd)
             self._end_syncs, self._end_sync_ns = len(self.targets), time.monotonic_ns() - t0
+        self._joined = True
 
     def raise_bad_input(self) -> None:
         """Raise BadInput if a worker's engine refused its setup (GPU missing, out of memory)."""
@@ -318,7 +321,26 @@ class JobRun:
                 raise BadInput(f"job '{self.job.name}': {w.outcome.bad_input}")
 
     def snapshot(self, now: int) -> Snapshot:
-        """Where this job stands, for the live display."""
+        """Where this job stands, for the live display. Once joined, the job's row shows the
+        numbers its result reports, so a screen never shows two numbers for one job."""
+        if self._final is not None:
+            return self._final
+        live = self._live_snapshot(now)
+        if not self._joined:
+            return live if not self.done else replace(live, state="ending")
+        r = self.result()
+        secs = r.runtime_ns / 1e9
+        pct = r.lat.percentiles((50.0, 99.0))
+        self._final = replace(
+            live, engine=label(self.job.engine, r.engine_facts),
+            # a mixed job's result has a row per direction: this one is their sum
+            state=DONE_BOTH if r.read.ios and r.write.ios else DONE,
+            iops=r.ios / secs if secs else 0.0, bw_bytes=r.bytes / secs if secs else 0.0,
+            p50_ns=pct[50.0], p99_ns=pct[99.0], eta_s=None)
+        return self._final
+
+    def _live_snapshot(self, now: int) -> Snapshot:
+        """The latest sample's rate and the latency so far: where a running job stands."""
         lat = LatencyStats()
         for w in range(len(self.workers)):
             lat.hist += self.shared.live(w)[3]
@@ -337,9 +359,8 @@ class JobRun:
             progress = min(max(fractions), 1.0) if fractions else None
         elapsed = (now - self.t_start) / 1e9 if self.t_start else 0.0
         eta = elapsed * (1 - progress) / progress if progress else None
-        state = "done" if self.done else self.state
-        return Snapshot(self.job.name, label(self.job.engine, self.engine_facts), state, iops, bw,
-                        pct[50.0], pct[99.0], progress, eta)
+        return Snapshot(self.job.name, label(self.job.engine, self.engine_facts), self.state,
+                        iops, bw, pct[50.0], pct[99.0], progress, eta)
 
     def result(self) -> JobResult:
         """Merge the workers' records into one JobResult (call after join)."""

@@ -2,8 +2,9 @@
 
 A workload declares its own profile keys (``options``), checks a job's values of them
 (``check``), runs a whole profile of its jobs into a result document (``run``), renders that
-document (``formats``, ``render``), says what went wrong in it (``problems``) and names the
-metrics its results offer compare and check (``metrics``). The profile loader and the CLI
+document (``formats``, ``render``), says what went wrong in it (``problems``), names the
+metrics its results offer compare and check (``metrics``) and gives its own defaults of
+common keys (``defaults``). The profile loader and the CLI
 ask this registry and name no workload; adding one is a module here.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from gpufio.core.options import Option
@@ -42,6 +43,9 @@ class Workload:
     problems: Callable[[dict[str, Any]], list[str]]
     # what compare and check read of its results, and a profile's [check] table may limit
     metrics: tuple[Metric, ...] = ()
+    # common keys whose default suits this workload's work better than the block
+    # benchmark's (a key the job gives still wins)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 _REGISTRY: dict[str, Workload] = {}

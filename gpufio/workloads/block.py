@@ -18,20 +18,30 @@ from gpufio.run import runner, world
 from gpufio.workloads import Workload, register
 
 
-def _once(prof: Profile, quiet: bool, gate: Any = None) -> dict[str, Any]:
+def _once(prof: Profile, quiet: bool, gate: Any = None, note: str = "") -> dict[str, Any]:
+    """One run of the profile; ``note`` says on the live table what the run is where the
+    result will not be its numbers alone."""
     if quiet:
         return document.build_document(runner.run_profile(prof, quiet=True, gate=gate), prof)
-    with LiveDisplay() as live:
+    with LiveDisplay(note=note) as live:
         return document.build_document(
             runner.run_profile(prof, on_tick=live.update, gate=gate), prof)
 
 
-def _rank_once(w: world.World, prof: Profile, quiet: bool) -> list[dict[str, Any]] | None:
+def _repeat_note(run: int, repeat: int) -> str:
+    return f"run {run + 1} of {repeat}; the result reports each job's median run" \
+        if repeat > 1 else ""
+
+
+def _rank_once(w: world.World, prof: Profile, quiet: bool,
+               note: str = "") -> list[dict[str, Any]] | None:
     """This rank's run of its share, gathered: every rank's document on rank 0, None on the
     others. A rank that cannot go on tells rank 0, which names it and ends the job."""
     try:
         try:
-            doc = _once(w.profile_for(prof), quiet or not w.root, gate=w.gate)
+            share = f"rank 0's share of {w.size}; the result merges every rank's"
+            doc = _once(w.profile_for(prof), quiet or not w.root, gate=w.gate,
+                        note="; ".join(filter(None, [share if w.size > 1 else "", note])))
         except world.RankAbort:
             raise
         except Exception as e:  # this rank cannot go on: the others must hear of it
@@ -56,8 +66,8 @@ def _distributed(w: world.World, prof: Profile, quiet: bool, repeat: int) -> dic
     at the same gate; rank 0 returns the merged document (with --repeat, each job's median
     run), the other ranks exit with the run's code."""
     merged = []
-    for _ in range(repeat):  # every repeat on every rank: none may stop alone
-        docs = _rank_once(w, prof, quiet)
+    for i in range(repeat):  # every repeat on every rank: none may stop alone
+        docs = _rank_once(w, prof, quiet, _repeat_note(i, repeat))
         if docs is not None:
             merged.append(merge_ranks(docs))
     if not w.root:
@@ -79,8 +89,8 @@ def run(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
     if w is not None:
         return _distributed(w, prof, quiet, repeat)
     docs = []
-    for _ in range(repeat):
-        docs.append(_once(prof, quiet))
+    for i in range(repeat):
+        docs.append(_once(prof, quiet, note=_repeat_note(i, repeat)))
         if docs[-1]["interrupted"]:
             break
     return docs[0] if len(docs) == 1 else combine(docs)

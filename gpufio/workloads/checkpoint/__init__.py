@@ -5,9 +5,10 @@ Registered as workload 'checkpoint' here."""
 
 from gpufio.workloads import Workload, register
 from gpufio.workloads.checkpoint import driver, report
-from gpufio.workloads.checkpoint.options import CHECKPOINT_OPTIONS, check
+from gpufio.workloads.checkpoint.options import CHECKPOINT_DEFAULTS, CHECKPOINT_OPTIONS, check
 
 CHECKPOINT = register(Workload(
     name="checkpoint", summary="model state saved from GPU memory and restored, per engine",
     options=CHECKPOINT_OPTIONS, check=check, formats=report.FORMATS, run=driver.run_workload,
-    render=report.render, problems=report.problems, metrics=report.METRICS))
+    render=report.render, problems=report.problems, metrics=report.METRICS,
+    defaults=CHECKPOINT_DEFAULTS))

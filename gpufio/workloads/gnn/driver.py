@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from typing import Any, TextIO
 
 from rich.table import Table
@@ -49,7 +50,9 @@ class LiveStages:
         self._live = LiveTable(stream or sys.stderr, self._table())
 
     def _table(self) -> Table:
-        return table(list(self._rows.values()), "gpufio: GNN jobs",
+        # the result's table shows the timed iterations' means: these are one iteration's
+        return table(list(self._rows.values()), "gpufio: GNN jobs (stage times of the last "
+                     "iteration; the result has the timed iterations' means)",
                      left=("job", "engine", "phase"), columns=self.COLUMNS)
 
     def __enter__(self) -> "LiveStages":
@@ -68,18 +71,87 @@ class LiveStages:
         self._live.show(self._table())
 
 
-def _progress(quiet: bool) -> Any:
-    """What shows progress: nothing, the live table on a terminal, else plain lines."""
+# the iterations, or the seconds, after which a job's rate is taken for its ETA: enough for
+# the first iteration's one-off costs not to dominate, soon enough on a slow drive
+ETA_AFTER_ITERATIONS = 10
+ETA_AFTER_S = 30.0
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as the ETA line says it: 45 s, 12 min, 3 h 05 min."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 90 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+class Eta:
+    """With the first iteration of all, the size of the run; once per job, after its first
+    iterations (ETA_AFTER_ITERATIONS or ETA_AFTER_S, whichever comes first): how long an
+    iteration takes and when the job will end at that rate, as events, so a run of hours
+    says so early; it then hands every call on to ``show`` (the live table or the plain
+    lines)."""
+
+    def __init__(self, jobs: list[Any], show: Any = None,
+                 clock: Any = time.monotonic) -> None:
+        self._later = {job.name: len(jobs) - 1 - i for i, job in enumerate(jobs)}
+        self._total = sum(job.workload_options["iterations"] for job in jobs)
+        self._jobs = len(jobs)
+        self._show, self._clock = show, clock
+        self._first: dict[str, float] = {}
+        self._said: set[str] = set()
+        self._announced = False
+
+    def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
+        total = job.workload_options["iterations"]
+        now = self._clock()
+        if not self._announced:  # the first job's data is ready: the run is under way
+            self._announced = True
+            events.emit("eta", f"gpufio: {self._jobs} GNN job(s), {self._total} iterations in "
+                               "all; each job's ETA follows its first iterations")
+        start = self._first.setdefault(job.name, now) if done == 1 else self._first.get(job.name)
+        if (start is not None and job.name not in self._said and 1 < done < total
+                and (done - 1 >= ETA_AFTER_ITERATIONS or now - start >= ETA_AFTER_S)):
+            self._said.add(job.name)
+            each = (now - start) / (done - 1)
+            left = each * (total - done)
+            end = time.strftime("%H:%M", time.gmtime(time.time() + left))
+            later = self._later.get(job.name, 0)
+            events.emit("eta", f"gpufio: {job.name}: {each:.2f} s an iteration over its first "
+                               f"{done}: about {_duration(left)} more for its {total} "
+                               f"iterations (ends near {end} UTC)"
+                               + (f"; {later} more job(s) after it" if later else ""))
+        if self._show is not None:
+            self._show(job, done, stage_ns)
+
+
+def _progress(prof: Profile, quiet: bool) -> Any:
+    """What shows progress: nothing, the live table on a terminal, else plain lines; each
+    with the jobs' ETAs."""
     if quiet:
         return contextlib.nullcontext(None)
     if sys.stderr.isatty():
-        return LiveStages()
-    return contextlib.nullcontext(ProgressLines())
+        return _EtaLive(prof.jobs)
+    return contextlib.nullcontext(Eta(prof.jobs, ProgressLines()))
+
+
+class _EtaLive(LiveStages):
+    """The live table, with the ETA events."""
+
+    def __init__(self, jobs: list[Any]) -> None:
+        super().__init__()
+        self._eta = Eta(jobs)
+
+    def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
+        self._eta(job, done, stage_ns)
+        super().__call__(job, done, stage_ns)
 
 
 def run_profile(prof: Profile, quiet: bool = False) -> dict[str, Any]:
-    """Run every job of a GNN profile; Ctrl-C ends the current job after its iteration."""
-    results, interrupted = run_each(prof.jobs, run_trainers, _progress(quiet))
+    """Run every job of a GNN profile; Ctrl-C ends the current job after its iteration.
+    With the first iteration, the size of the protocol; an ETA follows each job's first
+    iterations."""
+    results, interrupted = run_each(prof.jobs, run_trainers, _progress(prof, quiet))
     return document(results, prof.path, interrupted)
 
 

@@ -86,6 +86,23 @@ def _stop(w: subprocess.Popen) -> dict[str, int]:
         return {}
 
 
+def resolve(value: int | float | None, table_bytes: int) -> tuple[int | None, str]:
+    """memory_limit's bytes and how it was asked: a size as given, or a share (a float:
+    0.25 for "25%") of the feature table's ``table_bytes``, which then says so."""
+    if value is None:
+        return None, ""
+    if isinstance(value, float):
+        return max(int(value * table_bytes), 4096), \
+            f"{100 * value:g}% of the {table_bytes / 1e9:.2f} GB feature table"
+    return value, ""
+
+
+def describe(facts: dict[str, Any]) -> str:
+    """The limit of a result's ``memory_limit`` facts in a few words, for titles."""
+    limit = f"page cache capped at {facts['limit_bytes'] / 1e9:.2f} GB"
+    return f"{limit} ({facts['asked']})" if facts.get("asked") else limit
+
+
 @contextmanager
 def limited(limit: int) -> Iterator[dict[str, Any]]:
     """Run the block with this process's new page cache charged to a cgroup capped at
@@ -105,7 +122,8 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
             _stop(watcher)
         raise BadInput(f"key 'memory_limit': cannot run under a memory cgroup here: "
                        f"{e.strerror or e}; run gpufio under one instead (e.g. systemd-run "
-                       "--scope -p MemoryHigh=...)") from None
+                       "--scope -p MemoryHigh=...), or let the page cache hold the table with "
+                       "--set memory_limit=none") from None
     facts: dict[str, Any] = {"limit_bytes": limit, "applies_to": "page cache; the process's "
                              "new anonymous memory is added to the group's limit as it grows",
                              "cgroup": str(child), "cgroup_version": 1 if files is V1 else 2,

@@ -46,10 +46,11 @@ GNN_OPTIONS: tuple[Option, ...] = (
     Option("device", "str", "gpu", "'gpu', or 'cpu' to run the whole pipeline with NumPy "
            "(a correctness check on machines without a GPU; not a measurement of a GPU path)",
            choices=("gpu", "cpu")),
-    Option("memory_limit", "size", None, "run the iterations in a memory cgroup whose page "
-           "cache is capped at this many bytes (the process's own new memory comes on top), "
-           "so the features cannot all be cached; the feature files' cached pages are "
-           "dropped first", minimum=1),
+    Option("memory_limit", "size_or_share", None, "run the iterations in a memory cgroup "
+           "whose page cache is capped at this many bytes, or at this share of the feature "
+           "table (\"25%\"), \"none\": no cap (the process's own new memory comes on top), so "
+           "the features cannot all be cached; the feature files' cached pages are dropped "
+           "first"),
     Option("mmap_advice", "str", "normal", "engines that map the features: madvise of the "
            "mapping: "
            "'normal' (the kernel's read-around, as DGL's loader leaves it) or 'random' (a fault "

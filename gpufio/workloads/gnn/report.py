@@ -16,7 +16,7 @@ from gpufio import __version__
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
 from gpufio.workloads.documents import problem_lines, render_document
-from gpufio.workloads.gnn import timing
+from gpufio.workloads.gnn import memlimit, timing
 
 FORMATS = ("table", "json", "markdown", "csv")
 
@@ -101,5 +101,9 @@ def render(doc: dict[str, Any], fmt: str, console: Any = None) -> str:
     prints to ``console`` and returns '')."""
     title = (f"gpufio {doc['gpufio version']} · {doc['profile']} · GNN feature aggregation "
              f"(device {doc['jobs'][0]['device'] if doc['jobs'] else '-'})")
+    limits = dict.fromkeys(memlimit.describe(j["memory_limit"]) for j in doc["jobs"]
+                           if j.get("memory_limit"))
+    if limits:  # whether the page cache could hold the table decides what mmap measured
+        title += " · " + "; ".join(limits)
     return render_document(doc, fmt, console, title=title, rows=rows(doc),
                            left=("job", "engine", "iters", "verify"), problems=problems(doc))

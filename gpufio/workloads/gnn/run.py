@@ -72,7 +72,7 @@ def run_job(job: Job, stop: Any = None, progress: Any = None,
     ds = dataset.prepare(job, xp)
     fetcher = _fetcher(job, ds, xp)
     tally = _Tally(np.zeros((g["iterations"], 3), dtype=np.int64))
-    limit = g["memory_limit"]
+    limit, asked = memlimit.resolve(g["memory_limit"], ds.graph.nodes * ds.layout.row_bytes)
     if limit:
         _rehearse(job, ds, xp, fetcher)
         evict(ds.paths)  # pages cached before the move would not count against it
@@ -96,7 +96,7 @@ def run_job(job: Job, stop: Any = None, progress: Any = None,
     if tally.trace is not None:
         result["iolog"] = {"path": tally.trace.path, "entries": tally.trace.entries,
                            "per_iteration": tally.trace_counts, "row_bytes": ds.layout.row_bytes}
-    result["memory_limit"] = limit_facts or None
+    result["memory_limit"] = ({**limit_facts, "asked": asked} if asked else limit_facts) or None
     if _cache_of(fetcher) is not None:
         result["cache"] = _cache_result(fetcher, tally)
     if getattr(fetcher, "mode", None):
