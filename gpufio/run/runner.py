@@ -72,12 +72,14 @@ def job_targets(job: Job, quiet: bool) -> list[str]:
     paths, create_size = job_target_paths(job)
     if job.targets:
         for path in paths:
-            tg.ensure_exists(path, create_size, job.randseed, quiet=quiet)
+            tg.ensure_exists(path, create_size, job.randseed, quiet=quiet,
+                             allow_large=job.allow_large_layout)
         return paths
     if job.directory is not None and not os.path.isdir(job.directory):
         raise BadInput(f"job '{job.name}': key 'directory': {job.directory} does not exist "
                        "(as in fio, gpufio does not create it)")
-    tg.ensure_scratch(paths[0], create_size or 0, job.randseed, quiet=quiet)
+    tg.ensure_scratch(paths[0], create_size or 0, job.randseed, quiet=quiet,
+                      allow_large=job.allow_large_layout)
     return paths
 
 

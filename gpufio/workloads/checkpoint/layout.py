@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
+from gpufio.core import space
 from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
@@ -64,16 +65,19 @@ def plan(job: Job, sizes: Sequence[int]) -> Plan:
     return Plan(paths, tuple(used), tuple(extents))
 
 
-def _ensure(path: str, need: int, consent: WriteConsent) -> bool:
+def _ensure(path: str, need: int, consent: WriteConsent, allow_large: bool) -> bool:
     """Create ``path`` with ``need`` bytes allocated (True), or grow a smaller regular file the
-    guard lets the job write (False); devices are left as they are."""
+    guard lets the job write (False), a large share of the free space only with consent
+    (``allow_large``: the job's); devices are left as they are."""
     if not os.path.lexists(path):
         tg.check_creatable(path)
+        space.check_layout(path, need, allow_large)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         _allocate(fd, path, 0, need)
         return True
     if os.path.isfile(path) and os.path.getsize(path) < need:
         consent.check(path, False)
+        space.check_layout(path, need - os.path.getsize(path), allow_large)
         fd = os.open(path, os.O_WRONLY)
         _allocate(fd, path, os.path.getsize(path), need)
     return False
@@ -96,7 +100,7 @@ def open_files(job: Job, p: Plan) -> list[tg.Target]:
     opened: list[tg.Target] = []
     try:
         for path, need in zip(p.paths, p.sizes):
-            created = _ensure(path, need, consent)
+            created = _ensure(path, need, consent, job.allow_large_layout)
             # a file gpufio has just created is its own to write
             t = tg.open_target(path, job.direct, WriteConsent(True, None) if created else consent)
             opened.append(t)

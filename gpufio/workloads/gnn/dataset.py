@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufio.core import events
+from gpufio.core import events, space
 from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
@@ -70,7 +70,8 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
     nodes, dim = g["nodes"], g["feature_dim"]
     scratch = Path(job.directory or tg.default_scratch_dir())
     if g["dataset"] == "igb":
-        data = igb.load(g["igb_root"], g["igb_size"], dim, scratch, g["igb_hetero"])
+        data = igb.load(g["igb_root"], g["igb_size"], dim, scratch, g["igb_hetero"],
+                        job.allow_large_layout)
         if g["batch_size"] > data.seeds:
             raise BadInput(f"key 'batch_size': {g['batch_size']} is more than the "
                            f"{data.seeds} papers of IGB {g['igb_size']}")
@@ -101,6 +102,7 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
                            "features for these nodes; remove it, or read it with feature_file")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         size = layout.bytes_needed(t, nodes)
+        space.check_layout(path, size, job.allow_large_layout)
         events.emit("layout", f"gpufio: writing generated features to {path} "
                     f"({size / 1e9:.1f} GB, once; later runs reuse the file)")
         try:
