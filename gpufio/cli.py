@@ -118,10 +118,12 @@ YES = typer.Option(False, "--yes", "-y", help="lay out files that take more than
 
 def _layout_consent(yes: bool) -> Any:
     """How a large layout is consented to in this command (core/space): --yes, or a
-    question where a user sits at a terminal; otherwise it is refused."""
+    question where a user sits at a terminal (not under an MPI launcher: the ranks would
+    ask at once); otherwise it is refused."""
     from gpufio.core import space
+    from gpufio.run import world
 
-    interactive = sys.stdin.isatty() and sys.stderr.isatty()
+    interactive = sys.stdin.isatty() and sys.stderr.isatty() and not world.launched()
     return space.answering(
         (lambda q: typer.confirm(q, default=False, err=True)) if interactive else None, yes)
 
