@@ -163,6 +163,16 @@ def _mksquashfs(dev, tmp_path):
     _make(["mksquashfs", str(src), dev, "-noappend", "-quiet"])
 
 
+def _genisoimage(dev, tmp_path):
+    src = tmp_path / "iso-src"
+    src.mkdir()
+    (src / "file").write_text("data")
+    iso = tmp_path / "image.iso"
+    _make(["genisoimage", "-quiet", "-o", str(iso), str(src)])
+    with open(dev, "r+b") as f:
+        f.write(iso.read_bytes())
+
+
 def _sfdisk(dev, tmp_path):
     _make(["sfdisk", "-q", dev], input=",,L\n")
 
@@ -182,6 +192,12 @@ CORPUS = {
     "vfat32": ("mkfs.vfat", ["-F", "32"], 'TYPE="vfat"', None),
     "f2fs": ("mkfs.f2fs", ["-q", "-f", "-t", "0"], 'TYPE="f2fs"', None),
     "ntfs": ("mkfs.ntfs", ["-q", "-f", "-F"], 'TYPE="ntfs"', None),
+    "exfat": ("mkfs.exfat", [], 'TYPE="exfat"', None),
+    "nilfs2": ("mkfs.nilfs2", ["-q", "-f", "-K"], 'TYPE="nilfs2"', None),
+    "jfs": ("mkfs.jfs", ["-q"], 'TYPE="jfs"', None),
+    "udf": ("mkudffs", [], 'TYPE="udf"', None),
+    "minix": ("mkfs.minix", ["-3"], 'TYPE="minix"', None),
+    "iso9660": ("genisoimage", _genisoimage, 'TYPE="iso9660"', None),
     "squashfs": ("mksquashfs", _mksquashfs, 'TYPE="squashfs"', None),
     "swap": ("mkswap", [], 'TYPE="swap"', None),
     "bcache-backing": ("make-bcache", ["-B"], 'TYPE="bcache"', None),
@@ -231,6 +247,8 @@ def test_a_device_carrying_a_real_signature_is_refused_even_when_named(
     assert f"target {dev}: holds " in res.stderr and f"{blkid_name}), found by libblkid" \
         in res.stderr, res.stderr
     assert "gpufio never writes over it" in res.stderr
+    if kind.startswith("vfat"):  # a FAT boot sector is a filesystem, not an MBR
+        assert "partition table" not in res.stderr
     assert _head(image) == before
     # where libblkid is missing, gpufio's own list refuses it too
     monkeypatch.setattr(guard, "_libblkid", lambda: None)

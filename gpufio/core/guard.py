@@ -78,13 +78,19 @@ _MAGICS: tuple[tuple[int, bytes, Signature], ...] = (
     (4096, b"\xfc\x4e\x2b\xa9", _MD),  # md superblock 1.2
     (0, b"\xfc\x4e\x2b\xa9", _MD),  # md superblock 1.1
     (1024, b"\x10\x20\xf5\xf2", _fs("f2fs")),
+    (1024 + 6, b"\x34\x34", _fs("nilfs2")),
+    (32768, b"JFS1", _fs("jfs")),
+    (32769, b"BEA01", _fs("udf")),
+    (1024 + 24, b"\x5a\x4d", _fs("minix")),  # minix v3; v1 and v2 below
     # bcache's superblock at 4 KiB: checksum, offset and version, then the magic
     (4096 + 24, bytes.fromhex("c68573f64e1a45ca8265f57f48ba6d81"),
      Signature(_USAGE["other"], "TYPE", "bcache")),
 ) + tuple((512 * k, b"LABELONE", Signature(_USAGE["raid"], "TYPE", "LVM2_member"))
           for k in range(4)) + tuple(
     (page - 10, magic, Signature(_USAGE["other"], "TYPE", "swap"))
-    for page in (4096, 8192, 16384, 65536) for magic in (b"SWAPSPACE2", b"SWAP-SPACE"))
+    for page in (4096, 8192, 16384, 65536) for magic in (b"SWAPSPACE2", b"SWAP-SPACE")) + tuple(
+    (1024 + 16, magic, _fs("minix")) for magic in (b"\x7f\x13", b"\x8f\x13", b"\x68\x24",
+                                                   b"\x78\x24"))
 
 
 def signatures(head: bytes, tail: bytes = b"") -> list[Signature]:
