@@ -186,3 +186,27 @@ def test_on_a_terminal_a_large_layout_is_asked_first(answer, code, tmp_path, wri
             assert "not laid out (declined)" in text
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+def test_files_on_one_filesystem_are_judged_together(free, tmp_path):
+    free(100 << 20)
+    many = [(str(tmp_path / f"shard{i}"), 4 << 20) for i in range(5)]  # 4% each, 20% in all
+    with pytest.raises(BadInput, match=f"target {tmp_path}/shard0 and 4 more: laying them out "
+                                       "writes 20.0MiB, 20% of the 100.0MiB free"):
+        space.check_layouts(many, allowed=False)
+    asked = []
+    with space.answering(lambda q: asked.append(q) or True, yes=False):
+        space.check_layouts(many, allowed=False)
+        space.check_layout(many[0][0], 50 << 20, allowed=False)  # said yes to already
+    assert len(asked) == 1
+
+
+def test_a_checkpoint_of_many_small_shards_needs_consent(free, tmp_path, write_profile):
+    free(64 << 20)
+    prof = write_profile(f'[global]\nworkload = "checkpoint"\nengine = "psync"\n'
+                         f'targets = ["{tmp_path}"]\nstate_size = "16m"\nshards = ["2m"]\n'
+                         'device = "cpu"\niterations = 1\n')
+    res = cli.invoke(app, ["run", str(prof), "-q"])
+    assert res.exit_code == 2, res.output
+    assert "and 7 more: laying them out writes 16.0MiB, 25% of the 64.0MiB free" in res.stderr
+    assert not list(tmp_path.glob("gpufio-ckpt*"))

@@ -26,6 +26,8 @@ Ask = Callable[[str], bool]
 _ask: Ask | None = None
 _yes = False
 _aside: list[Callable[[], AbstractContextManager[None]]] = []
+# the paths the user has said yes to in this block (not asked again file by file)
+_granted: set[str] = set()
 
 
 @contextmanager
@@ -33,12 +35,14 @@ def answering(ask: Ask | None, yes: bool) -> Iterator[None]:
     """For the block: ``yes`` consents to every layout (--yes); otherwise ``ask`` asks the
     user (None: no one to ask, a large layout is refused)."""
     global _ask, _yes
-    previous = _ask, _yes
+    previous = _ask, _yes, set(_granted)
     _ask, _yes = ask, yes
     try:
         yield
     finally:
-        _ask, _yes = previous
+        _ask, _yes = previous[:2]
+        _granted.clear()
+        _granted.update(previous[2])
 
 
 @contextmanager
@@ -52,34 +56,63 @@ def aside(pause: Callable[[], AbstractContextManager[None]]) -> Iterator[None]:
         _aside.remove(pause)
 
 
-def free_bytes(path: str) -> int:
-    """The bytes an unprivileged writer may still use on the filesystem ``path`` will be
-    created on (that of its nearest existing directory)."""
+def _existing_dir(path: str) -> str:
+    """The nearest existing directory ``path`` will be created under."""
     where = os.path.dirname(os.path.abspath(path))
     while not os.path.isdir(where) and where != os.path.dirname(where):
         where = os.path.dirname(where)
-    vfs = os.statvfs(where)
+    return where
+
+
+def free_bytes(path: str) -> int:
+    """The bytes an unprivileged writer may still use on the filesystem ``path`` will be
+    created on."""
+    vfs = os.statvfs(_existing_dir(path))
     return vfs.f_bavail * vfs.f_frsize
 
 
 def check_layout(path: str, nbytes: int, allowed: bool) -> None:
-    """BadInput unless laying out ``nbytes`` more at ``path`` may go ahead: it fits, and it
-    takes at most SHARE of the free space, or the job (``allowed``) or the user consents."""
+    """BadInput unless laying out ``nbytes`` more at ``path`` may go ahead (``check_layouts``)."""
+    check_layouts([(path, nbytes)], allowed)
+
+
+def check_layouts(layouts: list[tuple[str, int]], allowed: bool) -> None:
+    """BadInput unless laying out each (path, bytes) may go ahead: what goes onto one
+    filesystem fits, and takes at most SHARE of its free space, or the job (``allowed``) or
+    the user consents (asked once for all of it)."""
+    groups: dict[int, list[tuple[str, int]]] = {}
+    for path, nbytes in layouts:
+        try:
+            fs = os.stat(_existing_dir(path)).st_dev
+        except OSError:
+            continue  # an unreadable directory is the caller's error to report, when it writes
+        groups.setdefault(fs, []).append((path, nbytes))
+    for group in groups.values():
+        _check_group(group, allowed)
+
+
+def _check_group(group: list[tuple[str, int]], allowed: bool) -> None:
+    paths = [p for p, _ in group]
+    nbytes = sum(n for _, n in group)
     try:
-        free = free_bytes(path)
+        free = free_bytes(paths[0])
     except OSError:
-        return  # an unreadable directory is the caller's error to report, when it writes
-    where = f"target {path}: laying it out writes {format_size(nbytes)}"
+        return
+    what = paths[0] if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1} more"
+    where = f"target {what}: laying {'it' if len(paths) == 1 else 'them'} out writes " \
+            f"{format_size(nbytes)}"
     if nbytes > free:
         raise BadInput(f"{where}, more than the {format_size(free)} free on its filesystem")
-    if nbytes <= SHARE * free or allowed or _yes:
+    if nbytes <= SHARE * free or allowed or _yes or _granted.issuperset(paths):
         return
     share = f"{100 * nbytes / free:.0f}% of the {format_size(free)} free on its filesystem"
     if _ask is not None:
         with ExitStack() as stack:
             for pause in _aside:
                 stack.enter_context(pause())
-            if _ask(f"gpufio: {where}, {share}. Lay it out?"):
+            if _ask(f"gpufio: {where}, {share}. Lay {'it' if len(paths) == 1 else 'them'} "
+                    "out?"):
+                _granted.update(paths)
                 return
         raise BadInput(f"{where}, {share}: not laid out (declined)")
     raise BadInput(f"{where}, {share} (more than {SHARE:.0%}); confirm with --yes or "

@@ -65,19 +65,24 @@ def plan(job: Job, sizes: Sequence[int]) -> Plan:
     return Plan(paths, tuple(used), tuple(extents))
 
 
-def _ensure(path: str, need: int, consent: WriteConsent, allow_large: bool) -> bool:
+def _to_lay_out(path: str, need: int) -> int:
+    """The bytes that laying out ``path`` with ``need`` bytes adds: all of a missing file's,
+    the rest of a smaller file's, none of a device's."""
+    if not os.path.lexists(path):
+        return need
+    return max(need - os.path.getsize(path), 0) if os.path.isfile(path) else 0
+
+
+def _ensure(path: str, need: int, consent: WriteConsent) -> bool:
     """Create ``path`` with ``need`` bytes allocated (True), or grow a smaller regular file the
-    guard lets the job write (False), a large share of the free space only with consent
-    (``allow_large``: the job's); devices are left as they are."""
+    guard lets the job write (False); devices are left as they are."""
     if not os.path.lexists(path):
         tg.check_creatable(path)
-        space.check_layout(path, need, allow_large)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         _allocate(fd, path, 0, need)
         return True
     if os.path.isfile(path) and os.path.getsize(path) < need:
         consent.check(path, False)
-        space.check_layout(path, need - os.path.getsize(path), allow_large)
         fd = os.open(path, os.O_WRONLY)
         _allocate(fd, path, os.path.getsize(path), need)
     return False
@@ -97,10 +102,13 @@ def _allocate(fd: int, path: str, start: int, end: int) -> None:
 def open_files(job: Job, p: Plan) -> list[tg.Target]:
     """Every file of the plan, created or checked by the write guard, open for writing."""
     consent = WriteConsent(job.overwrite, job.write_device)
+    # the new bytes of every file, together: many shards may each be small
+    space.check_layouts([(path, n) for path, need in zip(p.paths, p.sizes)
+                         if (n := _to_lay_out(path, need))], job.allow_large_layout)
     opened: list[tg.Target] = []
     try:
         for path, need in zip(p.paths, p.sizes):
-            created = _ensure(path, need, consent, job.allow_large_layout)
+            created = _ensure(path, need, consent)
             # a file gpufio has just created is its own to write
             t = tg.open_target(path, job.direct, WriteConsent(True, None) if created else consent)
             opened.append(t)
