@@ -93,6 +93,8 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
         return Dataset(gr, paths, layout, generated=False)
     paths = _feature_paths(job)
     layout = features.Layout(len(paths), dim * 4)
+    space.check_layouts([(path, layout.bytes_needed(t, nodes)) for t, path in enumerate(paths)
+                         if not os.path.exists(path)], job.allow_large_layout)
     for t, path in enumerate(paths):
         if os.path.exists(path):
             if (os.path.getsize(path) == layout.bytes_needed(t, nodes)
@@ -102,7 +104,6 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
                            "features for these nodes; remove it, or read it with feature_file")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         size = layout.bytes_needed(t, nodes)
-        space.check_layout(path, size, job.allow_large_layout)
         events.emit("layout", f"gpufio: writing generated features to {path} "
                     f"({size / 1e9:.1f} GB, once; later runs reuse the file)")
         try:
