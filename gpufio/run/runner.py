@@ -72,8 +72,10 @@ def job_targets(job: Job, quiet: bool) -> list[str]:
     paths, create_size = job_target_paths(job)
     if job.targets:
         if create_size is not None:  # all the files it creates on one filesystem, together
-            space.check_layouts([(p, create_size) for p in paths if not os.path.lexists(p)],
-                                job.allow_large_layout)
+            missing = [p for p in paths if not os.path.lexists(p)]
+            for path in missing:
+                tg.check_creatable(path)  # where no file may be, that is the error to report
+            space.check_layouts([(p, create_size) for p in missing], job.allow_large_layout)
         for path in paths:
             tg.ensure_exists(path, create_size, job.randseed, quiet=quiet,
                              allow_large=job.allow_large_layout)

@@ -102,6 +102,9 @@ def _allocate(fd: int, path: str, start: int, end: int) -> None:
 def open_files(job: Job, p: Plan) -> list[tg.Target]:
     """Every file of the plan, created or checked by the write guard, open for writing."""
     consent = WriteConsent(job.overwrite, job.write_device)
+    for path in p.paths:
+        if not os.path.lexists(path):
+            tg.check_creatable(path)  # where no file may be, that is the error to report
     # the new bytes of every file, together: many shards may each be small
     space.check_layouts([(path, n) for path, need in zip(p.paths, p.sizes)
                          if (n := _to_lay_out(path, need))], job.allow_large_layout)
