@@ -59,7 +59,7 @@ def setup_tmpfs() -> tuple[str, callable]:
     if not base.is_dir():
         raise SystemExit("bench: no /dev/shm tmpfs here")
     path = base / f"gpufio-bench-{os.getpid()}.dat"
-    targets.create_file(str(path), SIZE, 7)
+    targets.create_file(str(path), SIZE, 7, allow_large=True)
     return str(path), lambda: path.unlink(missing_ok=True)
 
 
@@ -129,7 +129,7 @@ def setup_zram_ext4(room: int = 2 * SIZE) -> tuple[str, callable] | None:
     if udev.parent.is_dir() and not udev.exists():  # as bench/gpu_env.sh does for its mounts
         udev.write_text("E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n")
     path = mnt / "gpufio-bench.dat"
-    targets.create_file(str(path), SIZE, 7)
+    targets.create_file(str(path), SIZE, 7, allow_large=True)
 
     def clean() -> None:
         release_zram(str(mnt), Path("/sys/class/zram-control/hot_remove"), n)

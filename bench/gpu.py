@@ -166,7 +166,7 @@ def setup_rootfile(directory: Path, size: int) -> tuple[str, callable]:
     """A pattern file on the root disk, read with O_DIRECT: the slow drive."""
     path = directory / "gpufio-bench-root.dat"
     path.unlink(missing_ok=True)  # the bench's own file, left behind by a bench killed early
-    targets.create_file(str(path), size, 8)
+    targets.create_file(str(path), size, 8, allow_large=True)  # --root-size asked for it
     return str(path), lambda: path.unlink(missing_ok=True)
 
 

@@ -104,7 +104,7 @@ def main() -> int:
             tgts["tmpfs"] = (path, True)
             extra = [f"{path}.{i}" for i in range(1, FILES)]
             for p in extra:
-                targets.create_file(p, 1 << 30, 7)
+                targets.create_file(p, 1 << 30, 7, allow_large=True)
                 cleanups.append(lambda p=p: os.unlink(p))
             many = ":".join([path, *extra])
         if "zram" in args.targets and (z := setup_zram_ext4()):

@@ -113,6 +113,22 @@ def _workload_of(prof: profile.Profile) -> Workload:
     return all_workloads()[names[0]]
 
 
+YES = typer.Option(False, "--yes", "-y", help="lay out files that take more than 10% of "
+                  "their filesystem's free space without asking")
+
+
+def _layout_consent(yes: bool) -> Any:
+    """How a large layout is consented to in this command (core/space): --yes, or a
+    question where a user sits at a terminal (not under an MPI launcher: the ranks would
+    ask at once); otherwise it is refused."""
+    from gpufio.core import space
+    from gpufio.run import world
+
+    interactive = sys.stdin.isatty() and sys.stderr.isatty() and not world.launched()
+    return space.answering(
+        (lambda q: typer.confirm(q, default=False, err=True)) if interactive else None, yes)
+
+
 @app.command()
 def run(
     profile_path: Path = typer.Argument(..., metavar="PROFILE",
@@ -125,10 +141,11 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display"),
     repeat: int = typer.Option(1, "--repeat", "-r", min=1,
                                help="run N times; report each job's median run and the spread"),
+    yes: bool = YES,
 ) -> None:
     """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
     take_stop_signals()
-    with _exit_codes():
+    with _exit_codes(), _layout_consent(yes):
         if fmt not in _all_formats():
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(_all_formats())}")
         prof = profile.load(str(profile_path), profile.parse_set(set_))
@@ -294,9 +311,10 @@ def prepare(
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
                                    help="override a profile key in every job (repeatable); "
                                    "VALUE is TOML: 'targets=[\"/a\", \"/b\"]', or bare: 4k, /a,/b"),
+    yes: bool = YES,
 ) -> None:
     """Create and fill the profile's missing target files with gpufio's data pattern."""
-    with _exit_codes():
+    with _exit_codes(), _layout_consent(yes):
         prof = profile.load(str(profile_path), profile.parse_set(set_))
         seen: set[str] = set()
         for job in prof.jobs:
@@ -312,7 +330,8 @@ def clean(
                                         help="also look here (default: the scratch directory)"),
     dry_run: bool = typer.Option(False, "--dry-run", "-n", help="list, remove nothing"),
 ) -> None:
-    """Remove the scratch files gpufio created (test targets, GNN tables and graphs)."""
+    """Remove the files gpufio laid out: every file carrying its pattern header (whatever its
+    name: targets of profiles and fio job files too), GNN tables and graphs, checkpoints."""
     from gpufio.core import targets as tg
     from gpufio.core.units import format_size
 
@@ -330,7 +349,8 @@ def clean(
                     raise BadInput(f"{path}: cannot remove: {e.strerror}") from None
             typer.echo(f"{'would remove' if dry_run else 'removed'} {path} ({format_size(size)})")
         verb = "would free" if dry_run else "freed"
-        typer.echo(f"{len(files)} scratch files in {', '.join(dirs)}; {verb} {format_size(total)}")
+        typer.echo(f"{len(files)} files gpufio laid out in {', '.join(dirs)}; {verb} "
+                   f"{format_size(total)}")
 
 
 @app.command()

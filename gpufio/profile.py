@@ -41,8 +41,10 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option("overwrite", "bool", False, "allow writes to an existing file that does not carry "
            "gpufio's pattern (its data is lost)"),
     Option("write_device", "str", None, "the one block device this job may write to, named "
-           "again to confirm (its data is lost; gpufio refuses devices holding a partition "
-           "table, filesystem, LVM, RAID or swap)"),
+           "again to confirm (its data is lost; gpufio refuses a device holding anything "
+           "libblkid recognises: a partition table, filesystem, LVM, RAID, LUKS, bcache, swap)"),
+    Option("allow_large_layout", "bool", False, "lay out files that take more than 10% of "
+           "their filesystem's free space without asking (as --yes does)"),
     Option("precondition", "str", "none", "write the whole region sequentially before the "
            "measured phase: once (seq) or twice (seq2)", choices=("none", "seq", "seq2")),
     Option("steadystate", "str", None, "end the job once its IOPS or bandwidth settle, as "

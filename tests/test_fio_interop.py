@@ -1,6 +1,8 @@
 """fio interoperability: job files in, fio's JSON schema out."""
 
 import json
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -204,3 +206,105 @@ def test_a_real_fio_result_compares_beside_gpufio(tmp_path):
     assert res.exit_code == 0, res.output
     rows = {(r["job"], r["metric"]): r for r in json.loads(res.stdout)["rows"]}
     assert rows[("seq", "iops")]["fio"] > 0 and rows[("seq", "iops")]["gpufio ratio"] > 0
+
+
+# fio 3.33's own examples, verbatim (examples/ssd-test.fio, aio-read.fio, null.fio)
+EXAMPLES = DATA / "fio-examples"
+
+
+def _example(name, tmp_path, directory=None):
+    """fio's example ``name``, its directory= pointed at ``directory`` when given."""
+    text = (EXAMPLES / name).read_text()
+    if directory is not None:
+        text = re.sub(r"(?m)^directory=.*$", f"directory={directory}", text)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_missing_directory_is_one_line_as_in_fio(tmp_path, monkeypatch):
+    if os.path.exists("/mount-point-of-ssd"):
+        pytest.skip("this machine has a /mount-point-of-ssd")
+    monkeypatch.chdir(tmp_path)
+    res = cli.invoke(app, ["run", str(EXAMPLES / "ssd-test.fio"), "-q"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.count("\n") == 1
+    assert "line 20 [global]: directory=/mount-point-of-ssd: /mount-point-of-ssd is not a " \
+        "directory" in res.stderr
+    assert os.listdir(tmp_path) == []  # nothing laid out where gpufio was started
+
+
+def test_the_file_joins_the_directory_as_in_fio(tmp_path, monkeypatch):
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    path = _example("ssd-test.fio", tmp_path, ssd)
+    jobs = profile.load(str(path)).jobs
+    assert [j.targets for j in jobs] == [(f"{ssd}/ssd.test.file",)] * 4
+    assert [(j.name, j.rw, j.engine, j.iodepth, j.direct) for j in jobs] == [
+        ("seq-read", "read", "uring", 4, True), ("rand-read", "randread", "uring", 4, True),
+        ("seq-write", "write", "uring", 4, True), ("rand-write", "randwrite", "uring", 4, True)]
+    res = cli.invoke(app, ["run", str(path), "-q", "-f", "json", "--set", "size=1m"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [j["jobname"] for j in doc["jobs"]] == ["seq-read", "rand-read", "seq-write",
+                                                   "rand-write"]
+    assert doc["jobs"][2]["write"]["total_ios"] == 256
+    assert os.listdir(ssd) == ["ssd.test.file"] and os.listdir(cwd) == []
+
+
+def test_directory_and_filename_inherit_from_global(tmp_path):
+    d = tmp_path
+    data, _ = parse(f"[global]\ndirectory={d}\n[a]\nfilename=x:y\n[b]\nfilename=/abs/z\n",
+                    "x.fio")
+    # fio puts even an absolute name under the directory
+    assert [j["targets"] for j in data["job"]] == [[f"{d}/x", f"{d}/y"], [f"{d}/abs/z"]]
+    data, _ = parse(f"[global]\nfilename=f\n[a]\ndirectory={d}\n[b]\n", "x.fio")
+    assert data["job"][0]["targets"] == [f"{d}/f"]
+    assert "targets" not in data["job"][1] and data["global"]["targets"] == ["f"]
+
+
+def test_several_directories_are_refused(tmp_path):
+    with pytest.raises(BadInput, match="directory=/a:/b: several directories are not supported"):
+        parse("[j]\ndirectory=/a:/b\n", "x.fio")
+
+
+def test_aio_read_buffered_0_is_direct_1(tmp_path):
+    data_dir = tmp_path / "data1"
+    data_dir.mkdir()
+    path = _example("aio-read.fio", tmp_path, data_dir)
+    prof = profile.load(str(path))
+    assert [(j.name, j.iodepth, j.direct, j.bs, j.directory) for j in prof.jobs] == [
+        (f"file{i}", d, True, 128 << 10, str(data_dir)) for i, d in ((1, 4), (2, 32), (3, 8),
+                                                                     (4, 16))]
+    assert "buffered=0 runs as direct=1" in prof.notes
+    res = cli.invoke(app, ["run", str(path), "-q", "-f", "json", "--set", "size=1m"])
+    assert res.exit_code == 0, res.output
+    assert "gpufio: note: buffered=0 runs as direct=1\n" in res.stderr
+    assert len(json.loads(res.stdout)["jobs"]) == 4
+    assert os.listdir(data_dir)  # laid out in the job file's directory
+    data, _ = parse("[j]\nbuffered=1\n", "x.fio")
+    assert data["job"][0]["direct"] is False
+
+
+def test_null_gtod_reduce_is_accepted_with_a_note(tmp_path):
+    prof = profile.load(str(EXAMPLES / "null.fio"))
+    (job,) = prof.jobs
+    assert (job.engine, job.rw, job.bs, job.size) == ("null", "randread", 4096, 100 << 30)
+    assert prof.notes == ("gtod_reduce=1 cuts fio's own clock calls; gpufio times every I/O "
+                          "as always",)
+    res = cli.invoke(app, ["run", str(EXAMPLES / "null.fio"), "-q", "-f", "json", "--set",
+                           "size=1m"])
+    assert res.exit_code == 0, res.output
+    assert "gpufio: note: gtod_reduce=1 cuts fio's own clock calls" in res.stderr
+    assert json.loads(res.stdout)["jobs"][0]["read"]["total_ios"] == 256
+
+
+@pytest.mark.parametrize("key", ["clat_percentiles=1", "lat_percentiles=1", "disable_slat=1",
+                                 "disable_bw_measurement=1", "disable_lat"])
+def test_reporting_only_options_are_accepted_with_a_note(key):
+    data, notes = parse(f"[j]\n{key}\nrw=read\n", "x.fio")
+    assert data["job"][0] == {"name": "j", "rw": "read"}
+    assert len(notes) == 1 and notes[0].startswith(key if "=" in key else f"{key}=1")

@@ -5,18 +5,22 @@ must never be the tool that destroys a filesystem. A job may write to:
 
 - a file that carries gpufio's pattern header (gpufio made it), or any other file when the
   job says ``overwrite = true``;
-- a block device only when the job names that very device in ``write_device``, and the
-  device holds no partition table, filesystem, LVM, RAID, crypt or swap signature (the magic
-  numbers below, checked here rather than trusted to a library that may be missing), is not
-  mounted, holds no partitions, has no holders (device-mapper, md) and opens with O_EXCL.
+- a block device only when the job names that very device in ``write_device`` (the identity
+  step: ``same_device``), the device is not mounted, not swap, holds no partitions, has no
+  holders (device-mapper, md, bcache) and opens with O_EXCL, and the signature probe finds
+  nothing on it: util-linux's libblkid (the low-level probe of ``blkid -p`` and ``wipefs``,
+  which knows every filesystem, RAID, LVM, crypt, cache and swap superblock and every
+  partition table), or, where libblkid.so.1 is missing, gpufio's own list of magic numbers.
 
 Read-only files and mounts are refused too. Every refusal is one line naming the target and
-what was found.
+what was found, in libblkid's names (``TYPE="vfat"``, ``PTTYPE="gpt"``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import os
 import stat
 from dataclasses import dataclass
@@ -29,41 +33,80 @@ from gpufio.core.errors import BadInput
 if TYPE_CHECKING:
     from gpufio.core.job import Job
 
-# How much of a device's start the signatures need (btrfs' superblock sits at 64 KiB).
+
+@dataclass(frozen=True)
+class Signature:
+    """One thing a probe found: what kind of thing (words), and its name as libblkid gives
+    it under ``key`` (TYPE for superblocks, PTTYPE for partition tables)."""
+
+    kind: str
+    key: str
+    name: str
+
+    def __str__(self) -> str:
+        return f'{self.kind} ({self.key}="{self.name}")' if self.key else self.kind
+
+
+def _fs(name: str) -> Signature:
+    return Signature("a filesystem", "TYPE", name)
+
+
+# libblkid's USAGE values, in words
+_USAGE = {"filesystem": "a filesystem", "raid": "a RAID or volume-manager member",
+          "crypto": "an encrypted volume", "other": "a device signature"}
+_GPT = Signature("a partition table", "PTTYPE", "gpt")
+_MD = Signature(_USAGE["raid"], "TYPE", "linux_raid_member")
+_FAT = Signature("a filesystem", "TYPE", "vfat")
+
+# The fallback where libblkid is missing. How much of a device's start the magics need
+# (btrfs' superblock sits at 64 KiB), and (offset, magic bytes, what it is) in libblkid's names.
 HEAD_BYTES = 128 << 10
-# (offset, magic bytes, what it is)
-_MAGICS: tuple[tuple[int, bytes, str], ...] = (
-    (512, b"EFI PART", "a GPT partition table"),
-    (4096, b"EFI PART", "a GPT partition table"),
-    (1024 + 56, b"\x53\xef", "an ext2/3/4 filesystem superblock"),
-    (0, b"XFSB", "an XFS filesystem"),
-    (65536 + 64, b"_BHRfS_M", "a btrfs filesystem"),
-    (3, b"NTFS    ", "an NTFS filesystem"),
-    (0, b"LUKS\xba\xbe", "a LUKS encrypted volume"),
-    (0, b"hsqs", "a squashfs filesystem"),
-    (32769, b"CD001", "an ISO 9660 filesystem"),
-    (4096, b"\xfc\x4e\x2b\xa9", "a Linux RAID (md) member, superblock 1.2"),
-    (0, b"\xfc\x4e\x2b\xa9", "a Linux RAID (md) member, superblock 1.1"),
-    (1024, b"\x10\x20\xf5\xf2", "an F2FS filesystem"),
-) + tuple((512 * k, b"LABELONE", "an LVM physical volume") for k in range(4)) + tuple(
-    (page - 10, magic, "a swap area") for page in (4096, 8192, 16384, 65536)
-    for magic in (b"SWAPSPACE2", b"SWAP-SPACE"))
+_MAGICS: tuple[tuple[int, bytes, Signature], ...] = (
+    (512, b"EFI PART", _GPT),
+    (4096, b"EFI PART", _GPT),
+    (1024 + 56, b"\x53\xef", _fs("ext2/ext3/ext4")),
+    (0, b"XFSB", _fs("xfs")),
+    (65536 + 64, b"_BHRfS_M", _fs("btrfs")),
+    (3, b"NTFS    ", _fs("ntfs")),
+    (3, b"EXFAT   ", _fs("exfat")),
+    (54, b"FAT12   ", _FAT),
+    (54, b"FAT16   ", _FAT),
+    (82, b"FAT32   ", _FAT),
+    (0, b"LUKS\xba\xbe", Signature(_USAGE["crypto"], "TYPE", "crypto_LUKS")),
+    (0, b"hsqs", _fs("squashfs")),
+    (32769, b"CD001", _fs("iso9660")),
+    (4096, b"\xfc\x4e\x2b\xa9", _MD),  # md superblock 1.2
+    (0, b"\xfc\x4e\x2b\xa9", _MD),  # md superblock 1.1
+    (1024, b"\x10\x20\xf5\xf2", _fs("f2fs")),
+    (1024 + 6, b"\x34\x34", _fs("nilfs2")),
+    (32768, b"JFS1", _fs("jfs")),
+    (32769, b"BEA01", _fs("udf")),
+    (1024 + 24, b"\x5a\x4d", _fs("minix")),  # minix v3; v1 and v2 below
+    # bcache's superblock at 4 KiB: checksum, offset and version, then the magic
+    (4096 + 24, bytes.fromhex("c68573f64e1a45ca8265f57f48ba6d81"),
+     Signature(_USAGE["other"], "TYPE", "bcache")),
+) + tuple((512 * k, b"LABELONE", Signature(_USAGE["raid"], "TYPE", "LVM2_member"))
+          for k in range(4)) + tuple(
+    (page - 10, magic, Signature(_USAGE["other"], "TYPE", "swap"))
+    for page in (4096, 8192, 16384, 65536) for magic in (b"SWAPSPACE2", b"SWAP-SPACE")) + tuple(
+    (1024 + 16, magic, _fs("minix")) for magic in (b"\x7f\x13", b"\x8f\x13", b"\x68\x24",
+                                                   b"\x78\x24"))
 
 
-def signatures(head: bytes, tail: bytes = b"") -> list[str]:
-    """What the first bytes of a file or device (``head``, up to HEAD_BYTES) say it holds:
-    partition tables, filesystems, volume labels; ``tail`` is its last 128 KiB (md RAID
-    superblocks 0.90 and 1.0 live at the end). Empty: nothing recognised."""
-    found = []
+def signatures(head: bytes, tail: bytes = b"") -> list[Signature]:
+    """What gpufio's own list finds in the first bytes of a file or device (``head``, up to
+    HEAD_BYTES) and its last 128 KiB (``tail``: md superblocks 0.90 and 1.0 live at the
+    end). Empty: nothing recognised."""
+    found: list[Signature] = []
     for off, magic, what in _MAGICS:
         if head[off:off + len(magic)] == magic and what not in found:
             found.append(what)
     if len(head) >= 512 and head[510:512] == b"\x55\xaa" and not found:
-        # an MBR (or a FAT boot sector, which carries the same signature)
-        found.append("an MBR partition table or boot sector")
+        # a boot sector's mark without a FAT or NTFS behind it: an MBR
+        found.append(Signature("a partition table", "PTTYPE", "dos"))
     md_magic = b"\xfc\x4e\x2b\xa9"
-    if tail and md_magic in (tail[-65536:-65532], tail[-8192:-8188]):
-        found.append("a Linux RAID (md) member, superblock 0.90/1.0")
+    if tail and md_magic in (tail[-65536:-65532], tail[-8192:-8188]) and _MD not in found:
+        found.append(_MD)
     return found
 
 
@@ -71,6 +114,99 @@ def _read_ends(fd: int, size: int) -> tuple[bytes, bytes]:
     head = os.pread(fd, HEAD_BYTES, 0)
     tail = os.pread(fd, HEAD_BYTES, max(size - HEAD_BYTES, 0)) if size > HEAD_BYTES else b""
     return head, tail
+
+
+# libblkid's flags (blkid.h): what the superblocks chain reports, and that a superblock
+# with a bad checksum is reported too (it is still someone's data)
+_SUBLKS_TYPE, _SUBLKS_USAGE, _SUBLKS_BADCSUM = 1 << 5, 1 << 7, 1 << 10
+_AMBIVALENT = -2
+LIBBLKID = "libblkid.so.1"
+
+
+@functools.cache
+def _libblkid() -> ctypes.CDLL | None:
+    """util-linux's libblkid, or None where it cannot be loaded."""
+    try:
+        lib = ctypes.CDLL(LIBBLKID, use_errno=True)
+    except OSError:
+        return None
+    p, i = ctypes.c_void_p, ctypes.c_int
+    for name, res, args in (
+            ("blkid_new_probe", p, []),
+            ("blkid_free_probe", None, [p]),
+            ("blkid_probe_set_device", i, [p, i, ctypes.c_int64, ctypes.c_int64]),
+            ("blkid_probe_enable_superblocks", i, [p, i]),
+            ("blkid_probe_set_superblocks_flags", i, [p, i]),
+            ("blkid_probe_enable_partitions", i, [p, i]),
+            ("blkid_do_safeprobe", i, [p]),
+            ("blkid_do_fullprobe", i, [p]),
+            ("blkid_probe_lookup_value", i,
+             [p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_void_p])):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+def _value(lib: ctypes.CDLL, pr: int, name: str) -> str | None:
+    data = ctypes.c_char_p()
+    if lib.blkid_probe_lookup_value(pr, name.encode(), ctypes.byref(data), None) != 0:
+        return None
+    return (data.value or b"").decode(errors="replace")
+
+
+def blkid_signatures(lib: ctypes.CDLL, fd: int) -> list[Signature]:
+    """What libblkid finds on the open file or device ``fd``, as ``blkid -p`` probes it:
+    superblocks and partition tables. An ambivalent result (more than one superblock) is
+    refused like any other, naming the first that libblkid finds."""
+    pr = lib.blkid_new_probe()
+    if not pr:
+        raise OSError(errno.ENOMEM, "libblkid cannot make a probe")
+    try:
+        if lib.blkid_probe_set_device(pr, fd, 0, 0) != 0:
+            raise OSError(ctypes.get_errno() or errno.EIO, "libblkid cannot probe it")
+        lib.blkid_probe_enable_superblocks(pr, 1)
+        lib.blkid_probe_set_superblocks_flags(pr, _SUBLKS_TYPE | _SUBLKS_USAGE | _SUBLKS_BADCSUM)
+        lib.blkid_probe_enable_partitions(pr, 1)
+        rc = lib.blkid_do_safeprobe(pr)
+        ambivalent = rc == _AMBIVALENT
+        if ambivalent:
+            rc = lib.blkid_do_fullprobe(pr)
+        if rc < 0:
+            raise OSError(ctypes.get_errno() or errno.EIO, "libblkid's probe failed")
+        found = []
+        pttype, fstype = _value(lib, pr, "PTTYPE"), _value(lib, pr, "TYPE")
+        if pttype:
+            found.append(Signature("a partition table", "PTTYPE", pttype))
+        if fstype:
+            usage = _USAGE.get(_value(lib, pr, "USAGE") or "other", _USAGE["other"])
+            found.append(Signature(usage, "TYPE", fstype))
+        if ambivalent:
+            found.append(Signature("other superblocks (wipefs -n lists them)", "", ""))
+        return found
+    finally:
+        lib.blkid_free_probe(pr)
+
+
+def probe(fd: int) -> tuple[list[Signature], str]:
+    """What the open file or device ``fd`` holds, and who found it: libblkid, or gpufio's
+    own list where libblkid is missing."""
+    lib = _libblkid()
+    if lib is not None:
+        return blkid_signatures(lib, fd), "found by libblkid"
+    head, tail = _read_ends(fd, os.lseek(fd, 0, os.SEEK_END))
+    return signatures(head, tail), f"found by gpufio's own list: no {LIBBLKID} here"
+
+
+def _found(path: str, fd: int) -> str | None:
+    """'holds ...' for what the probe finds on ``fd``, or None; BadInput if it cannot probe."""
+    try:
+        found, source = probe(fd)
+    except OSError as e:
+        raise BadInput(f"target {path}: cannot read it to check it before writing: "
+                       f"{e.strerror}") from None
+    if not found:
+        return None
+    return f"holds {' and '.join(map(str, found))}, {source}"
 
 
 def _check_mount(path: str) -> None:
@@ -111,30 +247,65 @@ def check_file(path: str, *, overwrite: bool) -> None:
     if not os.access(path, os.W_OK):
         raise BadInput(f"target {path}: is not writable (permission denied or read-only)")
     try:
-        with open(path, "rb", buffering=0) as f:
-            head, tail = _read_ends(f.fileno(), os.fstat(f.fileno()).st_size)
+        fd = os.open(path, os.O_RDONLY)
     except OSError as e:
         raise BadInput(f"target {path}: cannot read it to check it before writing: "
                        f"{e.strerror}") from None
-    if pattern.read_seed(head[:pattern.BLOCK]) is not None or overwrite:
-        return
-    found = signatures(head, tail)
-    what = f"holds {found[0]}" if found else "does not carry gpufio's pattern"
+    try:
+        if overwrite or pattern.read_seed(os.pread(fd, pattern.BLOCK, 0)) is not None:
+            return
+        what = _found(path, fd) or "does not carry gpufio's pattern"
+    finally:
+        os.close(fd)
     raise BadInput(f"target {path}: {what}; gpufio writes only to files it made, unless the "
                    "job says overwrite = true (the file's data is then lost)")
 
 
-def check_device(path: str, *, confirmed: str | None) -> None:
-    """BadInput naming what makes block device ``path`` unsafe to write, if anything;
-    ``confirmed`` is the job's write_device, which must name this very device. The checks
-    read it through an O_EXCL descriptor, which the kernel refuses while anyone holds it."""
-    real = os.path.realpath(path)
-    if confirmed is None or os.path.realpath(confirmed) != real:
+def _device_number(path: str) -> int | None:
+    """The device number of block device ``path``, None if it is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_rdev if stat.S_ISBLK(st.st_mode) else None
+
+
+def _numbered(rdev: int) -> str:
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def same_device(target: str, confirmed: str) -> bool:
+    """Whether ``confirmed`` (a job's write_device) names the block device ``target``: the
+    same device number, whatever the path (a /dev/disk/by-id link names it too)."""
+    rdev = _device_number(confirmed)
+    return rdev is not None and rdev == _device_number(target)
+
+
+def check_identity(path: str, confirmed: str | None) -> None:
+    """The identity step: BadInput unless write_device (``confirmed``) names the block
+    device ``path``, saying which device it names and which the target is."""
+    if confirmed is None:
         raise BadInput(f"target {path}: is a block device, and writing destroys what it "
                        f"holds; confirm with write_device = \"{path}\"")
+    if same_device(path, confirmed):
+        return
+    rdev, mine = _device_number(confirmed), _device_number(path)
+    if rdev is not None:
+        names = f"block device {_numbered(rdev)}"
+    else:
+        names = "no block device" if os.path.lexists(confirmed) else "nothing that exists"
+    target = f"block device {_numbered(mine)}" if mine is not None else "a block device"
+    raise BadInput(f"target {path}: write_device names {confirmed} ({names}), but the target "
+                   f"is {path} ({target}); confirm with write_device = \"{path}\"")
+
+
+def check_not_in_use(path: str) -> None:
+    """BadInput if block device ``path`` is mounted, swap, partitioned or held by another
+    device (device-mapper, md, bcache)."""
+    real = os.path.realpath(path)
     st = os.stat(real)
     name = os.path.basename(real)
-    sysdir = Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+    sysdir = Path(f"/sys/dev/block/{_numbered(st.st_rdev)}")
     where = _mounted(st.st_rdev)
     if where:
         raise BadInput(f"target {path}: is mounted on {where}; gpufio never writes to a "
@@ -143,15 +314,32 @@ def check_device(path: str, *, confirmed: str | None) -> None:
         raise BadInput(f"target {path}: is in use as swap; gpufio never writes to it")
     holders = sorted(p.name for p in (sysdir / "holders").glob("*")) if sysdir.exists() else []
     if holders:
-        raise BadInput(f"target {path}: is held by {', '.join(holders)} (device-mapper, LVM "
-                       "or RAID); gpufio never writes under them")
+        raise BadInput(f"target {path}: is held by {', '.join(holders)} (device-mapper, LVM, "
+                       "RAID or bcache); gpufio never writes under them")
     parts = sorted(p.name for p in sysdir.glob(f"{name}*") if (p / "partition").exists()) \
         if sysdir.exists() else []
     if parts:
         raise BadInput(f"target {path}: has partitions ({', '.join(parts)}); gpufio writes "
                        "only to a device that holds none")
+
+
+def check_signatures(path: str, fd: int) -> None:
+    """The signature probe: BadInput naming what the device open on ``fd`` holds, if the
+    probe recognises anything on it."""
+    found = _found(path, fd)
+    if found:
+        raise BadInput(f"target {path}: {found}; gpufio never writes over it (wipe it "
+                       "yourself first, e.g. wipefs -a, if the data may go)")
+
+
+def check_device(path: str, *, confirmed: str | None) -> None:
+    """BadInput naming what makes block device ``path`` unsafe to write, if anything;
+    ``confirmed`` is the job's write_device, which must name this very device. The probe
+    reads it through an O_EXCL descriptor, which the kernel refuses while anyone holds it."""
+    check_identity(path, confirmed)
+    check_not_in_use(path)
     try:
-        fd = os.open(real, os.O_RDWR | os.O_EXCL)
+        fd = os.open(os.path.realpath(path), os.O_RDWR | os.O_EXCL)
     except OSError as e:
         if e.errno == errno.EBUSY:
             raise BadInput(f"target {path}: is in use (O_EXCL open: device busy); gpufio "
@@ -160,11 +348,7 @@ def check_device(path: str, *, confirmed: str | None) -> None:
     try:
         if not stat.S_ISBLK(os.fstat(fd).st_mode):
             raise BadInput(f"target {path}: is not a block device")
-        head, tail = _read_ends(fd, os.lseek(fd, 0, os.SEEK_END))
-        found = signatures(head, tail)
-        if found:
-            raise BadInput(f"target {path}: holds {found[0]}; gpufio never writes over it "
-                           "(wipe it yourself first, e.g. wipefs -a, if the data may go)")
+        check_signatures(path, fd)
     finally:
         os.close(fd)
 

@@ -50,6 +50,7 @@ class Job:
     end_fsync: bool
     overwrite: bool
     write_device: str | None
+    allow_large_layout: bool
     precondition: str
     steadystate: str | None
     steadystate_duration: int

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gpufio.core import events, pattern
+from gpufio.core import events, pattern, space
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
 from gpufio.core.units import format_size
@@ -36,7 +36,8 @@ _DEVICE_NAME = re.compile(r"(nvme\d+n\d+(p\d+)?|nvme\d+c\d+n\d+|[shvx]+d[a-z]+\d
                           r"zram\d+|ram\d+|md\d+|dm-\d+|nbd\d+|pmem\d+|mmcblk\d+(p\d+)?|"
                           r"rbd\d+|sr\d+)")
 _PARTIAL = re.compile(r"\.partial-(\d+)$")
-# what gpufio itself leaves in a scratch directory (see 'gpufio clean')
+# the names of the files gpufio leaves that need not carry its pattern header (GNN tables and
+# graphs, checkpoints); every other file it lays out is known by the header (see 'gpufio clean')
 SCRATCH_NAMES = re.compile(r"(gpufio-.*\.dat|gnn-features-.*\.f32|gnn-graph-.*\.npz)"
                            r"(\.partial-\d+)?")
 
@@ -127,17 +128,22 @@ def remove_stale_partials(directory: str) -> list[str]:
 
 
 def scratch_files(directories: list[str]) -> list[str]:
-    """The files gpufio left in ``directories``: scratch targets, GNN tables and graphs, and
-    partial files of dead processes (what ``gpufio clean`` removes)."""
+    """The files gpufio laid out in ``directories``: every file carrying its pattern header
+    (scratch targets, the targets of TOML profiles and fio job files, whatever their name),
+    GNN tables and graphs and checkpoints by their names, and partial files of dead
+    processes (what ``gpufio clean`` removes)."""
     found = []
-    for d in directories:
+    for d in dict.fromkeys(os.path.abspath(d) for d in directories):
         try:
             names = sorted(os.listdir(d))
         except OSError:
             continue
         for name in names:
             path = os.path.join(d, name)
-            if not _filling(name) and os.path.isfile(path) and SCRATCH_NAMES.fullmatch(name):
+            if _filling(name) or os.path.islink(path) or not os.path.isfile(path):
+                continue
+            if SCRATCH_NAMES.fullmatch(name) or \
+                    pattern.read_seed(_read_first_block(path)) is not None:
                 found.append(path)
     return found
 
@@ -162,12 +168,15 @@ class Target:
 
 
 def create_file(path: str, nbytes: int, seed: int,
-                progress: Callable[[int, int], None] | None = None) -> None:
+                progress: Callable[[int, int], None] | None = None,
+                allow_large: bool = False) -> None:
     """Create ``path`` holding ``nbytes`` of the pattern; refuses to touch an existing path,
-    or to create one where a device was meant (``check_creatable``)."""
+    to create one where a device was meant (``check_creatable``), or to take a large share
+    of the free space without consent (``space.check_layout``; ``allow_large``: the job's)."""
     if os.path.lexists(path):
         raise BadInput(f"target {path}: already exists; gpufio never overwrites a target")
     check_creatable(path)
+    space.check_layout(path, nbytes, allow_large)
     remove_stale_partials(os.path.dirname(os.path.abspath(path)))
     tmp = f"{path}.partial-{os.getpid()}"
     try:
@@ -202,9 +211,11 @@ def _fill(fd: int, path: str, start: int, end: int, seed: int,
         raise BadInput(f"target {path}: cannot fill: {e.strerror}") from None
 
 
-def ensure_scratch(path: str, nbytes: int, seed: int, quiet: bool = False) -> None:
+def ensure_scratch(path: str, nbytes: int, seed: int, quiet: bool = False,
+                   allow_large: bool = False) -> None:
     """Make the scratch file ``path`` hold at least ``nbytes`` (rounded up to whole pattern
-    blocks) of seed ``seed``'s pattern: create it, or grow it under a lock."""
+    blocks) of seed ``seed``'s pattern: create it, or grow it under a lock (a large layout
+    with consent only, ``create_file``)."""
     nbytes = -(-nbytes // pattern.BLOCK) * pattern.BLOCK
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.lexists(path):
@@ -215,7 +226,8 @@ def ensure_scratch(path: str, nbytes: int, seed: int, quiet: bool = False) -> No
                 raise BadInput(f"scratch directory {directory}: cannot create: "
                                f"{e.strerror}") from None
         try:
-            create_file(path, nbytes, seed, None if quiet else _layout_progress(path))
+            create_file(path, nbytes, seed, None if quiet else _layout_progress(path),
+                        allow_large)
             return
         except BadInput:
             if not os.path.lexists(path):  # not lost to a concurrent creator: a real error
@@ -231,6 +243,7 @@ def ensure_scratch(path: str, nbytes: int, seed: int, quiet: bool = False) -> No
                            f"{seed}; remove it ('gpufio clean')")
         size = os.fstat(fd).st_size
         if size < nbytes:
+            space.check_layout(path, nbytes - size, allow_large)
             _fill(fd, path, size, nbytes, seed, None if quiet else _layout_progress(path))
     finally:
         os.close(fd)
@@ -244,14 +257,15 @@ def _layout_progress(path: str) -> Callable[[int, int], None]:
     return report
 
 
-def ensure_exists(path: str, nbytes: int | None, seed: int, quiet: bool = False) -> bool:
+def ensure_exists(path: str, nbytes: int | None, seed: int, quiet: bool = False,
+                  allow_large: bool = False) -> bool:
     """Create ``path`` if missing (True when created); BadInput if it cannot be."""
     if os.path.lexists(path):
         return False
     if nbytes is None:
         check_creatable(path)  # a mistyped device gets the device message, not "no size"
         raise BadInput(f"target {path}: does not exist, and the job gives no size to create it with")
-    create_file(path, nbytes, seed, None if quiet else _layout_progress(path))
+    create_file(path, nbytes, seed, None if quiet else _layout_progress(path), allow_large)
     return True
 
 

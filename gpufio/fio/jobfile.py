@@ -3,7 +3,9 @@
 fio's INI dialect ([global] and one section per job, key=value or a bare flag, # and ;
 comments, ``${VAR}`` from the environment) is translated key by key into gpufio's profile
 keys, then validated exactly like a TOML profile. fio's engine names come from each engine's
-``fio_engines`` table, so this module names none. Everything that cannot be honoured is
+``fio_engines`` table, so this module names none. ``directory`` and ``filename`` join as in
+fio (the directory must exist); options that only change fio's own reporting, or that are a
+gpufio flag negated (``buffered``), are accepted with a note. Everything that cannot be honoured is
 listed in one error, with line numbers and gpufio's equivalent where it has one, so a user
 converting a job file sees everything to change at once.
 """
@@ -40,6 +42,18 @@ KEYS = {
 # only describe the job
 ACCEPTED = {"norandommap", "stonewall", "wait_for_previous", "group_reporting", "thread",
             "description"}
+# fio keys that only change what fio itself measures or reports: accepted, with a note
+REPORTING_ONLY = {
+    "gtod_reduce": "cuts fio's own clock calls; gpufio times every I/O as always",
+    **{k: "chooses the latency fio gives percentiles of; gpufio gives its one latency "
+          "(submission to completion) with percentiles"
+       for k in ("clat_percentiles", "lat_percentiles", "slat_percentiles")},
+    **{k: "turns one of fio's measurements off; gpufio measures as always"
+       for k in ("disable_lat", "disable_clat", "disable_slat", "disable_bw_measurement",
+                 "disable_bw")},
+}
+# fio keys that are the negation of a gpufio flag: buffered=0 is direct=1
+NEGATED = {"buffered": "direct"}
 # keys read together with ioengine
 ENGINE_KEYS = {"ioengine", "cuda_io"}
 _FLAG_KEYS = {"direct", "time_based", "sqthread_poll", "fixedbufs", "registerfiles", "end_fsync"}
@@ -86,13 +100,20 @@ def _expand(raw: str, lineno: int, section: str, problems: _Problems) -> str:
     return _VAR.sub(sub, raw)
 
 
+def _unescape(name: str) -> str:
+    """A file or directory name as fio reads it: ``\\:`` is a colon, a bare one separates."""
+    return name.replace("\\:", ":")
+
+
 def _value(key: str, raw: str | None) -> Any:
     if raw is None:
         return True if key in _FLAG_KEYS else "1"
     if key in _FLAG_KEYS:
         return raw.strip() not in ("0", "false")
     if key == "filename":
-        return [p.replace("\\:", ":") for p in re.split(r"(?<!\\):", raw) if p]
+        return [_unescape(p) for p in re.split(r"(?<!\\):", raw) if p]
+    if key == "directory":
+        return _unescape(raw)
     if key in ("gpu_dev_ids", "percentile_list"):
         return [v for v in re.split(r"[:,]", raw) if v]
     if key == "verify":
@@ -126,11 +147,52 @@ def _engine(keys: dict[str, tuple[int, str]], section: str, problems: _Problems,
     return name
 
 
+def _note(key: str, raw: str | None, notes: list[str]) -> None:
+    """The note for an option accepted as harmless, once per option."""
+    value = "1" if raw is None else raw
+    if key in NEGATED:
+        flag = _value(NEGATED[key], raw)
+        text = f"{key}={value} runs as {NEGATED[key]}={0 if flag else 1}"
+    else:
+        text = f"{key}={value} {REPORTING_ONLY[key]}"
+    if text not in notes:
+        notes.append(text)
+
+
+def _check_directory(value: str, lineno: int, section: str, problems: _Problems) -> None:
+    """fio's check of ``directory``: one directory, and it must exist (neither fio nor gpufio
+    creates it)."""
+    if re.search(r"(?<!\\):", value):
+        problems.add(lineno, section, f"directory={value}: several directories are not "
+                     "supported (list the files in filename)")
+    elif not os.path.isdir(_unescape(value)):
+        problems.add(lineno, section, f"directory={value}: {value} is not a directory "
+                     "(gpufio, like fio, does not create it)")
+
+
+def _join_directories(sections: list[tuple[str, dict[str, Any], Any]]) -> None:
+    """fio's ``directory`` + ``filename``: each file's path is the directory, '/', and the
+    name, even an absolute one, as fio builds it; a job section takes either key from
+    [global] where it does not give it."""
+    glob = next((opts for name, opts, _ in sections if name == "global"), {})
+    joined = []
+    for name, options, _ in sections:
+        inherited = {} if name == "global" else glob
+        directory = options.get("directory", inherited.get("directory"))
+        files = options.get("targets", inherited.get("targets"))
+        if directory and files and ("directory" in options or "targets" in options):
+            joined.append((options, [f"{directory.rstrip('/')}/{f.lstrip('/')}"
+                                     for f in files]))
+    for options, targets in joined:
+        options["targets"] = targets
+
+
 def parse(text: str, path: str) -> tuple[dict[str, Any], list[str]]:
     """fio job-file text as the dict a TOML profile would give ({global, job}), and the notes
-    to show the user (how fio's engines map onto gpufio's)."""
+    to show the user (how fio's engines and harmless options map onto gpufio's)."""
     sections: list[tuple[str, dict[str, Any], dict[str, tuple[int, str]]]] = []
     problems = _Problems()
+    notes: list[str] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].split(";", 1)[0].strip()
         if not line:
@@ -146,6 +208,13 @@ def parse(text: str, path: str) -> tuple[dict[str, Any], list[str]]:
         value = _expand(raw.strip(), lineno, name, problems) if sep else None
         if key in ACCEPTED:
             continue
+        if key in REPORTING_ONLY or key in NEGATED:
+            _note(key, value, notes)
+            if key in NEGATED:
+                options[NEGATED[key]] = not _value(NEGATED[key], value)
+            continue
+        if key == "directory" and value:
+            _check_directory(value, lineno, name, problems)
         if key in ENGINE_KEYS:
             engine_keys[key] = (lineno, value or "")
             continue
@@ -154,7 +223,7 @@ def parse(text: str, path: str) -> tuple[dict[str, Any], list[str]]:
             problems.add(lineno, name, f"{key} is not supported ({hint})")
             continue
         options[KEYS[key]] = _value(key, value)
-    notes: list[str] = []
+    _join_directories(sections)
     glob_keys = next((keys for name, _, keys in sections if name == "global"), {})
     for name, options, engine_keys in sections:
         if name != "global" and not engine_keys:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from typing import TextIO
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from gpufio.core import space
 from gpufio.results.render import table
 from gpufio.run.records import DONE, DONE_BOTH, Snapshot
 
@@ -64,6 +67,15 @@ class LiveTable:
     def show(self, t: Table) -> None:
         self._live.update(t)
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No redrawing for the block (a question being asked below the table)."""
+        self._live.stop()
+        try:
+            yield
+        finally:
+            self._live.start()
+
 
 def _table(snaps: list[Snapshot], note: str = "") -> Table:
     """The live table; a finished job's row carries its result's numbers (runner.JobRun),
@@ -90,15 +102,18 @@ class LiveDisplay:
         self._tty = self._stream.isatty()
         self._live: LiveTable | None = None
         self._plain = Interval(PLAIN_EVERY_S)
+        self._stack = ExitStack()
 
     def __enter__(self) -> "LiveDisplay":
         if self._tty:
-            self._live = LiveTable(self._stream, _table([], self._note)).__enter__()
+            self._live = self._stack.enter_context(LiveTable(self._stream,
+                                                             _table([], self._note)))
+            # a layout's question (core/space) is asked with the table standing still
+            self._stack.enter_context(space.aside(self._live.paused))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
+        self._stack.close()
 
     def update(self, snaps: list[Snapshot]) -> None:
         """Show the latest snapshots (throttled to one plain line set per 2 s off a TTY)."""

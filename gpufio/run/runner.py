@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gpufio.core import cgroups, events, iolog, pattern
+from gpufio.core import cgroups, events, iolog, pattern, space
 from gpufio.core import targets as tg
 from gpufio.core.context import DIRECTIONS, READ, WRITE, JobShared, WorkerContext
 from gpufio.core.errors import BadInput, WorkerHung
@@ -72,13 +72,20 @@ def job_targets(job: Job, quiet: bool) -> list[str]:
     """The job's target paths, creating missing files that the job gives a size for."""
     paths, create_size = job_target_paths(job)
     if job.targets:
+        if create_size is not None:  # all the files it creates on one filesystem, together
+            missing = [p for p in paths if not os.path.lexists(p)]
+            for path in missing:
+                tg.check_creatable(path)  # where no file may be, that is the error to report
+            space.check_layouts([(p, create_size) for p in missing], job.allow_large_layout)
         for path in paths:
-            tg.ensure_exists(path, create_size, job.randseed, quiet=quiet)
+            tg.ensure_exists(path, create_size, job.randseed, quiet=quiet,
+                             allow_large=job.allow_large_layout)
         return paths
     if job.directory is not None and not os.path.isdir(job.directory):
         raise BadInput(f"job '{job.name}': key 'directory': {job.directory} does not exist "
                        "(as in fio, gpufio does not create it)")
-    tg.ensure_scratch(paths[0], create_size or 0, job.randseed, quiet=quiet)
+    tg.ensure_scratch(paths[0], create_size or 0, job.randseed, quiet=quiet,
+                      allow_large=job.allow_large_layout)
     return paths
 
 

@@ -229,11 +229,16 @@ class World:
                 "gate_open_ns": self.open_ns, "recv_ns": self.recv_ns}
 
 
+def launched() -> bool:
+    """Whether an MPI launcher started this process (one rank of maybe several)."""
+    return any(v in os.environ for v in LAUNCHER_VARS)
+
+
 def detect() -> World | None:
     """The MPI world when launched as one of several ranks with mpi4py installed, else None.
     BadInput when a launcher started several ranks but mpi4py is missing: each would run
     the whole profile alone."""
-    if not any(v in os.environ for v in LAUNCHER_VARS):
+    if not launched():
         return None
     size = int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
                or os.environ.get("SLURM_NTASKS") or 1)

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
+from gpufio.core import space
 from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
@@ -64,6 +65,14 @@ def plan(job: Job, sizes: Sequence[int]) -> Plan:
     return Plan(paths, tuple(used), tuple(extents))
 
 
+def _to_lay_out(path: str, need: int) -> int:
+    """The bytes that laying out ``path`` with ``need`` bytes adds: all of a missing file's,
+    the rest of a smaller file's, none of a device's."""
+    if not os.path.lexists(path):
+        return need
+    return max(need - os.path.getsize(path), 0) if os.path.isfile(path) else 0
+
+
 def _ensure(path: str, need: int, consent: WriteConsent) -> bool:
     """Create ``path`` with ``need`` bytes allocated (True), or grow a smaller regular file the
     guard lets the job write (False); devices are left as they are."""
@@ -93,6 +102,12 @@ def _allocate(fd: int, path: str, start: int, end: int) -> None:
 def open_files(job: Job, p: Plan) -> list[tg.Target]:
     """Every file of the plan, created or checked by the write guard, open for writing."""
     consent = WriteConsent(job.overwrite, job.write_device)
+    for path in p.paths:
+        if not os.path.lexists(path):
+            tg.check_creatable(path)  # where no file may be, that is the error to report
+    # the new bytes of every file, together: many shards may each be small
+    space.check_layouts([(path, n) for path, need in zip(p.paths, p.sizes)
+                         if (n := _to_lay_out(path, need))], job.allow_large_layout)
     opened: list[tg.Target] = []
     try:
         for path, need in zip(p.paths, p.sizes):

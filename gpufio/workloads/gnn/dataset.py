@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufio.core import events
+from gpufio.core import events, space
 from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
@@ -70,7 +70,8 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
     nodes, dim = g["nodes"], g["feature_dim"]
     scratch = Path(job.directory or tg.default_scratch_dir())
     if g["dataset"] == "igb":
-        data = igb.load(g["igb_root"], g["igb_size"], dim, scratch, g["igb_hetero"])
+        data = igb.load(g["igb_root"], g["igb_size"], dim, scratch, g["igb_hetero"],
+                        job.allow_large_layout)
         if g["batch_size"] > data.seeds:
             raise BadInput(f"key 'batch_size': {g['batch_size']} is more than the "
                            f"{data.seeds} papers of IGB {g['igb_size']}")
@@ -92,6 +93,8 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
         return Dataset(gr, paths, layout, generated=False)
     paths = _feature_paths(job)
     layout = features.Layout(len(paths), dim * 4)
+    space.check_layouts([(path, layout.bytes_needed(t, nodes)) for t, path in enumerate(paths)
+                         if not os.path.exists(path)], job.allow_large_layout)
     for t, path in enumerate(paths):
         if os.path.exists(path):
             if (os.path.getsize(path) == layout.bytes_needed(t, nodes)

@@ -151,12 +151,14 @@ def _edges(path: Path) -> np.ndarray:
     return edges
 
 
-def load(root: str, size: str, dim: int, cache: Path, hetero: bool = False) -> IgbData:
+def load(root: str, size: str, dim: int, cache: Path, hetero: bool = False,
+         allow_large: bool = False) -> IgbData:
     """The paper nodes of ``<root>/<size>`` (with ``hetero``: every node type, see
-    ``load_hetero``); the CSR is built once and cached in ``cache`` under a name keyed by
-    the edge file's path, size and modification time."""
+    ``load_hetero``; ``allow_large``: the job's consent to a large table copy); the CSR is
+    built once and cached in ``cache`` under a name keyed by the edge file's path, size and
+    modification time."""
     if hetero:
-        return load_hetero(root, size, dim, cache)
+        return load_hetero(root, size, dim, cache, allow_large)
     base = Path(root).expanduser() / size / "processed"
     feats = _need(base / "paper" / "node_feat.npy")
     labels = _array(_need(base / "paper" / "node_label_19.npy"), "label array")
@@ -168,7 +170,8 @@ def load(root: str, size: str, dim: int, cache: Path, hetero: bool = False) -> I
     return IgbData(graph, str(feats), header, nodes)
 
 
-def load_hetero(root: str, size: str, dim: int, cache: Path) -> IgbData:
+def load_hetero(root: str, size: str, dim: int, cache: Path,
+                allow_large: bool = False) -> IgbData:
     """Every node type of ``<root>/<size>``, global ids in GIDS's order: one CSR over all
     relations and one feature table in ``cache`` (both built once, keyed by the files)."""
     base = Path(root).expanduser() / size / "processed"
@@ -203,17 +206,19 @@ def load_hetero(root: str, size: str, dim: int, cache: Path) -> IgbData:
                           build)
     table = cache / f"gnn-features-igbh-{size}-{dim}-{_key(files)}.f32"
     if not table.exists() or table.stat().st_size != total * dim * 4:
-        _concatenate(table, [(feats[t], rows[t][1], rows[t][0] * dim * 4) for t in ntypes])
+        _concatenate(table, [(feats[t], rows[t][1], rows[t][0] * dim * 4) for t in ntypes],
+                     allow_large)
     return IgbData(graph, str(table), 0, papers, offsets)
 
 
-def _concatenate(table: Path, parts: list[tuple[Path, int, int]]) -> None:
+def _concatenate(table: Path, parts: list[tuple[Path, int, int]], allow_large: bool) -> None:
     """Write each (file, first byte, bytes) part after the other into ``table``, copied in
     the kernel (copy_file_range), through a temporary name so a cut-short copy is never
-    taken for the table."""
-    from gpufio.core import events
+    taken for the table; a large share of the free space only with consent."""
+    from gpufio.core import events, space
 
     total = sum(n for _, _, n in parts)
+    space.check_layout(str(table), total, allow_large)
     events.emit("layout", f"gpufio: writing IGBH's features as one table to {table} "
                 f"({total / 1e9:.1f} GB, once; later runs reuse it)")
     table.parent.mkdir(parents=True, exist_ok=True)
