@@ -12,7 +12,7 @@ exceeds what the schedule allows by then.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -36,7 +36,7 @@ class Pacer:
     """One worker's schedule: how many I/Os are due at a moment, and how long until the next."""
 
     def __init__(self, rate: float, process: str = "linear", seed: tuple[int, ...] = (0,),
-                 clock: Any = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
         """``clock``: nanoseconds, monotonic (a test passes a fake one)."""
         self.gap_ns = 1e9 / rate
         self.process = process
@@ -87,7 +87,7 @@ class Pacer:
         self._due = self._due[k:]
         self.issued += k
 
-    def wait(self, n: int, stopping: Any) -> int:
+    def wait(self, n: int, stopping: Callable[[], bool]) -> int:
         """Block until at least one of ``n`` I/Os is due, or ``stopping()``; take the due ones
         and return how many (0 only when stopping or asked for none)."""
         while n > 0:
