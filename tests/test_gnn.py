@@ -1001,3 +1001,20 @@ def test_the_cpu_checks_tables_cut_no_header_on_a_narrow_terminal(tmp_path):
     assert all(len(line) <= 100 for line in text.splitlines())
     for header in report.rows(doc)[0]:
         assert header in text, header
+
+
+def test_the_live_gnn_table_says_its_times_are_one_iterations(monkeypatch):
+    from gpufio.workloads.gnn import driver
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setenv("COLUMNS", "200")
+    job = from_dict({"global": {"workload": "gnn", "device": "cpu", "engine": "mmap",
+                                "iterations": 3, "warmup": 1}}, "g.toml", {}).jobs[0]
+    tty = Tty()
+    with driver.LiveStages(tty) as live:
+        live(job, 3, [1_000_000, 2_000_000, 3_000_000])
+    assert ("gpufio: GNN jobs (stage times of the last iteration; the result has the timed "
+            "iterations' means)") in " ".join(tty.getvalue().split())

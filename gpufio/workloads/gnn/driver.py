@@ -50,7 +50,9 @@ class LiveStages:
         self._live = LiveTable(stream or sys.stderr, self._table())
 
     def _table(self) -> Table:
-        return table(list(self._rows.values()), "gpufio: GNN jobs",
+        # the result's table shows the timed iterations' means: these are one iteration's
+        return table(list(self._rows.values()), "gpufio: GNN jobs (stage times of the last "
+                     "iteration; the result has the timed iterations' means)",
                      left=("job", "engine", "phase"), columns=self.COLUMNS)
 
     def __enter__(self) -> "LiveStages":
