@@ -301,7 +301,8 @@ def test_a_host_without_a_gpu_says_so_and_gives_no_gpu_driver_advice(tmp_path):
     gpu_engines = [n for n, cls in all_engines().items() if cls.uses_gpu]
     rows = {c.area: c for c in found if c.name == "GPU"}
     assert sorted(rows) == sorted(gpu_engines)
-    assert all(c.status == "warn" and c.found.startswith("none on this host") for c in rows.values())
+    assert all(c.status == "warn" and c.found.startswith("none on this host")
+               for c in rows.values())
     assert "rows and tensors in host memory" in rows["mmap"].found
     # an NVIDIA card on the bus, driver or not: the GPU checks are back
     dev = tmp_path / "sys/bus/pci/devices/0000:65:00.0"

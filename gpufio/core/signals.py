@@ -2,9 +2,10 @@
 (timeout(1), Slurm's time limit and scancel, mpirun passing a stop on, kill) as Ctrl-C, so a
 run stopped that way also ends at its next step and writes its results so far, as fio
 does; and it takes SIGINT even where it started with SIGINT ignored (a script's
-``gpufio run ... &``), as fio installs its own handler whatever it inherited. Helper processes (block workers, the memory watcher) ignore both: the main process
-stops them, and a signal sent to the whole process group (timeout, a terminal's Ctrl-C)
-must not end them under it; they die with the main process however it ends."""
+``gpufio run ... &``), as fio installs its own handler whatever it inherited. Helper
+processes (block workers, the memory watcher) ignore both: the main process stops them,
+and a signal sent to the whole process group (timeout, a terminal's Ctrl-C) must not end
+them under it; they die with the main process however it ends."""
 
 from __future__ import annotations
 
