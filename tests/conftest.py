@@ -15,6 +15,15 @@ import pytest
 from gpufio.core import targets
 
 
+@pytest.fixture(autouse=True, scope="session")
+def native_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the compiled helpers (core/native.py) into the session's temporary directory,
+    never into ~/.cache: one build serves every test of the run."""
+    d = tmp_path_factory.mktemp("cache")
+    os.environ["XDG_CACHE_HOME"] = str(d)
+    return d
+
+
 @pytest.fixture(autouse=True)
 def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Keep auto-created target files inside the test's own temporary directory."""

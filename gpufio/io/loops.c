@@ -116,20 +116,22 @@ int64_t gf_null(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
     (void)offs;
     for (; i < n && !*L->stop; i++) {
         const int64_t t0 = now_ns();
-        record(o, i, now_ns() - t0, tgt[i], (int32_t)L->bs, writes ? writes[i] : 0);
+        record(o, i, now_ns() - t0, tgt[i], (int32_t)L->bs,
+               writes ? writes[i] : L->slot_write[0]);
     }
     *consumed = i;
     return i;
 }
 
-/* pread or pwrite, one at a time, from slot 0; stops at the deadline or at the stop. */
+/* pread or pwrite (`writes`, or else slot 0's direction), one at a time, from slot 0;
+ * stops at the deadline or at the stop. */
 int64_t gf_psync(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                  const uint8_t *writes, int64_t n, int64_t deadline, struct gf_out *o,
                  int64_t *consumed)
 {
     int64_t i = 0;
     while (i < n && !stopping(L)) {
-        const int64_t t = tgt[i], w = writes ? writes[i] : 0;
+        const int64_t t = tgt[i], w = writes ? writes[i] : L->slot_write[0];
         const int fd = (int)L->fds[t];
         if (w)
             fill_slot(L, 0, t, offs[i]);
