@@ -207,6 +207,8 @@ def main() -> int:
     ap.add_argument("--root-dir", default=str(Path.home()), help="where the root-disk file goes")
     ap.add_argument("--quick", action="store_true",
                     help="one round of 1 s runs on 64 MiB files: proves the bench runs")
+    ap.add_argument("--cases", nargs="+", default=[],
+                    help="run only the cases whose name contains one of these (e.g. qd1 nj1)")
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
@@ -221,6 +223,7 @@ def main() -> int:
         for path in files.values():
             make_file(path, args.size_mb << 20)
         matrix = [(t, c) for t in files for c in CASES] + [("tmpfs", NULL_CASE)]
+        matrix = [(t, c) for t, c in matrix if not args.cases or any(k in c[0] for k in args.cases)]
         for rnd in range(args.rounds):
             for target, (case, engine, qd, nj) in matrix:
                 tools = [("gpufio", lambda: run_gpufio(engine, str(files[target]), qd, nj,
