@@ -167,3 +167,20 @@ def test_help_imports_only_what_it_needs(argv):
              "gpufio.workloads", "gpufio.engines", "gpufio.results.render"}
     assert loaded & heavy == set()
     assert "gpufio.cli" in loaded
+
+
+def test_gpu_uring_runs_one_sqpoll_thread_per_drive(pattern_file, shm_pattern_file):
+    """By default a drive gets one SQPOLL thread for all its rings (more would only spin);
+    RAM-backed targets keep one per ring; sq_threads still decides when given."""
+    from gpufio.engines import gpu_uring
+
+    def threads(path, **opts):
+        j = from_dict({"global": {"engine": "gpu-uring", "targets": [str(path)], "rings": 8,
+                                  **opts}}, "t.toml", {}).jobs[0]
+        return gpu_uring.resolved_options(j).sq_threads
+
+    if device.ram_backing(str(pattern_file)):
+        pytest.skip("the temporary directory is RAM-backed here")
+    assert threads(pattern_file) == 1
+    assert threads(shm_pattern_file) == 8
+    assert threads(pattern_file, sq_threads=4) == 4
