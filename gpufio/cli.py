@@ -129,7 +129,7 @@ def run(
     profile_path: Path = typer.Argument(..., metavar="PROFILE",
                                         help="job profile: TOML, or a fio job file ending in .fio"),
     fmt: str = typer.Option("table", "--format", "-f",
-                            help="table, json, fio-json, csv or markdown (those the profile's "
+                            help="table, json, fio-json, csv, markdown (those the profile's "
                             "workload offers)"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the result here"),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
