@@ -156,7 +156,8 @@ def test_gpu_uring_kernel_cores_and_environment(tmp_path):
     assert all(ch.status == "ok" for ch in g.values()), g
     # a drive's rings share one SQPOLL thread unless sq_threads says otherwise
     one = from_dict({"global": {"engine": "gpu-uring", "rings": 4}}, "p.toml", {}).jobs[0]
-    assert "1 SQPOLL threads on 4 CPUs" in checks(host, "gpu-uring", [one])["cores for job 'p'"].found
+    found = checks(host, "gpu-uring", [one])["cores for job 'p'"].found
+    assert "1 SQPOLL threads on 4 CPUs" in found
 
 
 def test_cpu_gpu_processes_need_mps(tmp_path):

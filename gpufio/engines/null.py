@@ -31,7 +31,8 @@ class Null(Engine):
     name = "null"
     summary = "completes every I/O at once without touching storage: the cost of gpufio's loop"
     peer = "fio null"
-    iodepth_means = "I/Os handed out and completed per batch"
+    iodepth_means = ("I/Os handed out and completed per batch by the Python loop; the "
+                     "compiled loop completes each I/O as it is handed out")
     fio_engines = {"null": ""}
 
     @classmethod
