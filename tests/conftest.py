@@ -18,9 +18,15 @@ from gpufio.core import targets
 @pytest.fixture(autouse=True, scope="session")
 def native_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Build the compiled helpers (core/native.py) into the session's temporary directory,
-    never into ~/.cache: one build serves every test of the run."""
+    never into ~/.cache: one build, before any test, serves every test of the run and the
+    gpufio processes they start (a build inside one would move its timing)."""
+    from gpufio.core import pattern
+    from gpufio.io import loops
+
     d = tmp_path_factory.mktemp("cache")
     os.environ["XDG_CACHE_HOME"] = str(d)
+    loops.available()
+    pattern.native_fill()
     return d
 
 
