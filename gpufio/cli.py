@@ -3,6 +3,9 @@
 Exit codes: 0 success, 1 a run failed (I/O errors, bad data, engine failure), 2 bad input,
 3 an internal error (a gpufio bug), 130 interrupted by Ctrl-C or SIGTERM (results so far
 are still written).
+
+Each command imports what it needs when it runs: ``gpufio --help`` and a run's start do not
+wait for NumPy, Rich's tables or the workloads they do not use.
 """
 
 from __future__ import annotations
@@ -12,19 +15,20 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import typer
-from rich.console import Console
 
-from gpufio import __version__, profile
+from gpufio import __version__
 from gpufio.core.errors import BadInput, RunFailed, WorkerHung
 from gpufio.core.signals import take_stop_signals
-from gpufio.facts import host as hostinfo
-from gpufio.results import render
-from gpufio.results.check import DEFAULT_CONFIDENCE
-from gpufio.run import runner
-from gpufio.workloads import Workload, all_workloads
+from gpufio.results import DEFAULT_CONFIDENCE
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpufio.profile import Profile
+    from gpufio.workloads import Workload
 
 # help texts are plain text: Rich markup would eat "[plot]" and "[check]"
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -84,6 +88,8 @@ def _exit_codes() -> Iterator[None]:
 
 def _stdout_console() -> Console:
     """A console for the final table; wide when stdout is a file or pipe, not 80 columns."""
+    from rich.console import Console
+
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
@@ -93,6 +99,8 @@ def _write(doc: dict, fmt: str, output: Optional[Path],
     if output is None:
         sys.stdout.write(render(doc, fmt, _stdout_console()))
         return
+    from rich.console import Console
+
     try:
         with open(output, "w") as f:
             f.write(render(doc, fmt, Console(file=f, width=200)))
@@ -101,11 +109,15 @@ def _write(doc: dict, fmt: str, output: Optional[Path],
 
 
 def _all_formats() -> list[str]:
+    from gpufio.workloads import all_workloads
+
     return list(dict.fromkeys(f for w in all_workloads().values() for f in w.formats))
 
 
-def _workload_of(prof: profile.Profile) -> Workload:
+def _workload_of(prof: Profile) -> Workload:
     """The one workload a profile's jobs run (a profile runs one kind of job)."""
+    from gpufio.workloads import all_workloads
+
     names = sorted({job.workload for job in prof.jobs})
     if len(names) > 1:
         raise BadInput(f"{prof.path}: a profile runs jobs of one workload, not "
@@ -133,7 +145,9 @@ def _layout_consent(yes: bool) -> Any:
 def run(
     profile_path: Path = typer.Argument(..., metavar="PROFILE",
                                         help="job profile: TOML, or a fio job file ending in .fio"),
-    fmt: str = typer.Option("table", "--format", "-f", help=", ".join(_all_formats())),
+    fmt: str = typer.Option("table", "--format", "-f",
+                            help="table, json, fio-json, csv, markdown (those the profile's "
+                            "workload offers)"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the result here"),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
                                    help="override a profile key in every job (repeatable); "
@@ -144,6 +158,8 @@ def run(
     yes: bool = YES,
 ) -> None:
     """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
+    from gpufio import profile
+
     take_stop_signals()
     with _exit_codes(), _layout_consent(yes):
         if fmt not in _all_formats():
@@ -245,7 +261,7 @@ def check(
     from gpufio.results import baseline as base_file
     from gpufio.results import check as gate
     from gpufio.results import load as results
-    from gpufio.results import report
+    from gpufio.results import render, report
 
     with _exit_codes():
         found, baseline = _load_all(result_paths), _load_all(baseline_paths)
@@ -291,6 +307,7 @@ def baseline(
     """Fold runs into one baseline file for check, and show each metric's run-to-run spread
     and the tightest limit it supports."""
     from gpufio.results import baseline as base_file
+    from gpufio.results import render
 
     with _exit_codes():
         docs = _load_all(files)
@@ -314,6 +331,9 @@ def prepare(
     yes: bool = YES,
 ) -> None:
     """Create and fill the profile's missing target files with gpufio's data pattern."""
+    from gpufio import profile
+    from gpufio.run import runner
+
     with _exit_codes(), _layout_consent(yes):
         prof = profile.load(str(profile_path), profile.parse_set(set_))
         seen: set[str] = set()
@@ -376,6 +396,8 @@ def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or js
         if fmt == "json":
             typer.echo(json.dumps(rows, indent=2))
             return
+        from gpufio.results import render
+
         for r in rows:
             r["options"] = ", ".join(r["options"])
             for side in ("host memory", "GPU memory"):
@@ -408,9 +430,13 @@ _DOCTOR_ARGS = _profile_and_targets("check what this profile's jobs need",
 def info(profile_path: Optional[Path] = _INFO_ARGS[0], target: list[str] = _INFO_ARGS[1],
          fmt: str = TABLE_OR_JSON) -> None:
     """Describe this host as a storage + GPU benchmark sees it (like gdscheck -p)."""
+    from gpufio import profile
     from gpufio.engines import all_engines
     from gpufio.facts import device as devinfo
+    from gpufio.facts import host as hostinfo
     from gpufio.io import gpu, uring
+    from gpufio.results import render
+    from gpufio.run import runner
 
     with _exit_codes():
         paths = list(target)
@@ -448,6 +474,8 @@ def doctor(profile_path: Optional[Path] = _DOCTOR_ARGS[0], target: list[str] = _
            fmt: str = TABLE_OR_JSON) -> None:
     """Say, per check, ok / warn / fail, what was found and the fix: cuFile's mode and why,
     io_uring for GPU-initiated I/O, MPS, the targets and the PCIe links (exit 1 on a fail)."""
+    from gpufio import profile
+    from gpufio.results import render
     from gpufio.run import doctor as checks
 
     with _exit_codes():

@@ -15,10 +15,19 @@ import pytest
 from gpufio.core import targets
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(autouse=True, scope="session")
 def _cache_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One XDG cache directory for the whole run (the compiled pattern filler is built once)."""
-    return tmp_path_factory.mktemp("xdg-cache")
+    """Build the compiled helpers (core/native.py) into the session's temporary directory,
+    never into ~/.cache: one build, before any test, serves every test of the run and the
+    gpufio processes they start (a build inside one would move its timing)."""
+    from gpufio.core import pattern
+    from gpufio.io import loops
+
+    d = tmp_path_factory.mktemp("cache")
+    os.environ["XDG_CACHE_HOME"] = str(d)
+    loops.available()
+    pattern.native_fill()
+    return d
 
 
 @pytest.fixture(autouse=True)

@@ -140,7 +140,8 @@ def test_gpu_uring_kernel_cores_and_environment(tmp_path):
     host = tree(tmp_path, {"proc/sys/kernel/osrelease": "6.5.7",
                            "sys/devices/system/cpu/online": "0-3"})
     host.env.update(CUDA_LAUNCH_BLOCKING="1", CUDA_MODULE_LOADING="LAZY")
-    job = from_dict({"global": {"engine": "gpu-uring", "rings": 4}}, "p.toml", {}).jobs[0]
+    job = from_dict({"global": {"engine": "gpu-uring", "rings": 4, "sq_threads": 4}}, "p.toml",
+                    {}).jobs[0]
     c = checks(host, "gpu-uring", [job])
     assert c["kernel >= 6.6"].status == "fail"
     serial = c["kernels run together"]
@@ -153,6 +154,10 @@ def test_gpu_uring_kernel_cores_and_environment(tmp_path):
     good.env.clear()
     g = checks(good, "gpu-uring", [job])
     assert all(ch.status == "ok" for ch in g.values()), g
+    # a drive's rings share one SQPOLL thread unless sq_threads says otherwise
+    one = from_dict({"global": {"engine": "gpu-uring", "rings": 4}}, "p.toml", {}).jobs[0]
+    found = checks(host, "gpu-uring", [one])["cores for job 'p'"].found
+    assert "1 SQPOLL threads on 4 CPUs" in found
 
 
 def test_cpu_gpu_processes_need_mps(tmp_path):

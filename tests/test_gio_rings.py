@@ -266,13 +266,16 @@ def test_rings_register_files_and_slots_by_default_only_when_inline(given, regis
     assert resolved_options(job).registered is registered
 
 
-@pytest.mark.parametrize("given,threads", [({"rings": 4}, 4), ({"rings": 4, "sq_threads": 1}, 1),
-                                           ({"sq_threads": 3}, 1)])
-def test_sq_threads_default_to_one_per_ring_and_never_exceed_the_rings(given, threads,
+@pytest.mark.parametrize("given,ram,threads", [
+    ({"rings": 4}, True, 4), ({"rings": 4}, False, 1), ({"rings": 4, "sq_threads": 1}, True, 1),
+    ({"rings": 4, "sq_threads": 2}, False, 2), ({"sq_threads": 3}, True, 1)])
+def test_sq_threads_default_to_one_per_ring_and_never_exceed_the_rings(given, ram, threads,
                                                                         monkeypatch):
+    """One per ring on RAM-backed targets, one per drive otherwise, never above the rings."""
     from gpufio.engines import gpu_uring
 
     monkeypatch.setattr(gpu_uring.os, "cpu_count", lambda: 2)  # default rings: 1
+    monkeypatch.setattr(gpu_uring, "ram_backing", lambda path: "tmpfs" if ram else None)
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
                     "t.toml", {}).jobs[0]
     assert gpu_uring.resolved_options(job).sq_threads == threads

@@ -149,3 +149,17 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd, r
         assert (word1.get() == offs).all()  # header word 1 of each block is its own offset
     finally:
         q.close()
+
+
+def test_a_drive_gets_one_sqpoll_thread_and_the_result_says_what_it_cost(pattern_file):
+    """rings on a file on a disk: one SQPOLL thread serves them all by default, and the
+    result gives each thread's CPU seconds over the measured phase (Linux 6.13+)."""
+    from gpufio.facts.device import ram_backing
+
+    if ram_backing(str(pattern_file)):
+        pytest.skip("the temporary directory is RAM-backed here: one thread per ring")
+    r = run([pattern_file], rings=4, iodepth=8, runtime="1s", time_based=True, verify=True)
+    assert r.ok and r.verify_failures == 0 and r.engine_facts["sq_threads"] == 1
+    if kernel_version() >= (6, 13):
+        cpu = r.engine_facts["sq_thread_cpu_s"]
+        assert len(cpu) == 1 and 0 < cpu[0] < 10

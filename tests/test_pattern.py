@@ -96,13 +96,17 @@ def test_compiled_and_numpy_fills_write_the_reference_words(monkeypatch, native,
 def test_no_compiler_or_gpufio_native_0_means_numpy(monkeypatch):
     from gpufio.core import native
 
-    native.fill_function.cache_clear()
+    def forget() -> None:
+        native.fill_function.cache_clear()
+        native.library.cache_clear()
+
+    forget()
     try:
         monkeypatch.setenv("GPUFIO_NATIVE", "0")
         assert native.fill_function() is None
-        native.fill_function.cache_clear()
+        forget()
         monkeypatch.delenv("GPUFIO_NATIVE")
         monkeypatch.setattr(native.shutil, "which", lambda name: None)
         assert native.fill_function() is None
     finally:
-        native.fill_function.cache_clear()
+        forget()

@@ -1,6 +1,8 @@
 """uring-engine specifics: its options, its limits, and that it never hangs."""
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from gpufio.core.errors import BadInput
 from gpufio.core.offsets import Distribution, OffsetStream
 from gpufio.core.targets import Target
 from gpufio.engines import uring as uring_engine
-from gpufio.io import uring
+from gpufio.io import loops, uring
 from gpufio.profile import from_dict
 
 
@@ -55,11 +57,30 @@ def test_unavailable_io_uring_is_reported(monkeypatch):
 def test_result_describes_the_ring_options():
     facts = uring_engine.Uring.describe(job(sqpoll=True, fixedbufs=True))
     assert facts == {"page_cache": False, "sqpoll": True, "fixedbufs": True,
-                     "registerfiles": False, "defer_taskrun": False, "op": "io"}
+                     "registerfiles": False, "hipri": False, "defer_taskrun": True, "op": "io",
+                     "loop": "compiled" if loops.available() else "python"}
+
+
+def stop_once_submitted(ctx: WorkerContext, ring: uring.Ring, n: int) -> threading.Thread:
+    """A thread that stops the job once the kernel has taken ``n`` SQEs of ``ring``: the
+    worker is then blocked in its wait, with those I/Os in flight."""
+    def body() -> None:
+        while ring.state()["sq_head"] < n:
+            time.sleep(0.001)
+        ctx.control.stop()
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t
 
 
 @pytest.mark.skipif(not uring.probe()["available"], reason="io_uring unavailable")
-def test_ios_that_never_complete_end_in_a_diagnostic(tmp_path, monkeypatch):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_stop_wakes_a_wait_on_ios_that_never_complete(tmp_path, monkeypatch, compiled):
+    """Waits have no time limit while I/Os run; the stop's eventfd wakes a blocked one, and
+    I/Os that still never complete then end in the stall diagnostic."""
+    if compiled and not loops.available():
+        pytest.skip("no compiled loops here (no C compiler)")
+    monkeypatch.setattr(loops, "available", lambda: compiled)
     monkeypatch.setattr(uring_engine, "STALL_LIMIT_NS", 300_000_000)
     monkeypatch.setattr(uring_engine, "WAIT_NS", 50_000_000)
     fifo = tmp_path / "fifo"
@@ -68,6 +89,7 @@ def test_ios_that_never_complete_end_in_a_diagnostic(tmp_path, monkeypatch):
     j = job(iodepth=4, rw="read", direct=False)
     ctx = worker_context(nblocks=256, budget=4)
     engine = uring_engine.Uring(j, [Target(str(fifo), fd, 1 << 20, False, 512, None)], ctx)
+    stopper = stop_once_submitted(ctx, engine.ring, 5)  # the stop poll and the 4 reads
     try:
         with pytest.raises(uring_engine.Stalled,
                            match="4 I/Os in flight and none completed for 0.3 s: .*'inflight': 4"):
@@ -75,7 +97,9 @@ def test_ios_that_never_complete_end_in_a_diagnostic(tmp_path, monkeypatch):
     finally:
         engine.close()
         os.close(fd)
+    stopper.join()
     assert ctx.rec.completed == 0 and np.sum(ctx.rec.short) == 0
+    assert engine.ring.woken or compiled  # the compiled loop reaps the poll's CQE itself
 
 
 @pytest.mark.skipif(not uring.probe()["available"], reason="io_uring unavailable")

@@ -13,6 +13,7 @@ import ctypes
 import mmap
 import os
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,8 @@ class JobShared:
     The memory is a memfd mapped MAP_SHARED: forked workers inherit the mapping, threads
     share it, and spawned workers (fresh interpreters) map the same memfd again through
     /proc/<runner pid>/fd/<fd> (``source`` says which), with no name in any filesystem.
+    Threads and forked workers also share an eventfd that the stop makes readable, so an
+    engine blocked in a wait for completions can be woken by it (a spawned worker has none).
     """
 
     def __init__(self, nworkers: int, source: tuple[int, int] | None = None) -> None:
@@ -55,8 +58,11 @@ class JobShared:
             if source is not None:
                 os.close(fd)
         self._fd = fd if source is None else -1
+        wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK) if source is None else -1
         words = np.frombuffer(self._mem, dtype=np.int64)
-        self.control = JobControl((ctypes.c_int64 * 2).from_buffer(self._mem))
+        self.control = JobControl((ctypes.c_int64 * 2).from_buffer(self._mem), wake)
+        if wake >= 0:  # open as long as anything may stop the job: a worker's wait polls it
+            weakref.finalize(self.control, os.close, wake)
         self.blocks = [words[2 + i * _BLOCK:2 + (i + 1) * _BLOCK] for i in range(nworkers)]
 
     def close_source(self) -> None:
@@ -76,8 +82,14 @@ class JobShared:
 class JobControl:
     """The runner's side of steering: stop, and whether the measured phase has begun."""
 
-    def __init__(self, words: ctypes.Array) -> None:
+    def __init__(self, words: ctypes.Array, wake_fd: int = -1) -> None:
         self._w = words  # ctypes, not numpy: a flag read costs a third as much
+        self.wake_fd = wake_fd
+
+    @property
+    def stop_address(self) -> int:
+        """The address of the stop word, for a compiled loop that reads it per I/O."""
+        return ctypes.addressof(self._w)
 
     @property
     def stopping(self) -> bool:
@@ -85,8 +97,13 @@ class JobControl:
         return bool(self._w[0])
 
     def stop(self) -> None:
-        """Tell every worker to stop issuing."""
+        """Tell every worker to stop issuing, and wake those waiting on ``wake_fd``."""
         self._w[0] = 1
+        if self.wake_fd >= 0:
+            try:
+                os.eventfd_write(self.wake_fd, 1)
+            except OSError:  # already readable (the counter is full): woken all the same
+                pass
 
     @property
     def measuring(self) -> bool:
@@ -291,6 +308,23 @@ class WorkerContext:
     def measuring(self) -> bool:
         """Whether the measured phase has begun (the ramp is over)."""
         return self.control.measuring
+
+    @property
+    def stop_address(self) -> int:
+        """The address of the job's stop word (nonzero: issue nothing more), for a compiled
+        loop that reads it per I/O."""
+        return self.control.stop_address
+
+    @property
+    def stop_fd(self) -> int:
+        """An eventfd that becomes readable when the job is stopped (-1: none here): an
+        engine that blocks in a wait keeps a poll of it in flight, so the stop wakes it."""
+        return self.control.wake_fd
+
+    @property
+    def continue_on_error(self) -> bool:
+        """Whether a failed or short I/O lets the worker go on (else it stops issuing)."""
+        return self._continue
 
     def regions(self) -> tuple[np.ndarray, np.ndarray]:
         """Each target's first byte and number of blocks, for engines that draw offsets

@@ -1,9 +1,10 @@
-"""The pattern fill compiled with the host's C compiler (core/pattern_fill.c), for writes from
-host memory: NumPy makes about 1 GB/s per core, which bounds a worker's large writes below
-what a drive takes. Built once per machine into gpufio's cache directory and loaded through
-ctypes, which lets go of the interpreter lock during the call, so fill threads run in
-parallel. Where there is no compiler (or GPUFIO_NATIVE=0) there is no native fill, and
-core/pattern.py fills with NumPy: the same bytes, slower.
+"""C helpers compiled with the host's C compiler: the pattern fill (core/pattern_fill.c), for
+writes from host memory, where NumPy makes about 1 GB/s per core, which bounds a worker's
+large writes below what a drive takes; and the CPU engines' per-I/O loops (io/loops.c, bound
+by io/loops.py). Each is built once per machine into gpufio's cache directory and loaded
+through ctypes, which lets go of the interpreter lock during the call, so fill threads run in
+parallel. Where there is no compiler (or GPUFIO_NATIVE=0) there is no native code: the
+pattern is filled with NumPy and the loops run in Python, the same bytes and results, slower.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def _cpu_identity() -> bytes:
                    if line.startswith(("model name", "flags"))).encode()
 
 
-def _build(cc: str, lib: Path) -> bool:
-    """Compile the fill into ``lib`` (for this CPU, else for any of its architecture)."""
+def _build(cc: str, lib: Path, sources: tuple[Path, ...]) -> bool:
+    """Compile ``sources`` into ``lib`` (for this CPU, else for any of its architecture)."""
     try:
         lib.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
@@ -48,7 +49,8 @@ def _build(cc: str, lib: Path) -> bool:
         return False
     for flags in (["-march=native"], []):
         try:
-            subprocess.run([cc, "-O3", *flags, "-fPIC", "-shared", "-o", tmp, str(SOURCE)],
+            subprocess.run([cc, "-O3", *flags, "-fPIC", "-shared", "-o", tmp,
+                            *map(str, sources)],
                            check=True, capture_output=True, timeout=120)
             os.replace(tmp, lib)  # whole, or not at all: another process may be loading it
             return True
@@ -58,24 +60,34 @@ def _build(cc: str, lib: Path) -> bool:
     return False
 
 
-@lru_cache(maxsize=1)
-def fill_function() -> ctypes._CFuncPtr | None:
-    """gpufio_fill(out, stride, n, words, offsets, seeds, magic), or None (see the module)."""
+@lru_cache(maxsize=None)
+def library(name: str, sources: tuple[Path, ...]) -> ctypes.CDLL | None:
+    """``sources`` compiled and loaded as the library ``name``, or None (see the module)."""
     if os.environ.get("GPUFIO_NATIVE", "1") == "0":
         return None
     cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None or not SOURCE.is_file():
+    if cc is None or not all(src.is_file() for src in sources):
         return None
     # built for this CPU's instructions (AVX-512 multiplies 8 words at once), so the name
     # carries the CPU's identity too: a home directory shared by other machines is safe
-    digest = hashlib.sha256(SOURCE.read_bytes() + _cpu_identity()).hexdigest()[:12]
-    lib = _cache_dir() / f"pattern_fill-{digest}-{platform.machine()}.so"
-    if not lib.exists() and not _build(cc, lib):
+    digest = hashlib.sha256(b"".join(src.read_bytes() for src in sources)
+                            + _cpu_identity()).hexdigest()[:12]
+    lib = _cache_dir() / f"{name}-{digest}-{platform.machine()}.so"
+    if not lib.exists() and not _build(cc, lib, sources):
         return None
     try:
-        fn = ctypes.CDLL(str(lib)).gpufio_fill
+        return ctypes.CDLL(str(lib))
     except OSError:
         return None
+
+
+@lru_cache(maxsize=1)
+def fill_function() -> ctypes._CFuncPtr | None:
+    """gpufio_fill(out, stride, n, words, offsets, seeds, magic), or None (see the module)."""
+    lib = library("pattern_fill", (SOURCE,))
+    if lib is None:
+        return None
+    fn = lib.gpufio_fill
     fn.argtypes = [_U64P, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, _U64P, _U64P,
                    ctypes.c_uint64]
     fn.restype = None

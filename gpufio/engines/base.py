@@ -10,6 +10,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from gpufio.core.checks import Check
 from gpufio.core.options import Option, settings_class
 from gpufio.core.rows import RowRequest, RowSupport, RowTable
@@ -51,6 +53,76 @@ def check_nop(job: "Job", op: str) -> None:
     if op == "nop" and (job.writes or job.verify):
         raise BadInput(f"job '{job.name}': op = \"nop\" moves no data, so it neither "
                        f"writes nor verifies (rw = {job.rw}, verify = {str(job.verify).lower()})")
+
+
+# the most I/Os one call of a compiled loop is handed; and the largest write block it fills
+# itself (larger writes keep the Python loop, whose fill runs on several threads)
+COMPILED_BATCH = 4096
+COMPILED_WRITE_BS = 128 << 10
+
+
+def compiled_loop(job: "Job") -> bool:
+    """Whether the job's I/Os go through the compiled loops (io/loops.py) instead of the
+    engine's Python loop: where they are built, for jobs that neither verify as they read
+    nor sync every N writes (both stay in Python), and whose writes are small enough to fill
+    on the loop's own thread. A rate-capped job stays in Python too: its loop reaps while no
+    I/O is due, where the compiled one would wait for the cap with I/Os in flight."""
+    from gpufio.io import loops
+
+    return (not (job.verify and job.reads) and not (job.fsync or job.fdatasync)
+            and not job.workload_options.get("rate_iops")
+            and (not job.writes or job.bs <= COMPILED_WRITE_BS) and loops.available())
+
+
+def loop_facts(job: "Job") -> dict[str, Any]:
+    """What a job's result says of the loop that issued its I/Os."""
+    return {"loop": "compiled" if compiled_loop(job) else "python"}
+
+
+def run_compiled(ctx: "WorkerContext", loop: Any, on_batch: Any = None,
+                 state: Any = None, stall_ns: int | None = None) -> None:
+    """Hand ``loop`` (io/loops.NativeLoop) the context's batches until it hands out no more,
+    record every completion, then wait for what is still in flight; ``on_batch()`` after
+    each call. A loop that stopped waiting without a completion (after the stop) feeds the
+    watchdog, which ends a job whose I/Os never complete; ``state(inflight)`` says where
+    the path stood, for that diagnostic (after ``stall_ns``, io/watchdog's limit unless
+    given)."""
+    import time
+
+    from gpufio.io.loops import CALL_NS
+    from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
+
+    clock = time.perf_counter_ns
+    stall_ns = STALL_LIMIT_NS if stall_ns is None else stall_ns
+    dog, completed = Watchdog(stall_ns, clock()), 0
+    tgt, offs = ctx.next_batch(COMPILED_BATCH)
+    writes = ctx.last_writes()
+    mixed = isinstance(writes, np.ndarray)
+    draining = len(offs) == 0
+    while True:
+        used, k = loop.run(tgt, offs, writes if mixed else None, clock() + CALL_NS)
+        if k:
+            completed += k
+            ctx.complete(loop.lat[:k], loop.tgt[:k], loop.res[:k],
+                         loop.write[:k].view(bool) if mixed else writes)
+        if on_batch is not None:
+            on_batch()
+        if loop.timed_out and dog.update(completed, clock()):
+            where = f": {state(loop.inflight)}" if state is not None else ""
+            raise Stalled(f"{loop.inflight} I/Os in flight and none completed for "
+                          f"{stall_ns / 1e9:g} s{where}")
+        if draining:
+            if loop.inflight == 0:
+                return
+            continue
+        tgt, offs = tgt[used:], offs[used:]
+        if mixed:
+            writes = writes[used:]
+        if len(offs) == 0 or loop.stopped or ctx.done:
+            tgt, offs = ctx.next_batch(COMPILED_BATCH)
+            writes = ctx.last_writes()
+            mixed = isinstance(writes, np.ndarray)
+            draining = len(offs) == 0
 
 
 def nop_facts(op: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from gpufio.core.rows import (
 from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
+from gpufio.facts.device import ram_backing
 from gpufio.io import cuda, gpu, uring
 from gpufio.io.gio import contract
 from gpufio.io.gio.cache import GpuCache, cache_rows
@@ -58,12 +59,21 @@ PULL_NS = 100_000_000
 U64_MAX = (1 << 64) - 1
 
 
+def default_sq_threads(job: Job, rings: int) -> int:
+    """SQPOLL threads when the job does not say: one per ring where a target lives in memory
+    (each thread copies its reads itself, so the rate grows with threads); one per target
+    otherwise: a drive's rate is its own, one thread submits at it, and every further
+    thread would only spin on a core of its own."""
+    ram = any(ram_backing(p) for p in job.targets)
+    return rings if ram else min(max(len(job.targets), 1), rings)
+
+
 def resolved_options(job: Job) -> Any:
     """The job's gpu-uring settings with the defaults that depend on the host resolved."""
     o = GpuUring.settings(job)
     rings = o.rings or default_rings(max(len(job.targets), 1), os.cpu_count() or 1)
     return replace(o, rings=rings, threads=o.threads or rings * job.iodepth,
-                   sq_threads=min(o.sq_threads or rings, rings),
+                   sq_threads=min(o.sq_threads or default_sq_threads(job, rings), rings),
                    registered=not o.sqe_async if o.registered is None else o.registered)
 
 
@@ -110,8 +120,8 @@ class GpuUring(Engine):
         Option("threads", "int", 0, "GPU requester threads (0: rings x iodepth, one per request "
                "slot); more than that share the slots", minimum=0),
         Option("sq_threads", "int", 0, "SQPOLL kernel threads serving the rings (0: one per "
-               "ring); ring i shares ring i % sq_threads's thread and io-wq "
-               "(IORING_SETUP_ATTACH_WQ)", minimum=0),
+               "ring on RAM-backed targets, one per target on drives); ring i shares ring "
+               "i % sq_threads's thread and io-wq (IORING_SETUP_ATTACH_WQ)", minimum=0),
         Option("sq_thread_cpu", "intlist", (), "CPUs the SQPOLL threads are pinned to, "
                "round-robin (default: not pinned)"),
         Option("sq_thread_idle", "time", 1_000_000_000, "how long an SQPOLL thread spins before "
@@ -164,9 +174,11 @@ class GpuUring(Engine):
                        "(IORING_SETUP_NO_MMAP, NO_SQARRAY) need Linux 6.6", bad="fail")]
         cpus = host.cpus()
         for job in jobs:
-            rings = cls.settings(job).rings or default_rings(max(len(job.targets), 1), cpus)
-            out.append(verdict(area, f"cores for job '{job.name}'", rings + 2 <= cpus,
-                               f"{rings} SQPOLL threads on {cpus} CPUs",
+            o = cls.settings(job)
+            rings = o.rings or default_rings(max(len(job.targets), 1), cpus)
+            threads = min(o.sq_threads or default_sq_threads(job, rings), rings)
+            out.append(verdict(area, f"cores for job '{job.name}'", threads + 2 <= cpus,
+                               f"{threads} SQPOLL threads on {cpus} CPUs",
                                "each ring's SQPOLL thread spins on a core: leave two for the "
                                "rest (fewer rings, or sq_threads)"))
         why = gpu.serialising_reason(host.env)
@@ -313,7 +325,8 @@ class GpuUring(Engine):
             q.rings.wake()
             running = self._running()
             if stopping or not running:
-                ctx.note("sq_thread_busy", share.shares())
+                for key, values in share.facts().items():
+                    ctx.note(key, values)
             now = time.monotonic_ns()
             if not running or now - last_pull > PULL_NS:
                 live = self._get("live")

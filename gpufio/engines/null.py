@@ -1,8 +1,9 @@
 """null: completes every I/O at once without touching storage, like fio's null engine.
 
 What it measures is gpufio's own loop: handing out offsets, stamping and recording each I/O,
-the live counters. Beside ``fio --ioengine=null`` it says what share of a CPU engine's cost
-is gpufio's rather than the kernel's (docs/PERFORMANCE.md).
+the live counters; compiled where it can be (io/loops.py), as the other CPU engines' loops.
+Beside ``fio --ioengine=null`` it says what share of a CPU engine's cost is gpufio's rather
+than the kernel's (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.engines import register
-from gpufio.engines.base import Engine
+from gpufio.engines.base import COMPILED_BATCH, Engine, compiled_loop, loop_facts, run_compiled
+from gpufio.io import loops
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -29,7 +31,8 @@ class Null(Engine):
     name = "null"
     summary = "completes every I/O at once without touching storage: the cost of gpufio's loop"
     peer = "fio null"
-    iodepth_means = "I/Os handed out and completed per batch"
+    iodepth_means = ("I/Os handed out and completed per batch by the Python loop; the "
+                     "compiled loop completes each I/O as it is handed out")
     fio_engines = {"null": ""}
 
     @classmethod
@@ -40,13 +43,20 @@ class Null(Engine):
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
-        return {**super().describe(job), "moves_data": False}
+        return {**super().describe(job), "moves_data": False, **loop_facts(job)}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
         self._full = np.full(job.iodepth, job.bs, dtype=np.int32)
 
     def run(self) -> None:
+        if compiled_loop(self.job):
+            ctx, job = self.ctx, self.job
+            run_compiled(ctx, loops.NativeLoop(
+                loops.NULL, depth=1, bs=job.bs, bufs=0, stop=ctx.stop_address,
+                fds=np.zeros(len(self.targets)), seeds=None, magic=0, halt_on_error=False,
+                batch=COMPILED_BATCH, writes=bool(job.writes)))
+            return
         ctx, clock, depth = self.ctx, time.perf_counter_ns, self.job.iodepth
         while True:
             t0 = clock()

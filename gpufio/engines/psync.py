@@ -1,7 +1,8 @@
 """psync: one pread (or pwrite) at a time per worker, like fio's psync engine and gdsio -x 1.
 
 The simplest CPU path and the floor every other engine is compared against. Each of the
-numjobs workers is its own process (see gpufio.run.launch), so they overlap their I/O.
+numjobs workers is its own process (see gpufio.run.launch), so they overlap their I/O. The
+loop runs compiled where it can (io/loops.py), else in Python (the same results).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufio.core import pattern
 from gpufio.core.targets import aligned_buffer
 from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, piece_error, pieces, sync_files
 from gpufio.engines import register
-from gpufio.engines.base import Engine
+from gpufio.engines.base import COMPILED_BATCH, Engine, compiled_loop, loop_facts, run_compiled
+from gpufio.io import loops
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -48,7 +51,7 @@ class Psync(Engine):
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         """psync keeps one I/O in flight whatever iodepth says; the result says so."""
-        return {**super().describe(job), "effective_iodepth": 1}
+        return {**super().describe(job), "effective_iodepth": 1, **loop_facts(job)}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
@@ -81,6 +84,15 @@ class Psync(Engine):
         return np.array(lat, dtype=np.int64), np.array(res, dtype=np.int32)
 
     def run(self) -> None:
+        if compiled_loop(self.job):
+            ctx, job = self.ctx, self.job
+            run_compiled(ctx, loops.NativeLoop(
+                loops.PSYNC, depth=1, bs=job.bs, bufs=self._bufs[0].ctypes.data,
+                stop=ctx.stop_address, fds=np.array([t.fd for t in self.targets]),
+                seeds=ctx.seeds(np.arange(len(self.targets))) if job.writes else None,
+                magic=pattern.MAGIC, halt_on_error=not ctx.continue_on_error,
+                batch=COMPILED_BATCH, writes=bool(job.writes)))
+            return
         if self._halves == 2:
             self._run_writes()
             return

@@ -1,9 +1,13 @@
 """uring: io_uring submitted by the CPU on host memory, with real queue depth (fio io_uring).
 
 One ring per worker thread keeps ``iodepth`` reads (or writes, WRITE / WRITE_FIXED) in
-flight. Each loop pushes a batch of SQEs for the slots that just completed, waits for at
-least one completion, and reaps every CQE available, all with numpy batch operations so
-Python cost is per batch, not per I/O.
+flight. The ring is set up as fio sets up its own (SINGLE_ISSUER|DEFER_TASKRUN where the
+kernel has them), and each round is one io_uring_enter that submits and waits. The loop runs
+compiled where it can (io/loops.py: one call per batch of offsets, latencies stamped around
+the submitting and reaping calls only); otherwise in Python, which pushes a batch of SQEs
+for the slots that just completed, waits for at least one completion, and reaps every CQE
+available, all with numpy batch operations so Python cost is per batch, not per I/O. Waits
+have no time limit: a poll of the job's stop eventfd stays in flight, so a stop wakes them.
 """
 
 from __future__ import annotations
@@ -14,14 +18,25 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from gpufio.core import pattern
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.slots import SlotTable
 from gpufio.core.targets import aligned_buffer
 from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, sync_files
 from gpufio.engines import register
-from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
-from gpufio.io import ringio, uring
+from gpufio.engines.base import (
+    COMPILED_BATCH,
+    NOP_OP,
+    Engine,
+    check_nop,
+    compiled_loop,
+    loop_facts,
+    nop_facts,
+    run_compiled,
+)
+from gpufio.facts.device import poll_refusal
+from gpufio.io import loops, ringio, uring
 from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog, ring_report
 
 if TYPE_CHECKING:
@@ -50,8 +65,10 @@ class Uring(Engine):
         Option("registerfiles", "bool", False, "register the targets' descriptors"),
         Option("ring_entries", "int", 0, "SQ size (default: iodepth rounded up to a power of 2)",
                minimum=0),
-        Option("defer_taskrun", "bool", False,
-               "IORING_SETUP_SINGLE_ISSUER|DEFER_TASKRUN (ignored with sqpoll)"),
+        Option("hipri", "bool", False, "polled completions (IORING_SETUP_IOPOLL, fio's hipri): "
+               "O_DIRECT on targets whose queue polls (queue/io_poll = 1)"),
+        Option("defer_taskrun", "bool", True,
+               "IORING_SETUP_SINGLE_ISSUER|DEFER_TASKRUN, as fio (ignored with sqpoll)"),
         NOP_OP,
     )
 
@@ -69,21 +86,30 @@ class Uring(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        uring.sq_entries(job.iodepth, cls.settings(job).ring_entries, f"job '{job.name}': ")
-        check_nop(job, cls.settings(job).op)
+        o = cls.settings(job)
+        uring.sq_entries(job.iodepth, o.ring_entries, f"job '{job.name}': ")
+        check_nop(job, o.op)
+        if o.hipri and (not job.direct or o.op == "nop"):
+            raise BadInput(f"job '{job.name}': key 'hipri': polled completions need O_DIRECT "
+                           "reads or writes (direct = true, op = \"io\")")
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         o = cls.settings(job)
         return {**super().describe(job), "sqpoll": o.sqpoll, "fixedbufs": o.fixedbufs,
-                "registerfiles": o.registerfiles, "defer_taskrun": o.defer_taskrun,
-                **nop_facts(o.op)}
+                "registerfiles": o.registerfiles, "hipri": o.hipri,
+                "defer_taskrun": o.defer_taskrun,
+                **nop_facts(o.op), **loop_facts(job)}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
         o = self.settings(job)
         if o.sqpoll and not uring.probe().get("sqpoll"):
             raise BadInput(uring.probe().get("sqpoll_reason", "SQPOLL is not available"))
+        for t in targets if o.hipri else ():
+            why = poll_refusal(t.path)
+            if why:
+                raise BadInput(f"key 'hipri': {t.path} cannot be polled: {why}")
         depth = job.iodepth
         self._mem = aligned_buffer(depth * job.bs)
         # aligned_buffer rounds up to whole pages: the slots are its first depth * bs bytes
@@ -91,7 +117,7 @@ class Uring(Engine):
         self._base = np.uint64(self._slots.ctypes.data)
         self.ring = uring.Ring(o.ring_entries or depth, sqpoll=o.sqpoll,
                                sq_thread_idle_ms=max(o.sq_thread_idle // 1_000_000, 1),
-                               single_issuer=o.defer_taskrun)
+                               single_issuer=o.defer_taskrun, iopoll=o.hipri)
         self._nop = o.op == "nop"
         ops = (uring.OP_NOP, uring.OP_NOP) if self._nop else (uring.OP_READ, uring.OP_WRITE)
         self._sqe_flags = 0
@@ -119,11 +145,36 @@ class Uring(Engine):
 
     def run(self) -> None:
         share = uring.SqThreadShare([self.ring]) if self.settings(self.job).sqpoll else None
+        if self._wakes:
+            self.ring.arm_wake(self.ctx.stop_fd)
+        self.ring.sqes[:self.job.iodepth] = self._template  # row s: buffer slot s, all run
         try:
-            self._run(share)
+            if compiled_loop(self.job):
+                self._run_compiled(share)
+            else:
+                self._run(share)
         finally:
-            if share is not None:
-                self.ctx.note("sq_thread_busy", share.shares())
+            for key, values in (share.facts() if share is not None else {}).items():
+                self.ctx.note(key, values)
+
+    def _run_compiled(self, share: uring.SqThreadShare | None) -> None:
+        ctx, job = self.ctx, self.job
+        loop = loops.NativeLoop(
+            loops.URING, depth=job.iodepth, bs=job.bs, bufs=int(self._base),
+            stop=ctx.stop_address, fds=self._fds,
+            seeds=ctx.seeds(np.arange(len(self.targets))) if job.writes else None,
+            magic=pattern.MAGIC, halt_on_error=not ctx.continue_on_error,
+            batch=COMPILED_BATCH, writes=bool(job.writes), nop=self._nop, ring=self.ring,
+            word0=tuple(int(w) & 0xFFFFFFFF for w in self._word0[:, 0]),
+            stop_ud=uring.WAKE_UD if self._wakes else 0,
+            wait_ns=0 if self.ring.iopoll else WAIT_NS)
+
+        def measured() -> None:
+            if share is not None and not share.begun and ctx.measuring:
+                share.begin()
+        run_compiled(ctx, loop, measured if share is not None else None,
+                     lambda n: f"ring state {dict(self.ring.state(), inflight=n)}",
+                     STALL_LIMIT_NS)
 
     def _run(self, share: uring.SqThreadShare | None) -> None:
         ctx, ring = self.ctx, self.ring
@@ -136,7 +187,6 @@ class Uring(Engine):
         syncing = False  # fsync due: let the writes in flight finish, then sync
         free = np.arange(depth, dtype=np.int64)
         sqes = ring.sqes
-        sqes[:depth] = self._template  # SQE row s belongs to buffer slot s for the whole run
         clock = time.perf_counter_ns
         issuing = True
         dog, completed = Watchdog(STALL_LIMIT_NS, clock()), 0
@@ -147,10 +197,10 @@ class Uring(Engine):
             want = min(len(free), ring.space()) if issuing and not syncing else 0
             if want and job.writes and not job.mixed:
                 want = min(want, ctx.until_sync)
-            until_due = WAIT_NS
+            until_due = None
             if want and ring.inflight:  # rate_iops: reap while nothing is due, never sleep
-                want, until_due = ctx.due(want)
-                until_due = min(until_due or WAIT_NS, WAIT_NS)
+                want, due_ns = ctx.due(want)
+                until_due = due_ns or None
             if want:
                 tgt, offs = ctx.next_batch(want)
                 k = len(offs)
@@ -183,7 +233,11 @@ class Uring(Engine):
                     ring.submit()
                     os.sched_yield()
                     continue
-            ring.submit(wait=1, timeout_ns=until_due)
+            # no limit while the stop poll can wake the wait (unless a capped I/O is due
+            # sooner); without it, the watchdog's turn
+            limit = None if self._wakeable() else WAIT_NS
+            ring.submit(wait=1, timeout_ns=until_due if until_due is not None and (
+                limit is None or until_due < limit) else limit)
             ud, res = ring.reap()
             now = clock()
             completed += len(ud)
@@ -202,6 +256,15 @@ class Uring(Engine):
             if share is not None and not share.begun and ctx.measuring:
                 share.begin()
             free = np.concatenate((free, done)) if len(free) else done
+
+    @property
+    def _wakes(self) -> bool:
+        """Whether the ring keeps a poll of the stop eventfd (an IOPOLL ring takes none; its
+        waits poll the device and return with each completion)."""
+        return self.ctx.stop_fd >= 0 and not self.ring.iopoll
+
+    def _wakeable(self) -> bool:
+        return self.ring.iopoll or (self._wakes and not self.ring.woken)
 
     def _bad(self, done: np.ndarray, res: np.ndarray) -> Callable[[np.ndarray, np.ndarray],
                                                                    list[int]]:

@@ -93,6 +93,23 @@ def disk_inflight(fd: int) -> tuple[str, int, int] | None:
     return disk.name, int(reads), int(writes)
 
 
+def poll_refusal(path: str) -> str | None:
+    """Why I/O to ``path`` cannot be polled for completion (IORING_SETUP_IOPOLL), or None
+    when it can: the disk under it must be a block device whose queue polls (its
+    ``queue/io_poll`` attribute is 1; NVMe needs poll queues, nvme.poll_queues)."""
+    st = os.stat(path)
+    disk = _disk_dir(st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev)
+    if disk is None:
+        return "it is not on a block device (polled I/O needs one)"
+    value = _read(disk / "queue" / "io_poll")
+    if value is None:
+        return f"{disk.name} has no queue/io_poll attribute"
+    if value != "1":
+        return f"{disk.name}'s queue does not poll (queue/io_poll = {value}; for NVMe, " \
+               "load nvme with poll_queues > 0)"
+    return None
+
+
 def pci_device_of(path: str) -> Path | None:
     """The PCI device (its /sys/devices directory) of the disk holding ``path``: the
     nearest PCI function above the disk in sysfs (an NVMe controller, a virtio device's

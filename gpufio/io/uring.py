@@ -30,6 +30,7 @@ from gpufio.facts.host import io_uring_disabled, kernel_version
 
 SYS_SETUP, SYS_ENTER, SYS_REGISTER = 425, 426, 427
 
+SETUP_IOPOLL = 1 << 0
 SETUP_SQPOLL = 1 << 1
 SETUP_SQ_AFF = 1 << 2
 SETUP_CQSIZE = 1 << 3
@@ -50,7 +51,10 @@ SQ_CQ_OVERFLOW = 1 << 1
 KERNEL_VIEW = ("SqHead", "SqTail", "CachedSqHead", "CqHead", "CqTail", "CachedCqTail",
                "SQEs", "CQEs")
 
-OP_NOP, OP_READ_FIXED, OP_WRITE_FIXED, OP_READ, OP_WRITE = 0, 4, 5, 22, 23
+OP_NOP, OP_READ_FIXED, OP_WRITE_FIXED, OP_POLL_ADD, OP_READ, OP_WRITE = 0, 4, 5, 6, 22, 23
+POLLIN = 0x1
+# the user_data of the wake poll's completion (io_uring_params' slots never reach it)
+WAKE_UD = (1 << 64) - 1
 SQE_FIXED_FILE = 1 << 0
 SQE_ASYNC = 1 << 4  # run in the kernel's io-wq workers, not inline in the submitter
 
@@ -211,13 +215,17 @@ class Ring:
     def __init__(self, entries: int, *, cq_entries: int | None = None, sqpoll: bool = False,
                  sq_thread_idle_ms: int = 1000, sq_thread_cpu: int | None = None,
                  user_memory: bool = False, no_sqarray: bool = False,
-                 single_issuer: bool = False, attach_to: int | None = None) -> None:
+                 single_issuer: bool = False, attach_to: int | None = None,
+                 iopoll: bool = False) -> None:
         """``attach_to``: the descriptor of an SQPOLL ring whose kernel thread (and io-wq)
-        this SQPOLL ring shares (IORING_SETUP_ATTACH_WQ) instead of starting its own."""
+        this SQPOLL ring shares (IORING_SETUP_ATTACH_WQ) instead of starting its own;
+        ``iopoll``: completions are polled from the device (IORING_SETUP_IOPOLL: O_DIRECT
+        reads and writes on a queue that polls, nothing else)."""
         if not 1 <= entries <= MAX_ENTRIES:
             raise UringError(f"ring entries must be 1..{MAX_ENTRIES}, got {entries}")
         p = Params()
-        flags = (SETUP_SQPOLL if sqpoll else 0) | (SETUP_NO_SQARRAY if no_sqarray else 0)
+        flags = (SETUP_SQPOLL if sqpoll else 0) | (SETUP_NO_SQARRAY if no_sqarray else 0) \
+            | (SETUP_IOPOLL if iopoll else 0)
         if not sqpoll:
             # As fio: completions need no IPI into the submitter (COOP_TASKRUN); without it
             # every io-wq completion interrupts the submitting thread. A ring with one
@@ -274,6 +282,8 @@ class Ring:
         self._cq_head_local = self._cq_head.value
         self._unsubmitted = 0
         self.inflight = 0
+        self._armed = 0  # the wake poll, in flight but not one of the caller's I/Os
+        self.woken = False
         self._ts = _Timespec()
         self._timeout_ns = 0
         self._ext = _GeteventsArg(0, 0, 0, ctypes.addressof(self._ts))
@@ -323,9 +333,41 @@ class Ring:
         self.regions = ([Region(sqe_base, len(self._maps[0])), Region(cq_base, len(self._maps[1]))]
                         if user_memory else [])
         self.ring_words = {"sq_head": sq_base + sq.head, "sq_tail": sq_base + sq.tail,
+                           "sq_array": sq_base + sq.array if self._sq_array is not None else 0,
                            "sq_flags": sq_base + sq.flags, "cq_head": cq_base + cq.head,
                            "cq_tail": cq_base + cq.tail, "sqes": sqe_base,
                            "cqes": cq_base + cq.cqes}
+
+    @property
+    def iopoll(self) -> bool:
+        """Whether completions are polled (IORING_SETUP_IOPOLL): no poll of a descriptor
+        can be armed on such a ring, and a wait spins on the device."""
+        return bool(self.flags & SETUP_IOPOLL)
+
+    @property
+    def sqpoll(self) -> bool:
+        """Whether a kernel thread polls this ring's SQ."""
+        return bool(self.flags & SETUP_SQPOLL)
+
+    def local_heads(self) -> tuple[int, int]:
+        """(SQ tail, CQ head) as this side has them: where a loop in other code takes over."""
+        return self._tail, self._cq_head_local
+
+    def arm_wake(self, fd: int) -> None:
+        """Keep a poll of ``fd`` (an eventfd) in flight, so that a wait for completions also
+        ends when ``fd`` becomes readable: its completion (user_data WAKE_UD) sets ``woken``
+        and is not reaped as an I/O. Call before any I/O is pushed; SQE row 0 is free for
+        the caller again when this returns."""
+        words = np.zeros((1, 8), np.uint64)
+        words[0, 0] = np.uint64(OP_POLL_ADD) | (np.uint64(fd & 0xFFFFFFFF) << np.uint64(32))
+        words[0, 3] = np.uint64(POLLIN) << np.uint64(32)  # poll32_events
+        words[0, 4] = np.uint64(WAKE_UD)
+        self.push(words)
+        self.inflight -= 1
+        self._armed = 1
+        self.submit()
+        while self._sq_head.value != self._tail:  # an SQPOLL thread takes it on its own time
+            os.sched_yield()
 
     @property
     def sq_flags(self) -> int:
@@ -357,7 +399,7 @@ class Ring:
     def space(self) -> int:
         """How many SQEs may be pushed now: free SQ slots, capped so the CQ can never overflow."""
         sq_free = self.sq_entries - ((self._tail - self._sq_head.value) & 0xFFFFFFFF)
-        return max(min(sq_free, self.cq_entries - self.inflight), 0)
+        return max(min(sq_free, self.cq_entries - self.inflight - self._armed), 0)
 
     def push(self, words: np.ndarray) -> None:
         """Write SQEs (rows of 8 little-endian u64 words, see ``sqe_words``) and publish them."""
@@ -442,6 +484,12 @@ class Ring:
             res = np.concatenate((self._cqe_res[start:], self._cqe_res[:wrap]))
         self._cq_head_local = (head + n) & 0xFFFFFFFF
         self._cq_head.value = self._cq_head_local
+        if self._armed and not self.woken:
+            mine = ud != np.uint64(WAKE_UD)
+            if not mine.all():
+                self.woken = True
+                ud, res = ud[mine], res[mine]
+                n = len(ud)
         self.inflight -= n
         return ud, res
 
@@ -521,13 +569,16 @@ def busy_shares(before: dict[int, tuple[int, int]],
 class SqThreadShare:
     """The working share of the SQPOLL threads behind ``rings`` over a run's measured phase:
     ``begin`` when it starts, ``shares`` at its end gives one share per thread for the result's
-    engine facts (``sq_thread_busy``). An SQPOLL thread's CPU time is a whole core whether it
-    works or spins, so this is what tells a busy thread from an idle one."""
+    engine facts (``sq_thread_busy``), and then ``cpu_s`` what each thread cost: its CPU
+    seconds over the phase, spinning included (``sq_thread_cpu_s``). An SQPOLL thread's CPU
+    time is a whole core whether it works or spins, so the share is what tells a busy thread
+    from an idle one, and the count of ``cpu_s`` how many threads ran."""
 
     def __init__(self, rings: list[Ring]) -> None:
         self._rings = rings
         self._before: dict[int, tuple[int, int]] | None = None
         self._noted = False
+        self.cpu_s: list[float] = []
 
     @property
     def begun(self) -> bool:
@@ -542,7 +593,16 @@ class SqThreadShare:
         if self._before is None or self._noted:
             return []
         self._noted = True
-        return busy_shares(self._before, sq_thread_times(self._rings))
+        after = sq_thread_times(self._rings)
+        self.cpu_s = [round((total - self._before.get(pid, (0, 0))[0]) / 1e6, 3)
+                      for pid, (total, _) in sorted(after.items())]
+        return busy_shares(self._before, after)
+
+    def facts(self) -> dict[str, list[float]]:
+        """``sq_thread_busy`` and ``sq_thread_cpu_s`` for the result's engine facts, once
+        (empty lists before the measured phase began, or on a second call)."""
+        busy = self.shares()
+        return {"sq_thread_busy": busy, "sq_thread_cpu_s": self.cpu_s if busy else []}
 
 
 _EMPTY_U64 = np.empty(0, np.uint64)

@@ -1,2 +1,6 @@
 """Results: the document, the one renderer, live progress, loading, compare, check,
 --repeat and plots."""
+
+# how sure a change must be before it fails the gate (check): at 99%, five runs a side
+# suffice; here so the CLI can show it without importing check's NumPy
+DEFAULT_CONFIDENCE = 0.99

@@ -21,7 +21,7 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.core.job import directions
-from gpufio.results import trend
+from gpufio.results import DEFAULT_CONFIDENCE, trend
 from gpufio.results.load import METRICS, Metric, jobs_by_name, metrics_of, setup_facts
 from gpufio.results.runs import JobRuns, side
 from gpufio.results.spread import (
@@ -36,9 +36,6 @@ from gpufio.results.spread import (
     seed_of,
     spread,
 )
-
-# how sure a change must be before it fails the gate: at 99%, five runs a side suffice
-DEFAULT_CONFIDENCE = 0.99
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from tabulate import tabulate
 
 FORMATS = ("table", "markdown", "csv", "json")
 
@@ -77,6 +76,8 @@ def render(rows: list[dict[str, Any]], fmt: str, *, title: str = "",
         return out.getvalue()
     if fmt == "markdown":
         head = f"{title}\n\n" if title else ""
+        from tabulate import tabulate  # only Markdown needs it: a run starts without it
+
         return head + tabulate(rows, headers="keys", tablefmt="github") + "\n"
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}")

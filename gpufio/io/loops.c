@@ -1,0 +1,287 @@
+/* The per-I/O loops of the CPU-driven paths, compiled (gpufio/io/loops.py builds and binds
+ * this file with core/native.py). Python hands a loop a batch of (target, offset) pairs from
+ * the job's offset stream and gets back one (latency, target, result, direction) row per
+ * completed I/O: the stream, the checks and the recording stay in Python, and no Python runs
+ * between an I/O's submission and its reaping, so a latency is what fio's is: from just
+ * before the submitting call to just after the call that reaped it.
+ *
+ * Three loops share one state struct: a null loop (each I/O completes as it is issued),
+ * pread/pwrite one at a time, and io_uring with `depth` I/Os in flight. A loop returns when
+ * its batch is all issued (io_uring: submitted, the I/Os in flight stay in flight), when its
+ * deadline passes, or, once the job's stop word is set, when nothing is in flight any more. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+#ifndef __NR_io_uring_enter
+#define __NR_io_uring_enter 426
+#endif
+
+#define ENTER_GETEVENTS (1U << 0)
+#define ENTER_SQ_WAKEUP (1U << 1)
+#define ENTER_EXT_ARG (1U << 3)
+#define SQ_NEED_WAKEUP (1U << 0)
+
+/* what a call reports beside its completions (struct gf_loop.status) */
+#define GF_TIMED_OUT 1 /* a timed wait (after the stop) saw no completion */
+#define GF_STOPPED 2   /* the job's stop was seen: nothing more is issued */
+
+void gpufio_fill(uint64_t *out, size_t stride, size_t n, size_t words,
+                 const uint64_t *offsets, const uint64_t *seeds, uint64_t magic);
+
+/* Every field is 64 bits wide, in the order of loops.py's ctypes Structure. */
+struct gf_loop {
+    /* set once by the caller */
+    int64_t depth;                  /* slots (I/Os in flight at most) */
+    int64_t bs;
+    volatile int64_t *stop;         /* the job's stop word: nonzero, issue nothing more */
+    const int64_t *fds;             /* per target: descriptor (or registered index) */
+    uint8_t *bufs;                  /* depth slots of bs bytes */
+    const uint64_t *seeds;          /* per target: the pattern seed a write writes */
+    uint64_t magic;
+    int64_t halt_on_error;          /* a failed or short I/O stops issuing */
+    int64_t nop;                    /* NOPs: a result of 0 is a whole block */
+    int64_t ring_fd;
+    volatile uint32_t *sq_head, *sq_tail, *sq_array, *sq_flags, *cq_head, *cq_tail;
+    uint64_t *sqes;                 /* 8 words per SQE, row s belongs to slot s */
+    const uint64_t *cqes;           /* 2 words per CQE */
+    int64_t sq_entries, cq_mask;
+    int64_t sqpoll;
+    uint64_t word0[2];              /* first SQE word without its descriptor: read, write */
+    uint64_t stop_ud;               /* user_data of the stop poll's completion */
+    int64_t wait_ns;                /* a wait's limit once the stop was seen (0: none) */
+    /* state kept across calls */
+    int64_t sq_tail_local, cq_head_local, inflight, nfree, status, unsubmitted;
+    int64_t *free_slots;            /* depth */
+    int64_t *t_issue;               /* depth */
+    int64_t *slot_tgt;              /* depth */
+    int64_t *slot_write;            /* depth */
+};
+
+struct gf_out {
+    int64_t *lat;
+    int32_t *tgt;
+    int32_t *res;
+    uint8_t *write;
+};
+
+struct timespec_k { int64_t tv_sec, tv_nsec; };
+struct getevents_arg { uint64_t sigmask; uint32_t sigmask_sz, min_wait_usec; uint64_t ts; };
+
+static inline int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);  /* Python's perf_counter_ns */
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline int stopping(const struct gf_loop *L)
+{
+    return (L->status & GF_STOPPED) || *L->stop;
+}
+
+static inline void fill_slot(struct gf_loop *L, int64_t slot, int64_t tgt, uint64_t off)
+{
+    gpufio_fill((uint64_t *)(L->bufs + slot * L->bs), 0, 1, (size_t)L->bs / 8, &off,
+                &L->seeds[tgt], L->magic);
+}
+
+static inline void record(struct gf_out *o, int64_t k, int64_t lat, int64_t tgt, int32_t res,
+                          int64_t write)
+{
+    o->lat[k] = lat;
+    o->tgt[k] = (int32_t)tgt;
+    o->res[k] = res;
+    o->write[k] = (uint8_t)write;
+}
+
+static inline void note_result(struct gf_loop *L, int32_t res)
+{
+    if (L->halt_on_error && res != L->bs)
+        L->status |= GF_STOPPED;
+}
+
+/* The null loop: every I/O completes when it is handed out; its latency is the two clock
+ * reads around nothing, as fio's null engine's. */
+int64_t gf_null(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
+                const uint8_t *writes, int64_t n, struct gf_out *o, int64_t *consumed)
+{
+    int64_t i = 0;
+    (void)offs;
+    for (; i < n && !*L->stop; i++) {
+        const int64_t t0 = now_ns();
+        record(o, i, now_ns() - t0, tgt[i], (int32_t)L->bs,
+               writes ? writes[i] : L->slot_write[0]);
+    }
+    *consumed = i;
+    return i;
+}
+
+/* pread or pwrite (`writes`, or else slot 0's direction), one at a time, from slot 0;
+ * stops at the deadline or at the stop. */
+int64_t gf_psync(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
+                 const uint8_t *writes, int64_t n, int64_t deadline, struct gf_out *o,
+                 int64_t *consumed)
+{
+    int64_t i = 0;
+    while (i < n && !stopping(L)) {
+        const int64_t t = tgt[i], w = writes ? writes[i] : L->slot_write[0];
+        const int fd = (int)L->fds[t];
+        if (w)
+            fill_slot(L, 0, t, offs[i]);
+        const int64_t t0 = now_ns();
+        ssize_t r = w ? pwrite(fd, L->bufs, (size_t)L->bs, (off_t)offs[i])
+                      : pread(fd, L->bufs, (size_t)L->bs, (off_t)offs[i]);
+        const int64_t t1 = now_ns();
+        const int32_t res = r < 0 ? -errno : (int32_t)r;
+        record(o, i, t1 - t0, t, res, w);
+        note_result(L, res);
+        i++;
+        if (t1 > deadline)
+            break;
+    }
+    *consumed = i;
+    return i;
+}
+
+static int64_t enter(struct gf_loop *L, int64_t wait)
+{
+    unsigned flags = wait ? ENTER_GETEVENTS : 0;
+    int64_t submit = L->unsubmitted;
+    struct timespec_k ts = { L->wait_ns / 1000000000LL, L->wait_ns % 1000000000LL };
+    struct getevents_arg arg = { 0, 0, 0, (uint64_t)(uintptr_t)&ts };
+    void *argp = NULL;
+    size_t argsz = 0;
+    L->unsubmitted = 0;
+    if (L->sqpoll) {
+        submit = 0;  /* the poll thread takes the SQEs; a sleeping one is woken */
+        if (*L->sq_flags & SQ_NEED_WAKEUP)
+            flags |= ENTER_SQ_WAKEUP;
+        if (!flags)
+            return 0;
+    } else if (!submit && !wait) {
+        return 0;
+    } else {
+        flags |= ENTER_GETEVENTS;  /* runs deferred completions (DEFER_TASKRUN) too */
+    }
+    if (wait && L->wait_ns && (L->status & GF_STOPPED || L->stop_ud == 0)) {
+        /* after the stop (or with no stop poll to wake a wait) a wait gives up after
+         * wait_ns, so that the caller's watchdog sees a device that stopped completing */
+        flags |= ENTER_EXT_ARG;
+        argp = &arg;
+        argsz = sizeof(arg);
+    }
+    for (;;) {
+        long rc = syscall(__NR_io_uring_enter, (int)L->ring_fd, (unsigned)submit,
+                          (unsigned)(wait ? 1 : 0), flags, argp, argsz);
+        if (rc >= 0)
+            return 0;
+        if (errno == ETIME) {
+            L->status |= GF_TIMED_OUT;
+            return 0;
+        }
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
+/* Reap every CQE there is, each stamped `now`. */
+static int64_t reap(struct gf_loop *L, int64_t now, struct gf_out *o, int64_t k)
+{
+    uint32_t head = (uint32_t)L->cq_head_local;
+    const uint32_t tail = __atomic_load_n(L->cq_tail, __ATOMIC_ACQUIRE);
+    while (head != tail) {
+        const uint64_t *cqe = L->cqes + 2 * (head & (uint32_t)L->cq_mask);
+        const uint64_t ud = cqe[0];
+        int32_t res = (int32_t)(uint32_t)cqe[1];
+        head++;
+        if (L->stop_ud && ud == L->stop_ud) {
+            L->status |= GF_STOPPED;
+            continue;
+        }
+        if (L->nop && res == 0)
+            res = (int32_t)L->bs;
+        record(o, k++, now - L->t_issue[ud], L->slot_tgt[ud], res, L->slot_write[ud]);
+        note_result(L, res);
+        L->free_slots[L->nfree++] = (int64_t)ud;
+        L->inflight--;
+    }
+    L->cq_head_local = head;
+    __atomic_store_n(L->cq_head, head, __ATOMIC_RELEASE);
+    return k;
+}
+
+/* io_uring, `depth` in flight: the batch's I/Os go into free slots, and one io_uring_enter
+ * per round submits them and waits for a completion (at depth 1: one call per I/O). Once
+ * the batch is all issued the last ones are submitted and the call returns with them in
+ * flight; a call with n = 0 waits until nothing is in flight. Returns the completions
+ * written to `o` (at most n + depth), *consumed the batch's I/Os issued; negative: -errno
+ * of a failed io_uring_enter. */
+int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
+                 const uint8_t *writes, int64_t n, int64_t deadline, struct gf_out *o,
+                 int64_t *consumed)
+{
+    const uint32_t mask = (uint32_t)(L->sq_entries - 1);
+    int64_t i = 0, k = 0, rc;
+    L->status &= ~GF_TIMED_OUT;
+    for (;;) {
+        const int stop = stopping(L);
+        const uint32_t first = (uint32_t)L->sq_tail_local;
+        uint32_t tail = first;
+        while (L->nfree && i < n && !stop) {
+            if ((uint32_t)(tail - __atomic_load_n(L->sq_head, __ATOMIC_ACQUIRE))
+                >= (uint32_t)L->sq_entries)
+                break;  /* SQPOLL has not moved the SQ head past finished SQEs yet */
+            const int64_t slot = L->free_slots[--L->nfree], t = tgt[i];
+            const int64_t w = writes ? writes[i] : L->slot_write[slot];
+            uint64_t *sqe = L->sqes + 8 * slot;
+            if (w && L->seeds)
+                fill_slot(L, slot, t, offs[i]);
+            sqe[0] = L->word0[w] | ((uint64_t)(uint32_t)L->fds[t] << 32);
+            sqe[1] = offs[i];
+            L->slot_tgt[slot] = t;
+            L->slot_write[slot] = w;
+            L->sq_array[tail & mask] = (uint32_t)slot;
+            tail++;
+            i++;
+        }
+        const int64_t issued = (uint32_t)(tail - first);
+        if (L->inflight == 0 && issued == 0) {
+            if (i == n || stop)
+                break;  /* the batch is done (or the job stopped) and nothing is in flight */
+            sched_yield();  /* SQPOLL owes us SQ slots */
+            continue;
+        }
+        const int64_t t0 = now_ns();
+        for (uint32_t x = first; x != tail; x++)  /* stamped just before the submitting call */
+            L->t_issue[L->sq_array[x & mask]] = t0;
+        if (issued) {
+            __atomic_store_n(L->sq_tail, tail, __ATOMIC_RELEASE);
+            L->sq_tail_local = tail;
+            L->unsubmitted += issued;
+            L->inflight += issued;
+        }
+        if (n > 0 && i == n && !stop) {
+            rc = enter(L, 0);  /* all issued: submit, reap what is done, come back for more */
+            if (rc < 0)
+                return rc;
+            k = reap(L, now_ns(), o, k);
+            break;
+        }
+        rc = enter(L, 1);
+        if (rc < 0)
+            return rc;
+        const int64_t now = now_ns();
+        k = reap(L, now, o, k);
+        if (L->status & GF_TIMED_OUT || now > deadline)
+            break;
+    }
+    *consumed = i;
+    return k;
+}

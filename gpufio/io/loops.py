@@ -1,0 +1,160 @@
+"""The CPU engines' per-I/O loops in compiled code (io/loops.c), for an engine to hand its
+batches of offsets to: with no Python between an I/O's submission and its reaping, a latency
+at queue depth 1 is the device's and the kernel's, not the interpreter's.
+
+``NativeLoop.run`` issues one batch (target indexes, offsets, and which of them write) and
+returns the completions as arrays the engine records as it records its Python loop's; the
+loop's state (slots, what is in flight) lives in C between calls. ``available()`` is False
+where core/native.py builds nothing (no compiler, GPUFIO_NATIVE=0): engines then run their
+Python loop, which gives the same results.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufio.core import native
+
+SOURCES = (Path(__file__).with_name("loops.c"),
+           Path(__file__).resolve().parent.parent / "core" / "pattern_fill.c")
+NULL, PSYNC, URING = "gf_null", "gf_psync", "gf_uring"
+TIMED_OUT, STOPPED = 1, 2  # struct gf_loop.status bits
+# how long one call may run before it hands its completions back: the live counters and
+# the latency bins move at least this often
+CALL_NS = 50_000_000
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+class _Loop(ctypes.Structure):
+    """struct gf_loop (loops.c): every field 64 bits, in its order."""
+
+    _fields_ = [("depth", _I64), ("bs", _I64), ("stop", _P), ("fds", _P), ("bufs", _P),
+                ("seeds", _P), ("magic", ctypes.c_uint64), ("halt_on_error", _I64),
+                ("nop", _I64), ("ring_fd", _I64),
+                *[(n, _P) for n in ("sq_head", "sq_tail", "sq_array", "sq_flags", "cq_head",
+                                    "cq_tail", "sqes", "cqes")],
+                ("sq_entries", _I64), ("cq_mask", _I64), ("sqpoll", _I64),
+                ("word0", ctypes.c_uint64 * 2), ("stop_ud", ctypes.c_uint64), ("wait_ns", _I64),
+                *[(n, _I64) for n in ("sq_tail_local", "cq_head_local", "inflight", "nfree",
+                                      "status", "unsubmitted")],
+                *[(n, _P) for n in ("free_slots", "t_issue", "slot_tgt", "slot_write")]]
+
+
+class _Out(ctypes.Structure):
+    _fields_ = [("lat", _P), ("tgt", _P), ("res", _P), ("write", _P)]
+
+
+def _library() -> ctypes.CDLL | None:
+    lib = native.library("loops", SOURCES)
+    if lib is not None and not hasattr(lib, "_gpufio_typed"):
+        common = [ctypes.POINTER(_Loop), _P, _P, _P, _I64]
+        lib.gf_null.argtypes = [*common, ctypes.POINTER(_Out), _P]
+        for fn in (lib.gf_psync, lib.gf_uring):
+            fn.argtypes = [*common, _I64, ctypes.POINTER(_Out), _P]
+        for fn in (lib.gf_null, lib.gf_psync, lib.gf_uring):
+            fn.restype = _I64
+        lib._gpufio_typed = True
+    return lib
+
+
+def available() -> bool:
+    """Whether the compiled loops are there (built and loaded now if they were not)."""
+    return _library() is not None
+
+
+def _addr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+class NativeLoop:
+    """One worker's compiled loop of kind ``kind`` (NULL, PSYNC or URING) over ``depth``
+    slots of ``bs`` bytes at ``bufs`` (an address). ``stop``: the address of the job's
+    stop word; ``fds``: each target's descriptor (uring: or registered index); ``seeds``:
+    each target's pattern seed, for writes (None: the job does not write); ``batch``: the
+    most I/Os one ``run`` is given. ``ring`` (io/uring.Ring) and ``word0`` (each direction's
+    first SQE word, without the descriptor) for URING, whose SQE rows hold each slot's
+    address, length and user_data (the slot) already; ``stop_ud``: the user_data of the
+    ring's stop poll (0: none, and every wait has a limit); ``wait_ns``: a wait's limit."""
+
+    def __init__(self, kind: str, *, depth: int, bs: int, bufs: int, stop: int,
+                 fds: np.ndarray, seeds: np.ndarray | None, magic: int, halt_on_error: bool,
+                 batch: int, writes: bool, nop: bool = False, ring: Any = None,
+                 word0: tuple[int, int] = (0, 0), stop_ud: int = 0, wait_ns: int = 0) -> None:
+        lib = _library()
+        if lib is None:
+            raise RuntimeError("the compiled loops are not available here")
+        self._fn = getattr(lib, kind)
+        self._kind = kind
+        self._fds = np.ascontiguousarray(fds, dtype=np.int64)
+        self._seeds = None if seeds is None else np.ascontiguousarray(seeds, dtype=np.uint64)
+        self._free = np.arange(depth - 1, -1, -1, dtype=np.int64)  # slot 0 is handed out first
+        self._t_issue = np.zeros(depth, np.int64)
+        self._slot_tgt = np.zeros(depth, np.int64)
+        self._slot_write = np.full(depth, int(writes), np.int64)
+        cap = batch + depth
+        self.lat = np.zeros(cap, np.int64)
+        self.tgt = np.zeros(cap, np.int32)
+        self.res = np.zeros(cap, np.int32)
+        self.write = np.zeros(cap, np.uint8)
+        self._out = _Out(_addr(self.lat), _addr(self.tgt), _addr(self.res), _addr(self.write))
+        self._consumed = _I64(0)
+        L = self._loop = _Loop()
+        L.depth, L.bs, L.stop, L.bufs = depth, bs, stop, bufs
+        L.fds, L.seeds, L.magic = _addr(self._fds), _addr(self._seeds), magic
+        L.halt_on_error, L.nop = int(halt_on_error), int(nop)
+        L.free_slots, L.t_issue = _addr(self._free), _addr(self._t_issue)
+        L.slot_tgt, L.slot_write, L.nfree = _addr(self._slot_tgt), _addr(self._slot_write), depth
+        if ring is not None:
+            words = ring.ring_words
+            L.ring_fd, L.sqpoll = ring.fd, int(ring.sqpoll)
+            for name in ("sq_head", "sq_tail", "sq_flags", "cq_head", "cq_tail", "sqes", "cqes"):
+                setattr(L, name, words[name])
+            L.sq_array = words["sq_array"]
+            L.sq_entries, L.cq_mask = ring.sq_entries, ring.cq_entries - 1
+            L.sq_tail_local, L.cq_head_local = ring.local_heads()
+            L.word0[0], L.word0[1] = word0
+            L.stop_ud, L.wait_ns = stop_ud, wait_ns
+        self._loop_ref = ctypes.byref(L)
+        self._out_ref = ctypes.byref(self._out)
+        self._consumed_ref = ctypes.byref(self._consumed)
+
+    @property
+    def inflight(self) -> int:
+        """I/Os submitted and not yet reaped."""
+        return self._loop.inflight
+
+    @property
+    def stopped(self) -> bool:
+        """True once the loop saw the job's stop (or halted on a failed I/O)."""
+        return bool(self._loop.status & STOPPED)
+
+    @property
+    def timed_out(self) -> bool:
+        """True when the last call's wait (after the stop) ended without a completion."""
+        return bool(self._loop.status & TIMED_OUT)
+
+    def run(self, tgt: np.ndarray, offs: np.ndarray, writes: np.ndarray | None,
+            deadline_ns: int) -> tuple[int, int]:
+        """Issue the batch (``writes``: a bool per I/O, None when all go one way); returns
+        (I/Os of it issued, completions now in ``lat``, ``tgt``, ``res``, ``write``).
+        An empty batch waits for what is in flight (URING)."""
+        n = len(offs)
+        tgt = np.ascontiguousarray(tgt, dtype=np.int32)
+        offs = np.ascontiguousarray(offs, dtype=np.uint64)
+        wr = None if writes is None else np.ascontiguousarray(writes).view(np.uint8)
+        args = [self._loop_ref, tgt.ctypes.data, offs.ctypes.data, _addr(wr), n]
+        if self._kind != NULL:
+            args.append(deadline_ns)
+        k = self._fn(*args, self._out_ref, self._consumed_ref)
+        if k < 0:
+            raise OSError(-k, f"io_uring_enter failed: {errno.errorcode.get(-k, -k)} "
+                              f"({os.strerror(-k)})")
+        return self._consumed.value, k
