@@ -61,7 +61,8 @@ LAYOUT_C = r"""
 #include <stddef.h>
 #include <stdio.h>
 #define F(s, f) printf(#f " %zu %zu\n", offsetof(struct s, f), sizeof(((struct s*)0)->f))
-#define C(s, f) printf("cmd_" #f " %zu %zu\n", 48 + offsetof(struct s, f), sizeof(((struct s*)0)->f))
+#define C(s, f) printf("cmd_" #f " %zu %zu\n", 48 + offsetof(struct s, f), \
+                         sizeof(((struct s*)0)->f))
 int main(void) {
     F(io_uring_sqe, opcode); F(io_uring_sqe, flags); F(io_uring_sqe, ioprio);
     F(io_uring_sqe, fd); F(io_uring_sqe, cmd_op); F(io_uring_sqe, uring_cmd_flags);

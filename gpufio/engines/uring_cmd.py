@@ -124,6 +124,7 @@ class UringCmd(Engine):
             write=not job.reads, fd=fds[0], nsid=self._nsid[0], lba_shift=self._shift[0],
             off=np.zeros(depth, np.uint64), length=bs, addr=base + slots * np.uint64(bs),
             user_data=slots, sqe_flags=flags, fixed_buffer=0 if o.fixedbufs else None)
+        self._completed = 0
         self._probe()
 
     def _probe(self) -> None:
@@ -159,46 +160,53 @@ class UringCmd(Engine):
         ring.sqes[:depth] = self._template
         sqes = nvme_cmd.entries(ring.sqes[:depth])
         free = np.arange(depth, dtype=np.int64)
-        clock = time.perf_counter_ns
         issuing = True
-        dog, completed = Watchdog(STALL_LIMIT_NS, clock()), 0
+        dog = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns())
         while True:
             want = min(len(free), ring.space()) if issuing else 0
             if want:
                 tgt, offs = ctx.next_batch(want)
                 if len(offs):
                     slots, free = free[:len(offs)], free[len(offs):]
-                    self._issue(sqes, slots, tgt, offs, slot_writes, table, clock())
+                    self._issue(sqes, slots, tgt, offs, slot_writes, table)
                 else:
                     issuing = False
-            if ring.inflight == 0:
-                if not issuing:
-                    return
-                if not want:  # SQPOLL: completions posted before the SQ head moved
-                    ring.submit()
-                    os.sched_yield()
-                    continue
-            ring.submit(wait=1, timeout_ns=WAIT_NS)
-            ud, res = ring.reap()
-            now = clock()
-            completed += len(ud)
-            if dog.update(completed, now):
-                raise Stalled(f"{ring.inflight} NVMe commands in flight and none completed "
-                              f"for {STALL_LIMIT_NS / 1e9:g} s: ring state {ring.state()}")
-            if not len(ud):
+            if ring.inflight == 0 and not issuing:
+                return
+            if ring.inflight == 0 and not want:
+                # SQPOLL posts a batch's completions before it moves the SQ head: nothing in
+                # flight, no SQ slot free yet
+                ring.submit()
+                os.sched_yield()
                 continue
-            done = ud.view(np.int64)
-            res = nvme_cmd.result(res, job.bs)
-            table.complete(ctx, done, res, now, self._bad(done, res) if ctx.verifying else None,
-                           slot_writes[done] if job.mixed else job.writes)
-            free = np.concatenate((free, done)) if len(free) else done
+            ud, res, now = self._wait(dog)
+            if len(ud):
+                done = ud.view(np.int64)
+                res = nvme_cmd.result(res, job.bs)
+                table.complete(ctx, done, res, now,
+                               self._bad(done, res) if ctx.verifying else None,
+                               slot_writes[done] if job.mixed else job.writes)
+                free = np.concatenate((free, done)) if len(free) else done
+
+    def _wait(self, dog: Watchdog) -> tuple[np.ndarray, np.ndarray, int]:
+        """The completions there are after waiting up to WAIT_NS for one, and when they were
+        taken; Stalled once none has come for STALL_LIMIT_NS with commands in flight."""
+        ring = self.ring
+        ring.submit(wait=1, timeout_ns=WAIT_NS)
+        ud, res = ring.reap()
+        now = time.perf_counter_ns()
+        self._completed += len(ud)
+        if dog.update(self._completed, now):
+            raise Stalled(f"{ring.inflight} NVMe commands in flight and none completed "
+                          f"for {STALL_LIMIT_NS / 1e9:g} s: ring state {ring.state()}")
+        return ud, res, now
 
     def _bad(self, done: np.ndarray, res: np.ndarray) -> BadIos:
         """The pattern check of the slots ``done`` landed in, for the slot table."""
         return lambda tgt, offs: self.ctx.mismatches(self._slots[done], tgt, offs, res)
 
     def _issue(self, sqes: np.ndarray, slots: np.ndarray, tgt: np.ndarray | int,
-               offs: np.ndarray, slot_writes: np.ndarray, table: SlotTable, now: int) -> None:
+               offs: np.ndarray, slot_writes: np.ndarray, table: SlotTable) -> None:
         """Write the batch's commands into their slots' SQEs and publish them."""
         ctx, job = self.ctx, self.job
         writes = ctx.last_writes()
@@ -213,7 +221,7 @@ class UringCmd(Engine):
                         lba_shift=self._shift[tgt] if len(self.targets) > 1 else self._shift[0],
                         length=job.bs)
         sqes[slots] = e
-        table.issue(slots, tgt, offs, now)
+        table.issue(slots, tgt, offs, time.perf_counter_ns())
         self.ring.push_slots(slots)
 
     def close(self) -> None:

@@ -151,7 +151,7 @@ def error_name(code: int) -> str:
     status the drive returned (``NVMe status 0x281: media and data integrity, unrecovered
     read error``)."""
     if code < NVME_STATUS_BASE:
-        return errno.errorcode.get(code, str(code))
+        return errno.errorcode.get(code, "?")
     status = code - NVME_STATUS_BASE
     sct, sc = status >> 8 & 7, status & 0xFF
     what = _STATUS_NAMES.get((sct, sc), f"status code {sc:#04x}")
@@ -196,5 +196,5 @@ def passthrough_checks(host: Host, area: str) -> list[Check]:
                            f"readable: {', '.join(usable) or 'none'}; "
                            f"{'root' if root else 'not root'}",
                            "run as root, or give the user read access to /dev/ngXnY (Linux "
-                           f">= 6.2 lets such a user send reads; writes need write access)"))
+                           ">= 6.2 lets such a user send reads; writes need write access)"))
     return out

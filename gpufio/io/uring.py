@@ -325,10 +325,12 @@ class Ring:
         self._cq_tail = _U32.from_address(cq_base + cq.tail)
         self._cq_overflow = _U32.from_address(cq_base + cq.overflow)
         sqe_w, cqe_w = self.sqe_bytes // 8, self.cqe_bytes // 8
-        self.sqes = np.ctypeslib.as_array((ctypes.c_uint64 * (self.sq_entries * sqe_w)).from_address(
-            sqe_base)).reshape(self.sq_entries, sqe_w)
-        self.cqes = np.ctypeslib.as_array((ctypes.c_uint64 * (self.cq_entries * cqe_w)).from_address(
-            cq_base + cq.cqes)).reshape(self.cq_entries, cqe_w)
+        sqe_words = ctypes.c_uint64 * (self.sq_entries * sqe_w)
+        cqe_words = ctypes.c_uint64 * (self.cq_entries * cqe_w)
+        self.sqes = np.ctypeslib.as_array(sqe_words.from_address(sqe_base)).reshape(
+            self.sq_entries, sqe_w)
+        self.cqes = np.ctypeslib.as_array(cqe_words.from_address(cq_base + cq.cqes)).reshape(
+            self.cq_entries, cqe_w)
         self._cqe_res = self.cqes.view(np.int32)[:, 2]
         self._sq_array = None
         if not self.flags & SETUP_NO_SQARRAY:
