@@ -71,7 +71,7 @@ def _script(rig) -> str:
                              "-s verify=false",
         "hipri": f"cat /sys/block/{blk512.rsplit('/', 1)[1]}/queue/io_poll; "
                  f"{run} $D/r.toml -q -f json -s targets={ng512} -s hipri=true",
-        "past_end": f"python3 $D/past_end.py {ng512}",
+        "past_end": f"PYTHONPATH=$PWD python3 $D/past_end.py {ng512}",
         "fio_file": f"{run} $D/r.fio -q -f json",
         "doctor": "python3 -m gpufio doctor -f json",
     }

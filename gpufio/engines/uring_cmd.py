@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 WAIT_NS = 200_000_000
 PROBE_NS = 10_000_000_000
+
+
 @register
 class UringCmd(Engine):
     """NVMe commands built by the CPU, through io_uring passthrough on /dev/ngXnY."""
@@ -125,7 +127,11 @@ class UringCmd(Engine):
             off=np.zeros(depth, np.uint64), length=bs, addr=base + slots * np.uint64(bs),
             user_data=slots, sqe_flags=flags, fixed_buffer=0 if o.fixedbufs else None)
         self._completed = 0
-        self._probe()
+        try:
+            self._probe()
+        except BaseException:
+            self.close()  # the runner closes only engines it got back
+            raise
 
     def _probe(self) -> None:
         """Read each target's first block once, before the clock: a kernel, device or user
