@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +23,6 @@ from gpufio.core.errors import BadInput, RunFailed, WorkerHung
 from gpufio.core.signals import sigterm_as_sigint
 from gpufio.facts import host as hostinfo
 from gpufio.results import render
-from gpufio.run import runner
 from gpufio.workloads import Workload, all_workloads
 
 # help texts are plain text: Rich markup would eat "[plot]" and "[check]"
@@ -231,12 +231,14 @@ def prepare(
                                    help="override a profile key in every job (repeatable); "
                                    "VALUE is TOML: 'targets=[\"/a\", \"/b\"]', or bare: 4k, /a,/b"),
 ) -> None:
-    """Create and fill the profile's missing target files with gpufio's data pattern."""
+    """Lay out what the profile's jobs read or write (missing target files filled with
+    gpufio's data pattern, a GNN job's graph and feature table, a checkpoint's files)."""
     with _exit_codes():
         prof = profile.load(str(profile_path), profile.parse_set(set_))
+        workload = _workload_of(prof)
         seen: set[str] = set()
         for job in prof.jobs:
-            for path in runner.job_targets(job, quiet=False):
+            for path in workload.targets(job, True):
                 if path not in seen:
                     seen.add(path)
                     typer.echo(f"{path}: ready")
@@ -254,7 +256,8 @@ def clean(
 
     with _exit_codes():
         dirs = [tg.default_scratch_dir(), *directory]
-        files = tg.scratch_files(dirs)
+        names = re.compile("|".join(f"(?:{w.scratch})" for w in all_workloads().values()))
+        files = tg.scratch_files(dirs, names)
         total = 0
         for path in files:
             size = os.path.getsize(path)
@@ -320,8 +323,10 @@ def info(profile_path: Optional[Path] = _INFO_ARGS[0], target: list[str] = _INFO
     with _exit_codes():
         paths = list(target)
         if profile_path is not None:
-            for job in profile.load(str(profile_path)).jobs:
-                paths.extend(p for p in runner.job_target_paths(job)[0] if p not in paths)
+            prof = profile.load(str(profile_path))
+            workload = _workload_of(prof)
+            for job in prof.jobs:
+                paths.extend(p for p in workload.targets(job, False) if p not in paths)
         if fmt not in ("table", "json"):
             raise BadInput(f"--format: {fmt!r} is not one of table, json")
         facts = {"host": hostinfo.host_facts(), "io_uring": uring.probe(),
@@ -358,8 +363,12 @@ def doctor(profile_path: Optional[Path] = _DOCTOR_ARGS[0], target: list[str] = _
     with _exit_codes():
         if fmt not in ("table", "json"):
             raise BadInput(f"--format: {fmt!r} is not one of table, json")
-        jobs = profile.load(str(profile_path)).jobs if profile_path is not None else []
-        found = [c.row() for c in checks.diagnose(jobs, list(target))]
+        jobs, paths = [], None
+        if profile_path is not None:
+            prof = profile.load(str(profile_path))
+            jobs, paths = prof.jobs, _workload_of(prof).targets
+        found = [c.row() for c in checks.diagnose(
+            jobs, list(target), paths=None if paths is None else lambda j: paths(j, False))]
         if fmt == "json":
             typer.echo(json.dumps({"checks": found}, indent=2))
         else:

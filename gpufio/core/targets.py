@@ -36,9 +36,9 @@ _DEVICE_NAME = re.compile(r"(nvme\d+n\d+(p\d+)?|nvme\d+c\d+n\d+|[shvx]+d[a-z]+\d
                           r"zram\d+|ram\d+|md\d+|dm-\d+|nbd\d+|pmem\d+|mmcblk\d+(p\d+)?|"
                           r"rbd\d+|sr\d+)")
 _PARTIAL = re.compile(r"\.partial-(\d+)$")
-# what gpufio itself leaves in a scratch directory (see 'gpufio clean')
-SCRATCH_NAMES = re.compile(r"(gpufio-.*\.dat|gnn-features-.*\.f32|gnn-graph-.*\.npz)"
-                           r"(\.partial-\d+)?")
+# the files gpufio's own layouts leave in a scratch directory, half-written ones included
+# (each workload names its own for 'gpufio clean')
+SCRATCH_NAMES = re.compile(r"gpufio-.*\.dat(\.partial-\d+)?")
 
 
 def default_scratch_dir() -> str:
@@ -126,9 +126,10 @@ def remove_stale_partials(directory: str) -> list[str]:
     return removed
 
 
-def scratch_files(directories: list[str]) -> list[str]:
-    """The files gpufio left in ``directories``: scratch targets, GNN tables and graphs, and
-    partial files of dead processes (what ``gpufio clean`` removes)."""
+def scratch_files(directories: list[str], left: re.Pattern[str] = SCRATCH_NAMES) -> list[str]:
+    """The files gpufio left in ``directories`` whose names match ``left`` (a ``.partial-PID``
+    suffix allowed), except those a live process still fills (what ``gpufio clean``
+    removes)."""
     found = []
     for d in directories:
         try:
@@ -137,7 +138,8 @@ def scratch_files(directories: list[str]) -> list[str]:
             continue
         for name in names:
             path = os.path.join(d, name)
-            if not _filling(name) and os.path.isfile(path) and SCRATCH_NAMES.fullmatch(name):
+            if not _filling(name) and os.path.isfile(path) \
+                    and left.fullmatch(_PARTIAL.sub("", name)):
                 found.append(path)
     return found
 

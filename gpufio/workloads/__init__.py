@@ -2,9 +2,12 @@
 
 A workload declares its own profile keys (``options``), checks a job's values of them
 (``check``), runs a whole profile of its jobs into a result document (``run``), renders that
-document (``formats``, ``render``), says what went wrong in it (``problems``) and names the
-metrics its results offer compare and check (``metrics``). The profile loader and the CLI
-ask this registry and name no workload; adding one is a module here.
+document (``formats``, ``render``), says what went wrong in it (``problems``), names the
+files and devices a job reads or writes, laying them out on request (``targets``: what
+``gpufio prepare``, ``info PROFILE`` and ``doctor PROFILE`` ask), names what its jobs leave
+in a scratch directory (``scratch``: what ``gpufio clean`` removes) and the metrics its
+results offer compare and check (``metrics``). The profile loader and the CLI ask
+this registry and name no workload; adding one is a module here.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from gpufio.core.options import Option
 from gpufio.results.load import Metric
 
 if TYPE_CHECKING:
-    from gpufio.core.job import Profile
+    from gpufio.core.job import Job, Profile
 
 # the workload of a job that names none
 DEFAULT_WORKLOAD = "block"
@@ -40,6 +43,12 @@ class Workload:
     render: Callable[[dict[str, Any], str, Any], str]
     # document -> one line per job whose numbers cannot be trusted
     problems: Callable[[dict[str, Any]], list[str]]
+    # (job, lay out) -> the paths the job reads or writes; with lay out, first created and
+    # filled as a run would (never where the write guard or a device's name forbids)
+    targets: Callable[["Job", bool], list[str]]
+    # the names (a regular expression) of the files its jobs leave in a scratch directory,
+    # which 'gpufio clean' removes
+    scratch: str
     # what compare and check read of its results, and a profile's [check] table may limit
     metrics: tuple[Metric, ...] = ()
 

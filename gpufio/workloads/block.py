@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput, RunFailed
-from gpufio.core.job import Profile
+from gpufio.core.job import Job, Profile
 from gpufio.results import document
 from gpufio.results.live import LiveDisplay
 from gpufio.results.load import METRICS
@@ -84,6 +85,11 @@ def run(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
     return docs[0] if len(docs) == 1 else combine(docs)
 
 
+def targets(job: Job, lay_out: bool) -> list[str]:
+    """The job's targets; laid out: missing files created with gpufio's pattern."""
+    return runner.job_targets(job, quiet=False) if lay_out else runner.job_target_paths(job)[0]
+
+
 def _check(where: str, engine: str, values: Mapping[str, Any]) -> None:
     """The block workload has no keys of its own to check."""
 
@@ -91,4 +97,5 @@ def _check(where: str, engine: str, values: Mapping[str, Any]) -> None:
 BLOCK = register(Workload(
     name="block", summary="the I/O benchmark", options=(), check=_check,
     formats=document.FORMATS, run=run, render=document.render,
-    problems=document.problems, metrics=tuple(METRICS.values())))
+    problems=document.problems, targets=targets,
+    scratch=tg.SCRATCH_NAMES.pattern, metrics=tuple(METRICS.values())))

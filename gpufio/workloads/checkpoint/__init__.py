@@ -10,4 +10,6 @@ from gpufio.workloads.checkpoint.options import CHECKPOINT_OPTIONS, check
 CHECKPOINT = register(Workload(
     name="checkpoint", summary="model state saved from GPU memory and restored, per engine",
     options=CHECKPOINT_OPTIONS, check=check, formats=report.FORMATS, run=driver.run_workload,
-    render=report.render, problems=report.problems, metrics=report.METRICS))
+    render=report.render, problems=report.problems, targets=driver.targets,
+    scratch=r"gpufio-ckpt.*\.dat",
+    metrics=report.METRICS))

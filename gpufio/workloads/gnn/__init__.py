@@ -10,4 +10,5 @@ from gpufio.workloads.gnn.options import GNN_OPTIONS, check
 GNN = register(Workload(
     name="gnn", summary="GNN training with feature aggregation through the engine",
     options=GNN_OPTIONS, check=check, formats=report.FORMATS, run=driver.run_workload,
-    render=report.render, problems=report.problems))
+    render=report.render, problems=report.problems, targets=driver.targets,
+    scratch=r"gnn-features-.*\.f32|gnn-graph-.*\.npz"))
