@@ -18,12 +18,12 @@ from typing import Any, Callable, Iterator, Optional
 import typer
 from rich.console import Console
 
-from gpufio import __version__, profile
+from gpufio import __version__, api, profile
 from gpufio.core.errors import BadInput, RunFailed, WorkerHung
 from gpufio.core.signals import sigterm_as_sigint
 from gpufio.facts import host as hostinfo
 from gpufio.results import render
-from gpufio.workloads import Workload, all_workloads
+from gpufio.workloads import all_workloads
 
 # help texts are plain text: Rich markup would eat "[plot]" and "[check]"
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -103,15 +103,6 @@ def _all_formats() -> list[str]:
     return list(dict.fromkeys(f for w in all_workloads().values() for f in w.formats))
 
 
-def _workload_of(prof: profile.Profile) -> Workload:
-    """The one workload a profile's jobs run (a profile runs one kind of job)."""
-    names = sorted({job.workload for job in prof.jobs})
-    if len(names) > 1:
-        raise BadInput(f"{prof.path}: a profile runs jobs of one workload, not "
-                       f"{' and '.join(names)}")
-    return all_workloads()[names[0]]
-
-
 @app.command()
 def run(
     profile_path: Path = typer.Argument(..., metavar="PROFILE",
@@ -133,7 +124,7 @@ def run(
         prof = profile.load(str(profile_path), profile.parse_set(set_))
         for note in prof.notes:
             typer.echo(f"gpufio: note: {note}", err=True)
-        workload = _workload_of(prof)
+        workload = api.workload_of(prof)
         if fmt not in workload.formats:
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(workload.formats)} "
                            f"for workload '{workload.name}'")
@@ -235,7 +226,7 @@ def prepare(
     gpufio's data pattern, a GNN job's graph and feature table, a checkpoint's files)."""
     with _exit_codes():
         prof = profile.load(str(profile_path), profile.parse_set(set_))
-        workload = _workload_of(prof)
+        workload = api.workload_of(prof)
         seen: set[str] = set()
         for job in prof.jobs:
             for path in workload.targets(job, True):
@@ -324,7 +315,7 @@ def info(profile_path: Optional[Path] = _INFO_ARGS[0], target: list[str] = _INFO
         paths = list(target)
         if profile_path is not None:
             prof = profile.load(str(profile_path))
-            workload = _workload_of(prof)
+            workload = api.workload_of(prof)
             for job in prof.jobs:
                 paths.extend(p for p in workload.targets(job, False) if p not in paths)
         if fmt not in ("table", "json"):
@@ -366,7 +357,7 @@ def doctor(profile_path: Optional[Path] = _DOCTOR_ARGS[0], target: list[str] = _
         jobs, paths = [], None
         if profile_path is not None:
             prof = profile.load(str(profile_path))
-            jobs, paths = prof.jobs, _workload_of(prof).targets
+            jobs, paths = prof.jobs, api.workload_of(prof).targets
         found = [c.row() for c in checks.diagnose(
             jobs, list(target), paths=None if paths is None else lambda j: paths(j, False))]
         if fmt == "json":
