@@ -1,4 +1,4 @@
-"""The checkpoint workload (issue 16): a model state in GPU (or host) memory saved to the
+"""The checkpoint workload: a model state in GPU (or host) memory saved to the
 targets through the job's engine, made durable, dropped from the page cache and restored
 into fresh memory, compared where it lives, beside the naive path users write today.
 Registered as workload 'checkpoint' here."""
