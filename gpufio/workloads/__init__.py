@@ -6,7 +6,8 @@ document (``formats``, ``render``), says what went wrong in it (``problems``), n
 files and devices a job reads or writes, laying them out on request (``targets``: what
 ``gpufio prepare``, ``info PROFILE`` and ``doctor PROFILE`` ask), names what its jobs leave
 in a scratch directory (``scratch``: what ``gpufio clean`` removes) and the metrics its
-results offer compare and check (``metrics``). The profile loader and the CLI ask
+results offer compare and check (``metrics``), and which keys of a job's I/O run its jobs
+use (``job_keys``). The profile loader and the CLI ask
 this registry and name no workload; adding one is a module here.
 """
 
@@ -51,6 +52,9 @@ class Workload:
     scratch: str
     # what compare and check read of its results, and a profile's [check] table may limit
     metrics: tuple[Metric, ...] = ()
+    # the keys of a job's I/O run (profile.JOB_OPTIONS: rw, numjobs, runtime, fsync, verify,
+    # the write guard's ...) its jobs use; any other is refused in one line. None: all
+    job_keys: frozenset[str] | None = frozenset()
 
 
 _REGISTRY: dict[str, Workload] = {}

@@ -98,4 +98,5 @@ BLOCK = register(Workload(
     name="block", summary="the I/O benchmark", options=(), check=_check,
     formats=document.FORMATS, run=run, render=document.render,
     problems=document.problems, targets=targets,
-    scratch=tg.SCRATCH_NAMES.pattern, metrics=tuple(METRICS.values())))
+    scratch=tg.SCRATCH_NAMES.pattern, metrics=tuple(METRICS.values()),
+    job_keys=None))  # the I/O run's keys are block's own
