@@ -807,14 +807,28 @@ def test_a_job_over_two_gpus_runs_a_trainer_each_over_the_one_table(tmp_path):
     assert [r["job"] for r in rows(doc)] == ["g", "g · gpu 0", "g · gpu 1"]
 
 
+def _trainers(pid: int) -> list[int]:
+    """The trainer processes gpufio ``pid`` has started so far (not its resource tracker)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"resource_tracker" not in cmdline:
+            out.append(int(stat.parent.name))
+    return out
+
+
 @pytest.mark.parametrize("group,when", [(False, "running"), (True, "running"),
                                         (True, "spawning")])
 def test_sigterm_stops_every_trainer_after_its_iteration_with_exit_130(tmp_path, write_profile,
                                                                        group, when):
     """SIGTERM to gpufio alone (kill) or to its process group (timeout(1)) ends a job over
     two GPUs' trainers as Ctrl-C does: each trainer's iterations so far are kept. Sent as the
-    shared table is written (the trainers about to be spawned: a trainer takes the signal once
-    its handlers are in) or once gpufio says the trainers run."""
+    shared table is written and both trainer processes exist (spawned, not yet ready: a trainer
+    takes the signal once its handlers are in) or once gpufio says the trainers run."""
     import os
     import select
     import signal
@@ -833,6 +847,8 @@ def test_sigterm_stops_every_trainer_after_its_iteration_with_exit_130(tmp_path,
         assert select.select([proc.stderr], [], [], 120)[0], f"no progress: {seen}"
         seen.append(proc.stderr.readline())
         assert seen[-1], f"gpufio ended (exit {proc.wait()}) first: {seen}"
+    while when == "spawning" and len(_trainers(proc.pid)) < 2:  # born, not yet ready
+        assert proc.poll() is None, proc.stderr.read()
     if group:
         os.killpg(proc.pid, signal.SIGTERM)
     else:
