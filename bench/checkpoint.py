@@ -11,7 +11,7 @@ reads it back. Ratios: gpufio's save GB/s to fio's write, restore to read, and e
 the naive path. The goals live here (``GOAL_FIO``, ``GOAL_NAIVE``); ``--check`` exits 1 on a
 miss.
 
-    . bench/gpu_env.sh && python3 bench/checkpoint.py --fio .peers/fio --json out.json
+    . bench/gpu_env.sh && python3 -m bench.checkpoint --fio .peers/fio --json out.json
 """
 
 from __future__ import annotations
@@ -20,17 +20,21 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from compare import clean_up_on_sigterm, fio_cpu_s, report, run_counted, setup_zram_ext4  # noqa: E402
-
-from gpufio.core.units import parse_size  # noqa: E402
+from bench._common import (
+    GpufioFailed,
+    clean_up_on_sigterm,
+    fio_cpu_s,
+    fio_version,
+    gpufio,
+    report,
+    run_counted,
+    zram_ext4_file,
+)
+from gpufio import api
 
 GOAL_FIO, GOAL_NAIVE = 0.8, 3.0
 # (job name, engine options, held to the goals): mmap is the loaders' way, a baseline as the
@@ -43,23 +47,14 @@ ENGINES = (("cpu-gpu", {"engine": "cpu-gpu"}, True),
 def run_gpufio(directory: str, where: str, state: str, bs: str, depth: int, iterations: int,
                direct: bool) -> list[dict]:
     """One profile: a job per engine, the naive row after the first; the document's jobs."""
-    lines = ["[global]", 'workload = "checkpoint"', f"layout = {json.dumps(where)}",
-             f"state_size = {json.dumps(state)}", f"bs = {json.dumps(bs)}",
-             f"iodepth = {depth}", f"iterations = {iterations}",
-             f"direct = {json.dumps(direct)}", f"targets = [{json.dumps(directory)}]"]
-    for name, opts, _ in ENGINES:
-        lines += ["[[job]]", f"name = {json.dumps(name)}",
-                  *(f"{k} = {json.dumps(v)}" for k, v in opts.items())]
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-        f.write("\n".join(lines) + "\n")
+    glob = {"workload": "checkpoint", "layout": where, "state_size": state, "bs": bs,
+            "iodepth": depth, "iterations": iterations, "direct": direct,
+            "targets": [directory]}
     try:
-        out = subprocess.run([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json", "-q"],
-                             capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-    finally:
-        os.unlink(f.name)
-    if out.returncode:
-        raise SystemExit(f"bench: gpufio failed ({out.returncode}): {out.stderr.strip()}")
-    return json.loads(out.stdout)["jobs"]
+        return gpufio({"global": glob, "job": [{"name": name, **opts}
+                                               for name, opts, _ in ENGINES]})["jobs"]
+    except GpufioFailed as e:
+        raise SystemExit(f"bench: gpufio failed: {e}") from None
 
 
 def run_fio(fio: str, path: str, rw: str, size: int, bs: str, depth: int,
@@ -80,15 +75,6 @@ def run_fio(fio: str, path: str, rw: str, size: int, bs: str, depth: int,
     return gb / (job["job_runtime"] / 1e3), cpu / gb if cpu is not None and gb else None
 
 
-def drop(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fio", required=True, help="fio (with io_uring)")
@@ -104,12 +90,12 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
     clean_up_on_sigterm()
-    fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
-    size = parse_size(args.state, "--state")
+    version = fio_version(args.fio)
+    size = api.parse_size(args.state, "--state")
     rows, raw, missed = [], [], []
     goaled = {name for name, _, held in ENGINES if held}
     # ext4 on zram: RAM like tmpfs, but with O_DIRECT; room for the state and fio's copy
-    zram = setup_zram_ext4(2 * size + (2 << 30)) if "zram" in args.targets else None
+    zram = zram_ext4_file(2 * size + (2 << 30)) if "zram" in args.targets else None
     bases = {"tmpfs": "/dev/shm", "rootdisk": args.root_dir,
              "zram": os.path.dirname(zram[0]) if zram else None}
     try:  # the zram device is released however the run ends (SIGTERM too)
@@ -118,7 +104,7 @@ def main() -> int:
             ram = tname == "tmpfs"
             base = bases[tname]
             if base is None:
-                continue  # no zram here (setup_zram_ext4 said why)
+                continue  # no zram here (zram_ext4_file said why)
             directory = tempfile.mkdtemp(prefix="gpufio-ckpt-bench-", dir=base)
             try:
                 jobs = run_gpufio(directory, where, args.state, args.bs, args.iodepth,
@@ -128,7 +114,7 @@ def main() -> int:
                 peer = os.path.join(directory, "fio-ckpt.dat")
                 fio_w, fio_w_cpu = run_fio(args.fio, peer, "write", size, args.bs, args.iodepth,
                                            not ram)
-                drop(peer)
+                api.evict([peer])
                 fio_r, fio_r_cpu = run_fio(args.fio, peer, "read", size, args.bs, args.iodepth,
                                            not ram)
             finally:
@@ -163,12 +149,12 @@ def main() -> int:
     finally:
         if zram:
             zram[1]()
-    return report(f"{fio_version} · checkpoint {args.state}, bs {args.bs}, qd {args.iodepth}, "
+    return report(f"{version} · checkpoint {args.state}, bs {args.bs}, qd {args.iodepth}, "
                   f"{args.iterations} rounds", rows,
                   ["target", "layout (files)", "gpufio path", "save GB/s", "fio write", "ratio",
                    "restore GB/s", "fio read", "ratio", "vs naive s/r", "TTFB ms s/r",
                    "CPU s/GB s/r", "fio CPU s/GB w/r", "fsync", "verify", "goal"],
-                  {"fio": fio_version, "runs": raw}, args.json, missed if args.check else [])
+                  {"fio": version, "runs": raw}, args.json, missed if args.check else [])
 
 
 if __name__ == "__main__":

@@ -1,30 +1,25 @@
 #!/usr/bin/env python3
-"""The GNN gather against its engine's block reads, in one run (issue 18 section 3).
+"""The GNN gather against its engine's block reads, in one run.
 
 A GNN profile with one job per engine and no tuning keys (each row fetcher derives its
 queue depth and submission from the machine and the batch) aggregates 4 KiB rows of a
 generated feature table; then each engine's block job reads 4 KiB at random offsets of
 that same feature file, with the settings its block benchmark uses. The gather's rows/s over
-the block job's IOPS is the ratio the issue asks to be at least ``GOAL``; ``--check`` exits
+the block job's IOPS is the ratio held to be at least ``GOAL``; ``--check`` exits
 1 when one is missed. Run on the GPU machine, with the table in memory (tmpfs, the default)
 or on a drive (``--dir``):
 
-    . bench/gpu_env.sh && python3 bench/gather.py --json out.json
+    . bench/gpu_env.sh && python3 -m bench.gather --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from compare import gpufio_counted, report  # noqa: E402
+from bench._common import GpufioFailed, gpufio, report
 
 GOAL = 0.8
 # each engine's block job as its block benchmark runs it on RAM (bench/gpu.py's cases)
@@ -32,35 +27,29 @@ BLOCK = {"gpu-uring": {"rings": 8, "iodepth": 128},
          "cpu-gpu": {"iodepth": 512, "segments": 4, "sqe_async": True}}
 
 
-def gnn_profile(args: argparse.Namespace) -> str:
+def gnn_profile(args: argparse.Namespace) -> dict[str, Any]:
     """One GNN job per engine, with none of the row fetchers' tuning keys."""
-    lines = ["[global]", 'workload = "gnn"', f"nodes = {args.nodes}", "feature_dim = 1024",
-             f"batch_size = {args.batch}", f"fanout = {json.dumps(args.fanout)}",
-             f"iterations = {args.iterations}", f"warmup = {args.warmup}",
-             f"directory = {json.dumps(args.dir)}"]
-    for engine in args.engines:
-        lines += ["", "[[job]]", f'name = "gather-{engine}"', f'engine = "{engine}"']
-    return "\n".join(lines) + "\n"
+    return {"global": {"workload": "gnn", "nodes": args.nodes, "feature_dim": 1024,
+                       "batch_size": args.batch, "fanout": args.fanout,
+                       "iterations": args.iterations, "warmup": args.warmup,
+                       "directory": args.dir},
+            "job": [{"name": f"gather-{engine}", "engine": engine} for engine in args.engines]}
 
 
-def block_profile(args: argparse.Namespace, table: str) -> str:
+def block_profile(args: argparse.Namespace, table: str) -> dict[str, Any]:
     """Each engine's 4 KiB random reads of the feature file ``table``, time based."""
-    lines = ["[global]", 'rw = "randread"', 'bs = "4k"', f"targets = [{json.dumps(table)}]",
-             f'runtime = "{args.runtime}s"', 'ramp_time = "1s"', "time_based = true"]
-    for engine in args.engines:
-        lines += ["", "[[job]]", f'name = "block-{engine}"', f'engine = "{engine}"'] + [
-            f"{k} = {json.dumps(v)}" for k, v in BLOCK[engine].items()]
-    return "\n".join(lines) + "\n"
+    return {"global": {"rw": "randread", "bs": "4k", "targets": [table],
+                       "runtime": f"{args.runtime}s", "ramp_time": "1s", "time_based": True},
+            "job": [{"name": f"block-{engine}", "engine": engine, **BLOCK[engine]}
+                    for engine in args.engines]}
 
 
-def gpufio(text: str) -> dict:
-    """``gpufio run`` of a profile's ``text`` (compare.gpufio_counted); its JSON document, or
-    the run's own error as the bench's last word."""
+def run(profile: dict[str, Any]) -> dict[str, Any]:
+    """gpufio's document of ``profile``, or the run's own error as the bench's last word."""
     try:
-        return gpufio_counted(text)[0]
-    except subprocess.CalledProcessError as e:
-        raise SystemExit(f"bench: gpufio failed ({e.returncode}): "
-                         f"{(e.stderr or '').strip()[-800:]}") from None
+        return gpufio(profile)
+    except GpufioFailed as e:
+        raise SystemExit(f"bench: gpufio failed: {e}") from None
 
 
 def judge(gnn: dict, block: dict) -> tuple[list[list], list[str]]:
@@ -98,8 +87,8 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
-    gnn = gpufio(gnn_profile(args))
-    block = gpufio(block_profile(args, gnn["jobs"][0]["targets"][0]))
+    gnn = run(gnn_profile(args))
+    block = run(block_profile(args, gnn["jobs"][0]["targets"][0]))
     rows, missed = judge(gnn, block)
     return report(f"GNN gather vs block reads · {args.nodes} nodes, batch {args.batch}, fanout "
                   f"{args.fanout}, {args.iterations - args.warmup} timed iterations · 4 KiB "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GNN feature-aggregation experiment (issue 6, DESIGN.md section 1) on this machine.
+"""The GNN feature-aggregation experiment on this machine.
 
 Sets up its own storage, writes a GNN profile with one job per engine (and per number of
 targets), runs gpufio on it, and prints the stage table with the figures the experiment
@@ -16,7 +16,7 @@ so that storage, not the host, is the limit, as with real SSDs; the result says 
 out-of-core case: ``--memory-limit`` (the jobs' memory_limit) at most a quarter of the
 feature table. Run as root on the GPU machine:
 
-    python3 bench/gnn.py --storage rootdisk --nodes 1000000 --memory-limit 1g --json out.json
+    python3 -m bench.gnn --storage rootdisk --nodes 1000000 --memory-limit 1g --json out.json
 """
 
 from __future__ import annotations
@@ -24,28 +24,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._common import report, zram_ext4
+from gpufio import api
 
-from compare import release_zram, report  # noqa: E402
-
-from gpufio.core.units import parse_size  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-# issue 18 section 4, for plain gpu-uring out of core (the table at least 4x the limit):
+# the goals for plain gpu-uring out of core (the table at least 4x the limit):
 # aggregation 25x DGL's loader and 10x the MADV_RANDOM one, 4 M rows/s (twice the article's
 # 2 M IOPS), an aggregation share below 77%; and two targets 40% lower where storage limits
 GOALS = {"agg_speedup_vs_mmap": 25.0, "agg_speedup_vs_random": 10.0, "agg_rows_per_s": 4e6,
          "agg_share": 0.77, "two_targets_agg_ratio": 0.60}
 # no tuning keys: each engine's row fetcher derives its queue depth, rings and submission
-# from the machine, the batch and where the table lives, as profiles/gnn-igbh.toml ships
-# (issue 18 sections 3 and 4); only the tuned loader's advice is a key
+# from the machine, the batch and where the table lives, as profiles/gnn-igbh.toml ships;
+# only the tuned loader's advice is a key
 ENGINE_KEYS = {
     "mmap": {},
     "mmap-random": {"engine": "mmap", "mmap_advice": "random"},
@@ -53,33 +46,6 @@ ENGINE_KEYS = {
     "cufile": {},
     "gpu-uring": {},
 }
-
-
-def zram_targets(count: int, size: int, mounts: Path) -> tuple[list[str], list[Path]]:
-    """``count`` unused zram devices (free ones, or new ones from hot_add), ext4 on each,
-    mounted under ``mounts``."""
-    free = sorted(d for d in Path("/sys/block").glob("zram*")
-                  if (d / "disksize").read_text().strip() == "0")
-    control = Path("/sys/class/zram-control/hot_add")
-    while len(free) < count and control.exists():
-        free.append(Path(f"/sys/block/zram{control.read_text().strip()}"))
-    if len(free) < count:
-        raise SystemExit(f"bench: {count} free zram devices needed, {len(free)} found")
-    dirs, devs = [], []
-    for dev in free[:count]:
-        (dev / "disksize").write_text(str(size))
-        devs.append(dev)
-        point = mounts / dev.name
-        point.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mkfs.ext4", "-q", "-F", f"/dev/{dev.name}"], check=True)
-        subprocess.run(["mount", f"/dev/{dev.name}", str(point)], check=True)
-        dirs.append(str(point))
-    return dirs, devs
-
-
-def drop_zram(dirs: list[str], devs: list[Path]) -> None:
-    for d, dev in zip(dirs, devs):
-        release_zram(d, dev / "reset", "1")
 
 
 def cap_iops(devs: list[str], iops: int) -> Path:
@@ -98,28 +64,28 @@ def cap_iops(devs: list[str], iops: int) -> Path:
     return group
 
 
-def profile_text(args: argparse.Namespace, target_sets: list[list[str]]) -> str:
-    lines = ["[global]", 'workload = "gnn"', f"nodes = {args.nodes}",
-             f"iterations = {args.iterations}", f"warmup = {args.warmup}",
-             f"fanout = {json.dumps(args.fanout)}"]
+def profile_of(args: argparse.Namespace, target_sets: list[list[str]]) -> dict[str, Any]:
+    """The GNN profile: a job per engine and target set, the batch sizes swept."""
+    glob: dict[str, Any] = {"workload": "gnn", "nodes": args.nodes,
+                            "iterations": args.iterations, "warmup": args.warmup,
+                            "fanout": args.fanout}
     if args.memory_limit:
-        lines.append(f'memory_limit = "{args.memory_limit}"')
+        glob["memory_limit"] = args.memory_limit
+    jobs = []
     for tset in target_sets:
         for engine in args.engines:
             if engine.startswith("mmap") and len(tset) > 1:
                 continue  # the baseline is the one-drive loader
-            name = f"{engine}-{len(tset)}t"
-            keys = {"engine": engine, "targets": tset, **ENGINE_KEYS[engine.split("+")[0]]}
+            keys = {"name": f"{engine}-{len(tset)}t", "engine": engine, "targets": tset,
+                    **ENGINE_KEYS[engine.split("+")[0]]}
             if engine.startswith("mmap"):
                 keys.update({k: v for k, v in (("iterations", args.baseline_iterations),
                                                ("warmup", args.baseline_warmup))
                              if v is not None})
             if engine == "gpu-uring+cache":
                 keys.update(engine="gpu-uring", cache_size=args.cache_size)
-            lines += ["", "[[job]]", f'name = "{name}"'] + [
-                f"{k} = {json.dumps(v)}" for k, v in keys.items()]
-    lines += ["", "[sweep]", f"batch_size = {json.dumps(args.batch)}"]
-    return "\n".join(lines) + "\n"
+            jobs.append(keys)
+    return {"global": glob, "job": jobs, "sweep": {"batch_size": args.batch}}
 
 
 def main() -> int:
@@ -154,54 +120,48 @@ def main() -> int:
         ap.error("--iops-cap runs gpufio in its own cgroup, where memory_limit cannot make "
                  "one: leave out mmap and --memory-limit (the O_DIRECT engines bypass the "
                  "page cache anyway)")
-    dirs, devs, group = [], [], None
+    release, group = None, None
     try:
         if args.storage == "zram":
             # room for the whole table and a stripe of it (zram only uses what is written)
             per = 2 * args.nodes * 4096 + (2 << 30)
-            dirs, devs = zram_targets(max(args.targets), per, Path("/mnt/gpufio-bench"))
+            try:
+                dirs, release = zram_ext4(max(args.targets), per, Path("/mnt/gpufio-bench"))
+            except OSError as e:
+                raise SystemExit(f"bench: {e}") from None
             if args.iops_cap:
-                group = cap_iops([f"/dev/{d.name}" for d in devs], args.iops_cap)
+                # each mount point is named after its device (zram_ext4)
+                group = cap_iops([f"/dev/{os.path.basename(d)}" for d in dirs], args.iops_cap)
         else:
             dirs = [args.root_dir, os.path.join(args.root_dir, "second")]
             for d in dirs:
                 os.makedirs(d, exist_ok=True)
-        sets = [dirs[:n] for n in args.targets]
-        with tempfile.TemporaryDirectory() as tmp:
-            prof = Path(tmp) / "gnn-bench.toml"
-            prof.write_text(profile_text(args, sets))
-            out = Path(args.json or Path(tmp) / "gnn.json")
-            run = subprocess.Popen([sys.executable, "-m", "gpufio", "run", str(prof), "-f",
-                                    "json", "-o", str(out)], cwd=ROOT)
-            # timeout(1) and batch systems stop a bench with SIGTERM, a user with Ctrl-C:
-            # gpufio then ends its job after the current iteration and writes what it
-            # measured, which is reported
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: run.send_signal(signal.SIGTERM))
-            run.wait()
-            if not out.exists():
-                if run.returncode == -9:
-                    print("bench: gpufio was killed (SIGKILL): on cgroup v1 a memory_limit "
-                          "below the job's working set ends in the kernel's OOM kill",
-                          file=sys.stderr)
-                return 1 if run.returncode < 0 else run.returncode or 1
-            doc = json.loads(out.read_text())
+        # timeout(1) and batch systems stop a bench with SIGTERM, a user with Ctrl-C: gpufio
+        # then ends its job after the current iteration, and what it measured is reported
+        api.stop_on_sigterm()
+        try:
+            doc = api.run(profile_of(args, [dirs[:n] for n in args.targets]), quiet=False)
+        except api.BadInput as e:
+            raise SystemExit(f"bench: gpufio: {e}") from None
+        if args.json:
+            Path(args.json).write_text(json.dumps(doc, indent=2))
     finally:
         if group is not None:
             (group.parent / "cgroup.procs").write_text(str(os.getpid()))
             group.rmdir()
-        drop_zram(dirs if devs else [], devs)
+        if release is not None:
+            release()
     return summarize(doc, args)
 
 
 def sizes(args: argparse.Namespace) -> tuple[int, int | None]:
     """The feature table's bytes (4 KiB rows) and the memory limit's (None: no limit)."""
-    limit = parse_size(args.memory_limit, "--memory-limit") if args.memory_limit else None
+    limit = api.parse_size(args.memory_limit, "--memory-limit") if args.memory_limit else None
     return args.nodes * 4096, limit
 
 
 def _out_of_core_misses(j: dict, random_ms: float | None) -> list[str]:
-    """The section 4 goals a plain gpu-uring job out of core misses, each as a few words."""
+    """The out-of-core goals a plain gpu-uring job out of core misses, each as a few words."""
     out = []
     sp = j.get("speedup_vs_mmap", {}).get("aggregation")
     if sp is not None and sp < GOALS["agg_speedup_vs_mmap"]:
@@ -219,7 +179,7 @@ def _out_of_core_misses(j: dict, random_ms: float | None) -> list[str]:
 
 
 def judge(doc: dict, args: argparse.Namespace) -> tuple[list[list], list[str]]:
-    """A row per job with its goal verdicts, and the goals missed. The section 4 goals apply
+    """A row per job with its goal verdicts, and the goals missed. The out-of-core goals apply
     to plain gpu-uring (no cache) on one target, each batch size, with the table at least 4x
     the memory limit (the MADV_RANDOM one where that loader ran at the same batch size); the
     two-target goal to every job measured on two targets."""
@@ -252,9 +212,7 @@ def judge(doc: dict, args: argparse.Namespace) -> tuple[list[list], list[str]]:
 
 def summarize(doc: dict, args: argparse.Namespace) -> int:
     """The stage table, the verdicts, and 1 with --check if a goal was missed."""
-    from gpufio.workloads.gnn import report as gnn_report
-
-    print(gnn_report.render(doc, "markdown"))
+    print(api.render(doc, "markdown"))
     rows, missed = judge(doc, args)
     feature_bytes, limit = sizes(args)
     cap = f" · each device capped at {args.iops_cap} reads/s (io.max)" if args.iops_cap else ""

@@ -9,7 +9,7 @@ and prints medians with the ratio of each gpufio path to its peer. Every gpufio 
 verifies its data in GPU memory. Speed targets (the issues' goals) live in ``GOALS`` here,
 never in unit tests; ``--check`` exits 1 when one is missed.
 
-    LD_LIBRARY_PATH=... PYTHONPATH=/tmp/site python3 bench/gpu.py --fio .peers/fio --json out.json
+    LD_LIBRARY_PATH=... PYTHONPATH=/tmp/site python3 -m bench.gpu --fio .peers/fio --json out.json
 
 Run it as root on a machine with a GPU; the cuFile peers need libcufile on LD_LIBRARY_PATH.
 """
@@ -22,27 +22,26 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from compare import (  # noqa: E402
+from bench._common import (
     CASE_HEADERS,
+    GpufioFailed,
     case_row,
     clean_up_on_sigterm,
     fio_and_root_args,
+    fio_version,
     report,
     run_counted,
     run_fio,
     run_gpufio,
+    setup_rootfile,
     setup_tmpfs,
     setup_zram,
-    setup_zram_ext4,
     window_cpu,
+    zram_ext4_file,
 )
-
-from gpufio.core import targets  # noqa: E402
-from gpufio.core.units import parse_size  # noqa: E402
+from gpufio import api
 
 FIO_CUFILE = ["--ioengine=libcufile", "--cuda_io=posix", "--gpu_dev_ids=0"]
 
@@ -114,7 +113,7 @@ def cases(ram: bool) -> list[dict]:
                                                             "sq_threads": 1},
          "depth": 64, "jobs": 1, **qd, "goal": 0.95},
         # 4 segments of 32: with spare landing slots a slow read no longer holds back new
-        # reads, and smaller segments cost more Python per read (16 of 8 made 0.55x)
+        # reads, and smaller segments cost more Python per read (docs/PERFORMANCE.md)
         {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "segments": 4}, "depth": 128,
          "jobs": 1, **qd, "goal": 0.9},
         {"path": "cufile", "g": {"engine": "cufile"}, "depth": 128, "jobs": 1, **qd, "goal": 0.9},
@@ -148,7 +147,7 @@ def cases(ram: bool) -> list[dict]:
     ]
 
 
-def start_mps(directory: Path) -> callable:
+def start_mps(directory: Path) -> Callable[[], None]:
     """The CUDA MPS daemon, so the processes of a run share the GPU instead of being
     time-sliced; children find it through the pipe directory in their environment."""
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(directory / "pipe"),
@@ -166,57 +165,11 @@ def start_mps(directory: Path) -> callable:
     return stop
 
 
-def setup_rootfile(directory: Path, size: int) -> tuple[str, callable]:
-    """A pattern file on the root disk, read with O_DIRECT: the slow drive."""
-    path = directory / "gpufio-bench-root.dat"
-    path.unlink(missing_ok=True)  # the bench's own file, left behind by a bench killed early
-    targets.create_file(str(path), size, 8, allow_large=True)  # --root-size asked for it
-    return str(path), lambda: path.unlink(missing_ok=True)
-
-
 def run_kvikio(target: str, iodepth: int, runtime: int) -> dict:
-    """KvikIO alone: iodepth futures of 4 KiB random reads into GPU memory, time-based."""
-    code = f"""
-import json, time, numpy as np, cupy as cp, kvikio, kvikio.defaults
-kvikio.defaults.set({{"num_threads": {iodepth}, "task_size": 4096, "gds_threshold": 0,
-                     "bounce_buffer_size": 4096, "auto_direct_io_read": True}})
-f = kvikio.CuFile({target!r}, "r")
-size = __import__("os").stat({target!r}).st_size
-if size == 0:
-    size = int(open("/sys/block/" + {target!r}.split("/")[-1] + "/size").read()) * 512
-buf = cp.empty(({iodepth}, 4096), cp.uint8)
-rng = np.random.default_rng(1)
-offs = (rng.integers(0, size // 4096, 1 << 22) * 4096).tolist()
-k = 0
-lats = []
-futs = [None] * {iodepth}
-t_issue = [0] * {iodepth}
-def issue(s):
-    global k
-    t_issue[s] = time.perf_counter_ns()
-    futs[s] = f.pread(buf[s], 4096, offs[k % len(offs)], task_size=4096)
-    k += 1
-end = time.perf_counter() + {runtime}
-for s in range({iodepth}):
-    issue(s)
-done = 0
-t0, t0_ms = time.perf_counter(), time.time() * 1e3
-while time.perf_counter() < end:
-    for s in range({iodepth}):
-        if futs[s].done():
-            futs[s].get()
-            lats.append(time.perf_counter_ns() - t_issue[s])
-            done += 1
-            issue(s)
-dt, t1_ms = time.perf_counter() - t0, time.time() * 1e3
-for fu in futs:
-    fu.get()
-mode = "compat" if kvikio.defaults.is_compat_mode_preferred() else "gds"
-print(json.dumps({{"iops": done / dt, "p50": float(np.percentile(lats, 50)),
-                  "p99": float(np.percentile(lats, 99)), "ios": done, "window": [t0_ms, t1_ms],
-                  "mode": mode}}))
-"""
-    out, samples = run_counted([sys.executable, "-c", code])
+    """KvikIO alone (bench/kvikio_peer.py, in a cgroup of its own): iodepth futures of 4 KiB
+    random reads into GPU memory, time-based; CPU per I/O over its measured window."""
+    out, samples = run_counted([sys.executable, "-m", "bench.kvikio_peer", target,
+                                str(iodepth), str(runtime)])
     r = json.loads(out.strip().splitlines()[-1])
     r["cpu_us"], r["cpu"] = ((1e6 * window_cpu(samples, *r["window"]) / r["ios"], "cgroup")
                              if samples and r["ios"] else (0.0, "none"))
@@ -234,7 +187,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
     clean_up_on_sigterm()
-    fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
+    version = fio_version(args.fio)
     cleanups, tgts = [], {}
     rows, raw, missed = [], [], []
     try:
@@ -246,10 +199,11 @@ def main() -> int:
             tgts["zram"] = (z[0], True)
             cleanups.append(z[1])
         if "rootdisk" in args.targets:
-            path, clean = setup_rootfile(Path(args.root_dir), parse_size(args.root_size, "--root-size"))
+            path, clean = setup_rootfile(Path(args.root_dir),
+                                         api.parse_size(args.root_size, "--root-size"))
             cleanups.append(clean)
             tgts["rootdisk"] = (path, False)
-        if "zram-ext4" in args.targets and (z := setup_zram_ext4()):
+        if "zram-ext4" in args.targets and (z := zram_ext4_file()):
             tgts["zram-ext4"] = (z[0], None)
             cleanups.append(z[1])
         for tname, (target, ram) in tgts.items():
@@ -263,8 +217,8 @@ def main() -> int:
                         try:
                             g_runs.append(run_gpufio(target, {**c["g"], "verify": True},
                                                      c["jobs"], c["depth"], args.runtime))
-                        except subprocess.CalledProcessError as e:  # say so, and go on
-                            why = (e.stderr or "").strip().splitlines()[-1:] or [f"exit {e.returncode}"]
+                        except GpufioFailed as e:  # say so, and go on
+                            why = [str(e)]
                             missed.append(f"{tname} {c['path']}: gpufio failed: {why[0]}")
                             rows.append([tname, c["path"], f"{c['jobs']}x{c['depth']}",
                                          f"FAILED: {why[0][:120]}"] + [""] * 8)
@@ -288,9 +242,10 @@ def main() -> int:
     finally:
         for clean in cleanups:
             clean()
-    return report(f"{fio_version} · 4 KiB randread unless named · gpufio runs verified in GPU "
+    return report(f"{version} · 4 KiB randread unless named · gpufio runs verified in GPU "
                   f"memory · {args.runtime}s runs, median of {args.repeat}", rows,
-                  CASE_HEADERS, {"fio": fio_version, "runs": raw}, args.json, missed if args.check else [])
+                  CASE_HEADERS, {"fio": version, "runs": raw}, args.json,
+                  missed if args.check else [])
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,4 @@
-# Source on the GPU machine before bench/gpu.py or the gpu tests: libcuda/libcufile where
+# Source on the GPU machine before python3 -m bench.gpu or the gpu tests: libcuda/libcufile where
 # fio's libcufile engine and KvikIO look for them, and KvikIO, mpi4py and MPICH from wheels
 # brought in .whl/.
 # (The machine has no package registry; see ../shared/DESIGN.md section 6.)

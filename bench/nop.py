@@ -7,7 +7,7 @@ agents and SQPOLL threads) beside the first probe's NOP ceiling in the same call
 and uring's CPU-submitted NOPs. Issue 19's goal: gpu-uring nop >= 0.9x the probe at each ring
 count. Also what the GPU pays: the SMs the agents and requesters occupy, and NOPs per SM.
 
-    . bench/gpu_env.sh && python3 bench/nop.py --probe .peers/gpu_uring_probe.py
+    . bench/gpu_env.sh && python3 -m bench.nop --probe .peers/gpu_uring_probe.py
 """
 
 from __future__ import annotations
@@ -18,12 +18,8 @@ import re
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from compare import clean_up_on_sigterm, report, run_gpufio, setup_tmpfs  # noqa: E402
+from bench._common import clean_up_on_sigterm, report, run_gpufio, setup_tmpfs
 
 GOAL = 0.9
 

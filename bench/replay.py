@@ -7,7 +7,7 @@ iolog (``gnn_iolog``); then fio replays that log into host memory (``--read_iolo
 memory (GPU memory for the GPU engines), at the same queue depth, one after another, the
 page cache dropped before each. Prints each replay's reads/s and its ratio to fio's.
 
-    python3 bench/replay.py --fio .peers/fio --dir /mnt/nvme/gnn --engines uring cpu-gpu cufile
+    python3 -m bench.replay --fio .peers/fio --dir /mnt/nvme/gnn --engines uring cpu-gpu cufile
 """
 
 from __future__ import annotations
@@ -17,22 +17,17 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from compare import fio_cpu_s, gpufio_counted, gpufio_cpu_s, report, run_counted  # noqa: E402
-
-from gpufio.core import iolog  # noqa: E402
-from gpufio.core.rows import evict  # noqa: E402
+from bench._common import cgroup_cpu, fio_cpu_s, gpufio, report, run_counted
+from gpufio import api
 
 
 def trace(args: argparse.Namespace) -> str:
     """Run the GNN job that writes the log; the log's path."""
     log = str(Path(args.dir) / "aggregation.iolog")
-    gpufio_counted(f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "{args.device}"\n'
-                   f"nodes = {args.nodes}\nfeature_dim = 1024\nbatch_size = {args.batch}\n"
-                   f"fanout = {json.dumps(args.fanout)}\niterations = {args.iterations}\n"
-                   f'warmup = 0\ntargets = ["{args.dir}"]\ngnn_iolog = "{log}"\n')
+    gpufio({"global": {"workload": "gnn", "engine": "mmap", "device": args.device,
+                       "nodes": args.nodes, "feature_dim": 1024, "batch_size": args.batch,
+                       "fanout": args.fanout, "iterations": args.iterations, "warmup": 0,
+                       "targets": [args.dir], "gnn_iolog": log}})
     return log
 
 
@@ -48,12 +43,11 @@ def replay_fio(fio: str, log: str, depth: int) -> dict:
 
 
 def replay_gpufio(engine: str, log: str, depth: int) -> dict:
-    doc, samples = gpufio_counted(f'[global]\nengine = "{engine}"\nread_iolog = "{log}"\n'
-                                  f'iodepth = {depth}\n')
-    job = doc["jobs"][0]
+    counted = cgroup_cpu()  # gpufio counts its CPU like fio's: in a cgroup of its own
+    job = gpufio({"global": {"engine": engine, "read_iolog": log, "iodepth": depth,
+                             **({"cpu_accounting": "cgroup"} if counted else {})}})["jobs"][0]
     ios = job["read"]["total_ios"]
-    cpu = gpufio_cpu_s(job, samples)
-    cpu = 1e6 * cpu / ios if cpu is not None and ios else None
+    cpu = job["cpu_us_per_io"] if counted else None
     return {"ios": ios, "iops": job["read"]["iops"], "cpu_us": cpu, "error": job["error"],
             "mode": job["engine_facts"].get("mode")}
 
@@ -73,16 +67,16 @@ def main() -> int:
     args = ap.parse_args()
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     log = trace(args)
-    entries = len(iolog.read(log).offs)
-    files = list(iolog.read(log).files)
-    evict(files)
+    trace_log = api.read_iolog(log)
+    entries, files = len(trace_log.offs), list(trace_log.files)
+    api.evict(files)
     fio = replay_fio(args.fio, log, args.iodepth)
     rows = [["fio io_uring (host memory)", args.iodepth, fio["ios"], round(fio["iops"]), "1.00",
              f"{fio['cpu_us']:.2f}" if fio["cpu_us"] is not None else ""]]
     raw = {"log": log, "entries": entries, "fio": fio, "gpufio": {}}
     for engine in args.engines:
         depth = 1 if engine == "psync" else args.iodepth
-        evict(files)
+        api.evict(files)
         r = replay_gpufio(engine, log, depth)
         raw["gpufio"][engine] = r
         name = f"gpufio {engine}" + (f" ({r['mode']})" if r.get("mode") else "")

@@ -9,7 +9,7 @@ coordinating the ranks cost (its share of the measured time) and the ranks' gate
 printed; the merged percentiles are checked to lie within the ranks' own. The goals
 (``GOAL``, ``SKEW_GOAL_MS``, ``COORDINATION_GOAL``) live here; ``--check`` exits 1 on a miss.
 
-    . bench/gpu_env.sh && python3 bench/scaleout.py --ranks 2 4 --json out.json
+    . bench/gpu_env.sh && python3 -m bench.scaleout --ranks 2 4 --json out.json
 """
 
 from __future__ import annotations
@@ -24,13 +24,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from compare import clean_up_on_sigterm, report, setup_tmpfs  # noqa: E402
+from bench._common import clean_up_on_sigterm, report, setup_tmpfs
 
 GOAL = 0.9
-SKEW_GOAL_MS = 10.0  # issue 17: the ranks' clocks start within 10 ms of each other
+SKEW_GOAL_MS = 10.0  # the ranks' clocks start within 10 ms of each other
 COORDINATION_GOAL = 0.01  # and coordinating them costs under 1% of the measured time
 # path -> (options of one rank's share, the key that gives one process N of them)
 PATHS = {"gpu-uring": ({"engine": "gpu-uring", "rings": 1, "iodepth": 128}, "rings"),

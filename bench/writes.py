@@ -8,35 +8,31 @@ io_uring writing from host memory at the same queue depth; gpu-uring's 4 KiB ran
 also stand beside fio io_uring with 16 jobs. Medians and ratios are printed; the issue's
 goals live in ``goal`` / ``bw_goal`` here, and ``--check`` exits 1 when one is missed.
 
-    . bench/gpu_env.sh && python3 bench/writes.py --fio .peers/fio --json out.json
+    . bench/gpu_env.sh && python3 -m bench.writes --fio .peers/fio --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from compare import (  # noqa: E402
+from bench._common import (
     CASE_HEADERS,
+    GpufioFailed,
     case_row,
     clean_up_on_sigterm,
     fio_and_root_args,
+    fio_version,
     report,
     run_fio,
     run_gpufio,
+    setup_rootfile,
     setup_tmpfs,
-    setup_zram_ext4,
+    zram_ext4_file,
 )
-from gpu import setup_rootfile  # noqa: E402
-
-from gpufio.core import targets  # noqa: E402
-from gpufio.core.units import parse_size  # noqa: E402
+from gpufio import api
 
 URING = ["--ioengine=io_uring", "--fixedbufs=1", "--registerfiles=1"]
 FILES = 8
@@ -95,7 +91,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
     clean_up_on_sigterm()
-    fio_version = subprocess.run([args.fio, "--version"], capture_output=True, text=True).stdout.strip()
+    version = fio_version(args.fio)
     cleanups, tgts, rows, raw, missed = [], {}, [], [], []
     try:
         if "tmpfs" in args.targets:
@@ -104,14 +100,15 @@ def main() -> int:
             tgts["tmpfs"] = (path, True)
             extra = [f"{path}.{i}" for i in range(1, FILES)]
             for p in extra:
-                targets.create_file(p, 1 << 30, 7, allow_large=True)
+                api.lay_out(p, 1 << 30, 7)
                 cleanups.append(lambda p=p: os.unlink(p))
             many = ":".join([path, *extra])
-        if "zram" in args.targets and (z := setup_zram_ext4()):
+        if "zram" in args.targets and (z := zram_ext4_file()):
             cleanups.append(z[1])
             tgts["zram"] = (z[0], True)
         if "rootdisk" in args.targets:
-            path, clean = setup_rootfile(Path(args.root_dir), parse_size(args.root_size, "--root-size"))
+            path, clean = setup_rootfile(Path(args.root_dir),
+                                         api.parse_size(args.root_size, "--root-size"))
             cleanups.append(clean)
             tgts["rootdisk"] = (path, False)
         for tname, (target, ram) in tgts.items():
@@ -130,8 +127,8 @@ def main() -> int:
                         g_runs.append(run_gpufio(target_of, {**c["g"], **g_shape, "verify": True,
                                                           "overwrite": True},
                                                  1, c["depth"], args.runtime))
-                    except subprocess.CalledProcessError as e:
-                        print(f"bench: {tname} {c['path']}: gpufio failed: {e.stderr.strip()}",
+                    except GpufioFailed as e:
+                        print(f"bench: {tname} {c['path']}: gpufio failed: {e}",
                               file=sys.stderr, flush=True)
                         break
                     p_runs.append(run_fio(args.fio, target_of, c.get("fio_engine", URING)
@@ -148,9 +145,9 @@ def main() -> int:
     finally:
         for clean in cleanups:
             clean()
-    return report(f"{fio_version} · writes, gpufio verified by read-back · {args.runtime}s runs, "
+    return report(f"{version} · writes, gpufio verified by read-back · {args.runtime}s runs, "
                   f"median of {args.repeat}", rows,
-                  CASE_HEADERS, {"fio": fio_version, "runs": raw}, args.json, missed if args.check else [])
+                  CASE_HEADERS, {"fio": version, "runs": raw}, args.json, missed if args.check else [])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,8 +28,6 @@ from gpufio.results import DEFAULT_CONFIDENCE
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from gpufio.profile import Profile
-    from gpufio.workloads import Workload
 
 # help texts are plain text: Rich markup would eat "[plot]" and "[check]"
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -114,17 +113,6 @@ def _all_formats() -> list[str]:
     return list(dict.fromkeys(f for w in all_workloads().values() for f in w.formats))
 
 
-def _workload_of(prof: Profile) -> Workload:
-    """The one workload a profile's jobs run (a profile runs one kind of job)."""
-    from gpufio.workloads import all_workloads
-
-    names = sorted({job.workload for job in prof.jobs})
-    if len(names) > 1:
-        raise BadInput(f"{prof.path}: a profile runs jobs of one workload, not "
-                       f"{' and '.join(names)}")
-    return all_workloads()[names[0]]
-
-
 YES = typer.Option(False, "--yes", "-y", help="lay out files that take more than 10% of "
                   "their filesystem's free space without asking")
 
@@ -158,7 +146,7 @@ def run(
     yes: bool = YES,
 ) -> None:
     """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
-    from gpufio import profile
+    from gpufio import api, profile
 
     take_stop_signals()
     with _exit_codes(), _layout_consent(yes):
@@ -167,7 +155,7 @@ def run(
         prof = profile.load(str(profile_path), profile.parse_set(set_))
         for note in prof.notes:
             typer.echo(f"gpufio: note: {note}", err=True)
-        workload = _workload_of(prof)
+        workload = api.workload_of(prof)
         if fmt not in workload.formats:
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(workload.formats)} "
                            f"for workload '{workload.name}'")
@@ -330,15 +318,16 @@ def prepare(
                                    "VALUE is TOML: 'targets=[\"/a\", \"/b\"]', or bare: 4k, /a,/b"),
     yes: bool = YES,
 ) -> None:
-    """Create and fill the profile's missing target files with gpufio's data pattern."""
-    from gpufio import profile
-    from gpufio.run import runner
+    """Lay out what the profile's jobs read or write (missing target files filled with
+    gpufio's data pattern, a GNN job's graph and feature table, a checkpoint's files)."""
+    from gpufio import api, profile
 
     with _exit_codes(), _layout_consent(yes):
         prof = profile.load(str(profile_path), profile.parse_set(set_))
+        workload = api.workload_of(prof)
         seen: set[str] = set()
         for job in prof.jobs:
-            for path in runner.job_targets(job, quiet=False):
+            for path in workload.targets(job, True):
                 if path not in seen:
                     seen.add(path)
                     typer.echo(f"{path}: ready")
@@ -354,10 +343,12 @@ def clean(
     name: targets of profiles and fio job files too), GNN tables and graphs, checkpoints."""
     from gpufio.core import targets as tg
     from gpufio.core.units import format_size
+    from gpufio.workloads import all_workloads
 
     with _exit_codes():
         dirs = [tg.default_scratch_dir(), *directory]
-        files = tg.scratch_files(dirs)
+        names = re.compile("|".join(f"(?:{w.scratch})" for w in all_workloads().values()))
+        files = tg.scratch_files(dirs, names)
         total = 0
         for path in files:
             size = os.path.getsize(path)
@@ -430,19 +421,20 @@ _DOCTOR_ARGS = _profile_and_targets("check what this profile's jobs need",
 def info(profile_path: Optional[Path] = _INFO_ARGS[0], target: list[str] = _INFO_ARGS[1],
          fmt: str = TABLE_OR_JSON) -> None:
     """Describe this host as a storage + GPU benchmark sees it (like gdscheck -p)."""
-    from gpufio import profile
+    from gpufio import api, profile
     from gpufio.engines import all_engines
     from gpufio.facts import device as devinfo
     from gpufio.facts import host as hostinfo
     from gpufio.io import gpu, uring
     from gpufio.results import render
-    from gpufio.run import runner
 
     with _exit_codes():
         paths = list(target)
         if profile_path is not None:
-            for job in profile.load(str(profile_path)).jobs:
-                paths.extend(p for p in runner.job_target_paths(job)[0] if p not in paths)
+            prof = profile.load(str(profile_path))
+            workload = api.workload_of(prof)
+            for job in prof.jobs:
+                paths.extend(p for p in workload.targets(job, False) if p not in paths)
         if fmt not in ("table", "json"):
             raise BadInput(f"--format: {fmt!r} is not one of table, json")
         facts = {"host": hostinfo.host_facts(), "io_uring": uring.probe(),
@@ -474,15 +466,19 @@ def doctor(profile_path: Optional[Path] = _DOCTOR_ARGS[0], target: list[str] = _
            fmt: str = TABLE_OR_JSON) -> None:
     """Say, per check, ok / warn / fail, what was found and the fix: cuFile's mode and why,
     io_uring for GPU-initiated I/O, MPS, the targets and the PCIe links (exit 1 on a fail)."""
-    from gpufio import profile
+    from gpufio import api, profile
     from gpufio.results import render
     from gpufio.run import doctor as checks
 
     with _exit_codes():
         if fmt not in ("table", "json"):
             raise BadInput(f"--format: {fmt!r} is not one of table, json")
-        jobs = profile.load(str(profile_path)).jobs if profile_path is not None else []
-        found = [c.row() for c in checks.diagnose(jobs, list(target))]
+        jobs, paths = [], None
+        if profile_path is not None:
+            prof = profile.load(str(profile_path))
+            jobs, paths = prof.jobs, api.workload_of(prof).targets
+        found = [c.row() for c in checks.diagnose(
+            jobs, list(target), paths=None if paths is None else lambda j: paths(j, False))]
         headline = checks.headline()
         if fmt == "json":
             typer.echo(json.dumps({"headline": headline, "checks": found}, indent=2))

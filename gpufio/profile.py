@@ -22,12 +22,32 @@ from gpufio.core.stats import PERCENTILES
 from gpufio.engines import DEFAULT_ENGINE, all_engines
 from gpufio.workloads import DEFAULT_WORKLOAD, all_workloads
 
+# the keys every workload uses
 COMMON_OPTIONS: tuple[Option, ...] = (
     Option("name", "str", None, "job name (default: the profile's file name, then job index)"),
     Option("engine", "str", DEFAULT_ENGINE, "data path; see 'gpufio engines'"),
     Option("workload", "str", DEFAULT_WORKLOAD, "what the job does: "
            + "; ".join(f"'{n}': {w.summary}" for n, w in all_workloads().items())
            + " (see README)", choices=tuple(all_workloads())),
+    Option("bs", "size", 4096, "block size of each I/O", minimum=512),
+    Option("direct", "bool", True, "O_DIRECT: bypass the page cache"),
+    Option("iodepth", "int", 1, "I/Os in flight per worker (engines with a queue)", minimum=1),
+    Option("targets", "strlist", (), "the SSD list: files or block devices (default: a file "
+           "gpufio creates in 'directory')"),
+    Option("directory", "str", None, "where gpufio creates target files when no targets are "
+           "given (default: $GPUFIO_SCRATCH or ~/.cache/gpufio)"),
+    Option("randseed", "int", 0x89, "seed of the offset streams and of created files", minimum=0),
+    Option("gpu", "int", 0, "GPU index for GPU engines", minimum=0),
+    Option("gpus", "intlist", (), "GPU indexes for GPU engines, given to the job's workers "
+           "round-robin (overrides 'gpu')"),
+    # every workload lays out files (targets, feature tables, checkpoint shards)
+    Option("allow_large_layout", "bool", False, "lay out files that take more than 10% of "
+           "their filesystem's free space without asking (as --yes does)"),
+)
+# the keys of the I/O run of a job (its direction, phases, syncs, checks, reporting):
+# each workload names those it uses (Workload.job_keys; the block workload all of them),
+# and a job of another workload that gives one is refused, as an unknown key is
+JOB_OPTIONS: tuple[Option, ...] = (
     Option("rw", "str", "randread", "read, randread, write, randwrite, readwrite (or rw) or "
            "randrw, as fio's", choices=RW_MODES, aliases=(("rw", "readwrite"),)),
     Option("rwmixread", "int", 50, "percent of a mixed job's I/Os that read", minimum=0),
@@ -43,8 +63,6 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option("write_device", "str", None, "the one block device this job may write to, named "
            "again to confirm (its data is lost; gpufio refuses a device holding anything "
            "libblkid recognises: a partition table, filesystem, LVM, RAID, LUKS, bcache, swap)"),
-    Option("allow_large_layout", "bool", False, "lay out files that take more than 10% of "
-           "their filesystem's free space without asking (as --yes does)"),
     Option("precondition", "str", "none", "write the whole region sequentially before the "
            "measured phase: once (seq) or twice (seq2)", choices=("none", "seq", "seq2")),
     Option("steadystate", "str", None, "end the job once its IOPS or bandwidth settle, as "
@@ -54,29 +72,18 @@ COMMON_OPTIONS: tuple[Option, ...] = (
            minimum=0),
     Option("steadystate_ramp_time", "time", 0, "measured time before steadystate starts "
            "collecting (fio's ss_ramp)", minimum=0),
-    Option("bs", "size", 4096, "block size of each I/O", minimum=512),
     Option("size", "size", None, "bytes of each target the job may touch, from offset "
            "(default: the rest of the target); also the size of files gpufio creates"),
     Option("offset", "size", 0, "first byte of each target the job may touch", minimum=0),
     Option("io_size", "size", None, "bytes each worker reads before it is done (default: size "
            "times the number of targets); ignored when time_based", minimum=1),
-    Option("direct", "bool", True, "O_DIRECT: bypass the page cache"),
-    Option("iodepth", "int", 1, "I/Os in flight per worker (engines with a queue)", minimum=1),
     Option("numjobs", "int", 1, "worker threads for this job", minimum=1),
     Option("runtime", "time", None, "measured time limit (e.g. 10s, 500ms, 2m)", minimum=1),
     Option("ramp_time", "time", 0, "run this long before measuring", minimum=0),
     Option("time_based", "bool", False, "run for the whole runtime, wrapping over the region"),
-    Option("targets", "strlist", (), "the SSD list: files or block devices (default: a file "
-           "gpufio creates in 'directory')"),
-    Option("directory", "str", None, "where gpufio creates target files when no targets are "
-           "given (default: $GPUFIO_SCRATCH or ~/.cache/gpufio)"),
     Option("file_service", "str", "roundrobin", "how I/Os spread over targets",
            choices=("roundrobin", "random"), aliases=(("round-robin", "roundrobin"),)),
     Option("random_distribution", "str", "random", "random, zipf:THETA, pareto:H, normal:SIGMA"),
-    Option("randseed", "int", 0x89, "seed of the offset streams and of created files", minimum=0),
-    Option("gpu", "int", 0, "GPU index for GPU engines", minimum=0),
-    Option("gpus", "intlist", (), "GPU indexes for GPU engines, given to the job's workers "
-           "round-robin (overrides 'gpu')"),
     Option("gpu_targets", "gpu_targets", "all", "which targets each GPU's workers read: "
            "\"all\", \"nearest\" (the closest by PCIe topology) or {0 = [...], 1 = [...]}"),
     Option("verify", "bool", False, "check every block read against the data pattern"),
@@ -99,7 +106,8 @@ COMMON_OPTIONS: tuple[Option, ...] = (
 GLOBAL_ONLY: tuple[Option, ...] = (
     Option("concurrent", "bool", False, "run all jobs at once and report a group total"),
 )
-_COMMON = {o.name: o for o in COMMON_OPTIONS}
+_COMMON = {o.name: o for o in COMMON_OPTIONS + JOB_OPTIONS}
+_JOB = {o.name for o in JOB_OPTIONS}
 
 
 
@@ -138,7 +146,13 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
     values: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     given: dict[str, Any] = {}
+    used = workload.job_keys
     for key, value in raw.items():
+        if key in _JOB and used is not None and key not in used:
+            users = [n for n, w in all_workloads().items()
+                     if w.job_keys is None or key in w.job_keys]
+            raise BadInput(f"{where}key '{key}' does nothing in a job of workload "
+                           f"'{workload.name}' (it is a key of {' and '.join(users)} jobs)")
         if key in _COMMON:
             values[key] = _COMMON[key].convert(value, where)
         elif key in mine:  # two workloads may share a key name, each with its own meaning
@@ -156,7 +170,7 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
             known = (list(_COMMON) + list(workload_keys)
                      + [k for opts in engines.values() for k in opts])
             raise _unknown_key(key, where, known)
-    for opt in COMMON_OPTIONS:
+    for opt in COMMON_OPTIONS + JOB_OPTIONS:
         values.setdefault(opt.name, workload.defaults.get(opt.name, opt.default))
     for opt in own.values():
         extra.setdefault(opt.name, opt.default)

@@ -1,6 +1,7 @@
 """The layering rule of docs/ARCHITECTURE.md, kept by a test: every module of gpufio imports
 only from its own band or a band below it, lazy and TYPE_CHECKING imports included, and no
-file outside engines/ names an engine."""
+file outside engines/ names an engine. bench/ sits above them all and reaches gpufio only
+through gpufio.api."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "gpufio"
 # highest first; the package root (gpufio/__init__.py: the version) sits below everything
-BANDS = ("pyg", "cli", "profile", "workloads", "results", "fio", "run", "engines", "io", "core",
-         "facts", "")
+BANDS = ("pyg", "cli", "api", "profile", "workloads", "results", "fio", "run", "engines", "io",
+         "core", "facts", "")
 
 
 def band_of(module: str) -> str:
@@ -45,6 +46,7 @@ def imports(path: Path, module: str) -> list[tuple[int, str]]:
 
 
 ALL = modules()
+BENCH = sorted((ROOT.parent / "bench").glob("*.py"))
 
 
 def test_every_module_sits_in_a_known_band():
@@ -110,11 +112,35 @@ def test_no_workload_is_named_outside_workloads():
         assert named == [] and workload_imports == [], (module, named, workload_imports)
 
 
+@pytest.mark.parametrize("path", BENCH, ids=[p.name for p in BENCH])
+def test_bench_is_a_package_over_the_api(path):
+    """A bench imports gpufio only as gpufio.api (no internals), and never edits sys.path:
+    it runs as ``python3 -m bench.NAME`` from the repository root."""
+    module = f"bench.{path.stem}"
+    reached = sorted({t for _, t in imports(path, module)} - {"gpufio", "gpufio.api"})
+    edits = [n.lineno for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, ast.Attribute) and n.attr == "path"
+             and getattr(n.value, "id", None) == "sys"]
+    assert reached == [] and edits == [], (reached, edits)
+
+
+@pytest.mark.parametrize("path", [p for p in BENCH if not p.stem.startswith("_")],
+                         ids=[p.name for p in BENCH if not p.stem.startswith("_")])
+def test_every_bench_answers_help(path):
+    """Each bench loads and says how it is run without a GPU, fio or root."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", f"bench.{path.stem}", "--help"],
+                         capture_output=True, text=True, cwd=ROOT.parent)
+    assert res.returncode == 0 and "usage:" in res.stdout, res.stderr
+
+
 def test_one_renderer_builds_every_table():
-    """Tables come from results/render.py only: no other module builds a Rich table, calls
-    tabulate or writes CSV by hand."""
+    """Tables come from results/render.py only: no other module (bench/ included) builds a
+    Rich table, calls tabulate or writes CSV by hand."""
     makers = []
-    for module, path in ALL.items():
+    for module, path in [*ALL.items(), *((f"bench.{p.stem}", p) for p in BENCH)]:
         if module == "gpufio.results.render":
             continue
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,16 +1,12 @@
 """bench/gnn.py's own logic, without storage or a GPU: the profile it writes and its verdicts."""
 
 import argparse
-import sys
-from pathlib import Path
+import json
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-import gnn  # noqa: E402
-
-from gpufio.profile import load  # noqa: E402
+from bench import gnn
+from gpufio.api import load
 
 
 def _args(**kw):
@@ -21,11 +17,9 @@ def _args(**kw):
     return argparse.Namespace(**{**base, **kw})
 
 
-def test_profile_has_a_job_per_engine_and_target_count_and_loads(tmp_path):
-    text = gnn.profile_text(_args(), [["/a"], ["/a", "/b"]])
-    path = tmp_path / "p.toml"
-    path.write_text(text)
-    jobs = {j.name.removesuffix("[batch_size=1024]"): j for j in load(str(path)).jobs}
+def test_profile_has_a_job_per_engine_and_target_count_and_loads():
+    prof = gnn.profile_of(_args(), [["/a"], ["/a", "/b"]])
+    jobs = {j.name.removesuffix("[batch_size=1024]"): j for j in load(prof).jobs}
     assert sorted(jobs) == sorted([
         "mmap-1t", "mmap-random-1t", "gpu-uring-1t", "gpu-uring+cache-1t", "gpu-uring-2t",
         "gpu-uring+cache-2t"])  # the mmap loaders only on one drive
@@ -35,15 +29,14 @@ def test_profile_has_a_job_per_engine_and_target_count_and_loads(tmp_path):
     assert list(jobs["gpu-uring-2t"].targets) == ["/a", "/b"]
 
 
-def test_the_mmap_jobs_may_run_fewer_iterations_than_the_protocol(tmp_path):
+def test_the_mmap_jobs_may_run_fewer_iterations_than_the_protocol():
     """The experiment's 1100 iterations do not fit the mmap loader out of core: its jobs
     take --baseline-iterations and --baseline-warmup, every other job the protocol's."""
-    path = tmp_path / "p.toml"
-    path.write_text(gnn.profile_text(_args(iterations=1100, warmup=1000, baseline_iterations=30,
-                                           baseline_warmup=5), [["/a"]]))
+    prof = gnn.profile_of(_args(iterations=1100, warmup=1000, baseline_iterations=30,
+                                baseline_warmup=5), [["/a"]])
     runs = {j.name.removesuffix("[batch_size=1024]"): (j.workload_options["iterations"],
                                                       j.workload_options["warmup"])
-            for j in load(str(path)).jobs}
+            for j in load(prof).jobs}
     assert runs == {"mmap-1t": (30, 5), "mmap-random-1t": (30, 5), "gpu-uring-1t": (1100, 1000),
                     "gpu-uring+cache-1t": (1100, 1000)}
 
@@ -92,10 +85,8 @@ def test_out_of_core_gpu_uring_is_held_to_the_random_loader_its_rate_and_its_sha
     assert rows[2][-1] == "MISS 9.5x mmap-random, 2.20 M rows/s, aggregation 78% of the iteration"
 
 
-def test_the_engines_run_as_shipped_with_no_tuning_keys(tmp_path):
-    path = tmp_path / "p.toml"
-    path.write_text(gnn.profile_text(_args(engines=["mmap", "cpu-gpu", "cufile", "gpu-uring"]),
-                                     [["/a"]]))
-    text = path.read_text()
+def test_the_engines_run_as_shipped_with_no_tuning_keys():
+    prof = gnn.profile_of(_args(engines=["mmap", "cpu-gpu", "cufile", "gpu-uring"]), [["/a"]])
+    text = json.dumps(prof)
     assert not any(key in text for key in ("iodepth", "rings", "sqe_async"))
-    assert len(load(str(path)).jobs) == 4
+    assert len(load(prof).jobs) == 4

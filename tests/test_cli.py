@@ -306,6 +306,14 @@ def test_clean_lists_and_removes_scratch_files(scratch):
     scratch.mkdir()
     (scratch / "gpufio-seed5.dat").write_bytes(b"x" * 2048)
     (scratch / "keep.txt").write_text("mine")
+    every = ["gnn-features-10x4-seed1.f32", "gnn-graph-10-4-1.npz", "gpufio-ckpt.dat",
+             "gpufio-ckpt-shard00001.dat", "gpufio-seed1.dat.partial-999999999"]
+    for name in every:  # what each workload leaves: the registry names them
+        (scratch / name).write_bytes(b"x")
+    res = cli.invoke(app, ["clean", "--dry-run"])
+    assert all(f"would remove {scratch}/{name} " in res.stdout for name in every), res.stdout
+    for name in every:
+        (scratch / name).unlink()
     res = cli.invoke(app, ["clean", "--dry-run"])
     assert res.exit_code == 0
     assert f"would remove {scratch}/gpufio-seed5.dat (2.0KiB)" in res.stdout

@@ -810,32 +810,53 @@ def test_a_job_over_two_gpus_runs_a_trainer_each_over_the_one_table(tmp_path):
     assert [r["job"] for r in rows(doc)] == ["g", "g · gpu 0", "g · gpu 1"]
 
 
-@pytest.mark.parametrize("group", [False, True])
+def _trainers(pid: int) -> list[int]:
+    """The trainer processes gpufio ``pid`` has started so far (not its resource tracker)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"resource_tracker" not in cmdline:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.parametrize("group,when", [(False, "running"), (True, "running"),
+                                        (True, "spawning")])
 def test_sigterm_stops_every_trainer_after_its_iteration_with_exit_130(tmp_path, write_profile,
-                                                                       group):
+                                                                       group, when):
     """SIGTERM to gpufio alone (kill) or to its process group (timeout(1)) ends a job over
-    two GPUs' trainers as Ctrl-C does: each trainer's iterations so far are kept."""
+    two GPUs' trainers as Ctrl-C does: each trainer's iterations so far are kept. Sent as the
+    shared table is written and both trainer processes exist (spawned, not yet ready: a trainer
+    takes the signal once its handlers are in) or once gpufio says the trainers run."""
     import os
+    import select
     import signal
     import subprocess
     import sys
-    import time
 
     text = (f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "cpu"\nnodes = 4000\n'
             f'feature_dim = 32\nhidden = 8\nbatch_size = 32\nfanout = [4, 2]\n'
             f'iterations = 100000\nwarmup = 1\ndirectory = "{tmp_path}"\ngpus = [0, 1]\n')
     proc = subprocess.Popen([sys.executable, "-m", "gpufio", "run", str(write_profile(text)),
-                             "-q", "-f", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "-f", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=group)
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob("gnn-features-*.f32")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(3.0)  # the trainers are iterating
+    ready = "writing generated features" if when == "spawning" else "2 trainers running"
+    seen: list[str] = []
+    while not seen or ready not in seen[-1]:
+        assert select.select([proc.stderr], [], [], 120)[0], f"no progress: {seen}"
+        seen.append(proc.stderr.readline())
+        assert seen[-1], f"gpufio ended (exit {proc.wait()}) first: {seen}"
+    while when == "spawning" and len(_trainers(proc.pid)) < 2:  # born, not yet ready
+        assert proc.poll() is None, proc.stderr.read()
     if group:
         os.killpg(proc.pid, signal.SIGTERM)
     else:
         proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     doc = json.loads(out)
     (j,) = doc["jobs"]

@@ -138,3 +138,27 @@ def test_missing_profile_and_directory(tmp_path):
 def test_every_shipped_profile_loads(path):
     prof = profile.load(str(path))
     assert prof.jobs
+
+
+@pytest.mark.parametrize("workload,extra", [
+    ("gnn", {}), ("checkpoint", {"state_size": "1m", "device": "cpu"})])
+@pytest.mark.parametrize("key,value", [("rw", "randwrite"), ("numjobs", 4), ("runtime", "10s"),
+                                       ("fsync", 1), ("verify", True)])
+def test_a_block_key_in_another_workloads_job_is_refused_in_one_line(workload, extra, key,
+                                                                     value):
+    """A key that does nothing in the job's workload is an error, as an unknown key is:
+    never silently accepted."""
+    with pytest.raises(BadInput) as e:
+        profile.from_dict({"global": {"workload": workload, **extra, key: value}}, "p.toml", {})
+    assert str(e.value) == (f"p.toml: job 'p': key '{key}' does nothing in a job of workload "
+                            f"'{workload}' (it is a key of block jobs)")
+    with pytest.raises(BadInput, match=f"key '{key}' does nothing"):  # from --set too
+        profile.from_dict({"global": {"workload": workload, **extra}}, "p.toml", {key: value})
+
+
+def test_the_write_guards_keys_belong_to_the_workloads_that_write():
+    glob = {"workload": "checkpoint", "state_size": "1m", "device": "cpu", "overwrite": True}
+    job = profile.from_dict({"global": glob}, "p.toml", {}).jobs[0]
+    assert job.overwrite
+    with pytest.raises(BadInput, match="it is a key of block and checkpoint jobs"):
+        profile.from_dict({"global": {"workload": "gnn", "overwrite": True}}, "p.toml", {})

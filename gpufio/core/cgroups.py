@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from gpufio.core.signals import ignore_stop_signals
+from gpufio.core import processes
 from gpufio.core.stats import CpuTimes
 
 
@@ -117,8 +117,8 @@ def _follow_main(argv: list[str], inp: IO[bytes], out: IO[bytes]) -> None:
     until ``inp`` closes (or its parent dies); says "ready" on ``out`` first and the result
     last. ``out`` is a pipe to gpufio (memlimit.py), never a terminal."""
     limit_file, stat_file, key, limit = Path(argv[0]), Path(argv[1]), argv[2], int(argv[3])
-    ignore_stop_signals()  # a stop sent to gpufio's process group: gpufio closes our input
-    out.write(b"ready\n")
+    processes.take_stop_signals()  # a stop sent to gpufio's group: gpufio closes our input
+    out.write(processes.READY.encode() + b"\n")
     out.flush()
     seen = follow_anonymous(limit_file, stat_file, key, limit, inp)
     out.write(json.dumps(seen).encode() + b"\n")

@@ -37,10 +37,10 @@ _DEVICE_NAME = re.compile(r"(nvme\d+n\d+(p\d+)?|nvme\d+c\d+n\d+|[shvx]+d[a-z]+\d
                           r"zram\d+|ram\d+|md\d+|dm-\d+|nbd\d+|pmem\d+|mmcblk\d+(p\d+)?|"
                           r"rbd\d+|sr\d+)")
 _PARTIAL = re.compile(r"\.partial-(\d+)$")
-# the names of the files gpufio leaves that need not carry its pattern header (GNN tables and
-# graphs, checkpoints); every other file it lays out is known by the header (see 'gpufio clean')
-SCRATCH_NAMES = re.compile(r"(gpufio-.*\.dat|gnn-features-.*\.f32|gnn-graph-.*\.npz)"
-                           r"(\.partial-\d+)?")
+# the names of the files gpufio's own layouts leave in a scratch directory, half-written
+# ones included; every other file it lays out is known by its pattern header, and each
+# workload names its own (GNN tables, checkpoints) for 'gpufio clean'
+SCRATCH_NAMES = re.compile(r"gpufio-.*\.dat(\.partial-\d+)?")
 
 
 def default_scratch_dir() -> str:
@@ -128,11 +128,12 @@ def remove_stale_partials(directory: str) -> list[str]:
     return removed
 
 
-def scratch_files(directories: list[str]) -> list[str]:
+def scratch_files(directories: list[str], left: re.Pattern[str] = SCRATCH_NAMES) -> list[str]:
     """The files gpufio laid out in ``directories``: every file carrying its pattern header
-    (scratch targets, the targets of TOML profiles and fio job files, whatever their name),
-    GNN tables and graphs and checkpoints by their names, and partial files of dead
-    processes (what ``gpufio clean`` removes)."""
+    (scratch targets, the targets of TOML profiles and fio job files, whatever their name)
+    and the files whose names match ``left`` (each workload's: GNN tables and graphs,
+    checkpoints; a ``.partial-PID`` suffix allowed), except those a live process still
+    fills (what ``gpufio clean`` removes)."""
     found = []
     for d in dict.fromkeys(os.path.abspath(d) for d in directories):
         try:
@@ -143,7 +144,7 @@ def scratch_files(directories: list[str]) -> list[str]:
             path = os.path.join(d, name)
             if _filling(name) or os.path.islink(path) or not os.path.isfile(path):
                 continue
-            if SCRATCH_NAMES.fullmatch(name) or \
+            if left.fullmatch(_PARTIAL.sub("", name)) or \
                     pattern.read_seed(_read_first_block(path)) is not None:
                 found.append(path)
     return found

@@ -10,13 +10,17 @@ the headline, and its GPU engines get a line of what runs here instead of their 
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 from gpufio.core import targets as tg
 from gpufio.core.checks import FAIL, OK, WARN, Check, verdict
+from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
+from gpufio.core.targets import check_creatable
 from gpufio.engines import all_engines
 from gpufio.engines.base import Engine
 from gpufio.facts.device import path_facts, pci_device_of, pci_link, read_int
@@ -73,13 +77,24 @@ def acs_check(device: Path) -> Check:
                    "those bridges (BIOS, or setpci) where the platform allows it")
 
 
-def target_checks(path: str, depth: int, gpus: dict[str, Path]) -> list[Check]:
+def target_checks(path: str, depth: int, gpus: dict[str, Path],
+                  of_a_job: bool = False) -> list[Check]:
     """A target: a drive or RAM, its O_DIRECT alignment, scheduler, queue limit, PCIe link and
-    its place against each GPU; ``depth``: the most I/Os the jobs keep in flight on it."""
+    its place against each GPU; ``depth``: the most I/Os the jobs keep in flight on it.
+    ``of_a_job``: a path a profile's job reads or writes, which its run (or ``gpufio
+    prepare``) may still lay out: missing, it is a warning where a file may be created."""
     area = f"target {path}"
     try:
         facts = path_facts(path)
     except OSError as e:
+        if of_a_job and e.errno == errno.ENOENT:
+            try:
+                check_creatable(path)
+            except BadInput as why:
+                return [Check(area, "exists", FAIL, str(why), "name an existing file, "
+                              "block device or directory")]
+            return [Check(area, "exists", WARN, "not laid out yet", "gpufio prepare PROFILE "
+                          "lays it out (the run does otherwise, where the job gives a size)")]
         return [Check(area, "exists", FAIL, e.strerror or str(e),
                       "name an existing file or block device (gpufio creates files only "
                       "where a profile gives a size)")]
@@ -173,10 +188,12 @@ def scratch_checks(jobs: list[Job], places: dict[str, Path]) -> list[Check]:
     return out
 
 
-def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None) -> list[Check]:
+def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None,
+             paths: Callable[[Job], list[str]] | None = None) -> list[Check]:
     """Every check for ``jobs`` (a profile's; none: every engine in general) and their
-    targets plus ``targets``; a host without a GPU gets no GPU engine's checks, one line
-    per GPU engine instead."""
+    targets plus ``targets``; ``paths``: where a job reads and writes (its workload's
+    answer, scratch files included; by default its ``targets``); a host without a GPU gets
+    no GPU engine's checks, one line per GPU engine instead."""
     host = host or Host()
     gpu_less = not host.has_gpu()
     engines = all_engines()
@@ -190,11 +207,12 @@ def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None) -> l
     gpus, places = gpu_checks(host)
     out += gpus
     depths: dict[str, int] = {}
+    given = set(targets)
     for j in jobs:
-        for t in j.targets:
+        for t in (paths(j) if paths is not None else j.targets):
             depths[t] = max(depths.get(t, 0), j.iodepth * j.numjobs)
     for t in targets:
         depths.setdefault(t, 1)
     for t, depth in depths.items():
-        out += target_checks(os.path.expanduser(t), depth, places)
+        out += target_checks(os.path.expanduser(t), depth, places, of_a_job=t not in given)
     return out + scratch_checks(jobs, places)

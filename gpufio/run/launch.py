@@ -6,16 +6,14 @@ CUDA does not survive fork, so engines that hold a CUDA context run as threads, 
 past the lock, as spawned processes: fresh interpreters, each with its own CUDA context, that
 reopen the targets and map the job's shared memory again. Every kind of worker builds its
 engine, reports ready, waits for the clock to start, runs, and hands back a FinalRecord; the
-runner sees the same interface for all three.
+runner sees the same interface for all three. Worker processes are started through
+core/processes: they take their stop signals first and say so, before any setup.
 """
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
-import multiprocessing.connection
 import os
-import signal
 import sys
 import threading
 import time
@@ -23,11 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from gpufio.core import processes
 from gpufio.core.context import FinalRecord, WorkerContext
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
-from gpufio.core.signals import ignore_stop_signals
+from gpufio.core.processes import die_with_parent
 from gpufio.engines.base import Engine
+
+# what a worker process says once its engine is built (after processes.READY)
+SET_UP = "set up"
 
 _FORK = multiprocessing.get_context("fork")
 _SPAWN = multiprocessing.get_context("spawn")
@@ -88,6 +90,9 @@ class ThreadWorker:
     def start(self) -> None:
         self._thread.start()
 
+    def await_up(self) -> None:
+        """A thread takes no signals of its own: it is up once started."""
+
     def wait_ready(self, timeout: float) -> bool:
         return self._ready.wait(timeout)
 
@@ -118,30 +123,6 @@ class ThreadWorker:
         """Nothing can end a thread from outside: the process's exit does (errors.WorkerHung)."""
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """End this worker process the moment the runner dies, however it dies (kill -9, the OOM
-    killer, a CI timeout): a worker left alone would keep reading, holding its rings, pinned
-    memory and GPU context. The kernel sends SIGKILL on the parent's death (prctl), and a
-    thread watching the parent's sentinel covers a parent that died before the prctl and
-    any parent thread exiting early."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    parent = multiprocessing.parent_process()
-    if parent is None or parent.sentinel is None:
-        return
-    if not parent.is_alive():
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
-
-
 def _forked_main(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
                  conn, go) -> None:
     die_with_parent()
@@ -150,8 +131,9 @@ def _forked_main(engine_cls: type[Engine], job, targets, ctx: WorkerContext, ind
 
 def _serve(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
            conn, go) -> None:
-    ignore_stop_signals()  # the runner stops us, not Ctrl-C or SIGTERM sent to the group
-    conn.send(_run(engine_cls, job, targets, ctx, index, lambda: conn.send("ready"), go.wait))
+    processes.take_stop_signals()  # the runner stops us, not a stop sent to the group
+    conn.send(processes.READY)
+    conn.send(_run(engine_cls, job, targets, ctx, index, lambda: conn.send(SET_UP), go.wait))
 
 
 def _spawned_main(engine_name: str, job, paths: list[str], spec: dict, shared_source,
@@ -190,11 +172,12 @@ class ProcessWorker:
         self._conn, child_conn = self.context.Pipe(duplex=False)
         self.outcome: WorkerOutcome | None = None
         self._index = index
+        self._job = job.name
         self._cpus = list(cpus)
         target, args = self._entry(engine_cls, job, targets, ctx, index, child_conn, go, shared)
         self._proc = self.context.Process(target=target, args=args, daemon=True,
                                           name=f"{job.name}/{index}")
-        self._ready = False
+        self._up = self._ready = False
 
     def _entry(self, engine_cls, job, targets, ctx, index, conn, go, shared) -> tuple:
         return _forked_main, (engine_cls, job, targets, ctx, index, conn, go)
@@ -202,7 +185,18 @@ class ProcessWorker:
     def start(self) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        self._proc.start()
+        processes.start(self._proc)
+
+    def await_up(self) -> None:
+        """Wait until the worker has taken its stop signals (WorkerHung naming it if it
+        ends or stays silent first)."""
+        def said_up(timeout: float) -> bool:
+            if not self._up and self.outcome is None and self._conn.poll(timeout):
+                self._receive()
+            return self._up or self.outcome is not None
+
+        processes.await_ready(f"job '{self._job}': worker {self._index} ({self.where()})", said_up,
+                              lambda: self._proc.exitcode)
 
     def wait_ready(self, timeout: float) -> bool:
         if not self._ready and self._conn.poll(timeout):
@@ -217,7 +211,9 @@ class ProcessWorker:
             self.outcome = WorkerOutcome(None, time.monotonic_ns(),
                                    f"worker {self._index} died (exit code {self._proc.exitcode})")
             return
-        if msg == "ready":
+        if msg == processes.READY:
+            self._up = True
+        elif msg == SET_UP:
             self._ready = True
         else:
             self.outcome = msg

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gpufio.core import cgroups, events, iolog, pattern, space
+from gpufio.core import cgroups, events, iolog, pattern, processes, space
 from gpufio.core import targets as tg
 from gpufio.core.context import DIRECTIONS, READ, WRITE, JobShared, WorkerContext
 from gpufio.core.errors import BadInput, WorkerHung
@@ -221,6 +221,7 @@ class JobRun:
         job = self.job
         if self.state == "setup":
             for w in self.workers:
+                w.await_up()
                 while not w.wait_ready(0.1):
                     pass
             self.shared.close_source()  # every worker has mapped the shared memory by now
@@ -230,7 +231,8 @@ class JobRun:
             self.state = "ramp"
             if job.ramp_time == 0:  # before the go: a worker's first completions must count
                 self._begin_measure(self.t_start)
-            self._go.set()
+            with processes.held():
+                self._go.set()
             return
         if self.state == "ramp" and now >= self.t_start + job.ramp_time:
             self._begin_measure(now)
@@ -299,7 +301,8 @@ class JobRun:
         """Ask the workers to stop (Ctrl-C); results so far are kept."""
         self.interrupted = True
         self.control.stop()
-        self._go.set()
+        with processes.held():
+            self._go.set()
 
     def join(self) -> None:
         """Wait for the workers to finish; then end_fsync, whose time counts in the measured

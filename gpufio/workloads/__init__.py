@@ -3,9 +3,12 @@
 A workload declares its own profile keys (``options``), checks a job's values of them
 (``check``), runs a whole profile of its jobs into a result document (``run``), renders that
 document (``formats``, ``render``), says what went wrong in it (``problems``), names the
-metrics its results offer compare and check (``metrics``) and gives its own defaults of
-common keys (``defaults``). The profile loader and the CLI
-ask this registry and name no workload; adding one is a module here.
+files and devices a job reads or writes, laying them out on request (``targets``: what
+``gpufio prepare``, ``info PROFILE`` and ``doctor PROFILE`` ask), names what its jobs leave
+in a scratch directory (``scratch``: what ``gpufio clean`` removes) and the metrics its
+results offer compare and check (``metrics``), which keys of a job's I/O run its jobs
+use (``job_keys``) and its own defaults of common keys (``defaults``). The profile loader
+and the CLI ask this registry and name no workload; adding one is a module here.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from gpufio.core.options import Option
 from gpufio.results.load import Metric
 
 if TYPE_CHECKING:
-    from gpufio.core.job import Profile
+    from gpufio.core.job import Job, Profile
 
 # the workload of a job that names none
 DEFAULT_WORKLOAD = "block"
@@ -41,11 +44,20 @@ class Workload:
     render: Callable[[dict[str, Any], str, Any], str]
     # document -> one line per job whose numbers cannot be trusted
     problems: Callable[[dict[str, Any]], list[str]]
+    # (job, lay out) -> the paths the job reads or writes; with lay out, first created and
+    # filled as a run would (never where the write guard or a device's name forbids)
+    targets: Callable[["Job", bool], list[str]]
+    # the names (a regular expression) of the files its jobs leave in a scratch directory,
+    # which 'gpufio clean' removes
+    scratch: str
     # what compare and check read of its results, and a profile's [check] table may limit
     metrics: tuple[Metric, ...] = ()
     # common keys whose default suits this workload's work better than the block
     # benchmark's (a key the job gives still wins)
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    # the keys of a job's I/O run (profile.JOB_OPTIONS: rw, numjobs, runtime, fsync, verify,
+    # the write guard's ...) its jobs use; any other is refused in one line. None: all
+    job_keys: frozenset[str] | None = frozenset()
 
 
 _REGISTRY: dict[str, Workload] = {}

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from gpufio.core import rate
+from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput, RunFailed
-from gpufio.core.job import Profile
+from gpufio.core.job import Job, Profile
 from gpufio.engines import all_engines
 from gpufio.results import document
 from gpufio.results.live import LiveDisplay
@@ -96,6 +97,11 @@ def run(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
     return docs[0] if len(docs) == 1 else combine(docs)
 
 
+def targets(job: Job, lay_out: bool) -> list[str]:
+    """The job's targets; laid out: missing files created with gpufio's pattern."""
+    return runner.job_targets(job, quiet=False) if lay_out else runner.job_target_paths(job)[0]
+
+
 def _check(where: str, engine: str, values: Mapping[str, Any]) -> None:
     """A rate cap needs an engine whose host loop spaces the I/Os."""
     if values["rate_iops"] and not all_engines()[engine].paced:
@@ -108,4 +114,6 @@ def _check(where: str, engine: str, values: Mapping[str, Any]) -> None:
 BLOCK = register(Workload(
     name="block", summary="the I/O benchmark", options=rate.OPTIONS, check=_check,
     formats=document.FORMATS, run=run, render=document.render,
-    problems=document.problems, metrics=tuple(METRICS.values())))
+    problems=document.problems, targets=targets,
+    scratch=tg.SCRATCH_NAMES.pattern, metrics=tuple(METRICS.values()),
+    job_keys=None))  # the I/O run's keys are block's own

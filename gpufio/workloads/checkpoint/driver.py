@@ -8,10 +8,12 @@ import contextlib
 from typing import Any
 
 from gpufio.core import events
+from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job, Profile
+from gpufio.workloads.checkpoint import layout
 from gpufio.workloads.checkpoint.report import document
-from gpufio.workloads.checkpoint.run import Round, run_job
+from gpufio.workloads.checkpoint.run import Round, run_job, sizes_of
 from gpufio.workloads.sequence import run_each
 
 
@@ -41,6 +43,16 @@ def run_profile(prof: Profile, quiet: bool = False) -> dict[str, Any]:
     progress = contextlib.nullcontext(None if quiet else _line)
     results, interrupted = run_each(prof.jobs, one, progress)
     return document(results, prof.path, interrupted, prof.limits)
+
+
+def targets(job: Job, lay_out: bool) -> list[str]:
+    """The job's checkpoint files (or devices); laid out: the missing files created at their
+    full size, holding gpufio's pattern (which the write guard lets its rounds overwrite)."""
+    p = layout.plan(job, sizes_of(job))
+    if lay_out:
+        for path, need in zip(p.paths, p.sizes):
+            tg.ensure_exists(path, need, job.randseed)
+    return list(p.paths)
 
 
 def run_workload(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:

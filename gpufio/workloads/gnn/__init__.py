@@ -1,4 +1,4 @@
-"""The GNN feature-aggregation workload (issue 6): an IGB-shaped graph and feature table, a
+"""The GNN feature-aggregation workload: an IGB-shaped graph and feature table, a
 neighbour sampler, a GraphSAGE model, and stage timing, written once for NumPy and CuPy
 (``xp``), so the same code runs on the GPU and is tested on the CPU. Registered as workload
 'gnn' here."""
@@ -10,4 +10,5 @@ from gpufio.workloads.gnn.options import GNN_OPTIONS, check
 GNN = register(Workload(
     name="gnn", summary="GNN training with feature aggregation through the engine",
     options=GNN_OPTIONS, check=check, formats=report.FORMATS, run=driver.run_workload,
-    render=report.render, problems=report.problems))
+    render=report.render, problems=report.problems, targets=driver.targets,
+    scratch=r"gnn-features-.*\.f32|gnn-graph-.*\.npz"))

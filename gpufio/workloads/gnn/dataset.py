@@ -63,6 +63,17 @@ def _feature_paths(job: Job) -> list[str]:
     return paths
 
 
+def target_paths(job: Job) -> list[str]:
+    """The files the job reads its features from (IGB: the data set's directory), without
+    building anything."""
+    g = job.workload_options
+    if g["dataset"] == "igb":
+        return [str(Path(g["igb_root"]).expanduser() / g["igb_size"] / "processed")]
+    if g["feature_file"]:
+        return list(g["feature_file"])
+    return _feature_paths(job)
+
+
 def prepare(job: Job, xp: Any = np) -> Dataset:
     """Graph and feature files for ``job``, built or checked; BadInput if they do not fit.
     ``xp`` computes generated feature values (CuPy on a GPU job)."""

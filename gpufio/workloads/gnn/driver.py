@@ -13,10 +13,10 @@ from rich.table import Table
 
 from gpufio.core import events
 from gpufio.core.errors import BadInput
-from gpufio.core.job import Profile
+from gpufio.core.job import Job, Profile
 from gpufio.results.live import Interval, LiveTable
 from gpufio.results.render import table
-from gpufio.workloads.gnn import timing
+from gpufio.workloads.gnn import dataset, timing
 from gpufio.workloads.gnn.parallel import run_trainers
 from gpufio.workloads.gnn.report import document
 from gpufio.workloads.sequence import run_each
@@ -153,6 +153,12 @@ def run_profile(prof: Profile, quiet: bool = False) -> dict[str, Any]:
     iterations."""
     results, interrupted = run_each(prof.jobs, run_trainers, _progress(prof, quiet))
     return document(results, prof.path, interrupted)
+
+
+def targets(job: Job, lay_out: bool) -> list[str]:
+    """The job's feature files; laid out: the graph and the generated table built (on the
+    CPU: the values are the same) as its first run would."""
+    return dataset.prepare(job).paths if lay_out else dataset.target_paths(job)
 
 
 def run_workload(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:

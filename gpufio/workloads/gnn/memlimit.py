@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpufio.core import cgroups
-from gpufio.core.errors import BadInput
+from gpufio.core import cgroups, processes
+from gpufio.core.errors import BadInput, WorkerHung
 from gpufio.facts.device import read_int
 
 # v2 caps with memory.high: over it the group is throttled and reclaimed, never OOM-killed.
@@ -62,13 +63,22 @@ def _watcher(child: Path, files: dict[str, str], limit: int) -> subprocess.Popen
     """The process that keeps the group's limit at ``limit`` plus its anonymous memory,
     started outside the group (it must never be throttled itself), watching once it says
     so; it ends when its standard input closes, also when gpufio is killed."""
-    w = subprocess.Popen([sys.executable, "-m", "gpufio.core.cgroups", str(child / files["limit"]),
-                          str(child / "memory.stat"), files["anon"], str(limit)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    if w.stdout.readline().strip() != b"ready":
+    with processes.held():
+        w = subprocess.Popen([sys.executable, "-m", "gpufio.core.cgroups",
+                              str(child / files["limit"]), str(child / "memory.stat"),
+                              files["anon"], str(limit)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def said_ready(timeout: float) -> bool:
+        return (bool(select.select([w.stdout], [], [], timeout)[0])
+                and w.stdout.readline().decode().strip() == processes.READY)
+
+    try:
+        processes.await_ready("the memory watcher", said_ready, w.poll)
+    except WorkerHung as e:
         w.kill()
         w.wait()
-        raise OSError("the memory watcher did not start")
+        raise OSError(str(e)) from None
     return w
 
 

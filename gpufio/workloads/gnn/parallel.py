@@ -7,16 +7,14 @@ the data path, and the result says so); aggregation rows/s are reported per GPU 
 from __future__ import annotations
 
 import multiprocessing
-import signal
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from gpufio.core import events, processes
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
-from gpufio.core.signals import sigterm_as_sigint
-from gpufio.run.launch import die_with_parent
 from gpufio.workloads.gnn import dataset
 from gpufio.workloads.gnn.run import array_module, run_job
 
@@ -49,15 +47,23 @@ def run_trainers(job: Job, stop: Any, progress: Any) -> list[dict[str, Any]]:
             p = ctx.Process(target=_trainer_main, args=(replace(job, gpu=gpu, gpus=()), i, theirs,
                                                          stopping),
                             daemon=True, name=f"{job.name}/gpu{gpu}")
-            p.start()
+            processes.start(p)
             pipes.append(mine)
             procs.append(p)
+        for pipe, proc, gpu in zip(pipes, procs, gpus):
+            processes.await_ready(f"job '{job.name}': the trainer on GPU {gpu}",
+                                  lambda t, pipe=pipe: _said_ready(pipe, t),
+                                  lambda proc=proc: proc.exitcode)
+        if progress is not None:
+            events.emit("progress", f"gpufio: job '{job.name}': {len(gpus)} trainers running, "
+                        f"on GPUs {', '.join(map(str, gpus))}")
 
         def pass_stop() -> None:
             """A stop sent to gpufio alone (kill, not the process group's Ctrl-C) reaches
             the trainers too, each ending after its current iteration."""
-            if stop():
-                stopping.set()
+            if stop() and not stopping.is_set():
+                with processes.held():
+                    stopping.set()
 
         results = [_receive(pipe, proc, gpu, pass_stop)
                    for pipe, proc, gpu in zip(pipes, procs, gpus)]
@@ -67,6 +73,15 @@ def run_trainers(job: Job, stop: Any, progress: Any) -> list[dict[str, Any]]:
                 p.kill()
             p.join()
     return [combine(job, gpus, results)]
+
+
+def _said_ready(pipe: Any, timeout: float) -> bool:
+    """Whether the trainer at the pipe's other end has said processes.READY (a pipe at its
+    end says no more: the trainer ended first)."""
+    try:
+        return pipe.poll(timeout) and pipe.recv() == processes.READY
+    except EOFError:
+        return False
 
 
 def _receive(pipe: Any, proc: Any, gpu: int, waiting: Any) -> dict[str, Any]:
@@ -89,10 +104,10 @@ def _trainer_main(job: Job, trainer: int, pipe: Any, stopping: Any) -> None:
     """One trainer: its GPU, its mini-batches; Ctrl-C or SIGTERM (sent to the whole process
     group), or ``stopping`` set by gpufio, ends it after its current iteration, as in one
     process."""
-    die_with_parent()
+    processes.die_with_parent()
     stopped: list[bool] = []
-    signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
-    sigterm_as_sigint()
+    processes.take_stop_signals(lambda: stopped.append(True))
+    pipe.send(processes.READY)
     try:
         pipe.send(("ok", run_job(job, stop=lambda: bool(stopped) or stopping.is_set(),
                                  trainer=trainer)))
