@@ -9,8 +9,8 @@ against the baseline with the issue's limits. Then the 1-run case: a 1-run basel
 a goal is missed: no false alarm, at least 19 of 20 10% slowdowns caught (the same share of
 fewer pairs), every 25% slowdown caught, the 1-run note.
 
-    python3 bench/gate.py --check            # 20 pairs: run it on an idle machine
-    python3 bench/gate.py --quick --check    # 2 pairs: proves the bench works end to end
+    python3 -m bench.gate --check            # 20 pairs: run it on an idle machine
+    python3 -m bench.gate --quick --check    # 2 pairs: proves the bench works end to end
 
 gpufio is driven through its command line only (``python3 -m gpufio`` from this checkout).
 """

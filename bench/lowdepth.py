@@ -13,9 +13,9 @@ figure stands in (fio's counts its job thread only) and the table says "self".
 ``--check`` exits 1 if a goal (``GOALS``) is missed; ``--quick`` runs every case once for a
 second, to prove the bench works, and its numbers are no measurement.
 
-    python3 bench/lowdepth.py --check                 # the full matrix, 3 rounds of 5 s
-    python3 bench/lowdepth.py --quick                 # a smoke run
-    python3 bench/lowdepth.py --root-dir /mnt/x --json out.json
+    python3 -m bench.lowdepth --check                 # the full matrix, 3 rounds of 5 s
+    python3 -m bench.lowdepth --quick                 # a smoke run
+    python3 -m bench.lowdepth --root-dir /mnt/x --json out.json
 
 Self-contained: it drives ``python3 -m gpufio`` (from this checkout) and fio as commands.
 """

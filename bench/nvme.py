@@ -8,9 +8,9 @@ drive warming up or a neighbour's load falls on all of them alike), and the medi
 rounds reported with each gpufio path's ratio to its fio peer. ``--check`` exits 1 when
 uring-cmd's median IOPS falls below GOAL x fio io_uring_cmd's on any drive.
 
-    python3 bench/nvme.py --drive /dev/nvme0n1 --drive /dev/nvme1n1
-    python3 bench/nvme.py --drive /dev/ng0n1 --rounds 7 --runtime 20 --check
-    python3 bench/nvme.py --drive /dev/nvme0n1 --quick      # prove it works: short rounds
+    python3 -m bench.nvme --drive /dev/nvme0n1 --drive /dev/nvme1n1
+    python3 -m bench.nvme --drive /dev/ng0n1 --rounds 7 --runtime 20 --check
+    python3 -m bench.nvme --drive /dev/nvme0n1 --quick      # prove it works: short rounds
 
 A drive whose model says it is emulated (QEMU's) gets its rows labelled so: such numbers
 show the emulator's speed, never a drive's. Runs gpufio and fio as commands (gpufio from this
@@ -162,15 +162,14 @@ def main() -> int:
         a.rounds, a.runtime, a.ramp, a.size = 2, 1.0, 0.0, "64m"
     a.runtime, a.ramp = f"{a.runtime:g}", f"{a.ramp:g}"
     rows, met = bench(a)
-    from tabulate import tabulate
+    from gpufio import api
 
-    print(tabulate([[r["drive"], r["path"], f"{r['iops']:.0f}",
-                     "" if r["p50"] is None else f"{r['p50'] / 1e3:.1f}",
-                     "" if r["p99"] is None else f"{r['p99'] / 1e3:.1f}",
-                     "" if r["ratio"] is None else f"{r['ratio']:.3f}", r["label"]]
-                    for r in rows],
-                   headers=["drive", "path", "IOPS (median)", "p50 us", "p99 us",
-                            "x fio peer", "note"]))
+    api.render_rows([{"drive": r["drive"], "path": r["path"], "IOPS (median)": f"{r['iops']:.0f}",
+                      "p50 us": "" if r["p50"] is None else f"{r['p50'] / 1e3:.1f}",
+                      "p99 us": "" if r["p99"] is None else f"{r['p99'] / 1e3:.1f}",
+                      "x fio peer": "" if r["ratio"] is None else f"{r['ratio']:.3f}",
+                      "note": r["label"]} for r in rows], "table",
+                    title="NVMe paths against their fio peers", left=("drive", "path", "note"))
     if any(r["label"] for r in rows):
         print("emulated: these drives are QEMU's; the numbers are the emulator's, not a drive's")
     if a.json:
