@@ -13,7 +13,7 @@ cat > /tmp/prep.toml <<P
 targets = ["/mnt/gt/t.dat"]
 size = "2g"
 P
-PYTHONPATH=/tmp/site:$HEAD python3 -m gpufio prepare /tmp/prep.toml
+PYTHONPATH=/tmp/site:$HEAD python3 -m gpufio prepare --yes /tmp/prep.toml
 for case in "gpu-uring rings=8 iodepth=128" "cpu-gpu segments=4 sqe_async=true iodepth=512"; do
   set -- $case; eng=$1; shift
   sets=""; for kv in "$@"; do sets="$sets --set $kv"; done
