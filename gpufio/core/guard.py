@@ -5,10 +5,13 @@ must never be the tool that destroys a filesystem. A job may write to:
 
 - a file that carries gpufio's pattern header (gpufio made it), or any other file when the
   job says ``overwrite = true``;
-- a block device only when the job names that very device in ``write_device``, and the
+- a block device only when the job names that very device in ``write_device`` (by any of
+  its names: an NVMe multipath head and its paths, or one shared namespace seen through
+  several controllers, are one device, found by ``device_identity``), and the
   device holds no partition table, filesystem, LVM, RAID, crypt or swap signature (the magic
   numbers below, checked here rather than trusted to a library that may be missing), is not
-  mounted, holds no partitions, has no holders (device-mapper, md) and opens with O_EXCL.
+  mounted, holds no partitions, has no holders (device-mapper, md) under any of its names,
+  and opens with O_EXCL.
 
 Read-only files and mounts are refused too. Every refusal is one line naming the target and
 what was found.
@@ -25,6 +28,8 @@ from typing import TYPE_CHECKING
 
 from gpufio.core import pattern
 from gpufio.core.errors import BadInput
+from gpufio.facts.device import read_text
+from gpufio.facts.nvme import same_namespace
 
 if TYPE_CHECKING:
     from gpufio.core.job import Job
@@ -82,16 +87,15 @@ def _check_mount(path: str) -> None:
         raise BadInput(f"target {path}: lies on a read-only mount; gpufio cannot write to it")
 
 
-def _mounted(rdev: int) -> str | None:
-    """The mount point of block device ``rdev``, if mounted."""
-    want = f"{os.major(rdev)}:{os.minor(rdev)}"
+def _mounted_number(number: str) -> str | None:
+    """The mount point of the block device numbered ``number`` ("major:minor"), if mounted."""
     try:
         text = Path("/proc/self/mountinfo").read_text()
     except OSError:
         return None
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) > 4 and fields[2] == want:
+        if len(fields) > 4 and fields[2] == number:
             return fields[4]
     return None
 
@@ -124,32 +128,74 @@ def check_file(path: str, *, overwrite: bool) -> None:
                    "job says overwrite = true (the file's data is then lost)")
 
 
+def device_identity(path: str, sys_block: Path = Path("/sys/block")) -> tuple[str, list[Path]]:
+    """What block device ``path`` is to the guard: a key that every name of one device shares
+    (an NVMe namespace's wwid: a multipath head and its paths, or a shared namespace seen
+    through each controller when native multipath is off; else the device number) and the
+    sysfs directories of all those names."""
+    rdev = os.stat(path).st_rdev
+    number = f"{os.major(rdev)}:{os.minor(rdev)}"
+    node = Path(f"/sys/dev/block/{number}")
+    disk = sys_block / node.resolve().name if node.exists() else None
+    if disk is None or not disk.exists():
+        return number, []
+    members = same_namespace(disk)
+    wwid = read_text(disk / "wwid") if disk.name.startswith("nvme") else None
+    return (f"wwid {wwid}" if wwid else number), members
+
+
+def _confirmed_is(confirmed: str | None, path: str, key: str) -> bool:
+    """Whether write_device ``confirmed`` names the device ``path`` is (any of its names)."""
+    if confirmed is None:
+        return False
+    if os.path.realpath(confirmed) == os.path.realpath(path):
+        return True
+    try:
+        return stat.S_ISBLK(os.stat(confirmed).st_mode) and device_identity(confirmed)[0] == key
+    except OSError:
+        return False
+
+
+def _check_in_use(path: str, members: list[Path]) -> None:
+    """BadInput if any name of the device is mounted, swap, held or partitioned."""
+    for disk in members:
+        number = read_text(disk / "dev") or ""
+        where = _mounted_number(number)
+        through = "" if os.path.basename(os.path.realpath(path)) == disk.name \
+            else f" (through {disk.name}, the same device)"
+        if where:
+            raise BadInput(f"target {path}: is mounted on {where}{through}; gpufio never writes "
+                           "to a mounted device")
+        if _swapped(f"/dev/{disk.name}"):
+            raise BadInput(f"target {path}: is in use as swap{through}; gpufio never writes "
+                           "to it")
+        holders = sorted(p.name for p in (disk / "holders").glob("*"))
+        if holders:
+            raise BadInput(f"target {path}: is held by {', '.join(holders)}{through} "
+                           "(device-mapper, LVM or RAID); gpufio never writes under them")
+        parts = sorted(p.name for p in disk.glob(f"{disk.name}*") if (p / "partition").exists())
+        if parts:
+            raise BadInput(f"target {path}: has partitions ({', '.join(parts)}){through}; "
+                           "gpufio writes only to a device that holds none")
+
+
 def check_device(path: str, *, confirmed: str | None) -> None:
     """BadInput naming what makes block device ``path`` unsafe to write, if anything;
-    ``confirmed`` is the job's write_device, which must name this very device. The checks
-    read it through an O_EXCL descriptor, which the kernel refuses while anyone holds it."""
+    ``confirmed`` is the job's write_device, which must name this device (by any of its
+    names: a multipath head and its paths are one device). The checks read it through an
+    O_EXCL descriptor, which the kernel refuses while anyone holds it."""
     real = os.path.realpath(path)
-    if confirmed is None or os.path.realpath(confirmed) != real:
+    key, members = device_identity(real)
+    if not _confirmed_is(confirmed, real, key):
         raise BadInput(f"target {path}: is a block device, and writing destroys what it "
                        f"holds; confirm with write_device = \"{path}\"")
-    st = os.stat(real)
-    name = os.path.basename(real)
-    sysdir = Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
-    where = _mounted(st.st_rdev)
-    if where:
-        raise BadInput(f"target {path}: is mounted on {where}; gpufio never writes to a "
-                       "mounted device")
-    if _swapped(real):
-        raise BadInput(f"target {path}: is in use as swap; gpufio never writes to it")
-    holders = sorted(p.name for p in (sysdir / "holders").glob("*")) if sysdir.exists() else []
-    if holders:
-        raise BadInput(f"target {path}: is held by {', '.join(holders)} (device-mapper, LVM "
-                       "or RAID); gpufio never writes under them")
-    parts = sorted(p.name for p in sysdir.glob(f"{name}*") if (p / "partition").exists()) \
-        if sysdir.exists() else []
-    if parts:
-        raise BadInput(f"target {path}: has partitions ({', '.join(parts)}); gpufio writes "
-                       "only to a device that holds none")
+    if not members:  # no sysfs entry: check the name given
+        where = _mounted_number(f"{os.major(os.stat(real).st_rdev)}:"
+                                f"{os.minor(os.stat(real).st_rdev)}")
+        if where:
+            raise BadInput(f"target {path}: is mounted on {where}; gpufio never writes to a "
+                           "mounted device")
+    _check_in_use(path, members)
     try:
         fd = os.open(real, os.O_RDWR | os.O_EXCL)
     except OSError as e:
