@@ -120,3 +120,26 @@ def test_guard_checks_every_name_of_the_device(tmp_path):
     with pytest.raises(BadInput, match=r"nvme6c6n1: has partitions \(nvme6n1p1\) \(through "
                                        r"nvme6n1, the same device\)"):
         _check_in_use("/dev/nvme6c6n1", same_namespace(path))
+
+
+def test_doctor_nvme_checks_both_ways(tmp_path):
+    from gpufio.facts.system import Host
+    from gpufio.run.doctor import nvme_checks
+
+    write(tmp_path, "sys/module/nvme_core/parameters", {"multipath": "Y"})
+    write(tmp_path, "sys/module/nvme/parameters", {"poll_queues": "0"})
+    group = write(tmp_path, "sys/kernel/iommu_groups/7/devices", {})
+    fn = write(tmp_path, "sys/bus/pci/devices/0000:01:00.0", {})
+    link(fn / "iommu_group", group.parent)
+    link(group / "0000:01:00.0", fn)
+    facts = {"nsid": 1, "pci_address": "0000:01:00.0", "poll_queues": False,
+             "multipath": {"head": "nvme2n1", "paths": [{"path": "nvme2c2n1"}]}}
+    checks = {c.name: c for c in nvme_checks("t", facts, Host(str(tmp_path)))}
+    assert checks["NVMe multipath"].found == "nvme_core multipath=Y; head nvme2n1 over nvme2c2n1"
+    assert checks["NVMe poll queues"].status == "warn" and "poll_queues=N" in checks[
+        "NVMe poll queues"].fix
+    assert checks["IOMMU group"].found == "group 7: 0000:01:00.0 (alone: vfio-pci can take it)"
+    facts.update(poll_queues=True, pci_address="0000:09:00.0")
+    checks = {c.name: c for c in nvme_checks("t", facts, Host(str(tmp_path)))}
+    assert checks["NVMe poll queues"].status == "ok"
+    assert checks["IOMMU group"].found == "none (no IOMMU, or it is off)"
