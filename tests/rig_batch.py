@@ -8,10 +8,13 @@ Usage: python3 tests/rig_batch.py ARGVS.json RESULTS.json (a list of argument li
 import json
 import sys
 import traceback
+from pathlib import Path
 
 from typer.testing import CliRunner
 
-from gpufio.cli import app
+# the checkout under test, as `python3 -m gpufio` run from its root finds it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpufio.cli import app  # noqa: E402
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from gpufio.facts.device import block_facts
-from gpufio.facts.nvme import head_of, nvme_facts, paths_of, same_namespace
+from gpufio.facts.nvme import nvme_facts, paths_of, same_namespace
 from gpufio.results.load import setup_facts
 
 PORT = "sys/devices/pci0000:00/0000:00:0{n}.0"
@@ -57,7 +57,7 @@ def namespace(root: Path, parent: Path, name: str, nsid: int, wwid: str, device:
 def test_plain_namespace_facts_and_links(tmp_path):
     ctrl, _ = controller(tmp_path, 1, "16.0", "16.0", "S4X1")
     disk = namespace(tmp_path, ctrl, "nvme1n1", 1, "eui.0011", ctrl, poll="1")
-    f = nvme_facts(disk)
+    f = nvme_facts(disk, disk.parent)
     assert f["serial"] == "S4X1" and f["firmware"] == "FW1.2" and f["nsid"] == 1
     assert (f["current_pcie_gen"], f["current_link_width"], f["max_pcie_gen"]) == (4, "4", 5)
     assert (f["slot_max_pcie_gen"], f["slot_max_link_width"]) == (4, "4")  # Gen5 drive, Gen4 slot
@@ -75,16 +75,17 @@ def test_multipath_head_lists_paths_with_their_links(tmp_path):
                    {"model": "Fast SSD", "iopolicy": "numa"})
     head = namespace(tmp_path, subsys, "nvme2n1", 1, "uuid.aa", subsys, poll=None)
     p1 = namespace(tmp_path, c2, "nvme2c2n1", 1, "uuid.aa", c2)
-    p2 = namespace(tmp_path, c3, "nvme2c3n1", 1, "uuid.aa", c3)
-    assert [p.name for p in paths_of(head)] == ["nvme2c2n1", "nvme2c3n1"]
-    assert head_of(p2) == head and head_of(head) is None and paths_of(p1) == []
-    f = nvme_facts(head)
+    namespace(tmp_path, c3, "nvme2c3n1", 1, "uuid.aa", c3)
+    blocks = head.parent
+    assert [p.name for p in paths_of(head, blocks)] == ["nvme2c2n1", "nvme2c3n1"]
+    assert paths_of(p1, blocks) == []
+    f = nvme_facts(head.resolve(), blocks)  # as block_facts finds it: under the subsystem
     mp = f["multipath"]
     assert (mp["head"], mp["subsystem"], mp["iopolicy"]) == ("nvme2n1", "nvme-subsys2", "numa")
     assert [(p["path"], p["controller"], p["current_pcie_gen"]) for p in mp["paths"]] == [
         ("nvme2c2n1", "nvme2", 5), ("nvme2c3n1", "nvme3", 4)]
     assert f["current_pcie_gen"] == 5 and f["serial"] == "MP1" and f["poll_queues"] is False
-    assert [d.name for d in same_namespace(p1)] == ["nvme2c2n1", "nvme2c3n1", "nvme2n1"]
+    assert [d.name for d in same_namespace(p1, blocks)] == ["nvme2c2n1", "nvme2c3n1", "nvme2n1"]
 
 
 def test_shared_namespace_without_native_multipath_is_one_device(tmp_path):
@@ -94,8 +95,10 @@ def test_shared_namespace_without_native_multipath_is_one_device(tmp_path):
     a = namespace(tmp_path, c4, "nvme4n1", 1, "nvme.1b36-5348-01", c4)
     b = namespace(tmp_path, c5, "nvme5n1", 1, "nvme.1b36-5348-01", c5)
     other = namespace(tmp_path, c5, "nvme5n2", 2, "nvme.1b36-5348-02", c5)
-    assert [d.name for d in same_namespace(a)] == ["nvme4n1", "nvme5n1"]
-    assert same_namespace(b) == same_namespace(a) and same_namespace(other) == [other]
+    blocks = a.parent
+    assert [d.name for d in same_namespace(a, blocks)] == ["nvme4n1", "nvme5n1"]
+    assert same_namespace(b, blocks) == same_namespace(a, blocks)
+    assert same_namespace(other, blocks) == [other]
 
 
 def test_compare_header_names_each_drive_link():
@@ -119,7 +122,7 @@ def test_guard_checks_every_name_of_the_device(tmp_path):
     write(head.resolve(), "nvme6n1p1", {"partition": "1"})
     with pytest.raises(BadInput, match=r"nvme6c6n1: has partitions \(nvme6n1p1\) \(through "
                                        r"nvme6n1, the same device\)"):
-        _check_in_use("/dev/nvme6c6n1", same_namespace(path))
+        _check_in_use("/dev/nvme6c6n1", same_namespace(path, path.parent))
 
 
 def test_doctor_nvme_checks_both_ways(tmp_path):

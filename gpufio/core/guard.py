@@ -139,7 +139,7 @@ def device_identity(path: str, sys_block: Path = Path("/sys/block")) -> tuple[st
     disk = sys_block / node.resolve().name if node.exists() else None
     if disk is None or not disk.exists():
         return number, []
-    members = same_namespace(disk)
+    members = same_namespace(disk, sys_block)
     wwid = read_text(disk / "wwid") if disk.name.startswith("nvme") else None
     return (f"wwid {wwid}" if wwid else number), members
 

@@ -19,38 +19,30 @@ from typing import Any
 
 from gpufio.facts.device import pci_link, read_text
 
+SYS_BLOCK = Path("/sys/block")
 _HEAD = re.compile(r"^nvme(\d+)n(\d+)$")
 _PATH = re.compile(r"^nvme(\d+)c(\d+)n(\d+)$")
 
 
-def paths_of(head: Path) -> list[Path]:
-    """The path disks (sysfs directories) of multipath head ``head``, by the kernel's naming
-    (nvmeXcYnZ under nvmeXnZ); empty for a disk that is no head."""
+def paths_of(head: Path, sys_block: Path = SYS_BLOCK) -> list[Path]:
+    """The path disks (their ``sys_block`` entries) of multipath head ``head``, by the
+    kernel's naming (nvmeXcYnZ under nvmeXnZ); empty for a disk that is no head."""
     m = _HEAD.match(head.name)
     if not m:
         return []
     x, z = m.groups()
-    return sorted(p for p in head.parent.glob(f"nvme{x}c*n{z}") if _PATH.match(p.name))
+    return sorted(p for p in sys_block.glob(f"nvme{x}c*n{z}") if _PATH.match(p.name))
 
 
-def head_of(path: Path) -> Path | None:
-    """The multipath head (sysfs directory) of path disk ``path``, or None."""
-    m = _PATH.match(path.name)
-    if not m:
-        return None
-    head = path.parent / f"nvme{m.group(1)}n{m.group(3)}"
-    return head if head.exists() else None
-
-
-def same_namespace(disk: Path) -> list[Path]:
-    """Every disk in ``disk``'s sysfs block directory that is the namespace ``disk`` is: the
-    head and its paths, and, with native multipath off, the other controllers' disks of a
-    shared namespace (the same ``wwid``). ``disk`` itself for anything else."""
+def same_namespace(disk: Path, sys_block: Path = SYS_BLOCK) -> list[Path]:
+    """The ``sys_block`` entries of every disk that is the namespace ``disk`` is: the head and
+    its paths, and, with native multipath off, the other controllers' disks of a shared
+    namespace (the same ``wwid``). ``disk`` itself for anything else."""
     wwid = read_text(disk / "wwid")
     if not disk.name.startswith("nvme") or not wwid:
         return [disk]
-    return sorted(d for d in disk.parent.glob("nvme*")
-                  if d.resolve() == disk.resolve() or read_text(d / "wwid") == wwid)
+    return sorted(d for d in sys_block.glob("nvme*")
+                  if d.name == disk.name or read_text(d / "wwid") == wwid)
 
 
 def controller_facts(ctrl: Path) -> dict[str, Any]:
@@ -81,7 +73,7 @@ def _queue_facts(disk: Path) -> dict[str, Any]:
     return {"poll_queues": poll == "1"} if poll in ("0", "1") else {}
 
 
-def nvme_facts(disk: Path) -> dict[str, Any]:
+def nvme_facts(disk: Path, sys_block: Path = SYS_BLOCK) -> dict[str, Any]:
     """The NVMe facts of namespace disk ``disk`` (a /sys/block directory): serial, firmware,
     namespace id, generic device, the controller's queues and PCIe link (the first path's
     for a multipath head) and, for a head, ``multipath``: its paths and their controllers."""
@@ -93,7 +85,7 @@ def nvme_facts(disk: Path) -> dict[str, Any]:
     if wwid:
         facts["wwid"] = wwid
     m = _HEAD.match(disk.name)
-    paths = paths_of(disk)
+    paths = paths_of(disk, sys_block)
     if m:
         facts["generic_device"] = f"ng{m.group(1)}n{m.group(2)}"
     if not paths:
