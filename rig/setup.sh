@@ -13,9 +13,15 @@ have_tools() {
   command -v qemu-system-x86_64 && [ -x /bin/busybox ] && /bin/busybox --list | grep -qx cpio \
     && command -v depmod && command -v zstd && command -v xz
 } >/dev/null 2>&1
-have_kernel() { compgen -G "$DEST/boot/vmlinuz-*" && compgen -G "$DEST/lib/modules/*/modules.dep"; } >/dev/null
+# tests/rig.py also takes a kernel the reference recipe unpacked into /opt/guest-kernel
+have_kernel() {
+  for d in "$DEST" /opt/guest-kernel; do
+    compgen -G "$d/boot/vmlinuz-*" && compgen -G "$d/lib/modules/*/modules.dep" && return 0
+  done
+  return 1
+} >/dev/null
 if have_tools && have_kernel; then
-  echo "rig: tools and guest kernel present ($(ls "$DEST/lib/modules" | tr '\n' ' ')in $DEST)"
+  echo "rig: QEMU, busybox-static, kmod and a guest kernel present"
   exit 0
 fi
 apt-get update -qq

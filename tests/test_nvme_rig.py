@@ -45,9 +45,3 @@ def test_controllers_and_namespaces(nvme_rig):
     with pytest.raises(KeyError, match="rig-none"):
         nvme_rig.namespace("rig-none", 1)
 
-
-def test_gpufio_batch_runs_each_command_as_the_cli(nvme_rig):
-    ok, bad = nvme_rig.gpufio(["info", "--target", nvme_rig.namespace("rig-gen4", 1),
-                               "--format", "json"], ["info", "--format", "yaml"])
-    assert ok.returncode == 0 and '"model": "QEMU NVMe Ctrl"' in ok.stdout
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--format" in bad.stderr
