@@ -136,9 +136,11 @@ def device_identity(path: str, sys_block: Path = Path("/sys/block")) -> tuple[st
     rdev = os.stat(path).st_rdev
     number = f"{os.major(rdev)}:{os.minor(rdev)}"
     node = Path(f"/sys/dev/block/{number}")
-    disk = sys_block / node.resolve().name if node.exists() else None
-    if disk is None or not disk.exists():
+    if not node.exists():
         return number, []
+    disk = sys_block / node.resolve().name
+    if not disk.exists():  # a partition: /sys/block lists whole disks only
+        return number, [node.resolve()]
     members = same_namespace(disk, sys_block)
     wwid = read_text(disk / "wwid") if disk.name.startswith("nvme") else None
     return (f"wwid {wwid}" if wwid else number), members
@@ -189,9 +191,8 @@ def check_device(path: str, *, confirmed: str | None) -> None:
     if not _confirmed_is(confirmed, real, key):
         raise BadInput(f"target {path}: is a block device, and writing destroys what it "
                        f"holds; confirm with write_device = \"{path}\"")
-    if not members:  # no sysfs entry: check the name given
-        where = _mounted_number(f"{os.major(os.stat(real).st_rdev)}:"
-                                f"{os.minor(os.stat(real).st_rdev)}")
+    if not members:  # no sysfs entry: the key is the device number
+        where = _mounted_number(key)
         if where:
             raise BadInput(f"target {path}: is mounted on {where}; gpufio never writes to a "
                            "mounted device")
