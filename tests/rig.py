@@ -151,7 +151,10 @@ def qemu_args(ctrls: tuple[Controller, ...], work: Path, share: Path, kernel: Pa
                                f"logical_block_size={lbs},physical_block_size={lbs}"]
     poll = ",".join(str(c.poll_queues) for c in ctrls)
     paths = sum(len(c.namespaces) for c in ctrls)
+    # no_timer_check: under TCG on a busy host the kernel's IO-APIC timer test can miss its
+    # window and panic ("timer doesn't work through Interrupt-remapped IO-APIC")
     append = (f"console=ttyS0 panic=-1 loglevel=4 mitigations=off intel_iommu=on iommu=pt "
+              f"no_timer_check "
               f"rig.agent={RIG_DIR / 'agent.sh'} rig.rw={share} rig.moddir={moddir} "
               f"rig.poll={poll} rig.paths={paths}")
     accel = os.environ.get("GPUFIO_RIG_ACCEL", "tcg")
