@@ -77,12 +77,39 @@ def acs_check(device: Path) -> Check:
                    "those bridges (BIOS, or setpci) where the platform allows it")
 
 
+def nvme_checks(area: str, facts: dict, host: Host) -> list[Check]:
+    """An NVMe namespace: native multipath (and a head's paths), the controller's poll queues
+    and its IOMMU group."""
+    multipath = host.module_param("nvme_core", "multipath")
+    mp = facts.get("multipath")
+    found = f"nvme_core multipath={multipath or '?'}" + (
+        f"; head {mp['head']} over {', '.join(p['path'] for p in mp['paths'])}" if mp else "")
+    out = [Check(area, "NVMe multipath", OK, found)]
+    polls = host.module_param("nvme", "poll_queues")
+    out.append(verdict(area, "NVMe poll queues", bool(facts.get("poll_queues")),
+                       f"{'present' if facts.get('poll_queues') else 'none'} (nvme.poll_queues="
+                       f"{polls or '?'} when the controller was reset)",
+                       "polled I/O (hipri, IOPOLL) needs them: load nvme with poll_queues=N "
+                       "(or nvme.poll_queues=N on the kernel command line)"))
+    addr = facts.get("pci_address")
+    group = Path(host.root, "sys/bus/pci/devices", addr, "iommu_group") if addr else None
+    if group is not None and group.exists():
+        members = sorted(p.name for p in (group.resolve() / "devices").iterdir())
+        out.append(Check(area, "IOMMU group", OK, f"group {group.resolve().name}: "
+                         f"{', '.join(members)}" + (" (alone: vfio-pci can take it)"
+                                                    if members == [addr] else "")))
+    elif addr:
+        out.append(Check(area, "IOMMU group", OK, "none (no IOMMU, or it is off)"))
+    return out
+
+
 def target_checks(path: str, depth: int, gpus: dict[str, Path],
-                  of_a_job: bool = False) -> list[Check]:
-    """A target: a drive or RAM, its O_DIRECT alignment, scheduler, queue limit, PCIe link and
-    its place against each GPU; ``depth``: the most I/Os the jobs keep in flight on it.
-    ``of_a_job``: a path a profile's job reads or writes, which its run (or ``gpufio
-    prepare``) may still lay out: missing, it is a warning where a file may be created."""
+                  of_a_job: bool = False, host: Host | None = None) -> list[Check]:
+    """A target: a drive or RAM, its O_DIRECT alignment, scheduler, queue limit, PCIe link,
+    NVMe facts and its place against each GPU; ``depth``: the most I/Os the jobs keep in
+    flight on it. ``of_a_job``: a path a profile's job reads or writes, which its run (or
+    ``gpufio prepare``) may still lay out: missing, it is a warning where a file may be
+    created."""
     area = f"target {path}"
     try:
         facts = path_facts(path)
@@ -119,6 +146,8 @@ def target_checks(path: str, depth: int, gpus: dict[str, Path],
                            f"raise /sys/block/{disk}/queue/nr_requests to {depth} or more"))
     if "current_pcie_gen" in facts:
         out.append(link_check(area, "drive PCIe link", facts))
+    if "nsid" in facts:
+        out += nvme_checks(area, facts, host or Host())
     # the PCI function the disk hangs below (NVMe controller, virtio or SCSI adapter)
     place = pci_device_of(path) if gpus and not facts.get("ram_backed") else None
     if place is not None:
@@ -214,5 +243,6 @@ def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None,
     for t in targets:
         depths.setdefault(t, 1)
     for t, depth in depths.items():
-        out += target_checks(os.path.expanduser(t), depth, places, of_a_job=t not in given)
+        out += target_checks(os.path.expanduser(t), depth, places, of_a_job=t not in given,
+                             host=host)
     return out + scratch_checks(jobs, places)
