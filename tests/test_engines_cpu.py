@@ -106,8 +106,8 @@ def test_file_truncated_during_run_reports_short_reads(engine, tmp_path):
 def test_errno_from_the_kernel_is_reported(engine, pattern_file, monkeypatch):
     real_open = targets.open_target
 
-    def write_only(path, direct, consent=None):
-        t = real_open(path, direct, consent)
+    def write_only(path, direct, consent=None, generic=False):
+        t = real_open(path, direct, consent, generic)
         os.close(t.fd)
         t.fd = os.open(path, os.O_WRONLY)
         return t

@@ -24,6 +24,7 @@ from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
 from gpufio.core.units import format_size
 from gpufio.facts import device as devinfo
+from gpufio.facts import nvme_generic
 
 FILL_CHUNK = 8 << 20
 # kernel and runtime trees: a file created there lives in RAM or is refused by the kernel
@@ -159,6 +160,22 @@ class Target:
     dio_align: int
     pattern_seed: int | None
     facts: dict[str, Any] = field(default_factory=dict)
+    # the logical block size of an NVMe namespace opened for passthrough: every I/O moves
+    # whole blocks (0: a file or block device, no such rule beyond O_DIRECT's)
+    lba: int = 0
+
+    def sync(self) -> None:
+        """fsync what the target's writes went to. A namespace opened for passthrough syncs
+        through its block device: its char device has no fsync, and the block device's
+        sends the drive a flush."""
+        if not self.lba:
+            os.fsync(self.fd)
+            return
+        fd = os.open(self.facts["namespace"], os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         """Close the descriptor; safe to call twice."""
@@ -277,9 +294,31 @@ def _read_first_block(path: str) -> bytes:
         return b""
 
 
-def open_target(path: str, direct: bool, consent: WriteConsent | None = None) -> Target:
+def _read_first_block_direct(path: str) -> bytes:
+    """The first block of a block device read past the page cache, which passthrough writes
+    never update."""
+    buf = aligned_buffer(pattern.BLOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            n = os.preadv(fd, [buf], 0)
+        finally:
+            os.close(fd)
+        return bytes(buf[:n])
+    except OSError:
+        return b""
+    finally:
+        buf.close()
+
+
+def open_target(path: str, direct: bool, consent: WriteConsent | None = None,
+                generic: bool = False) -> Target:
     """Open ``path`` (O_DIRECT when ``direct``) and gather its facts: read-only, or for
-    writing when the job's ``consent`` passes the write guard for it."""
+    writing when the job's ``consent`` passes the write guard for it. ``generic``: the job's
+    engine sends NVMe commands, so ``path`` must be an NVMe namespace, and its generic char
+    device is opened (open_namespace)."""
+    if generic:
+        return open_namespace(path, consent)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -292,6 +331,10 @@ def open_target(path: str, direct: bool, consent: WriteConsent | None = None) ->
     if stat.S_ISREG(st.st_mode) and devinfo.ram_backing(path) == "devtmpfs":
         raise BadInput(f"target {path}: is a regular file in /dev (RAM), not a block device; "
                        "remove it (an older gpufio created such files)")
+    if stat.S_ISCHR(st.st_mode) and nvme_generic.lookup(path):
+        raise BadInput(f"target {path}: is an NVMe generic char device, which only engines "
+                       "that send NVMe commands read (fio's io_uring_cmd); name its block "
+                       "device for this engine")
     if not (is_block or stat.S_ISREG(st.st_mode)):
         raise BadInput(f"target {path}: is neither a regular file nor a block device")
     if consent is not None:
@@ -314,6 +357,46 @@ def open_target(path: str, direct: bool, consent: WriteConsent | None = None) ->
                   pattern_seed=pattern.read_seed(_read_first_block(path)), facts=facts)
 
 
+def open_namespace(path: str, consent: WriteConsent | None = None) -> Target:
+    """Open the generic char device of the NVMe namespace ``path`` names (its /dev/ngXnY,
+    or its block device /dev/nvmeXnY, which stands for the same namespace, as fio's
+    io_uring_cmd users name it), for NVMe passthrough. Writes pass the write guard as the
+    namespace's block device; ``write_device`` may name either node."""
+    ns = nvme_generic.lookup(path)
+    if ns is None:
+        what = "does not exist" if not os.path.exists(path) else "is not an NVMe namespace"
+        raise BadInput(f"target {path}: {what}; NVMe passthrough needs a namespace's generic "
+                       "char device (/dev/ngXnY) or its block device (/dev/nvmeXnY)")
+    if not ns.lba_bytes or not ns.size:
+        raise BadInput(f"target {path}: sysfs gives no logical block size or size for "
+                       f"{ns.block}, so its NVMe commands cannot be built")
+    if consent is not None:
+        confirmed = consent.device
+        if confirmed and os.path.realpath(confirmed) == os.path.realpath(ns.generic):
+            confirmed = ns.block  # the same namespace
+        WriteConsent(consent.overwrite, confirmed).check(ns.block, True)
+    try:
+        fd = os.open(ns.generic, os.O_RDONLY if consent is None else os.O_RDWR)
+    except PermissionError:
+        need = "read" if consent is None else "read and write"
+        raise BadInput(f"target {path}: permission denied on {ns.generic} (NVMe passthrough "
+                       f"needs {need} access to it; Linux before 6.2 also CAP_SYS_ADMIN)") from None
+    except OSError as e:
+        raise BadInput(f"target {path}: cannot open {ns.generic}: {e.strerror}") from None
+    try:
+        nsid = nvme_generic.namespace_id(fd)
+    except OSError as e:
+        os.close(fd)
+        raise BadInput(f"target {path}: {ns.generic} answers no NVMe namespace id "
+                       f"(NVME_IOCTL_ID: {e.strerror})") from None
+    facts = {**devinfo.path_facts(ns.block), "generic_device": ns.generic,
+             "namespace": ns.block, "nsid": nsid, "lba_bytes": ns.lba_bytes,
+             "poll_queues": ns.poll_queues, "max_transfer": ns.max_bytes}
+    return Target(path=path, fd=fd, size=ns.size, is_block=True, dio_align=ns.lba_bytes,
+                  pattern_seed=pattern.read_seed(_read_first_block_direct(ns.block)), facts=facts,
+                  lba=ns.lba_bytes)
+
+
 def check_region(target: Target, *, offset: int, size: int | None, bs: int, direct: bool,
                  need_pattern: bool) -> tuple[int, int]:
     """The (first byte, number of bs blocks) a job may touch on ``target``, or BadInput."""
@@ -321,7 +404,17 @@ def check_region(target: Target, *, offset: int, size: int | None, bs: int, dire
     if offset + max(length, 0) > target.size or length <= 0:
         raise BadInput(f"target {target.path}: is {format_size(target.size)} ({target.size} bytes), "
                        f"smaller than offset+size = {offset + max(length, 0)} bytes")
-    if direct:
+    if target.lba:
+        for key, value in (("bs", bs), ("offset", offset)):
+            if value % target.lba:
+                raise BadInput(f"target {target.path}: {key} {value} is not a multiple of its "
+                               f"namespace's logical block size {target.lba} (NVMe commands "
+                               "move whole blocks)")
+        most = target.facts.get("max_transfer")
+        if most and bs > most:
+            raise BadInput(f"target {target.path}: bs {bs} is more than one NVMe command of "
+                           f"this controller moves ({most} bytes, max_hw_sectors_kb)")
+    elif direct:
         for key, value in (("bs", bs), ("offset", offset)):
             if value % target.dio_align:
                 raise BadInput(f"target {target.path}: {key} {value} is not a multiple of its "

@@ -103,6 +103,12 @@ class Engine(ABC):
         return cls.worker_kind
 
     @classmethod
+    def generic_targets(cls, job: "Job") -> bool:
+        """True when this job sends NVMe commands: its targets must be NVMe namespaces, and
+        each is opened at its generic char device (core/targets.open_namespace)."""
+        return False
+
+    @classmethod
     def row_fetcher(cls, job: "Job", table: RowTable, xp: Any, request: RowRequest) -> Any:
         """This path's row fetcher for a workload: ``fetch(rows)`` returns the rows, in
         order, as an ``xp`` array of ``request.dim`` float32 columns (in GPU memory for CuPy),

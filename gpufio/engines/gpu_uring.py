@@ -37,7 +37,7 @@ from gpufio.core.rows import (
 from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
-from gpufio.io import cuda, gpu, uring
+from gpufio.io import cuda, gpu, nvme_cmd, uring
 from gpufio.io.gio import contract
 from gpufio.io.gio.cache import GpuCache, cache_rows
 from gpufio.io.gio.queue import C_MEASURING, C_STOP, DeviceQueue, QueueStalled
@@ -78,15 +78,24 @@ def gpu_price(rings: int, requesters: int, sms: int) -> dict[str, int]:
 
 
 def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
-               nop: bool = False) -> DeviceQueue:
+               nop: bool = False, namespaces: np.ndarray | None = None) -> DeviceQueue:
     """The request queue a job's resolved settings (resolved_options) describe, with ``depth``
     slots per ring: the block benchmark's and the row fetcher's; ``nop``: its agents post
-    IORING_OP_NOP for every request."""
+    IORING_OP_NOP for every request; ``namespaces``: they post NVMe commands
+    (DeviceQueue's passthrough)."""
     sq, cq = ring_sizes(depth, opts.ring_entries or None)
     return DeviceQueue(nrings=opts.rings, depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
                        cq_entries=cq, idle_ms=opts.sq_thread_idle // 1_000_000,
                        cpus=opts.sq_thread_cpu, sqe_async=opts.sqe_async, fds=fds,
-                       registered=opts.registered, sq_threads=opts.sq_threads, nop=nop)
+                       registered=opts.registered, sq_threads=opts.sq_threads, nop=nop,
+                       namespaces=namespaces)
+
+
+def namespace_table(targets: list[Target]) -> np.ndarray:
+    """Per target (opened for passthrough): nsid | lba_shift << 32, what the agents build
+    each NVMe command from (GioQueue.pt)."""
+    return np.array([t.facts["nsid"] | (t.lba.bit_length() - 1) << 32 for t in targets],
+                    np.uint64)
 
 
 @register
@@ -128,8 +137,16 @@ class GpuUring(Engine):
                choices=("gpu", "host")),
         Option("stall_timeout", "time", 10_000_000_000, "stop the kernels and fail when no read "
                "completes for this long", minimum=1_000_000),
+        Option("passthrough", "bool", False, "the agents write each request as the NVMe "
+               "command itself (IORING_OP_URING_CMD in 128-byte SQEs) to the targets' generic "
+               "char devices /dev/ngXnY, past the block layer: the targets must be NVMe "
+               "namespaces, bs a multiple of their logical block size"),
         NOP_OP,
     )
+
+    @classmethod
+    def generic_targets(cls, job: Job) -> bool:
+        return bool(cls.settings(job).passthrough)
 
     @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
@@ -175,6 +192,8 @@ class GpuUring(Engine):
         lazy = gpu.module_loading_warning(host.env)
         out.append(verdict(area, "CUDA module loading", lazy is None,
                            host.env.get("CUDA_MODULE_LOADING", "default"), lazy or ""))
+        if any(cls.settings(j).passthrough for j in jobs):
+            out += nvme_cmd.passthrough_checks(host, f"{area} passthrough")
         return out
 
     @classmethod
@@ -194,6 +213,9 @@ class GpuUring(Engine):
                            "supported by this engine")
         o = cls.settings(job)
         check_nop(job, o.op)
+        if o.passthrough and o.op == "nop":
+            raise BadInput(f"job '{job.name}': passthrough sends NVMe commands; op = \"nop\" "
+                           "sends none (choose one)")
         ring_sizes(job.iodepth, o.ring_entries or None, f"job '{job.name}': ")
         rings, sq_threads = o.rings, o.sq_threads
         if rings and sq_threads > rings:
@@ -210,7 +232,8 @@ class GpuUring(Engine):
                              else "pinned host memory"), **nop_facts(o.op),
                 "rings": o.rings, "iodepth_per_ring": job.iodepth,
                 "requester_threads": o.threads, "sq_threads": o.sq_threads,
-                "sqe_async": o.sqe_async, "registered": o.registered,
+                "sqe_async": o.sqe_async, "registered": o.registered or o.passthrough,
+                "passthrough": o.passthrough,
                 **({"warning": w} if (w := gpu.module_loading_warning()) else {})}
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
@@ -218,7 +241,8 @@ class GpuUring(Engine):
         o = self._opts = resolved_options(job)
         cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
         self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
-                                fds=[t.fd for t in targets], nop=o.op == "nop")
+                                fds=[t.fd for t in targets], nop=o.op == "nop",
+                                namespaces=namespace_table(targets) if o.passthrough else None)
         # everything after the queue exists is undone with it if it fails
         with gpu.undone_on_failure(self.queue.close, f"gpu {job.gpu_of(ctx.worker)}: out of "
                                    f"memory for {o.threads * job.bs} bytes of destination "

@@ -29,7 +29,7 @@ KEYS = {
     "time_based": "time_based", "filename": "targets", "directory": "directory",
     "file_service_type": "file_service", "random_distribution": "random_distribution",
     "randseed": "randseed", "sqthread_poll": "sqpoll", "fixedbufs": "fixedbufs",
-    "registerfiles": "registerfiles", "verify": "verify", "gpu_dev_ids": "gpus",
+    "registerfiles": "registerfiles", "hipri": "hipri", "verify": "verify", "gpu_dev_ids": "gpus",
     "percentile_list": "percentile_list", "rwmixread": "rwmixread", "rwmixwrite": "rwmixwrite",
     "fsync": "fsync", "fdatasync": "fdatasync", "end_fsync": "end_fsync",
     "steadystate": "steadystate", "ss": "steadystate", "steadystate_duration":
@@ -56,14 +56,17 @@ REPORTING_ONLY = {
 NEGATED = {"buffered": "direct"}
 # keys read together with ioengine
 ENGINE_KEYS = {"ioengine", "cuda_io"}
-_FLAG_KEYS = {"direct", "time_based", "sqthread_poll", "fixedbufs", "registerfiles", "end_fsync"}
+_FLAG_KEYS = {"direct", "time_based", "sqthread_poll", "fixedbufs", "registerfiles", "end_fsync",
+              "hipri"}
+# fio's io_uring_cmd command types gpufio sends (nvme, fio's default, is the only one)
+CMD_TYPES = {"nvme"}
 # what a user can do instead, for fio keys gpufio cannot honour
 EQUIVALENTS = {
     "nrfiles": "list the files in filename=a:b", "openfiles": "list the files in filename",
     "iodepth_batch_submit": "engines submit what is free in one call",
     "iodepth_batch_complete_min": "engines reap what has completed",
     "iodepth_batch": "engines submit what is free in one call",
-    "hipri": "none (polled I/O is not offered)", "loops": "use runtime with time_based",
+    "cmd_type": "only cmd_type=nvme", "loops": "use runtime with time_based",
     "startdelay": "none", "thinktime": "none", "rate": "rate_iops: rate divided by bs",
     "cpus_allowed": "none (use taskset)", "numa_cpu_nodes": "none (use numactl)",
     "output-format": "gpufio run --format", "write_bw_log": "samples are in the JSON result",
@@ -215,6 +218,8 @@ def parse(text: str, path: str) -> tuple[dict[str, Any], list[str]]:
             continue
         if key == "directory" and value:
             _check_directory(value, lineno, name, problems)
+        if key == "cmd_type" and value in CMD_TYPES:
+            continue
         if key in ENGINE_KEYS:
             engine_keys[key] = (lineno, value or "")
             continue

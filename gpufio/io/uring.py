@@ -30,11 +30,14 @@ from gpufio.facts.host import io_uring_disabled, kernel_version
 
 SYS_SETUP, SYS_ENTER, SYS_REGISTER = 425, 426, 427
 
+SETUP_IOPOLL = 1 << 0
 SETUP_SQPOLL = 1 << 1
 SETUP_SQ_AFF = 1 << 2
 SETUP_CQSIZE = 1 << 3
 SETUP_ATTACH_WQ = 1 << 5
 SETUP_COOP_TASKRUN = 1 << 8
+SETUP_SQE128 = 1 << 10
+SETUP_CQE32 = 1 << 11
 SETUP_SINGLE_ISSUER = 1 << 12
 SETUP_DEFER_TASKRUN = 1 << 13
 SETUP_NO_MMAP = 1 << 14
@@ -157,6 +160,8 @@ def _setup_error(err: int, flags: int) -> UringError:
             return UringError(_need("NO_MMAP (caller-supplied ring memory)", (6, 5)))
         if flags & SETUP_NO_SQARRAY and kernel_version() < (6, 6):
             return UringError(_need("NO_SQARRAY", (6, 6)))
+        if flags & SETUP_SQE128 and kernel_version() < (5, 19):
+            return UringError(_need("SQE128/CQE32 (NVMe passthrough)", (5, 19)))
     return UringError(f"io_uring_setup failed: {errno.errorcode.get(err, err)} "
                       f"({os.strerror(err)})")
 
@@ -167,18 +172,20 @@ NO_MMAP_ANY_SIZE = (6, 10)
 RINGS_HEADER_BYTES = 64  # struct io_rings up to its CQE array
 
 
-def check_user_memory_size(sq_n: int, cq_n: int, sqarray: bool) -> None:
+def check_user_memory_size(sq_n: int, cq_n: int, sqarray: bool, big: bool = False) -> None:
     """UringError when caller-supplied (NO_MMAP) ring memory of these sizes needs more than
-    one page on a kernel that only takes one page (or physically contiguous ones)."""
+    one page on a kernel that only takes one page (or physically contiguous ones); ``big``:
+    128-byte SQEs and 32-byte CQEs."""
     if kernel_version() >= NO_MMAP_ANY_SIZE:
         return
-    sqe_bytes = sq_n * SQE_DTYPE.itemsize
-    ring_bytes = RINGS_HEADER_BYTES + cq_n * CQE_DTYPE.itemsize + (sq_n * 4 if sqarray else 0)
+    sqe_bytes = sq_n * SQE_DTYPE.itemsize * (1 + big)
+    ring_bytes = RINGS_HEADER_BYTES + cq_n * CQE_DTYPE.itemsize * (1 + big) + \
+        (sq_n * 4 if sqarray else 0)
     if max(sqe_bytes, ring_bytes) > mmap.PAGESIZE:
         raise UringError(
             f"{_need('NO_MMAP rings over one page', NO_MMAP_ANY_SIZE)}: {sq_n} SQ and {cq_n} "
-            f"CQ entries take {sqe_bytes} and {ring_bytes} bytes; at most 64 SQ entries "
-            "(iodepth <= 64 per ring) fit one page here")
+            f"CQ entries take {sqe_bytes} and {ring_bytes} bytes; at most {64 >> big} SQ "
+            f"entries (iodepth <= {64 >> big} per ring) fit one page here")
 
 
 def _anon(size: int) -> mmap.mmap:
@@ -211,9 +218,13 @@ class Ring:
     def __init__(self, entries: int, *, cq_entries: int | None = None, sqpoll: bool = False,
                  sq_thread_idle_ms: int = 1000, sq_thread_cpu: int | None = None,
                  user_memory: bool = False, no_sqarray: bool = False,
-                 single_issuer: bool = False, attach_to: int | None = None) -> None:
+                 single_issuer: bool = False, attach_to: int | None = None,
+                 big: bool = False, iopoll: bool = False) -> None:
         """``attach_to``: the descriptor of an SQPOLL ring whose kernel thread (and io-wq)
-        this SQPOLL ring shares (IORING_SETUP_ATTACH_WQ) instead of starting its own."""
+        this SQPOLL ring shares (IORING_SETUP_ATTACH_WQ) instead of starting its own.
+        ``big``: 128-byte SQEs and 32-byte CQEs (IORING_SETUP_SQE128 | CQE32), what NVMe
+        passthrough commands need; ``iopoll``: completions are polled (IORING_SETUP_IOPOLL,
+        fio's hipri), found only by waiting in ``submit``."""
         if not 1 <= entries <= MAX_ENTRIES:
             raise UringError(f"ring entries must be 1..{MAX_ENTRIES}, got {entries}")
         p = Params()
@@ -233,6 +244,12 @@ class Ring:
             if attach_to is not None:
                 flags |= SETUP_ATTACH_WQ
                 p.wq_fd = attach_to
+        if big:
+            flags |= SETUP_SQE128 | SETUP_CQE32
+        if iopoll:
+            flags |= SETUP_IOPOLL
+        self.sqe_bytes = SQE_DTYPE.itemsize * (1 + big)
+        self.cqe_bytes = CQE_DTYPE.itemsize * (1 + big)
         if cq_entries is not None:
             flags |= SETUP_CQSIZE
             p.cq_entries = cq_entries
@@ -241,9 +258,9 @@ class Ring:
             flags |= SETUP_NO_MMAP
             sq_n = 1 << (entries - 1).bit_length()
             cq_n = 1 << ((cq_entries or 2 * sq_n) - 1).bit_length()
-            check_user_memory_size(sq_n, cq_n, sqarray=not no_sqarray)
-            sqe_mem = _anon(_page_round(sq_n * SQE_DTYPE.itemsize))
-            ring_mem = _anon(_page_round(4096 + cq_n * CQE_DTYPE.itemsize + sq_n * 4))
+            check_user_memory_size(sq_n, cq_n, sqarray=not no_sqarray, big=big)
+            sqe_mem = _anon(_page_round(sq_n * self.sqe_bytes))
+            ring_mem = _anon(_page_round(4096 + cq_n * self.cqe_bytes + sq_n * 4))
             self._maps += [sqe_mem, ring_mem]
             p.sq_off.user_addr = _addr(sqe_mem)
             p.cq_off.user_addr = _addr(ring_mem)
@@ -288,7 +305,7 @@ class Ring:
             sqe_base = _addr(sqe_mem)
         else:
             sq_size = sq.array + self.sq_entries * 4
-            cq_size = cq.cqes + self.cq_entries * CQE_DTYPE.itemsize
+            cq_size = cq.cqes + self.cq_entries * self.cqe_bytes
             if "single_mmap" in self.features:
                 sq_size = cq_size = max(sq_size, cq_size)
             ring = mmap.mmap(self.fd, sq_size, mmap.MAP_SHARED | mmap.MAP_POPULATE,
@@ -299,7 +316,7 @@ class Ring:
                 cq_map = mmap.mmap(self.fd, cq_size, mmap.MAP_SHARED | mmap.MAP_POPULATE,
                                    offset=OFF_CQ_RING)
                 self._maps.append(cq_map)
-            sqes = mmap.mmap(self.fd, self.sq_entries * SQE_DTYPE.itemsize,
+            sqes = mmap.mmap(self.fd, self.sq_entries * self.sqe_bytes,
                              mmap.MAP_SHARED | mmap.MAP_POPULATE, offset=OFF_SQES)
             self._maps.append(sqes)
             sq_base, cq_base, sqe_base = _addr(ring), _addr(cq_map), _addr(sqes)
@@ -310,10 +327,13 @@ class Ring:
         self._cq_head = _U32.from_address(cq_base + cq.head)
         self._cq_tail = _U32.from_address(cq_base + cq.tail)
         self._cq_overflow = _U32.from_address(cq_base + cq.overflow)
-        self.sqes = np.ctypeslib.as_array((ctypes.c_uint64 * (self.sq_entries * 8)).from_address(
-            sqe_base)).reshape(self.sq_entries, 8)
-        self.cqes = np.ctypeslib.as_array((ctypes.c_uint64 * (self.cq_entries * 2)).from_address(
-            cq_base + cq.cqes)).reshape(self.cq_entries, 2)
+        sqe_w, cqe_w = self.sqe_bytes // 8, self.cqe_bytes // 8
+        sqe_words = ctypes.c_uint64 * (self.sq_entries * sqe_w)
+        cqe_words = ctypes.c_uint64 * (self.cq_entries * cqe_w)
+        self.sqes = np.ctypeslib.as_array(sqe_words.from_address(sqe_base)).reshape(
+            self.sq_entries, sqe_w)
+        self.cqes = np.ctypeslib.as_array(cqe_words.from_address(cq_base + cq.cqes)).reshape(
+            self.cq_entries, cqe_w)
         self._cqe_res = self.cqes.view(np.int32)[:, 2]
         self._sq_array = None
         if not self.flags & SETUP_NO_SQARRAY:
@@ -579,7 +599,7 @@ def probe() -> dict[str, Any]:
     except UringError as e:
         return {**facts, "available": False, "reason": str(e)}
     for name, kwargs in (("sqpoll", {"sqpoll": True}), ("no_mmap", {"user_memory": True}),
-                         ("no_sqarray", {"no_sqarray": True})):
+                         ("no_sqarray", {"no_sqarray": True}), ("big", {"big": True})):
         try:
             with Ring(2, **kwargs):
                 facts[name] = True

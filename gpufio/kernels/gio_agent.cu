@@ -11,6 +11,9 @@ extern "C" __global__ void gio_agent(const GioQueue* q)
     const unsigned sq_n = (unsigned)(R.entries & 0xffffffffu), cq_n = (unsigned)(R.entries >> 32);
     const unsigned depth = (unsigned)q->depth;
     const u64 first = (u64)r * depth, nslots = q->nrings * q->depth;
+    // NVMe passthrough (q->pt): 128-byte SQEs carrying the NVMe command, 32-byte CQEs
+    const bool pt = q->pt != nullptr;
+    const u64 sqe_bytes = pt ? PT_SQE_BYTES : 64, cqe_bytes = pt ? PT_CQE_BYTES : 16;
     int* state = q->state + first;
     // every lane takes lane 0's reading of the ring words and control words: the agent's
     // batch, tail and exit must be the same in all 32 lanes
@@ -37,15 +40,28 @@ extern "C" __global__ void gio_agent(const GioQueue* q)
             if (ready && rank < room) {
                 const u64 g = first + s;
                 const u64 lf = q->len_fd[g];
-                u64* sqe = (u64*)(R.sqes + (u64)((tail + batch + rank) & (sq_n - 1)) * 64);
-                // opcode | flags | ioprio 0 | fd (or file index); off; addr; len | rw_flags 0;
-                // user_data = slot | generation << 32; buf_index 0 (the ring's own slots),
-                // personality, splice_fd_in, addr3, pad = 0
+                u64* sqe = (u64*)(R.sqes + (u64)((tail + batch + rank) & (sq_n - 1)) * sqe_bytes);
                 const u64 write = (lf & GIO_WRITE_BIT) ? 1ull : 0ull;  // WRITE = READ + 1
-                st_sys_v2(sqe, (q->sqe_head + write) | ((lf >> 32) << 32), q->off[g]);
-                st_sys_v2(sqe + 2, q->landing + g * q->slot_bytes, lf & (GIO_WRITE_BIT - 1ull));
-                st_sys_v2(sqe + 4, g | gen << 32, 0ull);
-                st_sys_v2(sqe + 6, 0ull, 0ull);
+                if (pt) {
+                    // the NVMe command itself; the file's entry says its namespace and blocks
+                    const unsigned ref = (unsigned)(lf >> 32);
+                    const u64 ns = q->pt[ref];
+                    u64 w[16];
+                    pt_sqe(w, ref, (unsigned)(q->sqe_head >> 8) & 0xffu, (unsigned)ns,
+                           (unsigned)(ns >> 32), write != 0, q->off[g],
+                           (unsigned)(lf & (GIO_WRITE_BIT - 1ull)),
+                           q->landing + g * q->slot_bytes, g | gen << 32);
+#pragma unroll
+                    for (int i = 0; i < 16; i += 2) st_sys_v2(sqe + i, w[i], w[i + 1]);
+                } else {
+                    // opcode | flags | ioprio 0 | fd (or file index); off; addr; len |
+                    // rw_flags 0; user_data = slot | generation << 32; buf_index 0 (the
+                    // ring's own slots), personality, splice_fd_in, addr3, pad = 0
+                    st_sys_v2(sqe, (q->sqe_head + write) | ((lf >> 32) << 32), q->off[g]);
+                    st_sys_v2(sqe + 2, q->landing + g * q->slot_bytes, lf & (GIO_WRITE_BIT - 1ull));
+                    st_sys_v2(sqe + 4, g | gen << 32, 0ull);
+                    st_sys_v2(sqe + 6, 0ull, 0ull);
+                }
                 st_relaxed_gpu(&state[s], SUBMITTED);
             }
             batch += min((unsigned)__popc(m), room);
@@ -66,13 +82,15 @@ extern "C" __global__ void gio_agent(const GioQueue* q)
             const unsigned i = base + lane;
             bool current = false;
             if (i < got) {
-                const u64* c = (const u64*)(R.cqes + (u64)((cqh + i) & (cq_n - 1)) * 16);
+                const u64* c = (const u64*)(R.cqes + (u64)((cqh + i) & (cq_n - 1)) * cqe_bytes);
                 u64 w0, w1;
                 asm volatile("ld.relaxed.sys.global.v2.u64 {%0,%1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(c) : "memory");
                 const u64 slot = w0 & 0xffffffffu;
                 current = (w0 >> 32) == gen && slot < nslots;
                 if (current) {
-                    q->res[slot] = (int)(unsigned)(w1 & 0xffffffffu);
+                    const int res = (int)(unsigned)(w1 & 0xffffffffu);
+                    q->res[slot] = pt ? pt_result(res, (unsigned)(q->len_fd[slot] & (GIO_WRITE_BIT - 1ull)))
+                                      : res;
                     st_release_gpu(&q->state[slot], DONE);
                 }
             }

@@ -62,7 +62,46 @@ struct GioQueue {
                          // | flags << 8 (IOSQE_ASYNC, IOSQE_FIXED_FILE)
     int* control;        // C_* words in device memory
     u64* ring_stats;     // per ring: submitted, completed
+    const u64* pt;       // NVMe passthrough: per registered file, nsid | lba_shift << 32, and
+                         // the rings take 128-byte SQEs and 32-byte CQEs; null: plain reads
 };
+
+// ---- NVMe passthrough entries --------------------------------------------------------
+// The layout is io/nvme_cmd.py's SQE128_FIELDS, handed over as PT_OFF_<field> (byte offset)
+// and PT_BITS_<field> (width) macros: no field crosses an 8-byte word, so each is one masked
+// shift into the entry's sixteen words, folded to constants by the compiler.
+#define PT_PUT(w, F, v) \
+    ((w)[PT_OFF_##F / 8] |= ((u64)(v) & (~0ull >> (64 - PT_BITS_##F))) << (8 * (PT_OFF_##F % 8)))
+
+// The 128-byte URING_CMD SQE of an NVMe read (or write) of len bytes at byte off of namespace
+// nsid (blocks of 1 << lba_shift bytes), to or from addr: what io/nvme_cmd.build makes.
+__host__ __device__ __forceinline__ void pt_sqe(u64 w[16], unsigned fd, unsigned sqe_flags,
+                                                unsigned nsid, unsigned lba_shift, bool write,
+                                                u64 off, unsigned len, u64 addr, u64 user_data)
+{
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i] = 0;
+    const u64 slba = off >> lba_shift;
+    PT_PUT(w, OPCODE, PT_OP_URING_CMD);
+    PT_PUT(w, FLAGS, sqe_flags);
+    PT_PUT(w, FD, fd);
+    PT_PUT(w, CMD_OP, PT_NVME_URING_CMD_IO);
+    PT_PUT(w, USER_DATA, user_data);
+    PT_PUT(w, NVME_OPCODE, write ? PT_NVME_WRITE : PT_NVME_READ);
+    PT_PUT(w, NSID, nsid);
+    PT_PUT(w, ADDR, addr);
+    PT_PUT(w, DATA_LEN, len);
+    PT_PUT(w, CDW10, slba & 0xffffffffull);
+    PT_PUT(w, CDW11, slba >> 32);
+    PT_PUT(w, CDW12, (len >> lba_shift) - 1u);
+}
+
+// A passthrough CQE's res as the request API's result (io/nvme_cmd.result): len bytes for 0,
+// -(PT_STATUS_BASE + status) for an NVMe status the drive returned, a -errno as it is.
+__host__ __device__ __forceinline__ int pt_result(int res, unsigned len)
+{
+    return res == 0 ? (int)len : res > 0 ? -(PT_STATUS_BASE + (res & PT_STATUS_MASK)) : res;
+}
 
 __device__ __forceinline__ unsigned ld_acquire_sys(u64 addr)
 {

@@ -7,7 +7,6 @@ can render loaded result files the same way.
 
 from __future__ import annotations
 
-import errno
 import json
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from gpufio.engines.base import label
 from gpufio.facts.device import pci_device_of
 from gpufio.facts.host import host_facts
 from gpufio.facts.system import pci_relation
+from gpufio.io.nvme_cmd import error_name
 from gpufio.results.render import render as render_rows
 from gpufio.run.records import JobResult, RunOutcome
 
@@ -98,7 +98,7 @@ def _job_document(r: JobResult) -> dict[str, Any]:
         "cpu_accounting": r.cpu_accounting, "window_unix_ms": list(r.window_unix_ms),
         "targets": [{**t, **per_target.get(t["path"], {})} for t in r.targets],
         "workers": r.per_worker,
-        "errors": [{**e, "errno_name": errno.errorcode.get(e["errno"], "?")} for e in r.errors],
+        "errors": [{**e, "errno_name": error_name(e["errno"])} for e in r.errors],
         "verify": {"enabled": job.verify, "failures": r.verify_failures,
                    "bad_offsets": r.bad_offsets},
         "samples": r.samples,

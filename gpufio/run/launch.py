@@ -166,7 +166,8 @@ def _spawned_main(engine_name: str, job, paths: list[str], spec: dict, shared_so
     if cpus:
         os.sched_setaffinity(0, cpus)
     shared = JobShared(nworkers, shared_source)
-    opened = [tg.open_target(p, job.direct, WriteConsent.of(job)) for p in paths]
+    generic = all_engines()[engine_name].generic_targets(job)
+    opened = [tg.open_target(p, job.direct, WriteConsent.of(job), generic) for p in paths]
     try:
         ctx = WorkerContext(**spec, control=shared.control, block=shared.blocks[spec["worker"]],
                             own_cpu=True)

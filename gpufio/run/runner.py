@@ -317,7 +317,7 @@ class JobRun:
         if self.job.end_fsync and self.control.measuring and not self._end_syncs:
             t0 = time.monotonic_ns()
             for t in self.targets:
-                os.fsync(t.fd)
+                t.sync()
             self._end_syncs, self._end_sync_ns = len(self.targets), time.monotonic_ns() - t0
         self._joined = True
 
@@ -498,7 +498,8 @@ def _open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], lis
     opened: list[tg.Target] = []
     try:
         for path in job_targets(job, quiet):
-            opened.append(tg.open_target(path, job.direct, WriteConsent.of(job)))
+            opened.append(tg.open_target(path, job.direct, WriteConsent.of(job),
+                                         generic=engine.generic_targets(job)))
         # a job that only writes verifies by reading back what it wrote; one that reads
         # checks what was there before, so the target must carry the pattern already
         regions = [tg.check_region(t, offset=job.offset, size=job.size, bs=job.bs,

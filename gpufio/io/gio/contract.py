@@ -16,6 +16,7 @@ import numpy as np
 
 from gpufio.core import pattern
 from gpufio.core.stats import PLAT_NR
+from gpufio.io import nvme_cmd
 
 # words of the queue's control array in GPU memory (kernels/gio_queue.cuh, enum Control)
 CONTROL = ("C_STOP", "C_ABORT", "C_MEASURING", "C_REQUESTERS", "C_AGENTS", "C_GEN",
@@ -29,7 +30,7 @@ BENCH_FLAGS = {"B_RANDOM": 1, "B_FILE_RANDOM": 2, "B_LAND_GPU": 4, "B_VERIFY": 8
 # sizes and values both sides use
 CONSTANTS = {
     "PLAT_NR": PLAT_NR,            # fio's latency histogram buckets
-    "ERRNO_SLOTS": 256,            # per-target error counters, by errno
+    "ERRNO_SLOTS": nvme_cmd.STATUS_CODES,  # per-target error counters: errnos, NVMe statuses
     "BAD_KEEP": 8,                 # bad (target, offset) pairs kept
     "GIO_EINVAL": errno.EINVAL,    # a read longer than its slot
     "GIO_EBUSY": errno.EBUSY,      # a post the queue refused
@@ -39,7 +40,7 @@ CONSTANTS = {
 # descriptor structs, in their C field order; every field is 8 bytes
 GIO_RING = ("sqes", "sq_head", "sq_tail", "sq_flags", "cqes", "cq_head", "cq_tail", "entries")
 GIO_QUEUE = ("rings", "nrings", "depth", "state", "res", "off", "len_fd", "landing",
-             "slot_bytes", "sqe_head", "control", "ring_stats")
+             "slot_bytes", "sqe_head", "control", "ring_stats", "pt")
 GIO_BENCH = ("fds", "starts", "nblocks", "ntargets", "bs", "flags", "seed", "budget", "claim",
              "dst", "nthreads", "pat_seed", "magic", "block_bytes", "header_words", "live",
              "hist", "lat", "lat_sq", "tstats", "errs", "bad")
@@ -59,7 +60,7 @@ def defines() -> tuple[str, ...]:
             f"-DGIO_BENCH_FLAGS={_enum(BENCH_FLAGS)}",
             f"-DPATTERN_GOLDEN={int(pattern.GOLDEN)}ULL", f"-DPATTERN_M1={int(pattern.M1)}ULL",
             f"-DPATTERN_M2={int(pattern.M2)}ULL",
-            *(f"-D{k}={v}" for k, v in CONSTANTS.items()))
+            *(f"-D{k}={v}" for k, v in CONSTANTS.items()), *nvme_cmd.defines())
 
 
 def build(fields: tuple[str, ...], values: dict[str, Any]) -> np.ndarray:

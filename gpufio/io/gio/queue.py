@@ -51,11 +51,15 @@ class DeviceQueue:
     def __init__(self, *, nrings: int, depth: int, slot_bytes: int, sq_entries: int,
                  cq_entries: int, idle_ms: int, cpus: tuple[int, ...], sqe_async: bool,
                  fds: list[int], registered: bool, sq_threads: int = 0,
-                 nop: bool = False) -> None:
+                 nop: bool = False, namespaces: np.ndarray | None = None) -> None:
         """``fds``: the files kernels will read; with ``registered`` every ring registers them
         (IOSQE_FIXED_FILE) and its own landing slots (READ_FIXED), as fio's registerfiles and
         fixedbufs: no per-read file reference count, shared by all SQPOLL threads, and no
-        per-read buffer mapping. Kernels name a file by its ``file_refs`` entry."""
+        per-read buffer mapping. Kernels name a file by its ``file_refs`` entry.
+        ``namespaces``: NVMe passthrough: ``fds`` are NVMe generic char devices and entry i
+        is file i's nsid | lba_shift << 32; the agents write each request as the NVMe command
+        (IORING_OP_URING_CMD in 128-byte SQEs), the files registered, the slots not (the
+        kernel maps a command's buffer itself)."""
         import cupy as cp
 
         why = gpu.serialising_reason()
@@ -71,8 +75,10 @@ class DeviceQueue:
         self._slots: gpu.PinnedBuffer | None = None
         self._dev: dict[str, Any] = {}
         self.kernels_done = True
+        passthrough = namespaces is not None
+        registered = registered or passthrough  # the agents look a file's namespace up by index
         self.rings = GpuRings(nrings, sq_entries, cq_entries, idle_ms=idle_ms, cpus=cpus,
-                              sq_threads=sq_threads)
+                              sq_threads=sq_threads, big=passthrough)
         slots = nrings * depth
         with gpu.undone_on_failure(self.close, f"out of GPU memory for a queue of {slots} slots"):
             for ring in self.rings.rings:  # what the kernel made of the sizes asked for
@@ -84,13 +90,13 @@ class DeviceQueue:
             self.landing = self._slots.addr
             self.file_refs = np.array(range(len(fds)) if registered else fds, np.int32)
             if registered:
-                self._register(fds, depth * slot_bytes)
+                self._register(fds, None if passthrough else depth * slot_bytes)
             flags = ((uring.SQE_ASYNC if sqe_async else 0)
                      | (uring.SQE_FIXED_FILE if registered else 0))
             # the agents make a write's opcode from a read's by adding one
             assert uring.OP_WRITE == uring.OP_READ + 1
             assert uring.OP_WRITE_FIXED == uring.OP_READ_FIXED + 1
-            op = (uring.OP_NOP if nop else
+            op = (uring.OP_NOP if nop or passthrough else  # passthrough: the command's own
                   uring.OP_READ_FIXED if registered else uring.OP_READ)
             head = op | flags << 8
             d = self._dev = {
@@ -100,18 +106,24 @@ class DeviceQueue:
                 "control": cp.zeros(contract.CONTROL_WORDS, cp.int32),
                 "ring_stats": cp.zeros(2 * nrings, cp.uint64)}
             arrays = ("rings", "state", "res", "off", "len_fd", "control", "ring_stats")
+            if passthrough:
+                d["pt"] = cp.asarray(np.asarray(namespaces, np.uint64))
             d["queue"] = cp.asarray(contract.build(contract.GIO_QUEUE, {
                 **{name: self.ptr(name) for name in arrays}, "nrings": nrings, "depth": depth,
-                "landing": self.landing, "slot_bytes": slot_bytes, "sqe_head": head}))
+                "landing": self.landing, "slot_bytes": slot_bytes, "sqe_head": head,
+                "pt": self.ptr("pt") if passthrough else 0}))
         self.agent_stream = cp.cuda.Stream(non_blocking=True)
         self.control_stream = cp.cuda.Stream(non_blocking=True)
 
-    def _register(self, fds: list[int], ring_bytes: int) -> None:
-        """Every ring registers the files and its own slots, as buffer 0."""
+    def _register(self, fds: list[int], ring_bytes: int | None) -> None:
+        """Every ring registers the files and (unless ``ring_bytes`` is None) its own slots,
+        as buffer 0."""
         try:
             for r, ring in enumerate(self.rings.rings):
                 ring.register_files(fds)
-                ring.register_buffers([uring.Region(self.landing + r * ring_bytes, ring_bytes)])
+                if ring_bytes is not None:
+                    ring.register_buffers([uring.Region(self.landing + r * ring_bytes,
+                                                        ring_bytes)])
         except uring.UringError as e:
             raise BadInput(f"GPU-initiated I/O: {e} (buffers of {ring_bytes} bytes per ring; "
                            "io_uring takes at most 1 GiB each, and charges them to "

@@ -78,10 +78,11 @@ class GpuRings:
     """``n`` SQPOLL rings in CUDA-registered memory, with their device descriptors."""
 
     def __init__(self, n: int, sq_entries: int, cq_entries: int, *, idle_ms: int,
-                 cpus: tuple[int, ...], sq_threads: int = 0) -> None:
+                 cpus: tuple[int, ...], sq_threads: int = 0, big: bool = False) -> None:
         """``sq_threads`` SQPOLL threads serve the ``n`` rings (0: one each): ring i starts
         its own when i < sq_threads, else shares ring i % sq_threads's thread and io-wq.
-        ``cpus`` pins the threads, round-robin."""
+        ``cpus`` pins the threads, round-robin. ``big``: 128-byte SQEs and 32-byte CQEs,
+        for NVMe passthrough commands."""
         from gpufio.io import gpu
 
         threads = sq_threads or n
@@ -94,7 +95,8 @@ class GpuRings:
                                   sq_thread_idle_ms=idle_ms,
                                   sq_thread_cpu=cpus[i % len(cpus)] if cpus and own else None,
                                   user_memory=True, no_sqarray=True,
-                                  attach_to=None if own else self.rings[i % threads].fd)
+                                  attach_to=None if own else self.rings[i % threads].fd,
+                                  big=big)
                 self.rings.append(ring)
                 for region in ring.regions:
                     gpu.register_host(region.addr, region.size, mapped=True)

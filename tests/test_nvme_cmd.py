@@ -1,0 +1,202 @@
+"""NVMe passthrough entries (io/nvme_cmd.py) on the CPU: the one layout against the kernel's
+headers (struct io_uring_sqe, struct nvme_uring_cmd, the ioctl number), the Python builder
+against a C builder written as fio's io_uring_cmd engine builds its commands, and the CUDA
+builder (gio_queue.cuh's pt_sqe, compiled for the host by nvcc) against the Python one, byte
+for byte over a sweep of namespaces, LBA sizes, offsets, lengths and ops. The GPU's own run
+of the CUDA builder is tests/test_nvme_cmd_gpu.py."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from gpufio.io import cuda, nvme_cmd, uring
+from gpufio.io.gio import contract
+
+HEADERS = "/usr/include/linux/nvme_ioctl.h"
+HAVE_CC = shutil.which("gcc") is not None and os.path.exists(HEADERS) and \
+    "nvme_uring_cmd" in open(HEADERS).read()
+
+
+def sweep() -> list[tuple[int, int, int, int, bool, int, int, int, int]]:
+    """(fd, sqe flags, nsid, lba shift, write, offset, length, addr, user_data) cases."""
+    cases = []
+    for nsid, shift, write in itertools.product((1, 2, 0xFFFFFFFE), (9, 12), (False, True)):
+        lba = 1 << shift
+        for off, length in ((0, lba), (lba, 8 * lba), (3 * lba, 128 << 10),
+                            ((1 << 32) * lba, lba), (((1 << 40) + 7) * lba, 64 * lba)):
+            cases.append((3 + nsid % 5, write, nsid, shift, write, off, length,
+                          0x7F0000001000 + len(cases) * 4096,
+                          len(cases) | 5 << 32))
+    return cases
+
+
+def python_words(cases) -> np.ndarray:
+    fd, flags, nsid, shift, write, off, length, addr, ud = (np.array(c) for c in zip(*cases))
+    return nvme_cmd.build(write=write.astype(bool), fd=fd, nsid=nsid, lba_shift=shift,
+                          off=off.astype(np.uint64), length=length, addr=addr.astype(np.uint64),
+                          user_data=ud.astype(np.uint64), sqe_flags=flags)
+
+
+def _run(tmp_path, name: str, source: str, compiler: list[str], cases) -> np.ndarray:
+    src = tmp_path / name
+    src.write_text(source)
+    exe = tmp_path / "builder"
+    res = subprocess.run([*compiler, str(src), "-o", str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    stdin = "".join(" ".join(str(int(v)) for v in c) + "\n" for c in cases)
+    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True)
+    return np.array([[int(w) for w in line.split()] for line in out.stdout.splitlines()],
+                    np.uint64)
+
+
+LAYOUT_C = r"""
+#include <linux/io_uring.h>
+#include <linux/nvme_ioctl.h>
+#include <stddef.h>
+#include <stdio.h>
+#define F(s, f) printf(#f " %zu %zu\n", offsetof(struct s, f), sizeof(((struct s*)0)->f))
+#define C(s, f) printf("cmd_" #f " %zu %zu\n", 48 + offsetof(struct s, f), \
+                         sizeof(((struct s*)0)->f))
+int main(void) {
+    F(io_uring_sqe, opcode); F(io_uring_sqe, flags); F(io_uring_sqe, ioprio);
+    F(io_uring_sqe, fd); F(io_uring_sqe, cmd_op); F(io_uring_sqe, uring_cmd_flags);
+    F(io_uring_sqe, user_data); F(io_uring_sqe, buf_index);
+    C(nvme_uring_cmd, opcode); C(nvme_uring_cmd, flags); C(nvme_uring_cmd, nsid);
+    C(nvme_uring_cmd, metadata); C(nvme_uring_cmd, addr); C(nvme_uring_cmd, metadata_len);
+    C(nvme_uring_cmd, data_len); C(nvme_uring_cmd, cdw10); C(nvme_uring_cmd, cdw11);
+    C(nvme_uring_cmd, cdw12); C(nvme_uring_cmd, cdw13); C(nvme_uring_cmd, timeout_ms);
+    printf("cmd %zu\nsize %zu\nioctl %lu\nop %d\nsqe128 %u\ncqe32 %u\niopoll %u\nfixed %u\n",
+           offsetof(struct io_uring_sqe, cmd), sizeof(struct nvme_uring_cmd),
+           (unsigned long)NVME_URING_CMD_IO, IORING_OP_URING_CMD, IORING_SETUP_SQE128,
+           IORING_SETUP_CQE32, IORING_SETUP_IOPOLL, IORING_URING_CMD_FIXED);
+}
+"""
+
+# fio's way (engines/nvme.c fio_nvme_uring_cmd_prep, engines/io_uring.c prep): the SQE and
+# the NVMe command written through the kernel's structs
+FIO_STYLE_C = r"""
+#include <linux/io_uring.h>
+#include <linux/nvme_ioctl.h>
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    unsigned fd, flags, nsid, shift, write, len; unsigned long long off, addr, ud;
+    unsigned long long e[16];
+    while (scanf("%u %u %u %u %u %llu %u %llu %llu", &fd, &flags, &nsid, &shift, &write, &off,
+                 &len, &addr, &ud) == 9) {
+        struct io_uring_sqe *sqe = (struct io_uring_sqe *)e;
+        struct nvme_uring_cmd *cmd = (struct nvme_uring_cmd *)sqe->cmd;
+        unsigned long long slba = off >> shift;
+        memset(e, 0, sizeof e);
+        sqe->opcode = IORING_OP_URING_CMD; sqe->flags = flags; sqe->fd = fd;
+        sqe->cmd_op = NVME_URING_CMD_IO; sqe->user_data = ud;
+        cmd->opcode = write ? 0x01 : 0x02; cmd->nsid = nsid;
+        cmd->cdw10 = slba & 0xffffffff; cmd->cdw11 = slba >> 32;
+        cmd->cdw12 = (len >> shift) - 1; cmd->addr = addr; cmd->data_len = len;
+        for (int i = 0; i < 16; ++i) printf("%llu ", e[i]);
+        printf("\n");
+    }
+}
+"""
+
+CUDA_HOST = r"""
+#include "gio_queue.cuh"
+#include <cstdio>
+int main() {
+    unsigned fd, flags, nsid, shift, write, len; unsigned long long off, addr, ud;
+    while (scanf("%u %u %u %u %u %llu %u %llu %llu", &fd, &flags, &nsid, &shift, &write, &off,
+                 &len, &addr, &ud) == 9) {
+        u64 w[16];
+        pt_sqe(w, fd, flags, nsid, shift, write != 0, off, len, addr, ud);
+        for (int i = 0; i < 16; ++i) printf("%llu ", w[i]);
+        printf("\n");
+    }
+}
+"""
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="gcc or linux/nvme_ioctl.h with nvme_uring_cmd missing")
+def test_the_layout_is_the_kernels_structs(tmp_path):
+    src = tmp_path / "layout.c"
+    src.write_text(LAYOUT_C)
+    subprocess.run(["gcc", str(src), "-o", str(tmp_path / "layout")], check=True)
+    out = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True)
+    got = {line.split()[0]: tuple(int(v) for v in line.split()[1:])
+           for line in out.stdout.splitlines()}
+    for name, off, size in nvme_cmd.SQE128_FIELDS:
+        key = f"cmd_{name.removeprefix('nvme_')}" if off >= nvme_cmd.CMD_OFFSET else name
+        assert got[key] == (off, size), name
+    assert got["cmd"] == (nvme_cmd.CMD_OFFSET,) and got["size"] == (nvme_cmd.CMD_BYTES,)
+    assert got["ioctl"] == (nvme_cmd.NVME_URING_CMD_IO,)
+    assert got["op"] == (nvme_cmd.OP_URING_CMD,)
+    assert got["fixed"] == (nvme_cmd.URING_CMD_FIXED,)
+    assert (got["sqe128"], got["cqe32"], got["iopoll"]) == (
+        (uring.SETUP_SQE128,), (uring.SETUP_CQE32,), (uring.SETUP_IOPOLL,))
+
+
+def test_no_field_crosses_a_word_and_none_overlap():
+    """What the CUDA builder's one-shift-per-field stores rely on."""
+    taken = set()
+    for name, off, size in nvme_cmd.SQE128_FIELDS:
+        assert off // 8 == (off + size - 1) // 8 and off % size == 0, name
+        assert not taken & set(range(off, off + size)), name
+        taken |= set(range(off, off + size))
+    assert max(taken) < nvme_cmd.SQE_BYTES
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="gcc or linux/nvme_ioctl.h with nvme_uring_cmd missing")
+def test_the_python_builder_builds_what_fios_way_builds(tmp_path):
+    cases = sweep()
+    c_words = _run(tmp_path, "fio_style.c", FIO_STYLE_C, ["gcc"], cases)
+    assert np.array_equal(python_words(cases), c_words)
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed")
+def test_the_cuda_builder_builds_what_the_python_builder_builds(tmp_path):
+    """gio_queue.cuh's pt_sqe (the agents' builder) run on the host: the same bytes."""
+    cases = sweep()
+    cuda_words = _run(tmp_path, "pt_host.cu", CUDA_HOST,
+                      ["nvcc", "-std=c++17", f"-I{cuda.KERNELS}", *contract.defines()], cases)
+    assert np.array_equal(python_words(cases), cuda_words)
+
+
+def test_a_command_names_its_blocks():
+    (w,) = nvme_cmd.build(write=True, fd=7, nsid=2, lba_shift=12, off=np.array([5 << 12]),
+                          length=3 << 12, addr=np.array([0xABC000], np.uint64),
+                          user_data=np.array([9], np.uint64), fixed_buffer=0)
+    e = nvme_cmd.entries(w[None, :].copy())[0]
+    assert (e["opcode"], e["fd"], e["cmd_op"]) == (46, 7, 0xC0484E80)
+    assert (e["nvme_opcode"], e["nsid"], e["cdw10"], e["cdw11"], e["cdw12"]) == (1, 2, 5, 0, 2)
+    assert (e["addr"], e["data_len"], e["user_data"]) == (0xABC000, 3 << 12, 9)
+    assert (e["uring_cmd_flags"], e["buf_index"]) == (nvme_cmd.URING_CMD_FIXED, 0)
+
+
+def test_completions_become_bytes_or_named_codes():
+    res = nvme_cmd.result(np.array([0, 0x281, 0x4281, -5]), 4096)
+    assert res.tolist() == [4096, -(4096 + 0x281), -(4096 + 0x281), -5]
+    assert nvme_cmd.error_name(4096 + 0x281) == ("NVMe status 0x281: media and data "
+                                                 "integrity, unrecovered read error")
+    assert nvme_cmd.error_name(4096 + 0x80) == "NVMe status 0x080: generic, LBA out of range"
+    assert nvme_cmd.error_name(5) == "EIO"
+    assert contract.CONSTANTS["ERRNO_SLOTS"] > 4096 + 0x7FF
+
+
+def test_a_ring_of_128_byte_entries_runs_a_nop():
+    """SQE128/CQE32 rings on this kernel: a NOP in a 16-word row completes in a 4-word CQE."""
+    if not uring.probe().get("big"):
+        pytest.skip(uring.probe().get("big_reason", "no SQE128"))
+    with uring.Ring(4, big=True) as ring:
+        assert ring.sqes.shape == (4, 16) and ring.cqes.shape[1] == 4
+        assert ring.flags & uring.SETUP_SQE128 and ring.flags & uring.SETUP_CQE32
+        row = np.zeros((1, 16), np.uint64)
+        row[0, 4] = 77  # user_data
+        ring.push(row)
+        ring.submit(wait=1, timeout_ns=5_000_000_000)
+        ud, res = ring.reap()
+        assert ud.tolist() == [77] and res.tolist() == [0]

@@ -1,0 +1,160 @@
+"""uring-cmd against emulated NVMe namespaces in the QEMU rig (the ``nvme_rig`` fixture,
+tests/rig.py): verified reads from a 512-byte and a 4096-byte LBA namespace after writes
+behind the write guard, the bad inputs as one line with exit 2, a status from the drive
+named, fio's io_uring_cmd job files, and doctor's passthrough lines. Under TCG every Python
+start is slow, so one guest command runs every case, and each test reads its own section."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+pytestmark = pytest.mark.nvme
+
+ENGINE = "uring-cmd"
+WRITE = ('[global]\nengine = "uring-cmd"\niodepth = 8\nrw = "write"\nbs = "64k"\n'
+         'size = "4m"\n[[job]]\nname = "lay"\n')
+READ = ('[global]\nengine = "uring-cmd"\niodepth = 8\nrw = "randread"\nbs = "4k"\n'
+        'size = "4m"\nio_size = "1m"\nverify = true\n[[job]]\nname = "rd"\n')
+FIO = "[rd]\nioengine=io_uring_cmd\ncmd_type=nvme\nfilename={ng}\nrw=randread\nbs=4k\n" \
+      "iodepth=4\nsize=4m\nio_size=256k\n"
+# one read past the namespace's last block, built and sent by hand: the drive's own status
+PAST_END = r"""
+import os, sys, numpy as np
+from gpufio.facts import nvme_generic
+from gpufio.io import nvme_cmd, uring
+ng = sys.argv[1]
+ns = nvme_generic.lookup(ng)
+fd = os.open(ng, os.O_RDONLY)
+buf = np.zeros(ns.lba_bytes, np.uint8)
+with uring.Ring(2, big=True) as r:
+    r.push(nvme_cmd.build(write=False, fd=fd, nsid=nvme_generic.namespace_id(fd),
+                          lba_shift=ns.lba_bytes.bit_length() - 1,
+                          off=np.array([ns.size], np.uint64), length=ns.lba_bytes,
+                          addr=np.array([buf.ctypes.data], np.uint64),
+                          user_data=np.array([1], np.uint64)))
+    r.submit(wait=1, timeout_ns=30_000_000_000)
+    ud, res = r.reap()
+print("STATUS", int(res[0]), nvme_cmd.error_name(-int(nvme_cmd.result(res, ns.lba_bytes)[0])))
+"""
+
+
+@pytest.fixture(scope="module")
+def rig(request):
+    try:
+        return request.getfixturevalue("nvme_rig")
+    except pytest.FixtureLookupError:
+        pytest.skip("no nvme_rig fixture in this tree (tests/conftest.py, the rig's branch)")
+
+
+def _script(rig) -> str:
+    ng512, blk512 = rig.generic("rig-gen4", 1), rig.namespace("rig-gen4", 1)
+    ng4k, blk4k = rig.generic("rig-4k", 1), rig.namespace("rig-4k", 1)
+    ngmp, blkmp = rig.generic("rig-mp", 2), rig.namespace("rig-mp", 2)
+    files = {"w.toml": WRITE, "r.toml": READ, "r.fio": FIO.format(ng=ng512),
+             "past_end.py": PAST_END}
+    run = 'python3 -m gpufio run'
+    cases = {
+        "write512": f"{run} $D/w.toml -q -f json -s targets={ng512} -s write_device={ng512}",
+        "read512": f"{run} $D/r.toml -q -f json -s targets={blk512}",
+        "write4k": f"{run} $D/w.toml -q -f json -s targets={blk4k} -s write_device={blk4k}",
+        "read4k": f"{run} $D/r.toml -q -f json -s targets={ng4k}",
+        "no_consent": f"{run} $D/w.toml -q -s targets={ng512}",
+        "signature": f"printf 'EFI PART' | dd of={blkmp} bs=1 seek=512 conv=notrunc "
+                     f"2>/dev/null && {run} $D/w.toml -q -s targets={ngmp} -s write_device={ngmp}",
+        "bs512_on_4k": f"{run} $D/r.toml -q -s targets={ng4k} -s bs=512",
+        "not_nvme": f"{run} $D/r.toml -q -s targets=/dev/null",
+        "generic_elsewhere": f"{run} $D/r.toml -q -s targets={ng512} -s engine=uring "
+                             "-s verify=false",
+        "hipri": f"cat /sys/block/{blk512.rsplit('/', 1)[1]}/queue/io_poll; "
+                 f"{run} $D/r.toml -q -f json -s targets={ng512} -s hipri=true",
+        "past_end": f"PYTHONPATH=$PWD python3 $D/past_end.py {ng512}",
+        "fio_file": f"{run} $D/r.fio -q -f json",
+        "doctor": "python3 -m gpufio doctor -f json",
+    }
+    lines = ["D=$(mktemp -d)"]
+    for name, text in files.items():
+        lines.append(f"printf %s {shlex.quote(text)} > $D/{name}")
+    for name, cmd in cases.items():
+        lines.append(f"echo '@@BEGIN {name}'; ( {cmd} ) 2>&1; echo \"@@END {name} rc=$?\"")
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def out(rig) -> dict[str, tuple[int, str]]:
+    """Every case's exit status and output, from one guest command."""
+    res = rig.run(_script(rig), timeout=1500)
+    found = {}
+    for m in re.finditer(r"@@BEGIN (\w+)\n(.*?)@@END \1 rc=(\d+)", res.stdout, re.S):
+        found[m.group(1)] = (int(m.group(3)), m.group(2))
+    assert found, res.stdout + res.stderr
+    return found
+
+
+def _doc(out, name: str, ok: tuple[int, ...] = (0,)) -> dict:
+    rc, text = out[name]
+    assert rc in ok, text
+    return json.loads(text[text.index("{"):])
+
+
+def _one_line(out, name: str) -> str:
+    rc, text = out[name]
+    lines = text.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in text, text
+    return lines[0]
+
+
+@pytest.mark.parametrize("lba", ["512", "4k"])
+def test_writes_then_verified_reads_on_each_namespace(out, lba):
+    (w,) = _doc(out, f"write{lba}")["jobs"]
+    assert w["engine"] == ENGINE and w["error"] == 0 and w["write"]["io_bytes"] == 4 << 20
+    (r,) = _doc(out, f"read{lba}")["jobs"]
+    assert r["error"] == 0 and not r["errors"] and r["verify"]["failures"] == 0
+    assert r["read"]["io_bytes"] == 1 << 20 and r["verify"]["enabled"]
+    t = r["targets"][0]
+    assert t["lba_bytes"] == (512 if lba == "512" else 4096) and t["nsid"] == 1
+    assert t["generic_device"].startswith("/dev/ng") and t["namespace"].startswith("/dev/nvme")
+
+
+def test_writes_need_the_guards_consent(out):
+    assert "confirm with write_device" in _one_line(out, "no_consent")
+    assert "holds a GPT partition table" in _one_line(out, "signature")
+
+
+def test_bad_inputs_are_one_line(out):
+    assert "bs 512 is not a multiple of its namespace's logical block size 4096" in \
+        _one_line(out, "bs512_on_4k")
+    assert "target /dev/null: is not an NVMe namespace" in _one_line(out, "not_nvme")
+    assert "is an NVMe generic char device" in _one_line(out, "generic_elsewhere")
+
+
+def test_hipri_polls_where_there_are_poll_queues_and_is_refused_elsewhere(out):
+    rc, text = out["hipri"]
+    poll, rest = text.split("\n", 1)
+    if poll.strip() == "1":
+        (r,) = json.loads(rest[rest.index("{"):])["jobs"]
+        assert rc == 0 and r["engine_facts"]["hipri"] and r["verify"]["failures"] == 0
+    else:
+        assert rc == 2 and "hipri needs poll queues" in rest
+
+
+def test_a_status_from_the_drive_is_one_failed_io_named(out):
+    rc, text = out["past_end"]
+    assert rc == 0, text
+    assert re.search(r"STATUS \d+ NVMe status 0x080: generic, LBA out of range", text), text
+
+
+def test_fio_io_uring_cmd_job_files_run(out):
+    (r,) = _doc(out, "fio_file")["jobs"]
+    assert r["engine"] == ENGINE and r["error"] == 0 and r["read"]["io_bytes"] == 256 << 10
+
+
+def test_doctor_says_passthrough_can_run(out):
+    checks = {c["name"]: c for c in _doc(out, "doctor", ok=(0, 1))["checks"] if c["area"] == ENGINE}
+    assert checks["passthrough kernel"]["status"] == "ok"
+    assert checks["generic devices"]["status"] == "ok" and "/dev/ng" in \
+        checks["generic devices"]["found"]
+    assert checks["passthrough permission"]["status"] == "ok"
