@@ -1,6 +1,8 @@
 """Shared fixtures: a private scratch directory and small pattern-filled targets.
 
-Tests marked ``gpu`` are skipped, with the reason, where no usable GPU is found.
+Tests marked ``gpu`` are skipped, with the reason, where no usable GPU is found; tests marked
+``nvme`` take the ``nvme_rig`` fixture (one QEMU guest with emulated NVMe for the whole run,
+tests/rig.py), skipped with the reason where QEMU or a guest kernel is missing.
 """
 
 from __future__ import annotations
@@ -143,3 +145,17 @@ def _gpu_test_deadline(request: pytest.FixtureRequest):
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(scope="session")
+def nvme_rig(tmp_path_factory: pytest.TempPathFactory):
+    """The NVMe rig's guest (tests/rig.py), booted once for every ``nvme`` test of the run;
+    the session's temporary directory is shared with it at the same path."""
+    import rig
+
+    why = rig.missing()
+    if why:
+        pytest.skip(f"needs the NVMe rig: {why}")
+    guest = rig.Rig(tmp_path_factory.mktemp("nvme-rig"), tmp_path_factory.getbasetemp())
+    yield guest
+    guest.close()

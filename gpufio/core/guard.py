@@ -6,7 +6,9 @@ must never be the tool that destroys a filesystem. A job may write to:
 - a file that carries gpufio's pattern header (gpufio made it), or any other file when the
   job says ``overwrite = true``;
 - a block device only when the job names that very device in ``write_device`` (the identity
-  step: ``same_device``), the device is not mounted, not swap, holds no partitions, has no
+  step: ``same_device``; by any of its names: an NVMe multipath head and its paths, or one
+  shared namespace seen through several controllers, are one device, ``device_identity``), the
+  device is not mounted, not swap, holds no partitions, has no
   holders (device-mapper, md, bcache) and opens with O_EXCL, and the signature probe finds
   nothing on it: util-linux's libblkid (the low-level probe of ``blkid -p`` and ``wipefs``,
   which knows every filesystem, RAID, LVM, crypt, cache and swap superblock and every
@@ -29,6 +31,8 @@ from typing import TYPE_CHECKING
 
 from gpufio.core import pattern
 from gpufio.core.errors import BadInput
+from gpufio.facts.device import read_text
+from gpufio.facts.nvme import same_namespace
 
 if TYPE_CHECKING:
     from gpufio.core.job import Job
@@ -218,9 +222,8 @@ def _check_mount(path: str) -> None:
         raise BadInput(f"target {path}: lies on a read-only mount; gpufio cannot write to it")
 
 
-def _mounted(rdev: int) -> str | None:
-    """The mount point of block device ``rdev``, if mounted."""
-    want = f"{os.major(rdev)}:{os.minor(rdev)}"
+def _mounted(want: str) -> str | None:
+    """The mount point of the block device numbered ``want`` ("major:minor"), if mounted."""
     try:
         text = Path("/proc/self/mountinfo").read_text()
     except OSError:
@@ -274,11 +277,29 @@ def _numbered(rdev: int) -> str:
     return f"{os.major(rdev)}:{os.minor(rdev)}"
 
 
+def device_identity(path: str, sys_block: Path = Path("/sys/block")) -> tuple[str, list[Path]]:
+    """What block device ``path`` is to the guard: a key that every name of one device shares
+    (an NVMe namespace's wwid: a multipath head and its paths, or a shared namespace seen
+    through each controller when native multipath is off; else the device number) and the
+    sysfs directories of all those names."""
+    number = _numbered(os.stat(path).st_rdev)
+    node = Path(f"/sys/dev/block/{number}")
+    disk = sys_block / node.resolve().name if node.exists() else None
+    if disk is None or not disk.exists():
+        return number, []
+    wwid = read_text(disk / "wwid") if disk.name.startswith("nvme") else None
+    return (f"wwid {wwid}" if wwid else number), same_namespace(disk)
+
+
 def same_device(target: str, confirmed: str) -> bool:
     """Whether ``confirmed`` (a job's write_device) names the block device ``target``: the
-    same device number, whatever the path (a /dev/disk/by-id link names it too)."""
+    same device number whatever the path (a /dev/disk/by-id link names it too), or another
+    name of the same device (an NVMe multipath head and its paths)."""
     rdev = _device_number(confirmed)
-    return rdev is not None and rdev == _device_number(target)
+    if rdev is None or _device_number(target) is None:
+        return False
+    return rdev == _device_number(target) or \
+        device_identity(confirmed)[0] == device_identity(target)[0]
 
 
 def check_identity(path: str, confirmed: str | None) -> None:
@@ -300,27 +321,36 @@ def check_identity(path: str, confirmed: str | None) -> None:
 
 
 def check_not_in_use(path: str) -> None:
-    """BadInput if block device ``path`` is mounted, swap, partitioned or held by another
-    device (device-mapper, md, bcache)."""
+    """BadInput if block device ``path``, under any of its names (a multipath head and its
+    paths), is mounted, swap, partitioned or held by another device (device-mapper, md,
+    bcache)."""
     real = os.path.realpath(path)
-    st = os.stat(real)
-    name = os.path.basename(real)
-    sysdir = Path(f"/sys/dev/block/{_numbered(st.st_rdev)}")
-    where = _mounted(st.st_rdev)
-    if where:
-        raise BadInput(f"target {path}: is mounted on {where}; gpufio never writes to a "
-                       "mounted device")
-    if _swapped(real):
-        raise BadInput(f"target {path}: is in use as swap; gpufio never writes to it")
-    holders = sorted(p.name for p in (sysdir / "holders").glob("*")) if sysdir.exists() else []
-    if holders:
-        raise BadInput(f"target {path}: is held by {', '.join(holders)} (device-mapper, LVM, "
-                       "RAID or bcache); gpufio never writes under them")
-    parts = sorted(p.name for p in sysdir.glob(f"{name}*") if (p / "partition").exists()) \
-        if sysdir.exists() else []
-    if parts:
-        raise BadInput(f"target {path}: has partitions ({', '.join(parts)}); gpufio writes "
-                       "only to a device that holds none")
+    members = device_identity(real)[1]
+    check_names_free(path, members or [Path(f"/sys/dev/block/{_numbered(os.stat(real).st_rdev)}")])
+
+
+def check_names_free(path: str, members: list[Path]) -> None:
+    """check_not_in_use over the sysfs directories ``members`` of every name of the device."""
+    real = os.path.realpath(path)
+    for disk in members:
+        name = disk.resolve().name if disk.exists() else os.path.basename(real)
+        through = "" if name == os.path.basename(real) else f" (through {name}, the same device)"
+        where = _mounted(read_text(disk / "dev") or "")
+        if where:
+            raise BadInput(f"target {path}: is mounted on {where}{through}; gpufio never "
+                           "writes to a mounted device")
+        if _swapped(f"/dev/{name}"):
+            raise BadInput(f"target {path}: is in use as swap{through}; gpufio never writes "
+                           "to it")
+        holders = sorted(p.name for p in (disk / "holders").glob("*")) if disk.exists() else []
+        if holders:
+            raise BadInput(f"target {path}: is held by {', '.join(holders)}{through} "
+                           "(device-mapper, LVM, RAID or bcache); gpufio never writes under them")
+        parts = sorted(p.name for p in disk.glob(f"{name}*") if (p / "partition").exists()) \
+            if disk.exists() else []
+        if parts:
+            raise BadInput(f"target {path}: has partitions ({', '.join(parts)}){through}; "
+                           "gpufio writes only to a device that holds none")
 
 
 def check_signatures(path: str, fd: int) -> None:

@@ -32,7 +32,8 @@ class _Statx(ctypes.Structure):
                 ("dio_offset_align", ctypes.c_uint32), ("pad1", ctypes.c_uint8 * 96)]
 
 
-def _read(path: Path) -> str | None:
+def read_text(path: Path) -> str | None:
+    """The stripped text of a sysfs or proc file; None where it cannot be read."""
     try:
         return path.read_text().strip()
     except OSError:
@@ -41,7 +42,7 @@ def _read(path: Path) -> str | None:
 
 def read_int(path: str | Path) -> int | None:
     """The integer a sysfs or cgroup file holds; None where it is missing or holds none."""
-    text = _read(Path(path))
+    text = read_text(Path(path))
     try:
         return int(text) if text is not None else None
     except ValueError:
@@ -63,7 +64,7 @@ def dio_alignment(path: str) -> tuple[int, int] | None:
 def _fs_type(dev: int) -> tuple[str, str] | None:
     """(filesystem type, mount point) of the mount whose device number is ``dev``."""
     want = f"{os.major(dev)}:{os.minor(dev)}"
-    text = _read(Path("/proc/self/mountinfo")) or ""
+    text = read_text(Path("/proc/self/mountinfo")) or ""
     for line in text.splitlines():
         fields = line.split()
         if len(fields) > 4 and fields[2] == want and " - " in line:
@@ -117,7 +118,7 @@ def pci_link(device: Path) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     for key in ("current_link_speed", "current_link_width", "max_link_speed",
                 "max_link_width", "numa_node"):
-        value = _read(device / key)
+        value = read_text(device / key)
         if value is not None:
             facts[key] = value
     for which in ("current", "max"):
@@ -130,22 +131,25 @@ def pci_link(device: Path) -> dict[str, Any]:
 def block_facts(disk: Path) -> dict[str, Any]:
     """Model, size and queue settings of one disk's sysfs directory."""
     facts: dict[str, Any] = {"device": disk.name}
-    model = _read(disk / "device" / "model")
+    model = read_text(disk / "device" / "model")
     if model:
         facts["model"] = model
-    sectors = _read(disk / "size")
+    sectors = read_text(disk / "size")
     if sectors:
         facts["device_size"] = int(sectors) * 512
     for key in ("logical_block_size", "physical_block_size", "rotational"):
-        value = _read(disk / "queue" / key)
+        value = read_text(disk / "queue" / key)
         if value is not None:
             facts[key] = int(value)
-    sched = _read(disk / "queue" / "scheduler")
+    sched = read_text(disk / "queue" / "scheduler")
     if sched:
         chosen = [w[1:-1] for w in sched.split() if w.startswith("[")]
         facts["scheduler"] = chosen[0] if chosen else sched
     if disk.name.startswith("nvme"):
-        facts.update(pci_link((disk / "device" / "device").resolve()))
+        # imported here: facts/nvme builds on this module's readers
+        from gpufio.facts.nvme import nvme_facts
+
+        facts.update(nvme_facts(disk))
     return facts
 
 
@@ -156,7 +160,7 @@ def ram_disk(disk: Path, depth: int = 0) -> str | None:
     name = disk.name
     if any(name.startswith(p) and name[len(p):].isdigit() for p in _RAM_DISKS):
         return name
-    backing = _read(disk / "loop" / "backing_file")
+    backing = read_text(disk / "loop" / "backing_file")
     if backing and depth < 4:
         why = ram_backing(backing, depth + 1)
         return f"{name} over {backing} ({why})" if why else None
