@@ -50,6 +50,13 @@ ADMIN_DELETE_SQ, ADMIN_DELETE_CQ, ADMIN_SET_FEATURES = 0x00, 0x04, 0x09
 FEATURE_NUM_QUEUES = 0x07
 
 PAGE = 4096  # the memory page size gpufio enables controllers with (CC.MPS = 0)
+PRP_PER_PAGE = PAGE // 8  # entries of one PRP list page; the last chains to the next page
+
+# CC and CSTS bits, and the generic status codes a controller returns most
+CC_EN, CSTS_RDY, CSTS_CFS = 1 << 0, 1 << 0, 1 << 1
+SC_INVALID_OPCODE, SC_INVALID_FIELD, SC_DATA_TRANSFER = 0x01, 0x02, 0x04
+SC_INTERNAL, SC_ABORT_REQUESTED, SC_PRP_OFFSET, SC_LBA_RANGE = 0x06, 0x07, 0x13, 0x80
+SC_INVALID_QID, SC_INVALID_QSIZE = 0x101, 0x102  # command specific (SCT 1)
 
 _KIND = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
@@ -104,6 +111,27 @@ def flush_command(nsid: int, cid: int) -> np.ndarray:
     return e
 
 
+def cqe_status(status: int, phase: int) -> int:
+    """A completion's status word: ``status`` (SCT << 8 | SC) above the phase tag."""
+    return (status & STATUS_MASK) << 1 | (phase & 1)
+
+
+def prp_pages(addr: int, length: int) -> list[int]:
+    """The PRP entries of a transfer of ``length`` bytes at bus address ``addr``: the first
+    (which may start inside its page), then one page-aligned address per further page."""
+    first = addr - addr % PAGE
+    return [addr] + [first + PAGE * i for i in range(1, prp_count(addr, length))]
+
+
+def admin_command(opcode: int, cid: int, *, nsid: int = 0, prp1: int = 0, cdw10: int = 0,
+                  cdw11: int = 0) -> np.ndarray:
+    """An admin submission entry (Identify, Create/Delete I/O SQ or CQ, Set Features)."""
+    e = np.zeros(1, SQE_DTYPE)
+    e["opcode"], e["cid"], e["nsid"], e["prp1"] = opcode, cid, nsid, prp1
+    e["cdw10"], e["cdw11"] = cdw10, cdw11
+    return e
+
+
 def status_of(cqe_status: np.ndarray) -> np.ndarray:
     """A completion's status (SCT << 8 | SC), without the phase tag, More and DNR."""
     return (np.asarray(cqe_status, np.int64) >> 1) & STATUS_MASK
@@ -123,4 +151,7 @@ def defines() -> tuple[str, ...]:
            for side, fields in (("SQ", SQE_FIELDS), ("CQ", CQE_FIELDS))
            for name, off, size in fields for kind, value in (("OFF", off), ("BITS", 8 * size))]
     return (*out, f"-DNQ_SQE_BYTES={SQE_BYTES}", f"-DNQ_CQE_BYTES={CQE_BYTES}",
-            f"-DNQ_DOORBELLS={DOORBELLS}", f"-DNQ_PAGE={PAGE}")
+            f"-DNQ_DOORBELLS={DOORBELLS}", f"-DNQ_PAGE={PAGE}",
+            f"-DNQ_PRP_PER_PAGE={PRP_PER_PAGE}", f"-DNQ_NVME_READ={NVME_READ}",
+            f"-DNQ_NVME_WRITE={NVME_WRITE}", f"-DNQ_NVME_FLUSH={NVME_FLUSH}",
+            f"-DNQ_STATUS_BASE={NVME_STATUS_BASE}", f"-DNQ_STATUS_MASK={STATUS_MASK}")
