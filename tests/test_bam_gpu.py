@@ -12,6 +12,7 @@ reset the queues run again. Every test is a few hundred I/Os.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 
 import numpy as np
@@ -20,12 +21,12 @@ import pytest
 from gpufio.core import pattern, targets
 from gpufio.io import cuda, nvme_cmd, verify
 from gpufio.io import nvme_queue as nq
+from gpufio.io.gio import contract
 from gpufio.io.gio.nvme import NvmeQueues, RegisteredModel
 from gpufio.io.gio.queue import QueueStalled
 from gpufio.io.nvme_model import Fault
 from gpufio.run.nvme_model import ModelProcess
 
-pytestmark = pytest.mark.gpu
 SEED = 1234
 SIZE = 8 << 20
 READ, WRITE, FLUSH = 0, 1, 2
@@ -49,6 +50,17 @@ extern "C" __global__ void build(const unsigned* kind, const unsigned* cid, cons
 '''
 
 
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed")
+def test_the_builder_kernel_compiles(tmp_path):
+    src = tmp_path / "build.cu"
+    src.write_text(BUILDER)
+    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-std=c++17", f"-I{cuda.KERNELS}",
+                          *contract.defines(), str(src), "-o", str(tmp_path / "b.cubin")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.gpu
 def test_gpu_threads_build_the_cpu_builders_commands_byte_for_byte():
     import cupy as cp
 
@@ -126,6 +138,7 @@ def queues(host, reg, *, pairs: int, entries: int, depth: int, slot: int, shift:
                       mode=mode)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["relay", "direct"])
 @pytest.mark.parametrize("shift,entries,depth,length", [(9, 7, 5, 3 * 4096 + 512),
                                                          (12, 33, 20, 64 << 10)])
@@ -146,6 +159,7 @@ def test_reads_land_verified_in_gpu_memory(controller, mode, shift, entries, dep
         q.close()
 
 
+@pytest.mark.gpu
 def test_writes_and_flush_reach_the_backing_file(controller):
     import cupy as cp
 
@@ -171,6 +185,7 @@ def test_writes_and_flush_reach_the_backing_file(controller):
         assert f.read(length) == pattern.fill(55, int(offs[3]), length)
 
 
+@pytest.mark.gpu
 def test_an_injected_status_is_one_failed_io(controller):
     _, host, reg = controller(9, [Fault(slba=8 * 5, status=0x281)])
     q = queues(host, reg, pairs=1, entries=16, depth=8, slot=4096, shift=9, mode="direct")
@@ -184,6 +199,7 @@ def test_an_injected_status_is_one_failed_io(controller):
         q.close()
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["relay", "direct"])
 def test_a_dropped_completion_is_named_and_a_reset_restarts(controller, mode):
     _, host, reg = controller(9, [Fault(slba=8 * 3, drop=True)])

@@ -29,15 +29,13 @@ extern "C" __global__ void bam_agent(const GioQueue* q, const BamRing* rings)
     }
     submitted = __shfl_sync(FULL, submitted, 0);
     completed = __shfl_sync(FULL, completed, 0);
-    if (lane == 0) atomicAdd(&q->control[C_AGENTS], 1);
-    while (!warp_word(lane == 0 ? (unsigned)gio_aborted(q) : 0u)) {
+    agent_started(q);
+    while (agent_running(q)) {
         unsigned batch = 0;
-        for (unsigned base = 0; base < depth; base += 32) {
-            const unsigned s = base + lane;
-            const bool ready = s < depth && ld_acquire_gpu(&state[s]) == READY;
-            const unsigned m = __ballot_sync(FULL, ready);
-            if (!m) continue;
-            if (ready) {
+        for (unsigned s = lane; s - lane < depth; s += 32) {  // lane's slot of each 32
+            bool ready;
+            const unsigned m = agent_ready(state, s, depth, &ready);
+            if (m && ready) {
                 const unsigned rank = __popc(m & ((1u << lane) - 1u));
                 const u64 g = first + s;
                 const u64 lf = q->len_fd[g];
@@ -70,7 +68,7 @@ extern "C" __global__ void bam_agent(const GioQueue* q, const BamRing* rings)
         // completions: lane i looks at the i-th entry past the head; the new ones are those
         // whose phase tag is the one this pass of the CQ expects, up to the first that is not
         unsigned got = 0;
-        for (;;) {
+        while (inflight) {  // nothing outstanding: no completion can come, no PCIe read
             const unsigned i = (cqh + got + lane) % cq_n;
             const unsigned expect = phase ^ (cqh + got + lane >= cq_n ? 1u : 0u);
             u64 c[2];
