@@ -25,10 +25,11 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu
 from gpufio.io import nvme_queue as nq
 from gpufio.io.gio import contract
-from gpufio.io.gio.queue import QueueStalled
+from gpufio.io.gio.queue import WEDGED, QueueStalled
 from gpufio.io.watchdog import Watchdog
 
 C_ABORT, C_REQUESTERS, C_AGENTS = (contract.index(w) for w in ("C_ABORT", "C_REQUESTERS",
@@ -113,6 +114,9 @@ class NvmeQueues:
                  slot_bytes: int, nsid: int, lba_shift: int, mode: str) -> None:
         import cupy as cp
 
+        why = gpu.serialising_reason()
+        if why:
+            raise BadInput(f"GPU-driven NVMe queues cannot run here: {why}")
         if mode not in MODES:
             raise ValueError(f"doorbell mode {mode!r}: one of {', '.join(MODES)}")
         for p in pairs:
@@ -265,11 +269,12 @@ class NvmeQueues:
 
     def close(self) -> None:
         """Stop the relay; GPU memory goes unless a kernel never stopped (then it is kept
-        and the GPU marked unusable, as DeviceQueue does)."""
+        for good and the GPU marked unusable, as DeviceQueue does)."""
         if self.relay is not None:
             self.relay.close()
             self.relay = None
-        if not self.kernels_done:
+        if not self.kernels_done:  # what it may still write into is never freed
+            WEDGED.append(self)
             gpu.mark_wedged(self._cp.cuda.Device().id, "an NVMe queue agent never stopped")
             return
         self._dev = {}
