@@ -86,9 +86,9 @@ def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int) -> float:
 
     where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
     model = _model(where, size)
-    reg = RegisteredModel(model.mem)
-    q = None
+    reg = q = None
     try:
+        reg = RegisteredModel(model.mem)
         host = model.host()
         made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
         q = NvmeQueues(reg, made, depth=depth, slot_bytes=BS, nsid=1, lba_shift=9, mode=mode)
@@ -116,7 +116,8 @@ def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int) -> float:
         if q is not None:
             q.close()
         model.stop()
-        reg.close()
+        if reg is not None:
+            reg.close()
         shutil.rmtree(where, ignore_errors=True)
 
 
