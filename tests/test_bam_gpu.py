@@ -92,19 +92,20 @@ def test_gpu_threads_build_the_cpu_builders_commands_byte_for_byte():
 def controller():
     """A factory: controller(lba_shift, faults) -> (ModelProcess, Host, RegisteredModel),
     its shared memory on /dev/shm (pinnable), all stopped and removed afterwards."""
-    made, where = [], tempfile.mkdtemp(prefix="gpufio-bam-", dir="/dev/shm")
+    made, regs, where = [], [], tempfile.mkdtemp(prefix="gpufio-bam-", dir="/dev/shm")
 
     def make(lba_shift: int = 9, faults: list[Fault] = ()):
         backing = f"{where}/ns{len(made)}.dat"
         targets.create_file(backing, SIZE, SEED)
         m = ModelProcess(where, backing, lba_shift, 64 << 20, list(faults))
-        reg = RegisteredModel(m.mem)
-        made.append((m, reg))
-        return m, m.host(), reg
+        made.append(m)
+        regs.append(RegisteredModel(m.mem))
+        return m, m.host(), regs[-1]
 
     yield make
-    for m, reg in made:
+    for m in made:
         m.stop()
+    for reg in regs:
         reg.close()
     shutil.rmtree(where, ignore_errors=True)
 
