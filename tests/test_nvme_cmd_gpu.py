@@ -3,19 +3,16 @@ the CUDA builder's SQE128 entries equal the CPU builder's byte for byte over the
 tests/test_nvme_cmd.py, its completion decoding equals io/nvme_cmd.result, and agents that
 post passthrough commands through SQE128/CQE32 rings take the kernel's completion of each
 (a file that is no NVMe namespace refuses every command: one failed I/O each, EOPNOTSUPP).
-The kernel is compiled (nvcc -cubin) without a GPU by test_the_builder_kernel_compiles."""
+The kernel is compiled (nvcc -cubin) without a GPU by tests/test_kernel_sources.py."""
 
 from __future__ import annotations
 
 import errno
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
 from gpufio.io import cuda, nvme_cmd
-from gpufio.io.gio import contract
 from tests.test_nvme_cmd import python_words, sweep
 
 BUILDER = r'''
@@ -34,16 +31,6 @@ extern "C" __global__ void build(const unsigned* fd, const unsigned* flags, cons
     decoded[i] = pt_result(res[i], len[i]);
 }
 '''
-
-
-@pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed")
-def test_the_builder_kernel_compiles(tmp_path):
-    src = tmp_path / "build.cu"
-    src.write_text(BUILDER)
-    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-std=c++17", f"-I{cuda.KERNELS}",
-                          *contract.defines(), str(src), "-o", str(tmp_path / "b.cubin")],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
 
 
 @pytest.mark.gpu
