@@ -27,3 +27,18 @@ def test_the_kernel_compiles_with_cupys_options(source, tmp_path):
                           str(source)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "k.cubin").stat().st_size > 0
+
+
+
+@pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH")
+@pytest.mark.parametrize("module", ["test_nvme_cmd", "test_bam_gpu"])
+def test_the_gpu_tests_own_kernels_compile(module, tmp_path):
+    """The builder kernels the GPU tests compile for themselves (their BUILDER)."""
+    import importlib
+
+    src = tmp_path / "k.cu"
+    src.write_text(importlib.import_module(f"tests.{module}").BUILDER)
+    out = subprocess.run([NVCC, "-std=c++17", f"-I{cuda.KERNELS}", *contract.defines(),
+                          "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(src)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]

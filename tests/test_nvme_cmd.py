@@ -234,16 +234,6 @@ extern "C" __global__ void post(const GioQueue* q, int fd, const u64* offs, int 
 '''
 
 
-@pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed")
-def test_the_builder_kernel_compiles(tmp_path):
-    src = tmp_path / "build.cu"
-    src.write_text(BUILDER)
-    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-std=c++17", f"-I{cuda.KERNELS}",
-                          *contract.defines(), str(src), "-o", str(tmp_path / "b.cubin")],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-
-
 @pytest.mark.gpu
 def test_gpu_threads_build_the_cpus_entries_byte_for_byte():
     import cupy as cp

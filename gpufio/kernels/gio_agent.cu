@@ -23,13 +23,13 @@ extern "C" __global__ void gio_agent(const GioQueue* q)
     const u64 gen = (u64)(unsigned)warp_word(lane == 0 ? ld_flag(&q->control[C_GEN]) : 0);
     unsigned inflight = 0, idle_ns = AGENT_IDLE_MIN_NS;
     u64 submitted = 0, completed = 0;
-    if (lane == 0) atomicAdd(&q->control[C_AGENTS], 1);
-    while (!warp_word(lane == 0 ? (unsigned)gio_aborted(q) : 0u)) {
+    agent_started(q);
+    while (agent_running(q)) {
         unsigned batch = 0;
         for (unsigned base = 0; base < depth; base += 32) {
             const unsigned s = base + lane;
-            const bool ready = s < depth && ld_acquire_gpu(&state[s]) == READY;
-            const unsigned m = __ballot_sync(FULL, ready);
+            bool ready;
+            const unsigned m = agent_ready(state, s, depth, &ready);
             if (!m) continue;
             unsigned room = sq_n - (tail + batch - head);
             if (room < (unsigned)__popc(m)) {

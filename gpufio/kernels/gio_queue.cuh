@@ -184,6 +184,29 @@ __device__ __forceinline__ u64 now_ns()
     return t;
 }
 
+// ---- The agents' common steps (gio_agent.cu, bam_agent.cu) ----------------------------
+
+// An agent warp tells the host it runs (DeviceQueue.start / NvmeQueues.start wait for all).
+__device__ __forceinline__ void agent_started(const GioQueue* q)
+{
+    if ((threadIdx.x & 31) == 0) atomicAdd(&q->control[C_AGENTS], 1);
+}
+
+// True while the queue runs: lane 0's reading of the abort word, in every lane of the warp.
+__device__ __forceinline__ bool agent_running(const GioQueue* q)
+{
+    return !warp_word((threadIdx.x & 31) == 0 ? (unsigned)(ld_flag(&q->control[C_ABORT]) != 0) : 0u);
+}
+
+// Whether the lane's slot s (of a ring of depth slots at state) is READY, and the warp's mask
+// of the lanes whose slot is.
+__device__ __forceinline__ unsigned agent_ready(const int* state, unsigned s, unsigned depth,
+                                                bool* ready)
+{
+    *ready = s < depth && ld_acquire_gpu(&state[s]) == READY;
+    return __ballot_sync(FULL, *ready);
+}
+
 // ---- 1. The request API ---------------------------------------------------------------
 
 // Take slot s (false while another thread holds it). A slot past the queue's end aborts the

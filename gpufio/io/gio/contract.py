@@ -16,7 +16,7 @@ import numpy as np
 
 from gpufio.core import pattern
 from gpufio.core.stats import PLAT_NR
-from gpufio.io import nvme_cmd
+from gpufio.io import nvme_cmd, nvme_queue
 
 # words of the queue's control array in GPU memory (kernels/gio_queue.cuh, enum Control)
 CONTROL = ("C_STOP", "C_ABORT", "C_MEASURING", "C_REQUESTERS", "C_AGENTS", "C_GEN",
@@ -45,8 +45,11 @@ GIO_BENCH = ("fds", "starts", "nblocks", "ntargets", "bs", "flags", "seed", "bud
              "dst", "nthreads", "pat_seed", "magic", "block_bytes", "header_words", "live",
              "hist", "lat", "lat_sq", "tstats", "errs", "bad")
 GIO_CACHE = ("pages", "nslots", "page16", "map", "ctl", "key", "hand")
+# one NVMe I/O queue pair a GPU agent warp drives (kernels/bam_queue.cuh)
+BAM_RING = ("sqes", "cqes", "entries", "sq_db", "cq_db", "delta", "prp_lists", "ns",
+            "progress")
 STRUCTS = {"GioRing": GIO_RING, "GioQueue": GIO_QUEUE, "GioBench": GIO_BENCH,
-           "GioCache": GIO_CACHE}
+           "GioCache": GIO_CACHE, "BamRing": BAM_RING}
 
 
 def _enum(names: tuple[str, ...] | dict[str, int]) -> str:
@@ -60,7 +63,8 @@ def defines() -> tuple[str, ...]:
             f"-DGIO_BENCH_FLAGS={_enum(BENCH_FLAGS)}",
             f"-DPATTERN_GOLDEN={int(pattern.GOLDEN)}ULL", f"-DPATTERN_M1={int(pattern.M1)}ULL",
             f"-DPATTERN_M2={int(pattern.M2)}ULL",
-            *(f"-D{k}={v}" for k, v in CONSTANTS.items()), *nvme_cmd.defines())
+            *(f"-D{k}={v}" for k, v in CONSTANTS.items()), *nvme_cmd.defines(),
+            *nvme_queue.defines())
 
 
 def build(fields: tuple[str, ...], values: dict[str, Any]) -> np.ndarray:

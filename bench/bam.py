@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""BaM's mechanism measured: GPU threads driving NVMe queues, against the software controller
+and, given a drive, against the other paths onto it.
+
+Without ``--drive`` (any GPU machine): the software NVMe controller (gpufio/io/nvme_model.py,
+a Python process polling its doorbells) serves 4 KiB reads from a tmpfs file three ways: its
+own CPU driver (io/nvme_model.QueuePair: the model's ceiling), GPU agents ringing doorbells
+through the CPU relay, GPU agents ringing them directly. The mechanism's ceiling, as
+bench/nop.py is io_uring's: goal (``--check``), each GPU mode >= GOAL x the CPU-driven rate,
+i.e. the GPU side does not limit the model. The numbers are the model's, not a drive's.
+
+With ``--drive /dev/nvmeXnY`` (a machine with an NVMe drive and a GPU; reads only): 4 KiB
+random reads through fio io_uring, fio io_uring_cmd (/dev/ngXnY), gpufio gpu-uring and gpufio
+bam (where that engine is installed and the drive bound for it), IOPS and CPU us per I/O.
+
+    python3 -m bench.bam --quick            # from the repository root
+    python3 -m bench.bam --check --json bam.json
+    python3 -m bench.bam --drive /dev/nvme0n1 --runtime 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+GOAL = 0.9
+BS = 4096
+
+
+def _model(where: str, size: int):
+    from gpufio.core import targets
+    from gpufio.run.nvme_model import ModelProcess
+
+    backing = os.path.join(where, "ns.dat")
+    targets.create_file(backing, size, 1)
+    return ModelProcess(where, backing, 9, 256 << 20)
+
+
+def _offsets(n: int, size: int) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    return rng.integers(0, size // BS, n).astype(np.uint64) * np.uint64(BS)
+
+
+def cpu_rate(n: int, depth: int, size: int) -> float:
+    """Reads/s of the model driven by its own CPU driver, ``depth`` outstanding."""
+    from gpufio.io import nvme_queue as nq
+
+    where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
+    model = _model(where, size)
+    try:
+        host = model.host()
+        pair = host.create_pair(1, depth + 1)
+        buf, iova = model.mem.alloc(depth * BS)
+        offs = _offsets(n, size)
+        cids = np.arange(n) % depth
+        e = nq.io_commands(write=False, nsid=1, lba_shift=9, off=offs, length=BS,
+                           cid=np.arange(n) % (1 << 16), prp1=iova + cids * BS,
+                           prp2=np.zeros(n, np.uint64))
+        t = time.perf_counter()
+        done = 0
+        for start in range(0, n, depth):  # a batch of depth, each on its own buffer
+            pair.run(e[start:start + depth], 10**10, depth)
+            done += len(e[start:start + depth])
+        return done / (time.perf_counter() - t)
+    finally:
+        model.stop()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int) -> float:
+    """Reads/s of the model driven by GPU agent warps (``mode`` doorbells), the landed bytes
+    left in the landing slots (the copy to GPU memory is not the mechanism)."""
+    import cupy as cp
+
+    from gpufio.io import cuda
+    from gpufio.io.gio.nvme import NvmeQueues, RegisteredModel
+
+    where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
+    model = _model(where, size)
+    reg = q = None
+    try:
+        reg = RegisteredModel(model.mem)
+        host = model.host()
+        made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
+        q = NvmeQueues(reg, made, depth=depth, slot_bytes=BS, nsid=1, lba_shift=9, mode=mode)
+        fn = cuda.module("bam_io").get_function("bam_requests")
+        threads = pairs * depth
+        tpb = min(32, threads)
+        threads -= threads % tpb
+        offs = cp.asarray(_offsets(n, size))
+        lens = cp.full(n, BS, cp.uint32)
+        kinds = cp.zeros(n, cp.uint8)
+        res = cp.zeros(n, cp.int32)
+        stream = cp.cuda.Stream(non_blocking=True)
+        q.start(threads)
+        t = time.perf_counter()
+        fn((threads // tpb,), (tpb,), (q.descriptor, np.uint64(n), offs, lens, kinds,
+                                       cp.zeros(16, cp.uint8), np.uint64(0), np.int32(0), res),
+           stream=stream)
+        q.wait((stream,), 10**10)
+        rate = n / (time.perf_counter() - t)
+        bad = int((res != BS).sum())
+        if bad:
+            raise SystemExit(f"bench: {bad} of {n} GPU reads failed ({mode} doorbells)")
+        return rate
+    finally:
+        if q is not None:
+            q.close()
+        model.stop()
+        if reg is not None:
+            reg.close()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def model_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[str]]:
+    rows, raw, missed = [], [], []
+    cpu = [cpu_rate(args.n, args.depth, args.size) for _ in range(args.repeat)]
+    c = statistics.median(cpu)
+    rows.append(["model, CPU driver (its ceiling)", f"1 x {args.depth}", round(c), "", ""])
+    raw.append({"path": "cpu", "rates": cpu})
+    for mode in ("relay", "direct"):
+        g = [gpu_rate(mode, args.n, args.depth, args.pairs, args.size)
+             for _ in range(args.repeat)]
+        r = statistics.median(g)
+        ratio = r / c if c else 0.0
+        ok = ratio >= GOAL
+        if not ok:
+            missed.append(f"GPU {mode} doorbells: {ratio:.2f} of the CPU-driven rate")
+        rows.append([f"model, GPU agents, {mode} doorbells", f"{args.pairs} x {args.depth}",
+                     round(r), f"{ratio:.2f}", "ok" if ok else f"MISS ratio<{GOAL}"])
+        raw.append({"path": mode, "rates": g})
+    return rows, raw, missed
+
+
+def _fio(target: str, engine: str, runtime: int, iodepth: int) -> dict:
+    extra = ["--cmd_type=nvme"] if engine == "io_uring_cmd" else ["--direct=1"]
+    out = subprocess.run(["fio", "--name=bam-bench", f"--filename={target}", "--rw=randread",
+                          f"--bs={BS}", f"--ioengine={engine}", f"--iodepth={iodepth}",
+                          f"--runtime={runtime}", "--time_based", "--output-format=json",
+                          *extra], capture_output=True, text=True, check=True).stdout
+    job = json.loads(out)["jobs"][0]
+    ios = job["read"]["total_ios"]
+    cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["read"]["runtime"] / 1000
+    return {"iops": job["read"]["iops"], "cpu_us": 1e6 * cpu_s / ios if ios else 0.0}
+
+
+def _gpufio(target: str, engine: str, runtime: int, iodepth: int) -> dict:
+    prof = {"engine": engine, "rw": "randread", "bs": "4k", "targets": [target],
+            "iodepth": iodepth, "runtime": f"{runtime}s", "time_based": True}
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write("[global]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in prof.items()))
+    try:
+        out = subprocess.run([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json", "-q"],
+                             capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    job = json.loads(out)["jobs"][0]
+    return {"iops": job["read"]["iops"], "cpu_us": job["cpu_us_per_io"],
+            "mode": job.get("engine_facts", {}).get("doorbells")}
+
+
+def drive_rows(args: argparse.Namespace) -> tuple[list[list], list[dict]]:
+    name = os.path.basename(args.drive)
+    generic = args.generic or f"/dev/{name.replace('nvme', 'ng', 1)}"
+    engines = subprocess.run([sys.executable, "-m", "gpufio", "engines"], capture_output=True,
+                             text=True).stdout.split()
+    runs = [("fio io_uring", lambda: _fio(args.drive, "io_uring", args.runtime, args.depth)),
+            ("fio io_uring_cmd", lambda: _fio(generic, "io_uring_cmd", args.runtime,
+                                              args.depth)),
+            ("gpufio gpu-uring", lambda: _gpufio(args.drive, "gpu-uring", args.runtime,
+                                                 args.depth))]
+    if "bam" in engines:
+        runs.append(("gpufio bam", lambda: _gpufio(args.drive, "bam", args.runtime,
+                                                   args.depth)))
+    rows, raw = [], []
+    for label, go in runs:
+        r = go()
+        rows.append([label + (f" ({r['mode']})" if r.get("mode") else ""), f"1 x {args.depth}",
+                     round(r["iops"]), f"{r['cpu_us']:.2f}", ""])
+        raw.append({"path": label, **r})
+    return rows, raw
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="few reads, one repetition")
+    ap.add_argument("--n", type=int, default=200_000, help="reads per model run")
+    ap.add_argument("--depth", type=int, default=64, help="outstanding commands per queue")
+    ap.add_argument("--pairs", type=int, default=1, help="queue pairs the GPU drives")
+    ap.add_argument("--size", type=int, default=64 << 20, help="the model's namespace bytes")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per path; medians reported")
+    ap.add_argument("--drive", help="an NVMe namespace (block device) to compare paths on")
+    ap.add_argument("--generic", help="its generic char device (default: from --drive)")
+    ap.add_argument("--runtime", type=int, default=5, help="seconds per drive run")
+    ap.add_argument("--json", help="also write every run's numbers here")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    args = ap.parse_args()
+    if args.quick:
+        args.n, args.repeat, args.runtime = 5_000, 1, 2
+    if args.drive:
+        rows, raw = drive_rows(args)
+        missed: list[str] = []
+        head = ["path", "queues x depth", "IOPS", "CPU us/IO", ""]
+        title = f"{args.drive}: 4 KiB random reads, {args.runtime} s a run"
+    else:
+        from gpufio.io import gpu
+
+        count, why = gpu.probe()  # also asks CUDA for eager module loading: agents spin
+        if not count:
+            print(f"bench: no usable GPU: {why}", file=sys.stderr)
+            return 2
+        rows, raw, missed = model_rows(args)
+        head = ["path", "queues x depth", "reads/s", "GPU / CPU", "goal"]
+        title = (f"software NVMe controller (Python model, not a drive): {args.n} 4 KiB reads "
+                 f"a run, medians of {args.repeat}")
+    print(title)
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"title": title, "runs": raw}, f, indent=1)
+    for m in missed:
+        print(f"bench: goal missed: {m}", file=sys.stderr)
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""GPU threads driving NVMe queue pairs (BaM's mechanism): the host half of the GPU side.
+
+A host driver (vfio-pci on a real controller, or the software controller of
+io/nvme_model.py) brings the controller up and creates the I/O queue pairs; it hands them
+over here with its memory (``ControllerMemory``). ``NvmeQueues`` then owns what the GPU
+needs: a request queue (the GioQueue of kernels/gio_queue.cuh, so every kernel of the
+request API runs on it unchanged), landing slots and their PRP lists in the controller's
+DMA-mapped host memory, one agent warp per pair (kernels/bam_agent.cu), the doorbell path
+and the stop-with-a-diagnostic path.
+
+Doorbells go one of two ways, named in every result (``mode``):
+- ``direct``: agents store the SQ tail and CQ head into BAR0's doorbells, which the GPU
+  reaches because the BAR mapping is registered with CUDA as I/O memory.
+- ``relay``: agents store them into words of host memory; one CPU thread (``Relay``) copies
+  each changed word into its doorbell register, one MMIO write per queue per pass however
+  many tails the GPU published meanwhile. The fallback where the BAR cannot be registered
+  (NVIDIA's driver on recent kernels: issue 31's Risk).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from gpufio.core.errors import BadInput
+from gpufio.io import cuda, gpu
+from gpufio.io import nvme_queue as nq
+from gpufio.io.gio import contract
+from gpufio.io.gio.queue import WEDGED, QueueStalled
+from gpufio.io.watchdog import Watchdog
+
+C_ABORT, C_REQUESTERS, C_AGENTS = (contract.index(w) for w in ("C_ABORT", "C_REQUESTERS",
+                                                                 "C_AGENTS"))
+C_GEN = contract.index("C_GEN")
+SLOT_STATES = tuple(s.lower() for s in contract.SLOT_STATES)
+MODES = ("direct", "relay")
+POLL_S = 0.001
+START_LIMIT_S = 10.0
+ABORT_WAIT_S = 5.0
+MAX_SLOT_BYTES = nq.PAGE * (nq.PRP_PER_PAGE + 1)  # one PRP list page per slot
+RELAY_IDLE_SPINS = 1000
+
+
+class ControllerMemory(Protocol):
+    """What a host driver offers the GPU side: host memory the controller reaches by bus
+    address and the GPU by host address (registered, mapped), and BAR0."""
+
+    def alloc(self, nbytes: int) -> tuple[np.ndarray, int]:
+        """``nbytes`` zeroed, page-aligned: (this process's view, the bus address)."""
+
+    def set_reg(self, off: int, value: int) -> None:
+        """A 32-bit MMIO write to BAR0 at byte ``off`` (the relay's doorbell writes)."""
+
+    def reg(self, off: int) -> int:
+        """A 32-bit MMIO read of BAR0 (CPU only: the stall diagnostic's CSTS)."""
+
+    def bar_address(self) -> int | None:
+        """BAR0 mapped into this process and registered with CUDA as I/O memory, so GPU
+        threads may store to its doorbells; None where it could not be registered."""
+
+
+class QueuePairMemory(Protocol):
+    """An I/O queue pair the host driver created: its id, depth and SQ/CQ memory."""
+
+    qid: int
+    entries: int
+    sq: np.ndarray
+    cq: np.ndarray
+
+
+class Relay:
+    """The doorbell relay: one CPU thread copying the tails and heads the GPU publishes in
+    host memory (``words``: SQ tail, CQ head per pair) into the controller's doorbells."""
+
+    def __init__(self, mem: ControllerMemory, qids: Sequence[int], words: np.ndarray) -> None:
+        self.mem, self.words = mem, words
+        self.doorbells = [nq.doorbell(q, c) for q in qids for c in (False, True)]
+        self.passes = self.writes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="doorbell-relay")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        last = self.words.copy()
+        idle = 0
+        while not self._stop.is_set():
+            now = self.words.copy()
+            changed = np.flatnonzero(now != last)
+            for i in changed:  # one write per doorbell per pass: the batching
+                self.mem.set_reg(self.doorbells[i], int(now[i]))
+            self.passes += 1
+            self.writes += len(changed)
+            last = now
+            idle = 0 if len(changed) else idle + 1
+            if idle > RELAY_IDLE_SPINS:
+                time.sleep(50e-6)
+            elif not len(changed):
+                time.sleep(0)  # let the runner's thread have the interpreter
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class NvmeQueues:
+    """``len(pairs)`` NVMe queue pairs driven by GPU agent warps, ``depth`` request slots of
+    ``slot_bytes`` each per pair (depth < every pair's entries), for namespace ``nsid`` of
+    1 << ``lba_shift`` byte blocks. ``mode``: "direct" or "relay" (MODES)."""
+
+    def __init__(self, mem: ControllerMemory, pairs: Sequence[QueuePairMemory], *, depth: int,
+                 slot_bytes: int, nsid: int, lba_shift: int, mode: str) -> None:
+        import cupy as cp
+
+        why = gpu.serialising_reason()
+        if why:
+            raise BadInput(f"GPU-driven NVMe queues cannot run here: {why}")
+        if mode not in MODES:
+            raise ValueError(f"doorbell mode {mode!r}: one of {', '.join(MODES)}")
+        for p in pairs:
+            if not 1 <= depth < p.entries:
+                raise ValueError(f"queue pair {p.qid}: {p.entries} entries take at most "
+                                 f"{p.entries - 1} slots, not {depth}")
+        if slot_bytes % nq.PAGE or not 0 < slot_bytes <= MAX_SLOT_BYTES:
+            raise ValueError(f"slot bytes {slot_bytes}: whole pages, at most {MAX_SLOT_BYTES}")
+        bar = mem.bar_address() if mode == "direct" else None
+        if mode == "direct" and bar is None:
+            raise ValueError("direct doorbells: BAR0 is not registered with CUDA as I/O memory")
+        self._cp, self.mem, self.pairs, self.mode = cp, mem, list(pairs), mode
+        self.nrings, self.depth, self.slot_bytes = len(pairs), depth, slot_bytes
+        slots = self.nrings * depth
+        # landing slots and their PRP lists in one allocation: one bus-address offset
+        block, iova = mem.alloc(slots * (slot_bytes + nq.PAGE))
+        host = block.ctypes.data
+        self.landing = host
+        lists = block[slots * slot_bytes:].view("<u8").reshape(slots, nq.PRP_PER_PAGE)
+        pages = slot_bytes // nq.PAGE
+        for s in range(slots):  # pages 1.. of each slot; used for transfers over two pages
+            lists[s, :pages - 1] = iova + s * slot_bytes + nq.PAGE * np.arange(1, pages)
+        words, _ = mem.alloc(8 * 4 * self.nrings + 8 * self.nrings)
+        self.progress = words[:32 * self.nrings].view("<u8").reshape(self.nrings, 4)
+        self.relay_words = words[32 * self.nrings:].view("<u4")
+        relay = self.relay_words.ctypes.data
+        rings = [{"sqes": p.sq.ctypes.data, "cqes": p.cq.ctypes.data,
+                  "entries": p.entries | p.entries << 32,
+                  "sq_db": bar + nq.doorbell(p.qid, False) if bar else relay + 8 * r,
+                  "cq_db": bar + nq.doorbell(p.qid, True) if bar else relay + 8 * r + 4,
+                  "delta": (iova - host) % (1 << 64),
+                  "prp_lists": host + slots * slot_bytes + r * depth * nq.PAGE,
+                  "ns": nsid | lba_shift << 32,
+                  "progress": self.progress.ctypes.data + 32 * r}
+                 for r, p in enumerate(self.pairs)]
+        self._agent = cuda.module("bam_agent").get_function("bam_agent")
+        self._gen = 0
+        self.kernels_done = True
+        self.relay: Relay | None = None
+        d = self._dev = {
+            "rings": cp.asarray(np.concatenate([contract.build(contract.BAM_RING, r)
+                                                for r in rings])),
+            "state": cp.zeros(slots, cp.int32), "res": cp.zeros(slots, cp.int32),
+            "off": cp.zeros(slots, cp.uint64), "len_fd": cp.zeros(slots, cp.uint64),
+            "control": cp.zeros(contract.CONTROL_WORDS, cp.int32),
+            "ring_stats": cp.zeros(2 * self.nrings, cp.uint64)}
+        d["queue"] = cp.asarray(contract.build(contract.GIO_QUEUE, {
+            **{k: d[k].data.ptr for k in ("state", "res", "off", "len_fd", "control",
+                                          "ring_stats")},
+            "rings": 0, "nrings": self.nrings, "depth": depth, "landing": host,
+            "slot_bytes": slot_bytes, "sqe_head": 0, "pt": 0}))
+        self.agent_stream = cp.cuda.Stream(non_blocking=True)
+        self.control_stream = cp.cuda.Stream(non_blocking=True)
+
+    @property
+    def descriptor(self) -> Any:
+        """The GioQueue in GPU memory: pass it as ``const GioQueue*`` to request kernels."""
+        return self._dev["queue"]
+
+    def completed(self) -> int:
+        return int(self.progress[:, 1].sum())
+
+    def _fetch(self, name: str) -> np.ndarray:
+        out = self._dev[name].get(stream=self.control_stream)
+        self.control_stream.synchronize()
+        return out
+
+    def _set(self, word: int, value: int) -> None:
+        self._dev["control"][word:word + 1].set(np.array([value], np.int32),
+                                                stream=self.control_stream)
+        self.control_stream.synchronize()
+
+    def start(self, requesters: int) -> None:
+        """Launch one agent warp per pair for ``requesters`` threads (each decrements
+        C_REQUESTERS when it ends); returns once every agent runs. Load the request kernels
+        (get_function) before this, as for DeviceQueue.start."""
+        if not self.kernels_done:
+            raise RuntimeError("the queue's kernels still run: it cannot start again")
+        self._gen += 1
+        control = self._dev["control"]
+        control.fill(0)
+        control[C_REQUESTERS] = requesters
+        control[C_GEN] = self._gen
+        self._dev["state"].fill(0)
+        self._cp.cuda.Stream.null.synchronize()
+        if self.mode == "relay" and self.relay is None:
+            self.relay = Relay(self.mem, [p.qid for p in self.pairs], self.relay_words)
+        self.kernels_done = False
+        self._agent((self.nrings,), (32,), (self.descriptor, self._dev["rings"]),
+                    stream=self.agent_stream)
+        deadline = time.monotonic() + START_LIMIT_S
+        while self._fetch("control")[C_AGENTS] < self.nrings:
+            if time.monotonic() > deadline:
+                self.abort(f"agent warps did not start within {START_LIMIT_S:g} s")
+            time.sleep(POLL_S)
+
+    def wait(self, streams: tuple[Any, ...], stall_ns: int) -> None:
+        """Until the agents and ``streams`` are done; QueueStalled with the diagnostic once
+        no command has completed for ``stall_ns`` (everything stopped first)."""
+        dog = Watchdog(stall_ns, time.monotonic_ns())
+        everything = (self.agent_stream, *streams)
+        while not all(s.done for s in everything):
+            if dog.update(self.completed(), time.monotonic_ns()):
+                self.abort(self.report(stall_ns), streams)
+            time.sleep(POLL_S)
+        self.kernels_done = True
+
+    def report(self, stall_ns: int) -> str:
+        """Where every pair stands, and which side holds its commands."""
+        parts = []
+        for r, p in enumerate(self.pairs):
+            sub, done, tail, cq = (int(x) for x in self.progress[r])
+            bell = self.mem.reg(nq.doorbell(p.qid, False))
+            if sub == done:
+                who = "nothing outstanding"
+            elif bell != tail:
+                who = (f"held by the doorbell path: the GPU published tail {tail}, the "
+                       f"controller's doorbell says {bell}")
+            else:
+                who = (f"held by the controller: it was rung to tail {tail} and completed "
+                       f"{done} of {sub} commands")
+            parts.append(f"queue {p.qid}: submitted {sub}, completed {done}, CQ head "
+                         f"{cq & 0xFFFFFFFF}; {who}")
+        counts = np.bincount(self._fetch("state"), minlength=len(SLOT_STATES))
+        csts = self.mem.reg(nq.REG_CSTS)
+        fatal = "; the controller reports a fatal status (CSTS.CFS)" \
+            if csts & nq.CSTS_CFS else ""
+        return (f"NVMe queues ({self.mode} doorbells): no command completed for "
+                f"{stall_ns / 1e9:g} s; {'; '.join(parts)}{fatal}; slots "
+                f"{dict(zip(SLOT_STATES, counts.tolist()))}")
+
+    def abort_quietly(self, streams: tuple[Any, ...] = ()) -> bool:
+        """Stop agents and requesters now; True once every kernel stopped. Commands the
+        controller still holds are abandoned: reset the controller before a restart."""
+        if self.kernels_done:
+            return True
+        self._set(C_ABORT, 1)
+        everything = (self.agent_stream, *streams)
+        deadline = time.monotonic() + ABORT_WAIT_S
+        while not all(s.done for s in everything) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        self.kernels_done = all(s.done for s in everything)
+        return self.kernels_done
+
+    def abort(self, why: str, streams: tuple[Any, ...] = ()) -> None:
+        """abort_quietly, then QueueStalled(why)."""
+        if not self.abort_quietly(streams):
+            why += f"; the kernels did not stop within {ABORT_WAIT_S:g} s"
+        raise QueueStalled(why)
+
+    def close(self) -> None:
+        """Stop the relay; GPU memory goes unless a kernel never stopped (then it is kept
+        for good and the GPU marked unusable, as DeviceQueue does)."""
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+        if not self.kernels_done:  # what it may still write into is never freed
+            WEDGED.append(self)
+            gpu.mark_wedged(self._cp.cuda.Device().id, "an NVMe queue agent never stopped")
+            return
+        self._dev = {}
+
+
+class RegisteredModel:
+    """The software controller's shared memory (io/nvme_model.Memory) registered with CUDA
+    and mapped into the GPU, as ControllerMemory: its BAR page registered too, so direct
+    doorbells work (on a real controller that is the I/O-memory registration)."""
+
+    def __init__(self, mem: Any) -> None:
+        self._mem = mem
+        gpu.register_host(mem.addr, mem.size, mapped=True)
+        self.alloc, self.set_reg, self.reg = mem.alloc, mem.set_reg, mem.reg
+
+    def bar_address(self) -> int | None:
+        return self._mem.addr
+
+    def close(self) -> None:
+        gpu.unregister_host(self._mem.addr)

@@ -1,0 +1,157 @@
+"""NVMe queues as the controller sees them: the 64-byte submission entry, the 16-byte
+completion entry and the controller registers, defined once for every user-space NVMe path.
+
+BaM's mechanism is a driver that writes these entries into a controller's own queues and
+rings its doorbells. gpufio has three writers of them that must agree byte for byte: the
+host driver over vfio-pci (admin commands, and the CPU stand-in of the I/O path), the CUDA
+builder (GPU threads filling SQ slots; it gets every field's offset and width as NVRTC macros
+from ``defines``) and the software controller in the tests (which reads them as a drive
+would). The I/O command's fields (opcode, nsid, starting LBA in cdw10/cdw11, block count less
+one in cdw12) are NVMe's, the same values io/nvme_cmd.py puts into a passthrough entry; the
+data pointer here is PRP1/PRP2 (NVMe base specification 2.0, 4.1 and 4.3) instead of the
+kernel's ``addr``/``data_len``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpufio.io.nvme_cmd import (
+    NVME_FLUSH,
+    NVME_READ,
+    NVME_STATUS_BASE,
+    NVME_WRITE,
+    STATUS_MASK,
+)
+
+SQE_BYTES, CQE_BYTES = 64, 16
+
+# (field, byte offset, bytes) of a submission queue entry (common command format)
+SQE_FIELDS: tuple[tuple[str, int, int], ...] = (
+    ("opcode", 0, 1), ("flags", 1, 1), ("cid", 2, 2), ("nsid", 4, 4), ("cdw2", 8, 4),
+    ("cdw3", 12, 4), ("mptr", 16, 8), ("prp1", 24, 8), ("prp2", 32, 8), ("cdw10", 40, 4),
+    ("cdw11", 44, 4), ("cdw12", 48, 4), ("cdw13", 52, 4), ("cdw14", 56, 4), ("cdw15", 60, 4),
+)
+# (field, byte offset, bytes) of a completion queue entry; ``status`` holds the phase tag in
+# bit 0, the status code in bits 1-8, the status code type in bits 9-11, More and DNR above
+CQE_FIELDS: tuple[tuple[str, int, int], ...] = (
+    ("result", 0, 4), ("rsvd", 4, 4), ("sq_head", 8, 2), ("sq_id", 10, 2), ("cid", 12, 2),
+    ("status", 14, 2),
+)
+
+# Controller registers (byte offsets in BAR0) and the doorbells that follow them
+REG_CAP, REG_VS, REG_CC, REG_CSTS = 0x0, 0x8, 0x14, 0x1C
+REG_AQA, REG_ASQ, REG_ACQ = 0x24, 0x28, 0x30
+DOORBELLS = 0x1000
+
+# Admin command opcodes
+ADMIN_CREATE_SQ, ADMIN_CREATE_CQ, ADMIN_IDENTIFY = 0x01, 0x05, 0x06
+ADMIN_DELETE_SQ, ADMIN_DELETE_CQ, ADMIN_SET_FEATURES = 0x00, 0x04, 0x09
+FEATURE_NUM_QUEUES = 0x07
+
+PAGE = 4096  # the memory page size gpufio enables controllers with (CC.MPS = 0)
+PRP_PER_PAGE = PAGE // 8  # entries of one PRP list page; the last chains to the next page
+
+# CC and CSTS bits, and the generic status codes a controller returns most
+CC_EN, CSTS_RDY, CSTS_CFS = 1 << 0, 1 << 0, 1 << 1
+SC_INVALID_OPCODE, SC_INVALID_FIELD, SC_DATA_TRANSFER = 0x01, 0x02, 0x04
+SC_INTERNAL, SC_ABORT_REQUESTED, SC_PRP_OFFSET, SC_LBA_RANGE = 0x06, 0x07, 0x13, 0x80
+SC_INVALID_QID, SC_INVALID_QSIZE = 0x101, 0x102  # command specific (SCT 1)
+
+_KIND = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+
+
+def _dtype(fields: tuple[tuple[str, int, int], ...], size: int) -> np.dtype:
+    return np.dtype({"names": [f for f, _, _ in fields],
+                     "formats": [_KIND[n] for _, _, n in fields],
+                     "offsets": [o for _, o, _ in fields], "itemsize": size})
+
+
+SQE_DTYPE = _dtype(SQE_FIELDS, SQE_BYTES)
+CQE_DTYPE = _dtype(CQE_FIELDS, CQE_BYTES)
+
+
+def doorbell(qid: int, completion: bool, dstrd: int = 0) -> int:
+    """BAR0 offset of queue ``qid``'s SQ tail (or CQ head) doorbell; ``dstrd`` is CAP.DSTRD."""
+    return DOORBELLS + (2 * qid + int(completion)) * (4 << dstrd)
+
+
+def prp_count(addr: int, length: int) -> int:
+    """How many memory pages a transfer of ``length`` bytes at ``addr`` touches: one PRP
+    entry each; more than two need a PRP list (PRP2 then points to it)."""
+    first = PAGE - addr % PAGE
+    return 1 if length <= first else 1 + -(-(length - first) // PAGE)
+
+
+def io_commands(*, write: bool | np.ndarray, nsid: int | np.ndarray, lba_shift: int | np.ndarray,
+                off: np.ndarray, length: int | np.ndarray, cid: np.ndarray,
+                prp1: np.ndarray, prp2: np.ndarray) -> np.ndarray:
+    """Submission entries, one per I/O: an NVMe read (or write where ``write``) of
+    ``length`` bytes at byte ``off`` of namespace ``nsid`` (blocks of 1 << ``lba_shift``
+    bytes), data at PRP1/PRP2, command identifier ``cid``."""
+    e = np.zeros(len(off), SQE_DTYPE)
+    off = np.asarray(off, np.uint64)
+    shift = np.asarray(lba_shift, np.uint64)
+    slba = off >> shift
+    e["opcode"] = np.where(write, NVME_WRITE, NVME_READ)
+    e["cid"] = cid
+    e["nsid"] = nsid
+    e["prp1"] = prp1
+    e["prp2"] = prp2
+    e["cdw10"] = slba & np.uint64(0xFFFFFFFF)
+    e["cdw11"] = slba >> np.uint64(32)
+    e["cdw12"] = (np.asarray(length, np.uint64) >> shift) - np.uint64(1)
+    return e
+
+
+def flush_command(nsid: int, cid: int) -> np.ndarray:
+    """A Flush of namespace ``nsid``."""
+    e = np.zeros(1, SQE_DTYPE)
+    e["opcode"], e["nsid"], e["cid"] = NVME_FLUSH, nsid, cid
+    return e
+
+
+def cqe_status(status: int, phase: int) -> int:
+    """A completion's status word: ``status`` (SCT << 8 | SC) above the phase tag."""
+    return (status & STATUS_MASK) << 1 | (phase & 1)
+
+
+def prp_pages(addr: int, length: int) -> list[int]:
+    """The PRP entries of a transfer of ``length`` bytes at bus address ``addr``: the first
+    (which may start inside its page), then one page-aligned address per further page."""
+    first = addr - addr % PAGE
+    return [addr] + [first + PAGE * i for i in range(1, prp_count(addr, length))]
+
+
+def admin_command(opcode: int, cid: int, *, nsid: int = 0, prp1: int = 0, cdw10: int = 0,
+                  cdw11: int = 0) -> np.ndarray:
+    """An admin submission entry (Identify, Create/Delete I/O SQ or CQ, Set Features)."""
+    e = np.zeros(1, SQE_DTYPE)
+    e["opcode"], e["cid"], e["nsid"], e["prp1"] = opcode, cid, nsid, prp1
+    e["cdw10"], e["cdw11"] = cdw10, cdw11
+    return e
+
+
+def status_of(cqe_status: np.ndarray) -> np.ndarray:
+    """A completion's status (SCT << 8 | SC), without the phase tag, More and DNR."""
+    return (np.asarray(cqe_status, np.int64) >> 1) & STATUS_MASK
+
+
+def result(cqe_status: np.ndarray, length: int | np.ndarray) -> np.ndarray:
+    """gpufio's result of completions: ``length`` bytes where the status is 0, else
+    -(NVME_STATUS_BASE + status), the convention of io/nvme_cmd.py (``error_name`` there)."""
+    st = status_of(cqe_status)
+    return np.where(st == 0, length, -(NVME_STATUS_BASE + st)).astype(np.int32)
+
+
+def defines() -> tuple[str, ...]:
+    """NVRTC options giving the CUDA builder the layout: NQ_OFF_<field>/NQ_BITS_<field> for
+    the SQ and CQ entries (NQ_SQ_*, NQ_CQ_*), their sizes and the doorbell base."""
+    out = [f"-DNQ_{side}_{kind}_{name.upper()}={value}"
+           for side, fields in (("SQ", SQE_FIELDS), ("CQ", CQE_FIELDS))
+           for name, off, size in fields for kind, value in (("OFF", off), ("BITS", 8 * size))]
+    return (*out, f"-DNQ_SQE_BYTES={SQE_BYTES}", f"-DNQ_CQE_BYTES={CQE_BYTES}",
+            f"-DNQ_DOORBELLS={DOORBELLS}", f"-DNQ_PAGE={PAGE}",
+            f"-DNQ_PRP_PER_PAGE={PRP_PER_PAGE}", f"-DNQ_NVME_READ={NVME_READ}",
+            f"-DNQ_NVME_WRITE={NVME_WRITE}", f"-DNQ_NVME_FLUSH={NVME_FLUSH}",
+            f"-DNQ_STATUS_BASE={NVME_STATUS_BASE}", f"-DNQ_STATUS_MASK={STATUS_MASK}")
