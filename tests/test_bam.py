@@ -110,3 +110,51 @@ def test_one_already_on_vfio_is_used_as_it_is(tmp_path: Path) -> None:
     assert taken.driver == "vfio-pci"
     assert vfio.group_members("0000:03:00.0", pci) == ["0000:03:00.0"]
 
+
+
+def _bam_job(**opts):
+    from gpufio.profile import from_dict
+
+    return from_dict({"global": {"engine": "bam", "size": "1m", **opts}}, "p.toml", {}).jobs[0]
+
+
+@pytest.mark.parametrize("opts, message", [
+    ({"fsync": 8, "rw": "write"}, "sends no NVMe Flush yet"),
+    ({"bs": "6k"}, "bs to divide or be a multiple of 4096"),
+    ({"bs": "4m"}, "needs a chained PRP list"),
+])
+def test_bam_job_refusals(opts: dict, message: str) -> None:
+    from gpufio.engines import all_engines
+
+    with pytest.raises(BadInput, match=message):
+        all_engines()["bam"].check_job(_bam_job(**opts))
+
+
+def test_bam_results_name_the_cpu_stand_in() -> None:
+    from gpufio.engines import all_engines
+    from gpufio.engines.base import label
+
+    facts = all_engines()["bam"].describe(_bam_job())
+    assert facts["submitter"] == "cpu-stand-in"
+    assert label("bam", facts) == "bam (cpu-stand-in)"
+
+
+def test_guardian_leaves_a_controller_that_is_not_on_vfio(tmp_path: Path) -> None:
+    from gpufio.io import nvme_guardian
+
+    # started on vfio-pci (the user's own binding) or with no driver: nothing to give back
+    assert nvme_guardian.restore("0000:ff:00.0", "vfio-pci") is False
+    assert nvme_guardian.restore("0000:ff:00.0", None) is False
+
+
+def test_the_runner_starts_a_guardian_and_releases_it() -> None:
+    import sys
+
+    from gpufio.run.launch import Guardian
+
+    g = Guardian([sys.executable, "-c", "import sys; print('guarding', flush=True); "
+                  "sys.stdin.read(); sys.exit(3)"])
+    g.release()
+    assert g.proc.returncode == 3
+    with pytest.raises(BadInput, match="did not start"):
+        Guardian([sys.executable, "-c", "pass"])

@@ -20,7 +20,6 @@ import numpy as np
 from gpufio.core.checks import FAIL, OK, WARN, Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import check_not_in_use
-from gpufio.facts.device import read_text
 from gpufio.io import nvme_queue as nq
 from gpufio.io import vfio
 
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
 
 ADMIN_DEPTH = 32
 ADMIN_TIMEOUT_S = 10.0
+REPROBE_S = 30.0  # how long the nvme driver may take to show the namespaces again
 
 
 class ControllerError(RuntimeError):
@@ -50,28 +50,25 @@ def namespaces_of(bdf: str, sys_pci: Path = vfio.SYS_PCI) -> list[str]:
     return out
 
 
-def controller_of(namespace: str, sys_block: Path = Path("/sys/block")) -> str | None:
-    """The PCI address of the controller behind block device ``namespace`` (/dev/nvmeXnY;
-    for a multipath head the first path's controller), or None."""
-    disk = sys_block / os.path.basename(os.path.realpath(namespace))
-    dev = (disk / "device").resolve()
-    if not (dev / "address").exists() and (disk / "multipath").exists():
-        paths = sorted((disk / "multipath").iterdir())
-        dev = (paths[0] / "device").resolve() if paths else dev
-    addr = read_text(dev / "address")
-    return addr if addr else None
-
-
 @dataclass
 class Taken:
     """A controller bound to vfio-pci by gpufio: the driver to give it back to."""
 
     bdf: str
     driver: str | None
+    namespaces: int = 0  # block devices it had on the nvme driver
 
     def give_back(self, sys_pci: Path = vfio.SYS_PCI) -> None:
-        """Bind it to its driver again (the nvme driver: its namespaces reappear)."""
+        """Bind it to its driver again and wait (bounded) until the nvme driver, which
+        probes in the background, has its namespaces in /dev again, so that what runs next
+        finds them."""
         vfio.bind(self.bdf, self.driver, sys_pci)
+        deadline = time.monotonic() + REPROBE_S
+        while self.driver == "nvme" and time.monotonic() < deadline:
+            found = [ns for ns in namespaces_of(self.bdf, sys_pci) if os.path.exists(ns)]
+            if len(found) >= self.namespaces:
+                return
+            time.sleep(0.05)
 
 
 def take(bdf: str, *, writes: bool, sys_pci: Path = vfio.SYS_PCI) -> Taken:
@@ -84,13 +81,14 @@ def take(bdf: str, *, writes: bool, sys_pci: Path = vfio.SYS_PCI) -> Taken:
     driver = vfio.driver_of(bdf, sys_pci)
     if driver == "vfio-pci":
         return Taken(bdf, "vfio-pci")
-    for ns in namespaces_of(bdf, sys_pci):
+    held = namespaces_of(bdf, sys_pci)
+    for ns in held:
         check_not_in_use(ns)
     if not (sys_pci / "drivers" / "vfio-pci").exists():
         raise BadInput(f"controller {bdf}: the vfio-pci driver is not loaded "
                        "(modprobe vfio-pci)")
     vfio.bind(bdf, "vfio-pci", sys_pci)
-    return Taken(bdf, driver)
+    return Taken(bdf, driver, len(held))
 
 
 @dataclass
@@ -305,22 +303,24 @@ class Session:
 NVME_CLASS = "0x010802"
 
 
-def doctor_checks(host: Host, area: str) -> list[Check]:
+def doctor_checks(host: Host, area: str, needed: bool) -> list[Check]:
     """What a vfio-driven NVMe path needs on ``host``: the vfio-pci driver, the IOMMU on,
     and for each NVMe controller its IOMMU group, what shares it, and whether gpufio could
-    take it now (or why not)."""
+    take it now (or why not). A missing need fails where jobs ask for the path
+    (``needed``), else warns."""
+    bad = FAIL if needed else WARN
     sys_pci = host.path("sys/bus/pci")
     out = []
     loaded = (sys_pci / "drivers" / "vfio-pci").exists()
     built = host.kernel_config("CONFIG_VFIO_PCI")
     out.append(verdict(area, "vfio-pci", loaded or built in ("y", "m"),
                        "loaded" if loaded else f"not loaded (CONFIG_VFIO_PCI={built})",
-                       "the kernel has no vfio-pci: it cannot take a controller", bad=FAIL))
+                       "the kernel has no vfio-pci: it cannot take a controller", bad=bad))
     groups = host.path("sys/kernel/iommu_groups")
     ngroups = len(list(groups.iterdir())) if groups.exists() else 0
     out.append(verdict(area, "IOMMU", ngroups > 0, f"{ngroups} IOMMU groups",
                        "the IOMMU is off: boot with intel_iommu=on (or amd_iommu=on); gpufio "
-                       "drives NVMe over vfio only with it on", bad=FAIL))
+                       "drives NVMe over vfio only with it on", bad=bad))
     devices = sorted(p for p in (sys_pci / "devices").glob("*")
                      if host.read(str((p / "class").relative_to(host.root))) == NVME_CLASS) \
         if (sys_pci / "devices").exists() else []

@@ -15,6 +15,7 @@ import fcntl
 import mmap
 import os
 import struct
+import threading
 from pathlib import Path
 
 from gpufio.core.errors import BadInput
@@ -160,6 +161,7 @@ class Device:
         self.bar0: Bar | None = None
         self._memory: list[Memory] = []
         self._next_iova = self.IOVA_BASE
+        self._lock = threading.Lock()  # workers (threads) map their memory at once
         try:
             self._open(group)
         except BaseException:
@@ -208,9 +210,10 @@ class Device:
 
     def memory(self, size: int) -> Memory:
         """New pinned host memory of at least ``size`` bytes, mapped for the device's DMA."""
-        mem = Memory(self, size, self._next_iova)
-        self._next_iova += mem.size + mmap.PAGESIZE  # a guard page between mappings
-        self._memory.append(mem)
+        with self._lock:
+            mem = Memory(self, size, self._next_iova)
+            self._next_iova += mem.size + mmap.PAGESIZE  # a guard page between mappings
+            self._memory.append(mem)
         return mem
 
     def close(self) -> None:
