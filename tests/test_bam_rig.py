@@ -108,8 +108,8 @@ waitfor() {{  # a condition, checked for 120 s at most; what went on, when it fa
 bdf=$(basename "$(readlink -f /sys/block/$(basename {ns})/device/device)")
 driver() {{ basename "$(readlink /sys/bus/pci/devices/$bdf/driver)"; }}
 namespace() {{  # the controller's first namespace, once the nvme driver has it again
-  waitfor "ls /sys/bus/pci/devices/$bdf/nvme/*/ 2>/dev/null | grep -q 'n1\$'"
-  dev=/dev/$(ls /sys/bus/pci/devices/$bdf/nvme/*/ | grep -m1 'n1$')
+  waitfor "ls /sys/bus/pci/devices/$bdf/nvme/*/ 2>/dev/null | grep -q '^nvme.*n1\$'"
+  dev=/dev/$(ls /sys/bus/pci/devices/$bdf/nvme/*/ | grep -m1 '^nvme.*n1$')
   waitfor "[ -b $dev ]"
 }}
 start() {{  # a long bam job on it; returns once it holds the controller

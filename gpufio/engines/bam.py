@@ -80,12 +80,13 @@ class _Shared:
         self.users = 0
 
     @classmethod
-    def acquire(cls, bdf: str, writes: bool, pairs: int, depth: int, worker: int
-                ) -> tuple[_Shared, nvme_driver.QueuePair]:
+    def acquire(cls, bdf: str, writes: bool, pairs: int, depth: int, worker: int,
+                targets: list[Target]) -> tuple[_Shared, nvme_driver.QueuePair]:
+        """The job's controller (brought up by the first worker) and worker's own pair."""
         with cls.lock:
             shared = cls.open.get(bdf)
             if shared is None:
-                shared = cls.open[bdf] = cls(bdf, writes, pairs, depth)
+                shared = cls.open[bdf] = cls(bdf, writes, pairs, depth, targets)
             shared.users += 1
             return shared, shared.pairs[worker]
 
@@ -227,12 +228,9 @@ class Bam(Engine):
                     return
                 continue
             cids, status = pair.reap()
-            now = clock()
-            completed += len(cids)
+            now, completed = clock(), completed + len(cids)
             if dog.update(completed, now):
-                raise Stalled(f"{inflight} NVMe commands in flight on queue {pair.qid} of "
-                              f"{self._shared.bdf} and none completed for "
-                              f"{STALL_LIMIT_NS / 1e9:g} s")
+                raise Stalled(self._stalled(inflight))
             if not len(cids):
                 continue
             inflight -= len(cids)
@@ -241,6 +239,10 @@ class Bam(Engine):
             table.complete(ctx, cids, res, now, bad, slot_writes[cids] if job.mixed
                            else job.writes)
             free = np.concatenate((free, cids)) if len(free) else cids
+
+    def _stalled(self, inflight: int) -> str:
+        return (f"{inflight} NVMe commands in flight on queue {self.pair.qid} of "
+                f"{self._shared.bdf} and none completed for {STALL_LIMIT_NS / 1e9:g} s")
 
     def _bad(self, done: np.ndarray, res: np.ndarray) -> Callable[[np.ndarray, np.ndarray],
                                                                    list[int]]:
