@@ -264,7 +264,9 @@ class Rig:
         job = self.share / "cmd" / str(self._seq)
         path = f"{self._bin}:{os.environ.get('PATH', '')}"
         home = os.environ.get("HOME", "/root")
-        script = (f"export PATH={shlex.quote(path)} HOME={shlex.quote(home)}\n"
+        # PYTHONPATH: a script under tests/ imports the gpufio of the tree under test too
+        script = (f"export PATH={shlex.quote(path)} HOME={shlex.quote(home)} "
+                  f"PYTHONPATH={shlex.quote(str(REPO))}\n"
                   f"cd {shlex.quote(str(REPO))} || exit 125\n{cmd}\n")
         job.with_suffix(".sh").write_text(script)
         self._conn.sendall(f"{self._seq} {max(1, int(timeout + 0.999))}\n".encode())

@@ -197,6 +197,14 @@ class Engine(ABC):
         raise NotImplementedError(f"engine '{cls.name}' moves no tensors")
 
     @classmethod
+    def guardian(cls, job: "Job", targets: list["Target"]) -> list[str] | None:
+        """The command of a process that must outlive this job's runner (the runner starts
+        it before the workers, closes its standard input when the job is over, and the
+        kernel closes it when the runner dies): an engine that takes a device from its
+        kernel driver gives it back there. None: no such process."""
+        return None
+
+    @classmethod
     def unavailable(cls) -> str | None:
         """Why this engine cannot run on this host, or None if it can."""
         if cls.uses_gpu:

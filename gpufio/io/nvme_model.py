@@ -454,7 +454,7 @@ class Host:
         self.mem.set_reg(nq.REG_AQA, n | n << 16)
         self.mem.set_reg64(nq.REG_ASQ, self.admin_q.sq_iova)
         self.mem.set_reg64(nq.REG_ACQ, self.admin_q.cq_iova)
-        self.mem.set_reg(nq.REG_CC, nq.CC_EN | 6 << 16 | 4 << 20)  # IOSQES 64, IOCQES 16
+        self.mem.set_reg(nq.REG_CC, nq.CC_ENABLE)
         _wait("CSTS.RDY after CC.EN", lambda: self.mem.reg(nq.REG_CSTS) & nq.CSTS_RDY)
 
     def reset(self) -> None:

@@ -52,8 +52,13 @@ FEATURE_NUM_QUEUES = 0x07
 PAGE = 4096  # the memory page size gpufio enables controllers with (CC.MPS = 0)
 PRP_PER_PAGE = PAGE // 8  # entries of one PRP list page; the last chains to the next page
 
-# CC and CSTS bits, and the generic status codes a controller returns most
-CC_EN, CSTS_RDY, CSTS_CFS = 1 << 0, 1 << 0, 1 << 1
+# CC and CSTS bits: enable with 64-byte SQEs (IOSQES 6), 16-byte CQEs (IOCQES 4), the NVM
+# command set, MPS 0; shutdown notification "normal" and its status "complete"
+CC_EN, CC_SHN_NORMAL, CC_ENABLE = 1, 1 << 14, (4 << 20) | (6 << 16) | 1
+CSTS_RDY, CSTS_CFS, CSTS_SHST_MASK, CSTS_SHST_DONE = 1, 2, 3 << 2, 2 << 2
+# Identify CNS values: a namespace, the controller, the active namespace list
+CNS_NAMESPACE, CNS_CONTROLLER, CNS_ACTIVE_NSIDS = 0, 1, 2
+# the generic status codes a controller returns most
 SC_INVALID_OPCODE, SC_INVALID_FIELD, SC_DATA_TRANSFER = 0x01, 0x02, 0x04
 SC_INTERNAL, SC_ABORT_REQUESTED, SC_PRP_OFFSET, SC_LBA_RANGE = 0x06, 0x07, 0x13, 0x80
 SC_INVALID_QID, SC_INVALID_QSIZE = 0x101, 0x102  # command specific (SCT 1)
@@ -74,6 +79,88 @@ CQE_DTYPE = _dtype(CQE_FIELDS, CQE_BYTES)
 def doorbell(qid: int, completion: bool, dstrd: int = 0) -> int:
     """BAR0 offset of queue ``qid``'s SQ tail (or CQ head) doorbell; ``dstrd`` is CAP.DSTRD."""
     return DOORBELLS + (2 * qid + int(completion)) * (4 << dstrd)
+
+
+def cap_fields(cap: int) -> dict[str, int]:
+    """The fields of CAP gpufio uses: MQES+1 (the deepest queue), CQR (contiguous queues
+    required), TO (ready timeout, 500 ms units), DSTRD (doorbell stride), MPSMIN."""
+    return {"max_depth": (cap & 0xFFFF) + 1, "cqr": (cap >> 16) & 1, "timeout": (cap >> 24) & 0xFF,
+            "dstrd": (cap >> 32) & 0xF, "mpsmin": PAGE << ((cap >> 48) & 0xF)}
+
+
+def admin_command(opcode: int, cid: int, *, nsid: int = 0, prp1: int = 0, cdw10: int = 0,
+                  cdw11: int = 0) -> np.ndarray:
+    """An admin submission entry (Identify, Create/Delete I/O SQ or CQ, Set Features)."""
+    e = np.zeros(1, SQE_DTYPE)
+    e["opcode"], e["cid"], e["nsid"], e["prp1"] = opcode, cid, nsid, prp1
+    e["cdw10"], e["cdw11"] = cdw10, cdw11
+    return e
+
+
+def identify(cid: int, cns: int, buf: int, nsid: int = 0) -> np.ndarray:
+    """Identify (``cns``: CNS_*) into the 4 KiB page at ``buf``."""
+    return admin_command(ADMIN_IDENTIFY, cid, nsid=nsid, prp1=buf, cdw10=cns)
+
+
+def set_queue_count(cid: int, pairs: int) -> np.ndarray:
+    """Set Features, Number of Queues: ``pairs`` I/O SQs and CQs (zero-based in the
+    command); the completion's result says how many the controller grants (likewise)."""
+    n = pairs - 1
+    return admin_command(ADMIN_SET_FEATURES, cid, cdw10=FEATURE_NUM_QUEUES, cdw11=n << 16 | n)
+
+
+def create_cq(cid: int, qid: int, depth: int, buf: int) -> np.ndarray:
+    """Create I/O Completion Queue ``qid`` of ``depth`` entries at ``buf``, physically
+    contiguous (PC), interrupts off (IEN 0): gpufio polls its phase bits."""
+    return admin_command(ADMIN_CREATE_CQ, cid, prp1=buf, cdw10=(depth - 1) << 16 | qid,
+                         cdw11=0x1)
+
+
+def create_sq(cid: int, qid: int, depth: int, buf: int, cqid: int) -> np.ndarray:
+    """Create I/O Submission Queue ``qid`` of ``depth`` entries at ``buf``, contiguous,
+    completing into CQ ``cqid``."""
+    return admin_command(ADMIN_CREATE_SQ, cid, prp1=buf, cdw10=(depth - 1) << 16 | qid,
+                         cdw11=cqid << 16 | 0x1)
+
+
+def delete_queue(cid: int, qid: int, completion: bool) -> np.ndarray:
+    """Delete I/O SQ (or CQ where ``completion``) ``qid``."""
+    return admin_command(ADMIN_DELETE_CQ if completion else ADMIN_DELETE_SQ, cid, cdw10=qid)
+
+
+def parse_controller(page: bytes) -> dict[str, object]:
+    """The Identify Controller fields gpufio reports: model, serial, firmware, the number of
+    namespaces (NN) and MDTS (the largest transfer, in units of the minimum page; 0 none)."""
+    def text(a: int, b: int) -> str:
+        return page[a:b].decode("ascii", "replace").strip(" \0")
+
+    return {"serial": text(4, 24), "model": text(24, 64), "firmware": text(64, 72),
+            "mdts": page[77], "namespaces": int.from_bytes(page[516:520], "little")}
+
+
+def parse_namespace(page: bytes) -> dict[str, int]:
+    """Identify Namespace: its size in blocks (NSZE) and its block size (the LBA format
+    FLBAS selects)."""
+    flbas = page[26] & 0xF
+    return {"blocks": int.from_bytes(page[0:8], "little"),
+            "lba_bytes": 1 << page[128 + 4 * flbas + 2]}
+
+
+def prp_pointers(addr: int, length: int, list_addr: int) -> tuple[int, int, np.ndarray]:
+    """(PRP1, PRP2, PRP list) of a transfer of ``length`` bytes at bus address ``addr``:
+    PRP1 the first page (it may start inside it), PRP2 the second page when the transfer
+    touches two, else ``list_addr``, where the returned entries (one per further page, page
+    aligned) must be written. One list page holds PRP_PER_PAGE entries; gpufio refuses
+    longer transfers before they get here (prp_count)."""
+    rest = np.array(prp_pages(addr, length)[1:], np.uint64)
+    pages = len(rest) + 1
+    if pages <= 1:
+        return addr, 0, rest[:0]
+    if pages == 2:
+        return addr, int(rest[0]), rest[:0]
+    if pages - 1 > PRP_PER_PAGE:
+        raise ValueError(f"a transfer of {length} bytes needs a chained PRP list")
+    return addr, list_addr, rest
 
 
 def prp_count(addr: int, length: int) -> int:
@@ -121,15 +208,6 @@ def prp_pages(addr: int, length: int) -> list[int]:
     (which may start inside its page), then one page-aligned address per further page."""
     first = addr - addr % PAGE
     return [addr] + [first + PAGE * i for i in range(1, prp_count(addr, length))]
-
-
-def admin_command(opcode: int, cid: int, *, nsid: int = 0, prp1: int = 0, cdw10: int = 0,
-                  cdw11: int = 0) -> np.ndarray:
-    """An admin submission entry (Identify, Create/Delete I/O SQ or CQ, Set Features)."""
-    e = np.zeros(1, SQE_DTYPE)
-    e["opcode"], e["cid"], e["nsid"], e["prp1"] = opcode, cid, nsid, prp1
-    e["cdw10"], e["cdw11"] = cdw10, cdw11
-    return e
 
 
 def status_of(cqe_status: np.ndarray) -> np.ndarray:

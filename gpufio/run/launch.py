@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -256,3 +257,28 @@ class SpawnWorker(ProcessWorker):
         return _spawned_main, (engine_cls.name, job, [t.path for t in targets],
                                ctx.spawn_args(), shared.source, len(shared.blocks), conn, go,
                                self._cpus)
+
+
+class Guardian:
+    """A process an engine asked for (Engine.guardian) that outlives the runner: started in
+    a session of its own, so Ctrl-C and SIGTERM sent to the runner's group do not reach it;
+    it acts when its standard input closes (``release``, or the runner's death)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     start_new_session=True)
+        assert self.proc.stdout is not None
+        # ready once it has read the state it guards, before the workers change it
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise BadInput(f"the guardian {' '.join(argv[-2:])} did not start "
+                           f"(exit {self.proc.returncode})")
+
+    def release(self) -> None:
+        """The job is over: let it check the device and end; wait for it."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()

@@ -33,7 +33,7 @@ from gpufio.engines import all_engines
 from gpufio.engines.base import Engine, label
 from gpufio.io.gpu import gpu_facts
 from gpufio.run import placement
-from gpufio.run.launch import ProcessWorker, SpawnWorker, ThreadWorker
+from gpufio.run.launch import Guardian, ProcessWorker, SpawnWorker, ThreadWorker
 from gpufio.run.records import DONE, DONE_BOTH, DirResult, JobResult, RunOutcome, Snapshot
 
 TICK_S = 0.02
@@ -160,6 +160,7 @@ class JobRun:
         self.t_start = self.t_measure = 0
         self.cpu0 = self._cpu_end = CpuTimes.now()
         self._group: cgroups.CpuGroup | None = None
+        self._guardian: Guardian | None = None
         self._window = (0.0, 0.0)
         self.samples: list[dict[str, float]] = []
         self._last_sample = (0, 0, 0)
@@ -184,6 +185,8 @@ class JobRun:
                     self._group.close()
                 raise BadInput(f"job '{self.job.name}': cpu_accounting = \"cgroup\": cannot "
                                f"make a cgroup here: {e.strerror or e}") from None
+        argv = self.engine.guardian(self.job, self.targets)
+        self._guardian = Guardian(argv) if argv else None
         for w in self.workers:
             w.start()
 
@@ -314,6 +317,9 @@ class JobRun:
                           else None):
                 raise self._hung(i)
         self._mark_end()
+        if self._guardian is not None:
+            self._guardian.release()
+            self._guardian = None
         if self._group is not None:
             self._group.close()
         self.shared.close_source()
@@ -622,7 +628,7 @@ def _preconditions(batch: list[tuple], quiet: bool) -> dict[str, list[dict[str, 
     return out
 
 
-def _read_back(run: "JobRun", result: JobResult, quiet: bool) -> JobResult:
+def _read_back(run: JobRun, result: JobResult, quiet: bool) -> JobResult:
     """Verify what a write job wrote: read it back, and put the failures in its result."""
     job = run.job
     budgets = [w["completed"] for w in result.per_worker]

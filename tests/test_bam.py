@@ -1,0 +1,160 @@
+"""The bam engine's host side without a controller: PRP lists, admin command bytes from
+io/nvme_queue.py, the refusals over a fake sysfs tree, the engine's job checks."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpufio.core.errors import BadInput
+from gpufio.io import nvme_driver, vfio
+from gpufio.io import nvme_queue as nq
+
+
+def test_prp_one_page_two_pages_and_a_list() -> None:
+    assert nq.prp_pointers(0x10000, 4096, 0x90000)[:2] == (0x10000, 0)
+    p1, p2, rest = nq.prp_pointers(0x10200, 4096, 0x90000)  # crosses into a second page
+    assert (p1, p2, len(rest)) == (0x10200, 0x11000, 0)
+    p1, p2, rest = nq.prp_pointers(0x10000, 5 * 4096, 0x90000)
+    assert (p1, p2) == (0x10000, 0x90000)
+    assert rest.tolist() == [0x11000, 0x12000, 0x13000, 0x14000]
+    p1, p2, rest = nq.prp_pointers(0x10200, 4 * 4096 + 512, 0x90000)
+    assert rest.tolist() == [0x11000, 0x12000, 0x13000, 0x14000]
+    with pytest.raises(ValueError, match="chained"):
+        nq.prp_pointers(0, (nq.PRP_PER_PAGE + 2) * 4096, 0x90000)
+
+
+def _words(entry: np.ndarray) -> tuple[int, ...]:
+    return struct.unpack("<16I", entry.tobytes())
+
+
+def test_admin_commands_bytes() -> None:
+    w = _words(nq.identify(5, nq.CNS_CONTROLLER, 0x1_0000_2000))
+    assert w[0] == 0x06 | 5 << 16 and w[6:8] == (0x2000, 1) and w[10] == 1
+    w = _words(nq.identify(6, nq.CNS_NAMESPACE, 0x3000, nsid=2))
+    assert w[1] == 2 and w[10] == 0
+    w = _words(nq.set_queue_count(7, 4))
+    assert w[0] & 0xFF == 0x09 and w[10] == 0x07 and w[11] == 3 << 16 | 3
+    w = _words(nq.create_cq(8, 3, 64, 0x5000))
+    assert w[0] & 0xFF == 0x05 and w[6] == 0x5000 and w[10] == 63 << 16 | 3 and w[11] == 1
+    w = _words(nq.create_sq(9, 3, 64, 0x6000, 3))
+    assert w[0] & 0xFF == 0x01 and w[10] == 63 << 16 | 3 and w[11] == 3 << 16 | 1
+    assert _words(nq.delete_queue(1, 3, True))[0] & 0xFF == 0x04
+    assert _words(nq.delete_queue(1, 3, False))[0] & 0xFF == 0x00
+
+
+def test_io_command_bytes_with_a_prp_list() -> None:
+    e = nq.io_commands(write=False, nsid=1, lba_shift=9, off=np.array([65536]), length=16384,
+                       cid=np.array([7]), prp1=np.array([0x10000]), prp2=np.array([0x90000]))
+    w = _words(e)
+    assert w[0] == 0x02 | 7 << 16 and w[1] == 1 and w[6] == 0x10000 and w[8] == 0x90000
+    assert (w[10], w[11], w[12]) == (128, 0, 31)
+
+
+def test_identify_parsing() -> None:
+    page = bytearray(4096)
+    page[4:24] = b"rig-gen4".ljust(20)
+    page[24:64] = b"QEMU NVMe Ctrl".ljust(40)
+    page[77] = 7
+    page[516:520] = (256).to_bytes(4, "little")
+    assert nq.parse_controller(bytes(page)) == {"serial": "rig-gen4", "model": "QEMU NVMe Ctrl",
+                                                "firmware": "", "mdts": 7, "namespaces": 256}
+    ns = bytearray(4096)
+    ns[0:8] = (1 << 21).to_bytes(8, "little")
+    ns[26] = 1
+    ns[128 + 4 + 2] = 12
+    assert nq.parse_namespace(bytes(ns)) == {"blocks": 1 << 21, "lba_bytes": 4096}
+    assert nq.cap_fields(0x0020_0000_0F01_07FF)["max_depth"] == 2048
+
+
+def _fake_pci(root: Path, group_of: dict[str, tuple[str, str | None]]) -> Path:
+    """A sysfs /sys/bus/pci tree: each function's IOMMU group and driver."""
+    pci = root / "sys/bus/pci"
+    for bdf, (group, driver) in group_of.items():
+        dev = pci / "devices" / bdf
+        dev.mkdir(parents=True)
+        g = root / "sys/kernel/iommu_groups" / group
+        (g / "devices").mkdir(parents=True, exist_ok=True)
+        os.symlink(dev, g / "devices" / bdf)
+        os.symlink(g, dev / "iommu_group")
+        if driver:
+            d = pci / "drivers" / driver
+            d.mkdir(parents=True, exist_ok=True)
+            os.symlink(d, dev / "driver")
+    return pci
+
+
+def test_refuses_a_group_shared_with_a_device_in_use(tmp_path: Path) -> None:
+    pci = _fake_pci(tmp_path, {"0000:01:00.0": ("7", "nvme"), "0000:01:00.1": ("7", "e1000e")})
+    with pytest.raises(BadInput, match=r"^controller 0000:01:00.0: its IOMMU group 7 also "
+                                       r"holds 0000:01:00.1 \(e1000e\), in use"):
+        nvme_driver.take("0000:01:00.0", writes=False, sys_pci=pci)
+
+
+def test_refuses_without_an_iommu_and_a_missing_device(tmp_path: Path) -> None:
+    pci = tmp_path / "sys/bus/pci"
+    (pci / "devices/0000:02:00.0").mkdir(parents=True)
+    with pytest.raises(BadInput, match="has no IOMMU group"):
+        nvme_driver.take("0000:02:00.0", writes=False, sys_pci=pci)
+    with pytest.raises(BadInput, match="^controller 0000:09:00.0: no such PCI device$"):
+        nvme_driver.take("0000:09:00.0", writes=False, sys_pci=pci)
+
+
+def test_one_already_on_vfio_is_used_as_it_is(tmp_path: Path) -> None:
+    pci = _fake_pci(tmp_path, {"0000:03:00.0": ("9", "vfio-pci")})
+    taken = nvme_driver.take("0000:03:00.0", writes=False, sys_pci=pci)
+    assert taken.driver == "vfio-pci"
+    assert vfio.group_members("0000:03:00.0", pci) == ["0000:03:00.0"]
+
+
+
+def _bam_job(**opts):
+    from gpufio.profile import from_dict
+
+    return from_dict({"global": {"engine": "bam", "size": "1m", **opts}}, "p.toml", {}).jobs[0]
+
+
+@pytest.mark.parametrize("opts, message", [
+    ({"fsync": 8, "rw": "write"}, "sends no NVMe Flush yet"),
+    ({"bs": "6k"}, "bs to divide or be a multiple of 4096"),
+    ({"bs": "4m"}, "needs a chained PRP list"),
+])
+def test_bam_job_refusals(opts: dict, message: str) -> None:
+    from gpufio.engines import all_engines
+
+    with pytest.raises(BadInput, match=message):
+        all_engines()["bam"].check_job(_bam_job(**opts))
+
+
+def test_bam_results_name_the_cpu_stand_in() -> None:
+    from gpufio.engines import all_engines
+    from gpufio.engines.base import label
+
+    facts = all_engines()["bam"].describe(_bam_job())
+    assert facts["submitter"] == "cpu-stand-in"
+    assert label("bam", facts) == "bam (cpu-stand-in)"
+
+
+def test_guardian_leaves_a_controller_that_is_not_on_vfio(tmp_path: Path) -> None:
+    from gpufio.io import nvme_guardian
+
+    # started on vfio-pci (the user's own binding) or with no driver: nothing to give back
+    assert nvme_guardian.restore("0000:ff:00.0", "vfio-pci") is False
+    assert nvme_guardian.restore("0000:ff:00.0", None) is False
+
+
+def test_the_runner_starts_a_guardian_and_releases_it() -> None:
+    import sys
+
+    from gpufio.run.launch import Guardian
+
+    g = Guardian([sys.executable, "-c", "import sys; print('guarding', flush=True); "
+                  "sys.stdin.read(); sys.exit(3)"])
+    g.release()
+    assert g.proc.returncode == 3
+    with pytest.raises(BadInput, match="did not start"):
+        Guardian([sys.executable, "-c", "pass"])
