@@ -24,9 +24,9 @@ from gpufio.core.units import format_size, parse_size
 from gpufio.results.render import render as render_rows
 from gpufio.workloads import Workload, all_workloads
 
-__all__ = ["BadInput", "CpuGroup", "RunFailed", "evict", "format_size", "lay_out", "load",
-           "parse_size", "pattern", "read_iolog", "render", "render_rows", "run",
-           "stop_on_sigterm", "workload_of"]
+__all__ = ["BadInput", "CpuGroup", "RunFailed", "evict", "format_size", "gpu_probe", "lay_out",
+           "load", "nvme_model_cpu_rate", "nvme_model_gpu_rate", "parse_size", "pattern", "read_iolog",
+           "render", "render_rows", "run", "stop_on_sigterm", "workload_of"]
 
 
 def load(profile: Mapping[str, Any] | str | Path,
@@ -78,3 +78,26 @@ def pattern(seed: int, offset: int, nbytes: int) -> bytes:
     """The ``nbytes`` of gpufio's data pattern of ``seed`` at byte ``offset`` of a target
     (for a device a bench fills itself)."""
     return _pattern.fill(seed, offset, nbytes)
+
+
+def nvme_model_cpu_rate(n: int, depth: int, size: int) -> float:
+    """Reads/s of gpufio's software NVMe controller driven by its own CPU driver (its
+    ceiling; run/nvme_rates.py)."""
+    from gpufio.run import nvme_rates
+
+    return nvme_rates.cpu_rate(n, depth, size)
+
+
+def nvme_model_gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int) -> float:
+    """Reads/s of the software NVMe controller driven by GPU agent warps, ``mode`` "relay"
+    or "direct" doorbells (run/nvme_rates.py)."""
+    from gpufio.run import nvme_rates
+
+    return nvme_rates.gpu_rate(mode, n, depth, pairs, size)
+
+
+def gpu_probe() -> tuple[int, str | None]:
+    """(number of usable GPUs, None), or (0, why there is none), in one line."""
+    from gpufio.io import gpu
+
+    return gpu.probe()

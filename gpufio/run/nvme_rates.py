@@ -1,0 +1,101 @@
+"""The software NVMe controller's rates (io/nvme_model.py): driven by its own CPU driver, and
+by GPU agent warps through io/gio/nvme.py, for bench/bam.py (BaM's mechanism's ceiling, as
+bench/nop.py is io_uring's). The numbers are the model's, not a drive's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+from gpufio.run.nvme_model import ModelProcess
+
+BS = 4096
+
+
+def _model(where: str, size: int) -> ModelProcess:
+    from gpufio.core import targets
+
+    backing = os.path.join(where, "ns.dat")
+    targets.create_file(backing, size, 1)
+    return ModelProcess(where, backing, 9, 256 << 20)
+
+
+def _offsets(n: int, size: int) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    return rng.integers(0, size // BS, n).astype(np.uint64) * np.uint64(BS)
+
+
+def cpu_rate(n: int, depth: int, size: int) -> float:
+    """Reads/s of the model driven by its own CPU driver, ``depth`` outstanding, over ``n``
+    4 KiB reads of a ``size``-byte namespace."""
+    from gpufio.io import nvme_queue as nq
+
+    where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
+    model = _model(where, size)
+    try:
+        host = model.host()
+        pair = host.create_pair(1, depth + 1)
+        buf, iova = model.mem.alloc(depth * BS)
+        offs = _offsets(n, size)
+        cids = np.arange(n) % depth
+        e = nq.io_commands(write=False, nsid=1, lba_shift=9, off=offs, length=BS,
+                           cid=np.arange(n) % (1 << 16), prp1=iova + cids * BS,
+                           prp2=np.zeros(n, np.uint64))
+        t = time.perf_counter()
+        done = 0
+        for start in range(0, n, depth):  # a batch of depth, each on its own buffer
+            pair.run(e[start:start + depth], 10**10, depth)
+            done += len(e[start:start + depth])
+        return done / (time.perf_counter() - t)
+    finally:
+        model.stop()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int) -> float:
+    """Reads/s of the model driven by GPU agent warps (``mode`` doorbells), the landed bytes
+    left in the landing slots (the copy to GPU memory is not the mechanism)."""
+    import cupy as cp
+
+    from gpufio.io import cuda
+    from gpufio.io.gio.nvme import NvmeQueues, RegisteredModel
+
+    where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
+    model = _model(where, size)
+    reg = q = None
+    try:
+        reg = RegisteredModel(model.mem)
+        host = model.host()
+        made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
+        q = NvmeQueues(reg, made, depth=depth, slot_bytes=BS, nsid=1, lba_shift=9, mode=mode)
+        fn = cuda.module("bam_io").get_function("bam_requests")
+        threads = pairs * depth
+        tpb = min(32, threads)
+        threads -= threads % tpb
+        offs = cp.asarray(_offsets(n, size))
+        lens = cp.full(n, BS, cp.uint32)
+        kinds = cp.zeros(n, cp.uint8)
+        res = cp.zeros(n, cp.int32)
+        stream = cp.cuda.Stream(non_blocking=True)
+        q.start(threads)
+        t = time.perf_counter()
+        fn((threads // tpb,), (tpb,), (q.descriptor, np.uint64(n), offs, lens, kinds,
+                                       cp.zeros(16, cp.uint8), np.uint64(0), np.int32(0), res),
+           stream=stream)
+        q.wait((stream,), 10**10)
+        rate = n / (time.perf_counter() - t)
+        bad = int((res != BS).sum())
+        if bad:
+            raise SystemExit(f"bench: {bad} of {n} GPU reads failed ({mode} doorbells)")
+        return rate
+    finally:
+        if q is not None:
+            q.close()
+        model.stop()
+        if reg is not None:
+            reg.close()
+        shutil.rmtree(where, ignore_errors=True)
