@@ -25,8 +25,8 @@ from gpufio.results.render import render as render_rows
 from gpufio.workloads import Workload, all_workloads
 
 __all__ = ["BadInput", "CpuGroup", "RunFailed", "evict", "format_size", "gpu_probe", "lay_out",
-           "load", "nvme_model_cpu_rate", "nvme_model_gpu_rate", "parse_size", "pattern", "read_iolog",
-           "render", "render_rows", "run", "stop_on_sigterm", "workload_of"]
+           "load", "nvme_model_cpu_rate", "nvme_model_gpu_rate", "parse_size", "pattern",
+           "read_iolog", "render", "render_rows", "run", "stop_on_sigterm", "workload_of"]
 
 
 def load(profile: Mapping[str, Any] | str | Path,
