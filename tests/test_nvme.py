@@ -59,7 +59,11 @@ def nvme(nvme_rig, tmp_path_factory):
         **{f"write-{n}": ["run", str(p), "-q", "--format", "json"] for n, p in profiles.items()},
         "doctor": ["doctor", "--target", gen4, "--target", mp1, "--format", "json"],
     }
-    results = dict(zip(argvs, nvme_rig.gpufio(*argvs.values())))
+    try:
+        results = dict(zip(argvs, nvme_rig.gpufio(*argvs.values())))
+    finally:  # the guest serves the whole run: later tests write to these namespaces
+        wipe = nvme_rig.run(f"wipefs -q -a {mp2} {k4}")
+        assert wipe.returncode == 0, wipe.stderr
     docs = {n: json.loads(Path(p).read_text()) for n, p in out.items() if Path(p).exists()}
     return {"results": results, "docs": docs, "gen4": gen4, "gen5": gen5, "k4": k4,
             "mp1": mp1, "mp2": mp2}

@@ -121,7 +121,7 @@ def test_writes_then_verified_reads_on_each_namespace(out, lba):
 
 def test_writes_need_the_guards_consent(out):
     assert "confirm with write_device" in _one_line(out, "no_consent")
-    assert "holds a GPT partition table" in _one_line(out, "signature")
+    assert 'holds a partition table (PTTYPE="gpt")' in _one_line(out, "signature")
 
 
 def test_bad_inputs_are_one_line(out):
