@@ -63,8 +63,11 @@ def _script(rig) -> str:
         "write4k": f"{run} $D/w.toml -q -f json -s targets={blk4k} -s write_device={blk4k}",
         "read4k": f"{run} $D/r.toml -q -f json -s targets={ng4k}",
         "no_consent": f"{run} $D/w.toml -q -s targets={ng512}",
-        "signature": f"printf 'EFI PART' | dd of={blkmp} bs=1 seek=512 conv=notrunc "
-                     f"2>/dev/null && {run} $D/w.toml -q -s targets={ngmp} -s write_device={ngmp}",
+        # a real GPT (libblkid checks its header's checksum), wiped afterwards: the guest
+        # serves the whole run
+        "signature": f"printf 'label: gpt\\n' | sfdisk -q {blkmp} && {run} $D/w.toml -q "
+                     f"-s targets={ngmp} -s write_device={ngmp}; rc=$?; wipefs -q -a {blkmp}; "
+                     "exit $rc",
         "bs512_on_4k": f"{run} $D/r.toml -q -s targets={ng4k} -s bs=512",
         "not_nvme": f"{run} $D/r.toml -q -s targets=/dev/null",
         "generic_elsewhere": f"{run} $D/r.toml -q -s targets={ng512} -s engine=uring "
