@@ -66,8 +66,8 @@ def _script(rig) -> str:
         # a real GPT (libblkid checks its header's checksum), wiped afterwards: the guest
         # serves the whole run
         "signature": f"printf 'label: gpt\\n' | sfdisk -q {blkmp} && {run} $D/w.toml -q "
-                     f"-s targets={ngmp} -s write_device={ngmp}; rc=$?; wipefs -q -a {blkmp} >/dev/null 2>&1; "
-                     "exit $rc",
+                     f"-s targets={ngmp} -s write_device={ngmp}; rc=$?; "
+                     f"wipefs -q -a {blkmp} >/dev/null 2>&1; exit $rc",
         "bs512_on_4k": f"{run} $D/r.toml -q -s targets={ng4k} -s bs=512",
         "not_nvme": f"{run} $D/r.toml -q -s targets=/dev/null",
         "generic_elsewhere": f"{run} $D/r.toml -q -s targets={ng512} -s engine=uring "
