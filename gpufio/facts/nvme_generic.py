@@ -17,6 +17,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufio.facts.device import read_int, read_text
+
 SYS = Path("/sys")
 _GENERIC = re.compile(r"ng(\d+(?:c\d+)?n\d+)")
 _BLOCK = re.compile(r"nvme(\d+(?:c\d+)?n\d+)")
@@ -36,18 +38,6 @@ class Namespace:
     max_bytes: int | None  # the largest transfer (max_hw_sectors_kb)
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
-def _int(path: Path) -> int | None:
-    text = _read(path)
-    return int(text) if text and text.isdigit() else None
-
-
 def _devnum(path: str) -> tuple[str, int] | None:
     """('char' or 'block', st_rdev) of a device node, None for anything else."""
     try:
@@ -62,7 +52,7 @@ def _devnum(path: str) -> tuple[str, int] | None:
 
 
 def _sys_dev(cls_dir: Path) -> str | None:
-    return _read(cls_dir / "dev")
+    return read_text(cls_dir / "dev")
 
 
 def lookup(path: str, sys: Path = SYS) -> Namespace | None:
@@ -85,13 +75,13 @@ def lookup(path: str, sys: Path = SYS) -> Namespace | None:
     if not gen_dir.exists() or not blk_dir.exists():
         return None
     dev = Path(os.path.dirname(os.path.realpath(path)))
-    lba = _int(blk_dir / "queue/logical_block_size")
-    sectors = _int(blk_dir / "size")
-    max_kb = _int(blk_dir / "queue/max_hw_sectors_kb")
+    lba = read_int(blk_dir / "queue/logical_block_size")
+    sectors = read_int(blk_dir / "size")
+    max_kb = read_int(blk_dir / "queue/max_hw_sectors_kb")
     return Namespace(generic=str(dev / f"ng{suffix}"), block=str(dev / f"nvme{suffix}"),
-                     nsid=_int(blk_dir / "nsid"), lba_bytes=lba,
+                     nsid=read_int(blk_dir / "nsid"), lba_bytes=lba,
                      size=None if sectors is None else sectors * 512,
-                     poll_queues=_read(blk_dir / "queue/io_poll") == "1",
+                     poll_queues=read_text(blk_dir / "queue/io_poll") == "1",
                      max_bytes=None if max_kb is None else max_kb << 10)
 
 
