@@ -8,12 +8,13 @@ buffers, kernel compilation) and happens before the clock starts; ``run`` only m
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 
 from gpufio.core.checks import Check
 from gpufio.core.options import Option, settings_class
+from gpufio.core.requests import Capability, Channel, ChannelSpec, File
 from gpufio.core.rows import RowRequest, RowSupport, RowTable
 from gpufio.core.tensors import Extent, Mover, TensorRequest, TensorSupport
 
@@ -144,6 +145,9 @@ class Engine(ABC):
     rows: ClassVar[RowSupport | None] = None
     # where the engine's tensor mover finds shards (None: it saves and restores no tensors)
     tensors: ClassVar[TensorSupport | None] = None
+    # what the engine's channel (the one I/O primitive, core/requests) can do; None: it
+    # opens no channel (its loop runs on the device only)
+    capability: ClassVar[Capability | None] = None
     # fio's names for this path, for job files: "ioengine" or "ioengine:cuda_io", each with
     # the note a user reads when it maps to gpufio's engine ("" when it is the same path)
     fio_engines: ClassVar[dict[str, str]] = {}
@@ -179,6 +183,13 @@ class Engine(ABC):
         """True when this job sends NVMe commands: its targets must be NVMe namespaces, and
         each is opened at its generic char device (core/targets.open_namespace)."""
         return False
+
+    @classmethod
+    def channel(cls, job: "Job", files: Sequence[File], spec: ChannelSpec) -> Channel:
+        """The engine's one I/O primitive over ``files`` (opened by the caller, who closes
+        them): a Channel moving batches of (file, offset, length, buffer, op) requests as
+        ``spec`` asks. Engines with ``capability`` set implement it."""
+        raise NotImplementedError(f"engine '{cls.name}' opens no channel")
 
     @classmethod
     def row_fetcher(cls, job: "Job", table: RowTable, xp: Any, request: RowRequest) -> Any:

@@ -9,11 +9,12 @@ than the kernel's (docs/PERFORMANCE.md).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from gpufio.core.errors import BadInput
+from gpufio.core.requests import Capability, Channel, ChannelSpec, File
 from gpufio.engines import register
 from gpufio.engines.base import COMPILED_BATCH, Engine, compiled_loop, loop_facts, run_compiled
 from gpufio.io import loops
@@ -34,6 +35,11 @@ class Null(Engine):
     iodepth_means = ("I/Os handed out and completed per batch by the Python loop; the "
                      "compiled loop completes each I/O as it is handed out")
     fio_engines = {"null": ""}
+    capability = Capability(moves_data=False)
+
+    @classmethod
+    def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> "NullChannel":
+        return NullChannel(spec)
 
     @classmethod
     def check_job(cls, job: Job) -> None:
@@ -67,3 +73,28 @@ class Null(Engine):
             # each I/O of the batch completes when the batch is handed out
             lat = np.full(n, clock() - t0, dtype=np.int64)
             ctx.complete(lat, tgt, self._full[:n], ctx.last_writes())
+
+
+class NullChannel(Channel):
+    """Every request completes as it is submitted, with all its bytes and no data."""
+
+    def __init__(self, spec: ChannelSpec) -> None:
+        super().__init__(spec)
+        self._tags = np.zeros(0, np.int64)
+        self._res = np.zeros(0, np.int64)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._tags)
+
+    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
+               write: np.ndarray | bool, tag: np.ndarray) -> int:
+        k = min(self.room(), len(off))
+        self._tags = np.concatenate((self._tags, np.asarray(tag[:k], np.int64)))
+        self._res = np.concatenate((self._res, np.asarray(length[:k], np.int64)))
+        return k
+
+    def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
+        done = self._tags, self._res
+        self._tags, self._res = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return done

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from gpufio.core import pattern
+from gpufio.core.requests import HOST, Capability, Channel, ChannelSpec, File
 from gpufio.core.targets import aligned_buffer
 from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, piece_error, pieces, sync_files
 from gpufio.engines import register
@@ -42,6 +43,11 @@ class Psync(Engine):
                    "pvsync": "ioengine=pvsync runs as psync (pread instead of preadv)"}
 
     tensors = TensorSupport(gpu=False)
+    capability = Capability(memory=(HOST,))
+
+    @classmethod
+    def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> "PsyncChannel":
+        return PsyncChannel(files, spec)
 
     @classmethod
     def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
@@ -176,3 +182,41 @@ class PsyncTensors:
 
     def close(self) -> None:
         """The files belong to the workload, which closes them."""
+
+
+class PsyncChannel(Channel):
+    """One pread or pwrite after another, inside ``submit``: the requests are done when it
+    returns, and the next ``reap`` hands them back."""
+
+    def __init__(self, files: Sequence[File], spec: ChannelSpec) -> None:
+        super().__init__(spec)
+        self._fds = [f.fd for f in files]
+        self._tags: list[int] = []
+        self._res: list[int] = []
+        self.facts = {"iodepth": 1}
+
+    @property
+    def inflight(self) -> int:
+        return len(self._tags)
+
+    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
+               write: np.ndarray | bool, tag: np.ndarray) -> int:
+        import ctypes
+
+        k = min(self.room(), len(off))
+        writes = np.broadcast_to(np.asarray(write, bool), (len(off),))
+        for t, o, n, a, w, g in zip(tgt[:k].tolist(), off[:k].tolist(), length[:k].tolist(),
+                                    addr[:k].tolist(), writes[:k].tolist(), tag[:k].tolist()):
+            view = (ctypes.c_char * n).from_address(a)
+            try:
+                got = os.pwrite(self._fds[t], view, o) if w else os.preadv(self._fds[t], [view], o)
+            except OSError as e:
+                got = -e.errno
+            self._tags.append(g)
+            self._res.append(got)
+        return k
+
+    def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
+        done = np.array(self._tags, np.int64), np.array(self._res, np.int64)
+        self._tags, self._res = [], []
+        return done

@@ -1,0 +1,167 @@
+"""The one I/O primitive: an engine moves batches of requests and hands back completions.
+
+A request is (target, offset, length, buffer address, op): read ``length`` bytes of target
+``target`` at ``offset`` into the buffer, or write them from it. An engine opens a
+``Channel`` (``Engine.channel``) over targets a workload opened; the loops that make
+requests (the block loop, the GNN row gather, the checkpoint save and restore) live above
+the engines and are written once, for every engine whose ``Capability`` fits. Defined here,
+below both, so neither names the other.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+# where a request's buffer lives
+HOST = "host"  # host memory, page-aligned where the channel's targets are O_DIRECT
+GPU = "gpu"  # GPU memory: the address is a device pointer
+
+# a batch with no completion for this long is stuck (a wedged drive or mount)
+STALL_NS = 10_000_000_000
+
+
+class File(Protocol):
+    """A file a channel moves requests to and from, opened by whoever asked for the channel
+    (core/targets.Target is one)."""
+
+    path: str
+    fd: int
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What an engine's channel can do, for the loops above the engines to check.
+
+    ``memory``: where its requests' buffers may live (HOST, GPU). ``writes``: it writes as
+    well as reads. ``moves_data``: False for a path that completes requests without moving
+    bytes (null), whose buffers hold nothing afterwards. ``page_cache``: reads come from the
+    page cache whatever O_DIRECT says (a mapping). ``submitter``: "cpu" when a host thread
+    submits each batch; "gpu" when GPU threads do, a batch a kernel launch (such an engine
+    also keeps its own device loop for the block workload)."""
+
+    memory: tuple[str, ...] = (HOST,)
+    writes: bool = True
+    moves_data: bool = True
+    page_cache: bool = False
+    submitter: str = "cpu"
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """What a loop asks of a channel: ``depth`` requests in flight at most, buffers in
+    ``memory``, ``largest`` bytes the longest request moves (for engines that size their
+    bounce buffers or thread pools by it), ``writes`` when it will write."""
+
+    depth: int
+    memory: str = HOST
+    largest: int = 4096
+    writes: bool = False
+
+
+class Channel(ABC):
+    """Requests in flight on one engine's data path: at most ``spec.depth``.
+
+    ``submit`` takes requests in order until the channel is full; ``reap`` returns the tags
+    and results (bytes moved, or -errno) of requests that completed. A synchronous path
+    (pread, a mapping) moves each request inside ``submit`` and hands it back at the next
+    ``reap``. Buffers must stay valid until their request is reaped; ``close`` waits for
+    what is still in flight (with a limit) so none lands in freed memory."""
+
+    # facts for a result: how the path moved the requests (e.g. iodepth, api, mode)
+    facts: dict[str, Any]
+
+    def __init__(self, spec: ChannelSpec) -> None:
+        self.spec = spec
+        self.facts = {}
+
+    @property
+    @abstractmethod
+    def inflight(self) -> int:
+        """Requests submitted and not yet reaped."""
+
+    def room(self) -> int:
+        """How many more requests ``submit`` takes now."""
+        return self.spec.depth - self.inflight
+
+    @abstractmethod
+    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
+               write: np.ndarray | bool, tag: np.ndarray) -> int:
+        """Queue requests from the first on, as many as there is room for; how many."""
+
+    @abstractmethod
+    def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(tags, results) of completed requests, int64. With ``wait_ns`` (and something
+        in flight), wait up to that long for at least one; None: take what is there."""
+
+    def state(self) -> str:
+        """Where the path stands, for the report of a stall."""
+        return f"{self.inflight} in flight"
+
+    def sync(self, fds: Sequence[int]) -> None:
+        """Make the written bytes durable (fsync of every file; a mapping flushes first)."""
+        import os
+
+        for fd in fds:
+            os.fsync(fd)
+
+    def close(self) -> None:
+        """Release the channel; what is in flight lands first."""
+
+
+class RequestFailed(RuntimeError):
+    """Request ``index`` of a batch came back with ``res`` (-errno, or fewer bytes)."""
+
+    def __init__(self, index: int, res: int) -> None:
+        super().__init__(f"request {index}: {res}")
+        self.index, self.res = index, res
+
+
+class RequestsStuck(RuntimeError):
+    """No request completed for the stall limit; the message says where the path stood."""
+
+
+def move_all(ch: Channel, tgt: np.ndarray, off: np.ndarray, length: np.ndarray,
+             addr: np.ndarray, write: bool, stall_ns: int = STALL_NS) -> int:
+    """Move every request of one batch through ``ch`` and wait until all are complete; the
+    perf_counter_ns at which the first completed. RequestFailed for the first request that
+    did not move whole (after the rest of what was in flight has landed), RequestsStuck
+    when nothing completes for ``stall_ns``."""
+    n = len(off)
+    tgt = np.asarray(tgt, dtype=np.int64)
+    off = np.asarray(off, dtype=np.int64)
+    length = np.asarray(length, dtype=np.int64)
+    addr = np.asarray(addr, dtype=np.uint64)
+    tags = np.arange(n, dtype=np.int64)
+    pushed = done = first = 0
+    while done < n:
+        if pushed < n:
+            k = min(ch.room(), n - pushed)
+            if k:
+                end = pushed + k
+                pushed += ch.submit(tgt[pushed:end], off[pushed:end], length[pushed:end],
+                                    addr[pushed:end], write, tags[pushed:end])
+        idx, res = ch.reap(stall_ns)
+        if not len(idx):
+            if ch.inflight:
+                raise RequestsStuck(f"no I/O completed in {stall_ns / 1e9:g} s: {ch.state()}")
+            continue
+        first = first or time.perf_counter_ns()
+        bad = np.flatnonzero(res != length[idx])
+        if len(bad):
+            drain(ch, stall_ns)
+            raise RequestFailed(int(idx[bad[0]]), int(res[bad[0]]))
+        done += len(idx)
+    return first
+
+
+def drain(ch: Channel, stall_ns: int = STALL_NS) -> None:
+    """Wait for what is in flight on ``ch`` (up to ``stall_ns`` without a completion), so
+    none lands in memory the caller frees."""
+    while ch.inflight:
+        if not len(ch.reap(stall_ns)[0]):
+            return
