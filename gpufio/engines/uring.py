@@ -21,7 +21,7 @@ import numpy as np
 from gpufio.core import pattern
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.requests import HOST, Capability, Channel, ChannelSpec, File, drain
+from gpufio.core.requests import HOST, Capability, ChannelSpec, File
 from gpufio.core.slots import SlotTable
 from gpufio.core.targets import aligned_buffer
 from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, sync_files
@@ -38,6 +38,7 @@ from gpufio.engines.base import (
 )
 from gpufio.facts.device import poll_refusal
 from gpufio.io import loops, ringio, uring
+from gpufio.io.uring_channel import UringChannel
 from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog, ring_report
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class Uring(Engine):
     capability = Capability(memory=(HOST,))
 
     @classmethod
-    def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> "UringChannel":
+    def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> UringChannel:
         return UringChannel(files, spec)
 
     @classmethod
@@ -309,50 +310,3 @@ class UringTensors:
     def close(self) -> None:
         self.io.close()
 
-
-class UringChannel(Channel):
-    """Requests through one io_uring ring of ``spec.depth`` entries, READ and WRITE with
-    each request's own descriptor, address and length; ``sqe_flags`` on every entry (e.g.
-    SQE_ASYNC, so io-wq workers run them in parallel)."""
-
-    def __init__(self, files: Sequence[File], spec: ChannelSpec, sqe_flags: int = 0) -> None:
-        super().__init__(spec)
-        self._fds = np.array([f.fd for f in files], dtype=np.int64)
-        self._sqe_flags = sqe_flags
-        self.ring = uring.Ring(spec.depth)
-        self.facts = {"iodepth": spec.depth}
-
-    @property
-    def inflight(self) -> int:
-        return self.ring.inflight
-
-    def room(self) -> int:
-        return min(self.ring.space(), super().room())
-
-    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
-               write: np.ndarray | bool, tag: np.ndarray) -> int:
-        k = min(self.room(), len(off))
-        if k:
-            w = np.asarray(write, bool)
-            opcode = (np.where(w[:k], uring.OP_WRITE, uring.OP_READ) if w.ndim
-                      else (uring.OP_WRITE if w else uring.OP_READ))
-            self.ring.push(uring.sqe_words(
-                opcode=opcode, sqe_flags=self._sqe_flags, fd=self._fds[np.asarray(tgt[:k])],
-                off=np.asarray(off[:k], dtype=np.uint64),
-                addr=np.asarray(addr[:k], dtype=np.uint64),
-                length=np.asarray(length[:k], dtype=np.int64),
-                user_data=np.asarray(tag[:k]).astype(np.uint64)))
-        return k
-
-    def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
-        wait = wait_ns is not None and self.ring.inflight > 0
-        self.ring.submit(wait=int(wait), timeout_ns=wait_ns if wait else None)
-        ud, res = self.ring.reap()
-        return ud.astype(np.int64), res.astype(np.int64)
-
-    def state(self) -> str:
-        return ring_report(self.ring, self._fds.tolist())
-
-    def close(self) -> None:
-        drain(self)
-        self.ring.close()
