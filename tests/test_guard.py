@@ -259,6 +259,28 @@ def test_a_device_carrying_a_real_signature_is_refused_even_when_named(
     assert _head(image) == before
 
 
+def test_a_damaged_gpt_that_libblkid_passes_over_is_refused_even_when_named(
+        tmp_path, blank_device):
+    """A bare GPT header magic with no valid checksum: libblkid reports nothing, yet a disk
+    that carries it is someone's (a half-wiped or damaged table); gpufio's own list says so."""
+    dev, image = blank_device()
+    with open(image, "r+b") as f:
+        f.seek(512)
+        f.write(b"EFI PART")
+    before = _head(image)
+    if guard._libblkid() is not None:
+        fd = os.open(dev, os.O_RDONLY)
+        try:
+            assert guard.blkid_signatures(guard._libblkid(), fd) == []
+        finally:
+            os.close(fd)
+    res = cli.invoke(app, write_job(tmp_path, dev, write_device=f'"{dev}"'))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
+    assert f'target {dev}: holds a partition table (PTTYPE="gpt"), found by gpufio\'s own ' \
+        "list" in res.stderr, res.stderr
+    assert _head(image) == before
+
+
 def test_a_blank_device_needs_its_name_confirmed(tmp_path, blank_device):
     dev, image = blank_device()
     other, _ = blank_device("other")

@@ -12,7 +12,9 @@ must never be the tool that destroys a filesystem. A job may write to:
   holders (device-mapper, md, bcache) and opens with O_EXCL, and the signature probe finds
   nothing on it: util-linux's libblkid (the low-level probe of ``blkid -p`` and ``wipefs``,
   which knows every filesystem, RAID, LVM, crypt, cache and swap superblock and every
-  partition table), or, where libblkid.so.1 is missing, gpufio's own list of magic numbers.
+  partition table), then gpufio's own list of magic numbers, which also catches what libblkid
+  passes over for a bad checksum (a damaged GPT is still someone's disk) and stands alone where
+  libblkid.so.1 is missing.
 
 Read-only files and mounts are refused too. Every refusal is one line naming the target and
 what was found, in libblkid's names (``TYPE="vfat"``, ``PTTYPE="gpt"``).
@@ -192,13 +194,19 @@ def blkid_signatures(lib: ctypes.CDLL, fd: int) -> list[Signature]:
 
 
 def probe(fd: int) -> tuple[list[Signature], str]:
-    """What the open file or device ``fd`` holds, and who found it: libblkid, or gpufio's
-    own list where libblkid is missing."""
+    """What the open file or device ``fd`` holds, and who found it: libblkid, then gpufio's
+    own list. The own list is asked even where libblkid finds nothing: libblkid checks
+    checksums, so a damaged superblock or GPT (bad CRC, a half-wiped header) passes it, and
+    a device that still carries one is someone's data all the same."""
     lib = _libblkid()
     if lib is not None:
-        return blkid_signatures(lib, fd), "found by libblkid"
+        found = blkid_signatures(lib, fd)
+        if found:
+            return found, "found by libblkid"
     head, tail = _read_ends(fd, os.lseek(fd, 0, os.SEEK_END))
-    return signatures(head, tail), f"found by gpufio's own list: no {LIBBLKID} here"
+    where = "libblkid reports nothing (a damaged signature)" if lib is not None \
+        else f"no {LIBBLKID} here"
+    return signatures(head, tail), f"found by gpufio's own list: {where}"
 
 
 def _found(path: str, fd: int) -> str | None:
