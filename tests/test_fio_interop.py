@@ -302,6 +302,22 @@ def test_null_gtod_reduce_is_accepted_with_a_note(tmp_path):
     assert json.loads(res.stdout)["jobs"][0]["read"]["total_ios"] == 256
 
 
+def test_null_lays_out_nothing_however_large_its_size(tmp_path):
+    """fio's null engine needs no file: null.fio's size=100g runs on an offset space, with
+    nothing laid out and no consent asked, as fio does."""
+    cache = Path(os.environ["XDG_CACHE_HOME"]) / "gpufio"
+    before = sorted(os.listdir(cache)) if cache.exists() else []
+    res = cli.invoke(app, ["run", str(EXAMPLES / "null.fio"), "-q", "-f", "json", "--set",
+                           "io_size=4m"])
+    assert res.exit_code == 0, res.output
+    (job,) = json.loads(res.stdout)["jobs"]
+    assert job["read"]["total_ios"] == 1024
+    assert [(t["path"], t["size"]) for t in job["targets"]] == [("(no storage)", 100 << 30)]
+    assert (sorted(os.listdir(cache)) if cache.exists() else []) == before
+    assert cli.invoke(app, ["prepare", str(EXAMPLES / "null.fio")]).exit_code == 0
+    assert (sorted(os.listdir(cache)) if cache.exists() else []) == before
+
+
 @pytest.mark.parametrize("key", ["clat_percentiles=1", "lat_percentiles=1", "disable_slat=1",
                                  "disable_bw_measurement=1", "disable_lat"])
 def test_reporting_only_options_are_accepted_with_a_note(key):

@@ -312,6 +312,17 @@ def _read_first_block_direct(path: str) -> bytes:
         buf.close()
 
 
+NO_STORAGE = "(no storage)"
+
+
+def no_storage(size: int) -> Target:
+    """The target of a job whose engine touches no storage (null) and that names none: an
+    offset space of ``size`` bytes with no file behind it, as fio's null engine has, so
+    gpufio lays nothing out for it."""
+    return Target(path=NO_STORAGE, fd=-1, size=size, is_block=False, dio_align=1,
+                  pattern_seed=None, facts={"kind": "none"})
+
+
 def open_target(path: str, direct: bool, consent: WriteConsent | None = None,
                 generic: bool = False) -> Target:
     """Open ``path`` (O_DIRECT when ``direct``) and gather its facts: read-only, or for

@@ -145,6 +145,9 @@ class Engine(ABC):
     rows: ClassVar[RowSupport | None] = None
     # where the engine's tensor mover finds shards (None: it saves and restores no tensors)
     tensors: ClassVar[TensorSupport | None] = None
+    # False for a path that touches no storage (null): a job of it naming no targets gets
+    # an offset space of its size, with no file laid out
+    touches_storage: ClassVar[bool] = True
     # what the engine's channel (the one I/O primitive, core/requests) can do; None: it
     # opens no channel (its loop runs on the device only)
     capability: ClassVar[Capability | None] = None

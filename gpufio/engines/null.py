@@ -36,6 +36,7 @@ class Null(Engine):
                      "compiled loop completes each I/O as it is handed out")
     fio_engines = {"null": ""}
     capability = Capability(moves_data=False)
+    touches_storage = False
 
     @classmethod
     def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> "NullChannel":

@@ -59,18 +59,24 @@ def fill_threads(job: Job) -> int:
 
 
 def job_target_paths(job: Job) -> tuple[list[str], int | None]:
-    """The job's target paths and the size gpufio creates missing ones with (None: never)."""
+    """The job's target paths and the size gpufio creates missing ones with (None: never).
+    None at all for a job naming none whose engine touches no storage (null): it runs on an
+    offset space of its size, and nothing is laid out."""
     if job.targets:
         return tg.resolve(job.targets), None if job.size is None else job.offset + job.size
     if job.size is None:
         raise BadInput(f"job '{job.name}': no targets and no size: give targets, or a size "
                        "for gpufio to create a scratch file of")
+    if not all_engines()[job.engine].touches_storage:
+        return [], None
     return [tg.scratch_path(job.directory, job.randseed)], job.offset + job.size
 
 
 def job_targets(job: Job, quiet: bool) -> list[str]:
     """The job's target paths, creating missing files that the job gives a size for."""
     paths, create_size = job_target_paths(job)
+    if not paths:
+        return paths
     if job.targets:
         if create_size is not None:  # all the files it creates on one filesystem, together
             missing = [p for p in paths if not os.path.lexists(p)]
@@ -506,7 +512,10 @@ def _open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], lis
         raise BadInput(f"job '{job.name}': engine '{job.engine}' cannot run here: {why}")
     opened: list[tg.Target] = []
     try:
-        for path in job_targets(job, quiet):
+        paths = job_targets(job, quiet)
+        if not paths:
+            opened.append(tg.no_storage(job.offset + job.size))
+        for path in paths:
             opened.append(tg.open_target(path, job.direct, WriteConsent.of(job),
                                          generic=engine.generic_targets(job)))
         # a job that only writes verifies by reading back what it wrote; one that reads
