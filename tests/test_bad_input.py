@@ -86,9 +86,9 @@ def test_set_values_are_toml_lists_strings_numbers_and_booleans(write_profile, t
 
 
 def test_too_many_processes_for_the_kernel_is_one_line(write_profile, scratch, monkeypatch):
-    from gpufio.run import runner
+    from gpufio.run import limits
 
-    monkeypatch.setattr(runner, "_process_room", lambda: 3)
+    monkeypatch.setattr(limits, "_process_room", lambda: 3)
     path = write_profile('[global]\nsize = "1m"\nnumjobs = 4\nruntime = "1s"\n')
     res = cli.invoke(app, ["run", str(path), "--quiet"])
     _assert_one_line_bad_input(res, scratch, "numjobs 4 needs 4 worker processes; the kernel "

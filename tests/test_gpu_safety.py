@@ -43,7 +43,7 @@ def test_lazy_module_loading_is_warned_about(monkeypatch):
     assert gpu.module_loading_warning({"CUDA_MODULE_LOADING": "EAGER"}) is None
     from gpufio.engines.gpu_uring import GpuUring
     from gpufio.profile import from_dict
-    from gpufio.run.runner import job_advice
+    from gpufio.run.jobrun import job_advice
 
     monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"]}}, "t.toml", {}).jobs[0]

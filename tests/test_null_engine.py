@@ -9,7 +9,7 @@ import pytest
 from gpufio.core import targets
 from gpufio.core.errors import BadInput
 from gpufio.profile import from_dict, load
-from gpufio.run import runner
+from gpufio.run import jobrun, runner
 
 
 def _run(paths, **opts):
@@ -66,8 +66,8 @@ def stuck(monkeypatch):
         release.wait()  # the call that does not return
 
     monkeypatch.setattr(Null, "run", run)
-    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.3)
-    monkeypatch.setattr(runner, "NO_PROGRESS_S", 0.3)
+    monkeypatch.setattr(jobrun, "STOP_GRACE_S", 0.3)
+    monkeypatch.setattr(jobrun, "NO_PROGRESS_S", 0.3)
     yield
     release.set()
 
@@ -83,7 +83,7 @@ def test_a_worker_that_never_returns_after_its_runtime_is_named_not_waited_for(
     from gpufio.engines.null import Null
 
     monkeypatch.setattr(Null, "worker_kind", kind)
-    monkeypatch.setattr(runner, "NO_PROGRESS_S", 60.0)  # only the runtime's end stops it
+    monkeypatch.setattr(jobrun, "NO_PROGRESS_S", 60.0)  # only the runtime's end stops it
     where = (r"thread t/0, in gpufio/\S+\.py:\d+ \(\w+\)" if kind == "thread"
              else r"process (\d+)")
     with pytest.raises(WorkerHung, match=rf"job 't': worker 0 \({where}\) did not stop "
@@ -117,10 +117,10 @@ def test_gpufio_run_with_a_stuck_worker_thread_says_so_and_exits_1(tmp_path, pat
     code = f"""
 import sys, threading
 from gpufio.engines.null import Null
-from gpufio.run import runner
+from gpufio.run import jobrun
 Null.worker_kind = "thread"
 Null.run = lambda self: threading.Event().wait()
-runner.STOP_GRACE_S = 0.3
+jobrun.STOP_GRACE_S = 0.3
 sys.argv = ["gpufio", "run", {str(profile)!r}, "-q"]
 from gpufio.cli import main
 main()

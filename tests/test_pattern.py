@@ -66,7 +66,7 @@ def test_fill_threads_write_the_same_bytes(shape):
 
 def test_fill_threads_leave_cores_to_the_workers():
     from gpufio.profile import from_dict
-    from gpufio.run.runner import MAX_FILL_THREADS, fill_threads
+    from gpufio.run.opening import MAX_FILL_THREADS, fill_threads
 
     def job(**o):
         return from_dict({"global": o}, "p.toml", {}).jobs[0]

@@ -9,7 +9,7 @@ from gpufio.core import pattern, targets
 from gpufio.core.errors import BadInput
 from gpufio.facts import device as devinfo
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.run import opening
 
 
 def test_created_file_carries_the_pattern(pattern_file):
@@ -123,12 +123,12 @@ def _job(**glob):
 
 
 def test_one_scratch_file_per_seed_grows_with_the_largest_size(scratch):
-    (path,) = runner.job_targets(_job(size="64k", randseed=5), quiet=True)
+    (path,) = opening.job_targets(_job(size="64k", randseed=5), quiet=True)
     assert path == str(scratch / "gpufio-seed5.dat")
     assert os.path.getsize(path) == 65536
-    assert runner.job_targets(_job(size="16k", randseed=5), quiet=True) == [path]
+    assert opening.job_targets(_job(size="16k", randseed=5), quiet=True) == [path]
     assert os.path.getsize(path) == 65536  # a smaller size reuses it as it is
-    assert runner.job_targets(_job(size="1m", offset="4k", randseed=5), quiet=True) == [path]
+    assert opening.job_targets(_job(size="1m", offset="4k", randseed=5), quiet=True) == [path]
     data = open(path, "rb").read()
     assert len(data) == (1 << 20) + 4096 and data == pattern.fill(5, 0, len(data))
     assert sorted(os.listdir(scratch)) == ["gpufio-seed5.dat"]
@@ -138,7 +138,7 @@ def test_a_scratch_file_that_lost_its_pattern_is_not_grown(scratch):
     scratch.mkdir()
     (scratch / "gpufio-seed5.dat").write_bytes(b"\0" * 4096)
     with pytest.raises(BadInput, match="does not carry gpufio's pattern of seed 5"):
-        runner.job_targets(_job(size="64k", randseed=5), quiet=True)
+        opening.job_targets(_job(size="64k", randseed=5), quiet=True)
     assert os.path.getsize(scratch / "gpufio-seed5.dat") == 4096
 
 
@@ -152,7 +152,7 @@ def test_stale_partial_files_of_dead_processes_are_removed(scratch):
     live.write_bytes(pattern.fill(6, 0, 4096))
     foreign = scratch / f"notes.txt.partial-{dead.pid}"  # not ours: left alone
     foreign.write_text("hello")
-    runner.job_targets(_job(size="64k", randseed=5), quiet=True)
+    opening.job_targets(_job(size="64k", randseed=5), quiet=True)
     assert not stale.exists() and live.exists() and foreign.exists()
 
 
@@ -168,7 +168,7 @@ def test_no_file_is_ever_created_under_the_kernels_trees(path, message):
     for size in ("16g", None):
         job = _job(targets=[path], **({"size": size} if size else {}))
         with pytest.raises(BadInput, match=message):
-            runner.job_targets(job, quiet=True)
+            opening.job_targets(job, quiet=True)
     assert not os.path.exists(path)
 
 
@@ -177,7 +177,7 @@ def test_the_shared_memory_tmpfs_is_the_one_place_under_dev_for_files():
         pytest.skip("no /dev/shm here")
     path = f"/dev/shm/gpufio-test-{os.getpid()}.dat"
     try:
-        runner.job_targets(_job(targets=[path], size="64k"), quiet=True)
+        opening.job_targets(_job(targets=[path], size="64k"), quiet=True)
         assert open(path, "rb").read() == pattern.fill(0x89, 0, 65536)
         assert devinfo.path_facts(path)["ram_backed"] is True
     finally:
@@ -187,7 +187,7 @@ def test_the_shared_memory_tmpfs_is_the_one_place_under_dev_for_files():
 def test_a_device_name_is_never_created_elsewhere_either(tmp_path):
     path = tmp_path / "nvme1n1"
     with pytest.raises(BadInput, match="its name is a block device's"):
-        runner.job_targets(_job(targets=[str(path)], size="1m"), quiet=True)
+        opening.job_targets(_job(targets=[str(path)], size="1m"), quiet=True)
     assert not path.exists()
 
 
@@ -199,9 +199,9 @@ def test_a_regular_file_left_under_dev_is_not_measured(monkeypatch):
 
 def test_missing_directories_are_errors_not_created(tmp_path):
     with pytest.raises(BadInput, match="key 'directory': .*/data1 does not exist"):
-        runner.job_targets(_job(size="1m", directory=str(tmp_path / "data1")), quiet=True)
+        opening.job_targets(_job(size="1m", directory=str(tmp_path / "data1")), quiet=True)
     with pytest.raises(BadInput, match="directory .*/sub does not exist"):
-        runner.job_targets(_job(size="1m", targets=[str(tmp_path / "sub" / "x.dat")]), quiet=True)
+        opening.job_targets(_job(size="1m", targets=[str(tmp_path / "sub" / "x.dat")]), quiet=True)
     assert not (tmp_path / "data1").exists() and not (tmp_path / "sub").exists()
 
 
@@ -213,7 +213,7 @@ def test_an_empty_target_list_is_an_error():
 @pytest.mark.parametrize("size", [1001, 4099, 12345])
 def test_sizes_that_are_not_a_multiple_of_8_are_created(tmp_path, size):
     path = tmp_path / "odd.dat"
-    runner.job_targets(_job(size=size, bs=512, targets=[str(path)]), quiet=True)
+    opening.job_targets(_job(size=size, bs=512, targets=[str(path)]), quiet=True)
     assert path.read_bytes() == pattern.fill(0x89, 0, size)
 
 
@@ -230,10 +230,10 @@ def test_scratch_files_lists_what_gpufio_left(scratch):
 def test_missing_target_without_size(tmp_path):
     job = from_dict({"global": {"targets": [str(tmp_path / "x.dat")]}}, "p.toml", {}).jobs[0]
     with pytest.raises(BadInput, match="does not exist, and the job gives no size"):
-        runner.job_targets(job, quiet=True)
+        opening.job_targets(job, quiet=True)
     job = from_dict({}, "p.toml", {}).jobs[0]
     with pytest.raises(BadInput, match="no targets and no size"):
-        runner.job_targets(job, quiet=True)
+        opening.job_targets(job, quiet=True)
 
 
 def test_block_device_facts_when_present():

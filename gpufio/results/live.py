@@ -78,7 +78,7 @@ class LiveTable:
 
 
 def _table(snaps: list[Snapshot], note: str = "") -> Table:
-    """The live table; a finished job's row carries its result's numbers (runner.JobRun),
+    """The live table; a finished job's row carries its result's numbers (run/jobrun.JobRun),
     and ``note`` says what the screen's result below is beside them."""
     finished = bool(snaps) and all(_done(s) for s in snaps)
     rows = [{"job": s.name, "engine": s.engine, "state": s.state, "IOPS": f"{s.iops:,.0f}",

@@ -52,7 +52,7 @@ class JobResult:
     # the read-back of a verified write job: what the result says beside the numbers
     steadystate: dict[str, Any] | None = None
     phases: list[dict[str, Any]] = field(default_factory=list)
-    # each GPU's workers and their directions (runner.per_gpu), when the job uses several
+    # each GPU's workers and their directions (jobrun.per_gpu), when the job uses several
     per_gpu: list[dict[str, Any]] = field(default_factory=list)
     # how ``cpu`` was counted, and the measured window in wall-clock time (Unix ms), for
     # tools that cut their own CPU samples to it (the benchmarks)

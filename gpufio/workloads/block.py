@@ -15,7 +15,7 @@ from gpufio.results.live import LiveDisplay
 from gpufio.results.load import METRICS
 from gpufio.results.merge import merge_ranks
 from gpufio.results.repeat import combine
-from gpufio.run import runner, world
+from gpufio.run import opening, runner, world
 from gpufio.workloads import Workload, register
 
 
@@ -99,7 +99,7 @@ def run(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
 
 def targets(job: Job, lay_out: bool) -> list[str]:
     """The job's targets; laid out: missing files created with gpufio's pattern."""
-    return runner.job_targets(job, quiet=False) if lay_out else runner.job_target_paths(job)[0]
+    return opening.job_targets(job, quiet=False) if lay_out else opening.job_target_paths(job)[0]
 
 
 def _check(where: str, engine: str, values: Mapping[str, Any]) -> None:
