@@ -7,9 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from gpufio.core.context import JobShared, WorkerContext
+from gpufio.core.context import WorkerContext
 from gpufio.core.errors import BadInput
 from gpufio.core.offsets import Distribution, OffsetStream
+from gpufio.core.shared import JobShared
 from gpufio.core.targets import Target
 from gpufio.engines import uring as uring_engine
 from gpufio.io import loops, uring

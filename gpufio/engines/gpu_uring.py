@@ -21,9 +21,9 @@ import numpy as np
 
 from gpufio.core import pattern
 from gpufio.core.checks import Check, verdict
-from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
+from gpufio.core.recorder import DeviceTotals
 from gpufio.core.rows import (
     RowFetchError,
     RowRequest,
@@ -34,6 +34,7 @@ from gpufio.core.rows import (
     row_depth,
     row_error,
 )
+from gpufio.core.shared import READ, WRITE
 from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts

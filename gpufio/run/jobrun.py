@@ -18,11 +18,12 @@ from typing import Any, Callable
 
 from gpufio.core import cgroups, iolog, processes
 from gpufio.core import targets as tg
-from gpufio.core.context import DIRECTIONS, READ, WRITE, JobShared, WorkerContext
+from gpufio.core.context import WorkerContext
 from gpufio.core.errors import BadInput, WorkerHung
 from gpufio.core.job import Job
 from gpufio.core.offsets import OffsetStream, ReplayStream
 from gpufio.core.rate import pacer_for
+from gpufio.core.shared import DIRECTIONS, READ, WRITE, JobShared
 from gpufio.core.stats import CpuTimes, LatencyStats
 from gpufio.core.steady import SAMPLE_NS, Criterion, SteadyState
 from gpufio.engines.base import Engine, label

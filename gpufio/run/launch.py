@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Callable
 
 from gpufio.core import processes
-from gpufio.core.context import FinalRecord, WorkerContext
+from gpufio.core.context import WorkerContext
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
 from gpufio.core.processes import die_with_parent
+from gpufio.core.recorder import FinalRecord
 from gpufio.engines.base import Engine
 
 # what a worker process says once its engine is built (after processes.READY)
@@ -142,7 +143,7 @@ def _spawned_main(engine_name: str, job, paths: list[str], spec: dict, shared_so
     """A fresh interpreter: pinned to ``cpus`` (its GPU's NUMA node) before anything else
     allocates, its own handle of every target, the shared memory mapped, run like a fork."""
     from gpufio.core import targets as tg
-    from gpufio.core.context import JobShared
+    from gpufio.core.shared import JobShared
     from gpufio.engines import all_engines
 
     die_with_parent()
