@@ -351,3 +351,22 @@ def test_doctor_json_carries_the_headline():
 
     res = cli.invoke(app, ["doctor", "-f", "json"])
     assert json.loads(res.stdout)["headline"] == doctor.headline()
+
+
+def test_a_scratch_file_is_checked_once(tmp_path):
+    """A profile naming no targets: its scratch file gets the target rows, its directory
+    the one line saying the run creates files there, and no second copy of those rows."""
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'[global]\nsize = "1m"\ndirectory = "{tmp_path}"\n')
+    res = CliRunner().invoke(app, ["doctor", str(prof), "-f", "json"])
+    assert res.exit_code in (0, 1), res.output
+    scratch = [c["name"] for c in json.loads(res.stdout)["checks"]
+               if c["area"] == f"scratch {tmp_path}"]
+    assert "scratch target" in scratch and "O_DIRECT alignment" in scratch  # nothing laid out
+    assert CliRunner().invoke(app, ["prepare", str(prof)]).exit_code == 0
+    res = CliRunner().invoke(app, ["doctor", str(prof), "-f", "json"])
+    checks = json.loads(res.stdout)["checks"]
+    scratch = [c["name"] for c in checks if c["area"] == f"scratch {tmp_path}"]
+    files = [c for c in checks if c["area"].startswith(f"target {tmp_path}{os.sep}")]
+    assert scratch == ["scratch target"]
+    assert {c["name"] for c in files} >= {"O_DIRECT alignment"}

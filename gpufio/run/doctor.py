@@ -14,7 +14,7 @@ import errno
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from gpufio.core import targets as tg
 from gpufio.core.checks import FAIL, OK, WARN, Check, verdict
@@ -199,9 +199,14 @@ def _existing(path: str) -> str:
     return str(p)
 
 
-def scratch_checks(jobs: list[Job], places: dict[str, Path]) -> list[Check]:
+def scratch_checks(jobs: list[Job], places: dict[str, Path],
+                   checked: Iterable[str] = ()) -> list[Check]:
     """The scratch directory of the jobs that name no targets (the run creates their files
-    there): the same checks as a target's, on the directory or the nearest one that exists."""
+    there): the same checks as a target's, on the directory or the nearest one that exists,
+    unless files in it that exist are ``checked`` as targets already (their rows say the
+    same; a file not laid out yet gets only its "exists" row, so the directory's stay)."""
+    inside = {os.path.dirname(p) for p in (os.path.abspath(os.path.expanduser(t))
+                                           for t in checked) if os.path.exists(p)}
     depths: dict[str, int] = {}
     for j in jobs:
         if not j.targets:
@@ -213,7 +218,8 @@ def scratch_checks(jobs: list[Job], places: dict[str, Path]) -> list[Check]:
         out.append(Check(area, "scratch target", OK, "the run creates its files here (the "
                          "profile names no targets)" + (f"; checked at {at}, which exists"
                                                         if at != os.path.abspath(where) else "")))
-        out += [replace(c, area=area) for c in target_checks(at, depth, places)]
+        if os.path.abspath(where) not in inside:
+            out += [replace(c, area=area) for c in target_checks(at, depth, places)]
     return out
 
 
@@ -245,4 +251,4 @@ def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None,
     for t, depth in depths.items():
         out += target_checks(os.path.expanduser(t), depth, places, of_a_job=t not in given,
                              host=host)
-    return out + scratch_checks(jobs, places)
+    return out + scratch_checks(jobs, places, depths)
