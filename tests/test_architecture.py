@@ -239,10 +239,10 @@ def test_one_watchdog_and_one_stall_error_for_every_path():
     assert own == []
 
 
-@pytest.mark.parametrize("engine", ["uring", "cpugpu", "cufile"])
-def test_cpu_driven_engines_share_the_slot_table(engine):
-    """Issue stamps, latency and verify dispatch of CPU-driven engines live in core/slots.py."""
-    module = f"gpufio.engines.{engine}"
+@pytest.mark.parametrize("loop", ["run.blockloop", "engines.cpugpu", "engines.cufile"])
+def test_cpu_driven_engines_share_the_slot_table(loop):
+    """Issue stamps, latency and verify dispatch of CPU-driven loops live in core/slots.py."""
+    module = f"gpufio.{loop}"
     assert any(t == "gpufio.core.slots" for _, t in imports(ALL[module], module))
     text = ALL[module].read_text()
     assert "t_issue = np.zeros" not in text and "slot_tgt = np.zeros" not in text

@@ -15,6 +15,7 @@ import pytest
 from gpufio import profile
 from gpufio.core import pattern
 from gpufio.core.errors import BadInput
+from gpufio.core.requests import ChannelSpec
 from gpufio.core.targets import Target
 from gpufio.engines import uring as uring_engine
 from gpufio.facts import device
@@ -124,8 +125,8 @@ def test_hipri_is_refused_where_the_target_cannot_poll(shm_pattern_file):
     try:
         with pytest.raises(BadInput, match=f"key 'hipri': {shm_pattern_file} cannot be polled: "
                                            "it is not on a block device"):
-            uring_engine.Uring(j, [Target(str(shm_pattern_file), fd, 1 << 20, True, 512, 7)],
-                               None)
+            uring_engine.Uring.channel(j, [Target(str(shm_pattern_file), fd, 1 << 20, True, 512,
+                                                  7)], ChannelSpec(depth=1))
     finally:
         os.close(fd)
 

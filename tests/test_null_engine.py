@@ -61,8 +61,8 @@ def stuck(monkeypatch):
 
     def run(self):
         tgt, offs = self.ctx.next_batch(4)
-        self.ctx.complete(np.full(len(offs), 1000, np.int64), tgt, self._full[:len(offs)],
-                          self.ctx.last_writes())
+        self.ctx.complete(np.full(len(offs), 1000, np.int64), tgt,
+                          np.full(len(offs), self.job.bs, np.int32), self.ctx.last_writes())
         release.wait()  # the call that does not return
 
     monkeypatch.setattr(Null, "run", run)

@@ -15,6 +15,7 @@ from gpufio import profile
 from gpufio.cli import app
 from gpufio.core import targets
 from gpufio.core.errors import BadInput
+from gpufio.core.requests import ChannelSpec
 from gpufio.engines import all_engines
 from gpufio.facts import nvme_generic
 from gpufio.facts.system import Host
@@ -110,7 +111,7 @@ def test_hipri_without_poll_queues_is_refused_before_any_io(tmp_path):
                                                  "namespace": "/dev/nvme0n1"}, lba=4096)
     with pytest.raises(BadInput, match="target /dev/ng0n1: hipri needs poll queues, and "
                                        "/dev/nvme0n1 has none"):
-        all_engines()[ENGINE](job(hipri=True), [t], None)
+        all_engines()[ENGINE].channel(job(hipri=True), [t], ChannelSpec(depth=1))
 
 
 def test_whole_blocks_and_one_commands_worth_per_io():

@@ -14,7 +14,10 @@ from gpufio.core.shared import JobShared
 from gpufio.core.targets import Target
 from gpufio.engines import uring as uring_engine
 from gpufio.io import loops, uring
+from gpufio.io.watchdog import Stalled
 from gpufio.profile import from_dict
+from gpufio.run import blockloop
+from gpufio.run.blockloop import BlockLoop
 
 
 def worker_context(nblocks: int, budget: int) -> WorkerContext:
@@ -82,17 +85,18 @@ def test_a_stop_wakes_a_wait_on_ios_that_never_complete(tmp_path, monkeypatch, c
     if compiled and not loops.available():
         pytest.skip("no compiled loops here (no C compiler)")
     monkeypatch.setattr(loops, "available", lambda: compiled)
-    monkeypatch.setattr(uring_engine, "STALL_LIMIT_NS", 300_000_000)
-    monkeypatch.setattr(uring_engine, "WAIT_NS", 50_000_000)
+    monkeypatch.setattr(blockloop, "STALL_LIMIT_NS", 300_000_000)
+    monkeypatch.setattr(blockloop, "WAIT_NS", 50_000_000)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     fd = os.open(fifo, os.O_RDWR)  # reads on it wait forever for data
     j = job(iodepth=4, rw="read", direct=False)
     ctx = worker_context(nblocks=256, budget=4)
-    engine = uring_engine.Uring(j, [Target(str(fifo), fd, 1 << 20, False, 512, None)], ctx)
-    stopper = stop_once_submitted(ctx, engine.ring, 5)  # the stop poll and the 4 reads
+    engine = BlockLoop(uring_engine.Uring, j, [Target(str(fifo), fd, 1 << 20, False, 512, None)],
+                       ctx)
+    stopper = stop_once_submitted(ctx, engine.channel.ring, 5)  # the stop poll and the 4 reads
     try:
-        with pytest.raises(uring_engine.Stalled,
+        with pytest.raises(Stalled,
                            match="4 I/Os in flight and none completed for 0.3 s: .*'inflight': 4"):
             engine.run()
     finally:
@@ -100,7 +104,7 @@ def test_a_stop_wakes_a_wait_on_ios_that_never_complete(tmp_path, monkeypatch, c
         os.close(fd)
     stopper.join()
     assert ctx.rec.completed == 0 and np.sum(ctx.rec.short) == 0
-    assert engine.ring.woken or compiled  # the compiled loop reaps the poll's CQE itself
+    assert engine.channel.ring.woken or compiled  # the compiled loop reaps the poll's CQE itself
 
 
 @pytest.mark.skipif(not uring.probe()["available"], reason="io_uring unavailable")
@@ -109,15 +113,16 @@ def test_a_lagging_sq_head_does_not_end_the_job(pattern_file):
     j = job(iodepth=4, rw="read", targets=[str(pattern_file)])
     ctx = worker_context(nblocks=1024, budget=64)
     fd = os.open(pattern_file, os.O_RDONLY)
-    engine = uring_engine.Uring(j, [Target(str(pattern_file), fd, 4 << 20, False, 512, 1234)], ctx)
-    real_space = engine.ring.space
+    engine = BlockLoop(uring_engine.Uring, j,
+                       [Target(str(pattern_file), fd, 4 << 20, False, 512, 1234)], ctx)
+    real_space = engine.channel.ring.space
     calls = {"n": 0}
 
     def lagging_space():
         calls["n"] += 1
         return 0 if calls["n"] % 3 == 0 else real_space()  # every third look: head not moved
 
-    engine.ring.space = lagging_space
+    engine.channel.ring.space = lagging_space
     try:
         engine.run()
     finally:

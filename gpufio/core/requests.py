@@ -42,25 +42,34 @@ class Capability:
     bytes (null), whose buffers hold nothing afterwards. ``page_cache``: reads come from the
     page cache whatever O_DIRECT says (a mapping). ``submitter``: "cpu" when a host thread
     submits each batch; "gpu" when GPU threads do, a batch a kernel launch (such an engine
-    also keeps its own device loop for the block workload)."""
+    also keeps its own device loop for the block workload). ``synchronous``: ``submit``
+    blocks while it moves each request in turn (pread), timing each itself (``times``): a
+    loop hands it a whole batch and overlaps its own work (a write's fill) on a thread."""
 
     memory: tuple[str, ...] = (HOST,)
     writes: bool = True
     moves_data: bool = True
     page_cache: bool = False
     submitter: str = "cpu"
+    synchronous: bool = False
 
 
 @dataclass(frozen=True)
 class ChannelSpec:
     """What a loop asks of a channel: ``depth`` requests in flight at most, buffers in
     ``memory``, ``largest`` bytes the longest request moves (for engines that size their
-    bounce buffers or thread pools by it), ``writes`` when it will write."""
+    bounce buffers or thread pools by it), ``writes`` when it will write. ``region``: the
+    (address, bytes) of host memory every request's buffer lies in, for a channel that
+    registers it once (io_uring's fixed buffers); None: anywhere. ``stop_fd``: an eventfd
+    that becomes readable when the loop must stop, for a channel whose waits it may wake
+    (-1: none)."""
 
     depth: int
     memory: str = HOST
     largest: int = 4096
     writes: bool = False
+    region: tuple[int, int] | None = None
+    stop_fd: int = -1
 
 
 class Channel(ABC):
@@ -101,6 +110,32 @@ class Channel(ABC):
     def state(self) -> str:
         """Where the path stands, for the report of a stall."""
         return f"{self.inflight} in flight"
+
+    @property
+    def wakeable(self) -> bool:
+        """True while a readable ``spec.stop_fd`` (or the device itself, polled) ends every
+        wait of ``reap``: a loop may then wait long without missing a stop."""
+        return False
+
+    def times(self) -> np.ndarray | None:
+        """How long each request of the last ``reap`` took (ns), for a channel that timed
+        each itself (a synchronous one); None: from its submission to its reaping."""
+        return None
+
+    def native(self, job: Any, ctx: Any, batch: int, wait_ns: int) -> Any:
+        """The compiled loop (io/loops.NativeLoop) that moves this channel's requests for the
+        block workload's ``job`` and worker context ``ctx``, over ``spec.depth`` slots of
+        ``spec.largest`` bytes at ``spec.region``, ``batch`` requests a call and waits of
+        ``wait_ns``; None where this path has none (a loop then submits through Python)."""
+        return None
+
+    def measured(self) -> None:
+        """The measured phase began: start what the path measures of itself."""
+
+    def notes(self) -> dict[str, list[Any]]:
+        """The path's own measurements of the run (e.g. its kernel threads' shares), for
+        the worker's result (core/context.WorkerContext.note), once at the end."""
+        return {}
 
     def sync(self, fds: Sequence[int]) -> None:
         """Make the written bytes durable (fsync of every file; a mapping flushes first)."""

@@ -1,16 +1,17 @@
 """The one interface every data path implements.
 
 As in fio, an engine is one module that fills in a small table of operations and registers
-itself by name; the runner never names an engine. Construction does all setup (rings,
-buffers, kernel compilation) and happens before the clock starts; ``run`` only moves data.
+itself by name; the runner never names an engine. A CPU path implements its one I/O
+primitive, ``channel`` (core/requests), and the loops above the engines drive it (the block
+loop: run/blockloop.py); a path whose loop is its own (on the GPU) implements ``run``.
+Construction does all setup (rings, buffers, kernel compilation) and happens before the
+clock starts; ``run`` only moves data.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
-
-import numpy as np
 
 from gpufio.core.checks import Check
 from gpufio.core.options import Option, settings_class
@@ -56,17 +57,16 @@ def check_nop(job: "Job", op: str) -> None:
                        f"writes nor verifies (rw = {job.rw}, verify = {str(job.verify).lower()})")
 
 
-# the most I/Os one call of a compiled loop is handed; and the largest write block it fills
-# itself (larger writes keep the Python loop, whose fill runs on several threads)
-COMPILED_BATCH = 4096
+# the largest write block a compiled loop fills itself (larger writes keep the Python loop,
+# whose fill runs on several threads)
 COMPILED_WRITE_BS = 128 << 10
 
 
 def compiled_loop(job: "Job") -> bool:
     """Whether the job's I/Os go through the compiled loops (io/loops.py) instead of the
-    engine's Python loop: where they are built, for jobs that neither verify as they read
-    nor sync every N writes (both stay in Python), and whose writes are small enough to fill
-    on the loop's own thread. A rate-capped job stays in Python too: its loop reaps while no
+    block loop's Python one (run/blockloop.py), for an engine whose channel has one: where
+    they are built, for jobs that neither verify as they read nor sync every N writes (both
+    stay in Python), and whose writes are small enough to fill on the loop's own thread. A rate-capped job stays in Python too: its loop reaps while no
     I/O is due, where the compiled one would wait for the cap with I/Os in flight."""
     from gpufio.io import loops
 
@@ -78,52 +78,6 @@ def compiled_loop(job: "Job") -> bool:
 def loop_facts(job: "Job") -> dict[str, Any]:
     """What a job's result says of the loop that issued its I/Os."""
     return {"loop": "compiled" if compiled_loop(job) else "python"}
-
-
-def run_compiled(ctx: "WorkerContext", loop: Any, on_batch: Any = None,
-                 state: Any = None, stall_ns: int | None = None) -> None:
-    """Hand ``loop`` (io/loops.NativeLoop) the context's batches until it hands out no more,
-    record every completion, then wait for what is still in flight; ``on_batch()`` after
-    each call. A loop that stopped waiting without a completion (after the stop) feeds the
-    watchdog, which ends a job whose I/Os never complete; ``state(inflight)`` says where
-    the path stood, for that diagnostic (after ``stall_ns``, io/watchdog's limit unless
-    given)."""
-    import time
-
-    from gpufio.io.loops import CALL_NS
-    from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
-
-    clock = time.perf_counter_ns
-    stall_ns = STALL_LIMIT_NS if stall_ns is None else stall_ns
-    dog, completed = Watchdog(stall_ns, clock()), 0
-    tgt, offs = ctx.next_batch(COMPILED_BATCH)
-    writes = ctx.last_writes()
-    mixed = isinstance(writes, np.ndarray)
-    draining = len(offs) == 0
-    while True:
-        used, k = loop.run(tgt, offs, writes if mixed else None, clock() + CALL_NS)
-        if k:
-            completed += k
-            ctx.complete(loop.lat[:k], loop.tgt[:k], loop.res[:k],
-                         loop.write[:k].view(bool) if mixed else writes)
-        if on_batch is not None:
-            on_batch()
-        if loop.timed_out and dog.update(completed, clock()):
-            where = f": {state(loop.inflight)}" if state is not None else ""
-            raise Stalled(f"{loop.inflight} I/Os in flight and none completed for "
-                          f"{stall_ns / 1e9:g} s{where}")
-        if draining:
-            if loop.inflight == 0:
-                return
-            continue
-        tgt, offs = tgt[used:], offs[used:]
-        if mixed:
-            writes = writes[used:]
-        if len(offs) == 0 or loop.stopped or ctx.done:
-            tgt, offs = ctx.next_batch(COMPILED_BATCH)
-            writes = ctx.last_writes()
-            mixed = isinstance(writes, np.ndarray)
-            draining = len(offs) == 0
 
 
 def nop_facts(op: str) -> dict[str, Any]:
@@ -289,9 +243,11 @@ class Engine(ABC):
         self.targets = targets
         self.ctx = ctx
 
-    @abstractmethod
     def run(self) -> None:
-        """Issue I/O until ``ctx`` hands out no more work; record every completion."""
+        """Issue I/O until ``ctx`` hands out no more work; record every completion. An engine
+        with a CPU-submitted channel (``capability``) defines none: its block jobs run in the
+        one block loop (run/blockloop.py) over its ``channel``."""
+        raise NotImplementedError(f"engine '{self.name}' has no loop of its own")
 
     def close(self) -> None:
         """Release what the constructor set up; called even when ``run`` failed."""

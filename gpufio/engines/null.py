@@ -1,14 +1,14 @@
 """null: completes every I/O at once without touching storage, like fio's null engine.
 
-What it measures is gpufio's own loop: handing out offsets, stamping and recording each I/O,
-the live counters; compiled where it can be (io/loops.py), as the other CPU engines' loops.
+What it measures is gpufio's own loop (run/blockloop.py over this engine's channel):
+handing out offsets, stamping and recording each I/O, the live counters; compiled where it
+can be (io/loops.py), as for the other CPU engines.
 Beside ``fio --ioengine=null`` it says what share of a CPU engine's cost is gpufio's rather
 than the kernel's (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -16,13 +16,12 @@ import numpy as np
 from gpufio.core.errors import BadInput
 from gpufio.core.requests import Capability, Channel, ChannelSpec, File
 from gpufio.engines import register
-from gpufio.engines.base import COMPILED_BATCH, Engine, compiled_loop, loop_facts, run_compiled
+from gpufio.engines.base import Engine, loop_facts
 from gpufio.io import loops
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
-    from gpufio.core.targets import Target
 
 
 @register
@@ -40,7 +39,7 @@ class Null(Engine):
 
     @classmethod
     def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> "NullChannel":
-        return NullChannel(spec)
+        return NullChannel(spec, len(files))
 
     @classmethod
     def check_job(cls, job: Job) -> None:
@@ -52,35 +51,14 @@ class Null(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         return {**super().describe(job), "moves_data": False, **loop_facts(job)}
 
-    def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
-        super().__init__(job, targets, ctx)
-        self._full = np.full(job.iodepth, job.bs, dtype=np.int32)
-
-    def run(self) -> None:
-        if compiled_loop(self.job):
-            ctx, job = self.ctx, self.job
-            run_compiled(ctx, loops.NativeLoop(
-                loops.NULL, depth=1, bs=job.bs, bufs=0, stop=ctx.stop_address,
-                fds=np.zeros(len(self.targets)), seeds=None, magic=0, halt_on_error=False,
-                batch=COMPILED_BATCH, writes=bool(job.writes)))
-            return
-        ctx, clock, depth = self.ctx, time.perf_counter_ns, self.job.iodepth
-        while True:
-            t0 = clock()
-            tgt, offs = ctx.next_batch(depth)
-            n = len(offs)
-            if n == 0:
-                return
-            # each I/O of the batch completes when the batch is handed out
-            lat = np.full(n, clock() - t0, dtype=np.int64)
-            ctx.complete(lat, tgt, self._full[:n], ctx.last_writes())
-
 
 class NullChannel(Channel):
-    """Every request completes as it is submitted, with all its bytes and no data."""
+    """Every request completes as it is submitted, with all its bytes and no data, over
+    ``ntargets`` files it never touches."""
 
-    def __init__(self, spec: ChannelSpec) -> None:
+    def __init__(self, spec: ChannelSpec, ntargets: int = 1) -> None:
         super().__init__(spec)
+        self._ntargets = ntargets
         self._tags = np.zeros(0, np.int64)
         self._res = np.zeros(0, np.int64)
 
@@ -99,3 +77,11 @@ class NullChannel(Channel):
         done = self._tags, self._res
         self._tags, self._res = np.zeros(0, np.int64), np.zeros(0, np.int64)
         return done
+
+    def native(self, job: Job, ctx: WorkerContext, batch: int, wait_ns: int) -> Any:
+        if not loops.available():
+            return None
+        return loops.NativeLoop(
+            loops.NULL, depth=1, bs=self.spec.largest, bufs=0, stop=ctx.stop_address,
+            fds=np.zeros(self._ntargets), seeds=None, magic=0, halt_on_error=False,
+            batch=batch, writes=bool(job.writes))

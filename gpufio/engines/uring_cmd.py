@@ -12,24 +12,21 @@ stands for the same namespace (core/targets.open_namespace). Completions come ba
 
 from __future__ import annotations
 
-import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.slots import BadIos, SlotTable
+from gpufio.core.requests import HOST, Capability, Channel, ChannelSpec, drain
 from gpufio.core.targets import aligned_buffer
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.io import nvme_cmd, uring
-from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
 
 if TYPE_CHECKING:
-    from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
     from gpufio.core.targets import Target
     from gpufio.facts.system import Host
@@ -47,6 +44,7 @@ class UringCmd(Engine):
                "(IORING_OP_URING_CMD) on the namespace's /dev/ngXnY, no block layer")
     peer = "fio io_uring_cmd (cmd_type=nvme)"
     fio_engines = {"io_uring_cmd": ""}  # cmd_type=nvme, its default (fio/jobfile.CMD_TYPES)
+    capability = Capability(memory=(HOST,))
     options = (
         Option("hipri", "bool", False, "poll for completions (IORING_SETUP_IOPOLL); needs "
                "poll queues on the namespace (nvme.poll_queues > 0)"),
@@ -94,63 +92,68 @@ class UringCmd(Engine):
         return {**super().describe(job), "page_cache": False, "hipri": o.hipri,
                 "sqpoll": o.sqpoll, "fixedbufs": o.fixedbufs, "registerfiles": o.registerfiles}
 
-    def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
-        super().__init__(job, targets, ctx)
-        o = self.settings(job)
+    @classmethod
+    def channel(cls, job: Job, files: Sequence[Target], spec: ChannelSpec) -> "UringCmdChannel":
+        """Passthrough on the namespaces' char devices as the job's keys ask, after a first
+        read of each (refused in one line where commands cannot be sent)."""
+        o = cls.settings(job)
         if o.hipri:
-            for t in targets:
+            for t in files:
                 if not t.facts.get("poll_queues"):
                     raise BadInput(f"target {t.path}: hipri needs poll queues, and "
                                    f"{t.facts.get('namespace', t.path)} has none (load nvme "
                                    "with poll_queues=N, or set hipri = false)")
-        depth, bs = job.iodepth, job.bs
-        self._mem = aligned_buffer(depth * bs)
-        self._slots = np.frombuffer(self._mem, dtype=np.uint8)[:depth * bs].reshape(depth, bs)
-        base = np.uint64(self._slots.ctypes.data)
-        self.ring = uring.Ring(o.ring_entries or depth, sqpoll=o.sqpoll, big=True,
+        return UringCmdChannel(files, spec, o)
+
+
+class UringCmdChannel(Channel):
+    """Requests as NVMe read and write commands in 128-byte SQEs (io/nvme_cmd) on one ring
+    over the namespaces' generic char devices ``files`` (core/targets.Target: their nsid and
+    LBA size); each completes with its length, an NVMe status or -errno."""
+
+    def __init__(self, files: Sequence[Target], spec: ChannelSpec, o: Any) -> None:
+        super().__init__(spec)
+        self.ring = uring.Ring(o.ring_entries or spec.depth, sqpoll=o.sqpoll, big=True,
                                iopoll=o.hipri)
-        fds = np.array([t.fd for t in targets], np.int64)
-        flags = 0
-        if o.registerfiles:
-            self.ring.register_files([t.fd for t in targets])
-            fds, flags = np.arange(len(targets), dtype=np.int64), uring.SQE_FIXED_FILE
-        if o.fixedbufs:
-            self.ring.register_buffers([uring.Region(int(base), depth * bs)])
-        self._fds = fds
-        self._nsid = np.array([t.facts["nsid"] for t in targets], np.uint32)
-        self._shift = np.array([t.lba.bit_length() - 1 for t in targets], np.uint64)
-        slots = np.arange(depth, dtype=np.uint64)
-        # one whole SQE per buffer slot, written into the ring once; a batch sets the fields
-        # of each I/O by name (nvme_cmd.set_io) and, for several targets, its fd and nsid
-        self._template = nvme_cmd.build(
-            write=not job.reads, fd=fds[0], nsid=self._nsid[0], lba_shift=self._shift[0],
-            off=np.zeros(depth, np.uint64), length=bs, addr=base + slots * np.uint64(bs),
-            user_data=slots, sqe_flags=flags, fixed_buffer=0 if o.fixedbufs else None)
-        self._completed = 0
+        self._fds = np.array([f.fd for f in files], np.int64)
+        self._paths = [f.path for f in files]
+        self._flags = 0
+        self._fixed: int | None = None
+        self._nsid = np.array([f.facts["nsid"] for f in files], np.uint32)
+        self._shift = np.array([f.lba.bit_length() - 1 for f in files], np.uint64)
+        self._len = np.zeros(spec.depth, np.int64)  # each tag's length: the CQE says 0
+        self.facts = {"iodepth": spec.depth}
+        # the probe's landing place, freed with the ring (a probe that never completed may
+        # still land in it)
+        self._probe_buf = aligned_buffer(int(1 << int(self._shift.max())))
         try:
+            if o.registerfiles:
+                self.ring.register_files([f.fd for f in files])
+                self._fds, self._flags = np.arange(len(files), dtype=np.int64), uring.SQE_FIXED_FILE
+            if o.fixedbufs and spec.region is not None:
+                self.ring.register_buffers([uring.Region(*spec.region)])
+                self._fixed = 0
             self._probe()
         except BaseException:
-            self.close()  # the runner closes only engines it got back
+            self.close()
             raise
 
     def _probe(self) -> None:
         """Read each target's first block once, before the clock: a kernel, device or user
         that may not send NVMe commands is refused here in one line, not as I/O errors."""
         ring = self.ring
-        for t in range(len(self.targets)):
-            sqe = self._template[:1].copy()
-            e = nvme_cmd.entries(sqe)
-            e["fd"], e["nsid"] = self._fds[t], self._nsid[t]
-            nvme_cmd.set_io(e, write=False, off=np.zeros(1, np.uint64),
-                            lba_shift=self._shift[t], length=int(1 << int(self._shift[t])))
-            ring.push(sqe)
+        addr = np.array([np.frombuffer(self._probe_buf, np.uint8).ctypes.data], np.uint64)
+        for t, path in enumerate(self._paths):
+            ring.push(nvme_cmd.build(
+                write=False, fd=self._fds[t], nsid=self._nsid[t], lba_shift=self._shift[t],
+                off=np.zeros(1, np.uint64), length=int(1 << int(self._shift[t])), addr=addr,
+                user_data=np.zeros(1, np.uint64), sqe_flags=self._flags))
             ring.submit()
             deadline = time.monotonic_ns() + PROBE_NS
             res = np.empty(0, np.int32)
             while not len(res) and time.monotonic_ns() < deadline:
                 ring.submit(wait=1, timeout_ns=WAIT_NS)
                 _, res = ring.reap()
-            path = self.targets[t].path
             if not len(res):
                 raise BadInput(f"target {path}: a first NVMe read through passthrough did not "
                                f"complete within {PROBE_NS / 1e9:g} s")
@@ -158,79 +161,41 @@ class UringCmd(Engine):
             if why:
                 raise BadInput(why)
 
-    def run(self) -> None:
-        ctx, ring, job = self.ctx, self.ring, self.job
-        depth, nt = job.iodepth, len(self.targets)
-        table = SlotTable(depth, targets=nt > 1, offsets=ctx.verifying)
-        slot_writes = np.full(depth, not job.reads)
-        ring.sqes[:depth] = self._template
-        sqes = nvme_cmd.entries(ring.sqes[:depth])
-        free = np.arange(depth, dtype=np.int64)
-        issuing = True
-        dog = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns())
-        while True:
-            want = min(len(free), ring.space()) if issuing else 0
-            if want:
-                tgt, offs = ctx.next_batch(want)
-                if len(offs):
-                    slots, free = free[:len(offs)], free[len(offs):]
-                    self._issue(sqes, slots, tgt, offs, slot_writes, table)
-                else:
-                    issuing = False
-            if ring.inflight == 0 and not issuing:
-                return
-            if ring.inflight == 0 and not want:
-                # SQPOLL posts a batch's completions before it moves the SQ head: nothing in
-                # flight, no SQ slot free yet
-                ring.submit()
-                os.sched_yield()
-                continue
-            ud, res, now = self._wait(dog)
-            if len(ud):
-                done = ud.view(np.int64)
-                res = nvme_cmd.result(res, job.bs)
-                table.complete(ctx, done, res, now,
-                               self._bad(done, res) if ctx.verifying else None,
-                               slot_writes[done] if job.mixed else job.writes)
-                free = np.concatenate((free, done)) if len(free) else done
+    @property
+    def inflight(self) -> int:
+        return self.ring.inflight
 
-    def _wait(self, dog: Watchdog) -> tuple[np.ndarray, np.ndarray, int]:
-        """The completions there are after waiting up to WAIT_NS for one, and when they were
-        taken; Stalled once none has come for STALL_LIMIT_NS with commands in flight."""
-        ring = self.ring
-        ring.submit(wait=1, timeout_ns=WAIT_NS)
-        ud, res = ring.reap()
-        now = time.perf_counter_ns()
-        self._completed += len(ud)
-        if dog.update(self._completed, now):
-            raise Stalled(f"{ring.inflight} NVMe commands in flight and none completed "
-                          f"for {STALL_LIMIT_NS / 1e9:g} s: ring state {ring.state()}")
-        return ud, res, now
+    def room(self) -> int:
+        return min(self.ring.space(), super().room())
 
-    def _bad(self, done: np.ndarray, res: np.ndarray) -> BadIos:
-        """The pattern check of the slots ``done`` landed in, for the slot table."""
-        return lambda tgt, offs: self.ctx.mismatches(self._slots[done], tgt, offs, res)
+    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
+               write: np.ndarray | bool, tag: np.ndarray) -> int:
+        k = min(self.room(), len(off))
+        if k:
+            tgt, tag = np.asarray(tgt[:k], np.intp), np.asarray(tag[:k], np.int64)
+            w = np.asarray(write, bool)
+            if tag.max() >= len(self._len):
+                self._len = np.resize(self._len, int(tag.max()) + 1)
+            self._len[tag] = length[:k]
+            self.ring.push(nvme_cmd.build(
+                write=w[:k] if w.ndim else bool(w), fd=self._fds[tgt], nsid=self._nsid[tgt],
+                lba_shift=self._shift[tgt], off=np.asarray(off[:k], np.uint64),
+                length=np.asarray(length[:k], np.int64), addr=np.asarray(addr[:k], np.uint64),
+                user_data=tag.astype(np.uint64), sqe_flags=self._flags,
+                fixed_buffer=self._fixed))
+        return k
 
-    def _issue(self, sqes: np.ndarray, slots: np.ndarray, tgt: np.ndarray | int,
-               offs: np.ndarray, slot_writes: np.ndarray, table: SlotTable) -> None:
-        """Write the batch's commands into their slots' SQEs and publish them."""
-        ctx, job = self.ctx, self.job
-        writes = ctx.last_writes()
-        if writes is not False:
-            ctx.fill(self._slots, tgt, offs, slots)
-        if job.mixed:
-            slot_writes[slots] = writes
-        e = sqes[slots]
-        if len(self.targets) > 1:
-            e["fd"], e["nsid"] = self._fds[tgt], self._nsid[tgt]
-        nvme_cmd.set_io(e, write=slot_writes[slots], off=offs,
-                        lba_shift=self._shift[tgt] if len(self.targets) > 1 else self._shift[0],
-                        length=job.bs)
-        sqes[slots] = e
-        table.issue(slots, tgt, offs, time.perf_counter_ns())
-        self.ring.push_slots(slots)
+    def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
+        wait = wait_ns is not None and self.ring.inflight > 0
+        self.ring.submit(wait=int(wait), timeout_ns=wait_ns if wait else None)
+        ud, res = self.ring.reap()
+        tags = ud.astype(np.int64)
+        return tags, nvme_cmd.result(res, self._len[tags]).astype(np.int64)
+
+    def state(self) -> str:
+        return f"ring state {self.ring.state()}"
 
     def close(self) -> None:
+        drain(self)
         self.ring.close()
-        self._slots = None
-        self._mem.close()
+        self._probe_buf.close()

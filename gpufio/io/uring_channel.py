@@ -1,44 +1,102 @@
 """io_uring as a Channel (core/requests): the one I/O primitive of every engine whose
 requests go through a ring the CPU submits, so two engines share it without naming each
-other."""
+other. The ring's setup (SQPOLL, IOPOLL, registered files and buffers, NOPs) is the
+caller's ``RingOptions``; for the block workload the channel also hands its requests to
+the compiled loop (io/loops.py), the same ring driven from C."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from gpufio.core import pattern
 from gpufio.core.requests import Channel, ChannelSpec, File, drain
-from gpufio.io import uring
+from gpufio.io import loops, uring
 from gpufio.io.watchdog import ring_report
+
+if TYPE_CHECKING:
+    from gpufio.core.job import Job
+
+
+@dataclass(frozen=True)
+class RingOptions:
+    """How the channel's ring is set up: ``entries`` SQ entries (0: the spec's depth);
+    ``sqpoll`` with its thread's idle time; ``single_issuer`` (SINGLE_ISSUER|DEFER_TASKRUN);
+    ``iopoll`` (polled completions); ``registerfiles``; ``fixedbufs`` (the spec's region
+    registered, READ_FIXED / WRITE_FIXED); ``nop``: every request an IORING_OP_NOP, which
+    counts as the spec's ``largest`` bytes moved."""
+
+    entries: int = 0
+    sqpoll: bool = False
+    sq_thread_idle_ms: int = 1000
+    single_issuer: bool = False
+    iopoll: bool = False
+    registerfiles: bool = False
+    fixedbufs: bool = False
+    nop: bool = False
 
 
 class UringChannel(Channel):
-    """Requests through one io_uring ring of ``spec.depth`` entries, READ and WRITE with
-    each request's own descriptor, address and length; ``sqe_flags`` on every entry (e.g.
-    SQE_ASYNC, so io-wq workers run them in parallel)."""
+    """Requests through one io_uring ring, READ and WRITE with each request's own
+    descriptor, address and length; ``sqe_flags`` on every entry (e.g. SQE_ASYNC, so io-wq
+    workers run them in parallel). With ``spec.stop_fd`` the ring keeps a poll of it in
+    flight, so a stop ends any wait (an IOPOLL ring takes none: its waits return with each
+    completion)."""
 
-    def __init__(self, files: Sequence[File], spec: ChannelSpec, sqe_flags: int = 0) -> None:
+    def __init__(self, files: Sequence[File], spec: ChannelSpec, sqe_flags: int = 0,
+                 options: RingOptions = RingOptions()) -> None:
         super().__init__(spec)
-        self._fds = np.array([f.fd for f in files], dtype=np.int64)
-        self._sqe_flags = sqe_flags
-        self.ring = uring.Ring(spec.depth)
+        o = self.options = options
+        self._report_fds = [f.fd for f in files]
+        self._fds = np.array(self._report_fds, dtype=np.int64)
+        self.ring = uring.Ring(o.entries or spec.depth, sqpoll=o.sqpoll,
+                               sq_thread_idle_ms=o.sq_thread_idle_ms,
+                               single_issuer=o.single_issuer, iopoll=o.iopoll)
+        self._share = uring.SqThreadShare([self.ring]) if o.sqpoll else None
+        self._native: Any = None
+        try:
+            if o.registerfiles:
+                self.ring.register_files(self._report_fds)
+                self._fds = np.arange(len(files), dtype=np.int64)
+                sqe_flags |= uring.SQE_FIXED_FILE
+            self._ops = (uring.OP_READ, uring.OP_WRITE)
+            if o.fixedbufs:
+                if spec.region is None:
+                    raise ValueError("fixed buffers need the spec's region to register")
+                self.ring.register_buffers([uring.Region(*spec.region)])
+                self._ops = (uring.OP_READ_FIXED, uring.OP_WRITE_FIXED)
+            if o.nop:
+                self._ops = (uring.OP_NOP, uring.OP_NOP)
+            self._sqe_flags = sqe_flags
+            self._armed = spec.stop_fd >= 0 and not o.iopoll
+            if self._armed:
+                self.ring.arm_wake(spec.stop_fd)
+        except BaseException:
+            self.ring.close()
+            raise
         self.facts = {"iodepth": spec.depth}
 
     @property
     def inflight(self) -> int:
-        return self.ring.inflight
+        return self._native.inflight if self._native is not None else self.ring.inflight
 
     def room(self) -> int:
         return min(self.ring.space(), super().room())
+
+    @property
+    def wakeable(self) -> bool:
+        return self.ring.iopoll or (self._armed and not self.ring.woken)
 
     def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
                write: np.ndarray | bool, tag: np.ndarray) -> int:
         k = min(self.room(), len(off))
         if k:
             w = np.asarray(write, bool)
-            opcode = (np.where(w[:k], uring.OP_WRITE, uring.OP_READ) if w.ndim
-                      else (uring.OP_WRITE if w else uring.OP_READ))
+            read_op, write_op = self._ops
+            opcode = (np.where(w[:k], write_op, read_op) if w.ndim
+                      else (write_op if w else read_op))
             self.ring.push(uring.sqe_words(
                 opcode=opcode, sqe_flags=self._sqe_flags, fd=self._fds[np.asarray(tgt[:k])],
                 off=np.asarray(off[:k], dtype=np.uint64),
@@ -49,13 +107,51 @@ class UringChannel(Channel):
 
     def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
         wait = wait_ns is not None and self.ring.inflight > 0
-        self.ring.submit(wait=int(wait), timeout_ns=wait_ns if wait else None)
+        # an IOPOLL ring finds completions only by waiting, and each wait returns with one
+        self.ring.submit(wait=int(wait), timeout_ns=wait_ns if wait and not self.ring.iopoll
+                         else None)
         ud, res = self.ring.reap()
-        return ud.astype(np.int64), res.astype(np.int64)
+        res = res.astype(np.int64)
+        if self.options.nop:  # a NOP completes with 0: it did all a NOP does
+            res[res == 0] = self.spec.largest
+        return ud.astype(np.int64), res
 
     def state(self) -> str:
-        return ring_report(self.ring, self._fds.tolist())
+        if self._native is not None:  # the ring's own count is the compiled loop's
+            return f"ring state {dict(self.ring.state(), inflight=self._native.inflight)}"
+        return ring_report(self.ring, self._report_fds)
+
+    def native(self, job: "Job", ctx: Any, batch: int, wait_ns: int) -> Any:
+        # ctx: the worker context, read only (stop word, seeds), never written from io/
+        if not loops.available() or self.spec.region is None:
+            return None
+        depth, bs, base = self.spec.depth, self.spec.largest, np.uint64(self.spec.region[0])
+        slots = np.arange(depth, dtype=np.uint64)
+        # One ready-made SQE per buffer slot, written into the ring once: a batch only sets
+        # the offset (and the first word, opcode and descriptor, for several targets or a mix).
+        self.ring.sqes[:depth] = uring.sqe_words(
+            opcode=self._ops[not job.reads], sqe_flags=self._sqe_flags,
+            fd=np.full(depth, self._fds[0]), off=np.zeros(depth, np.uint64),
+            addr=base + slots * np.uint64(bs), length=bs, user_data=slots)
+        self._native = loops.NativeLoop(
+            loops.URING, depth=depth, bs=bs, bufs=int(base), stop=ctx.stop_address,
+            fds=self._fds, seeds=ctx.seeds(np.arange(len(self._fds))) if job.writes else None,
+            magic=pattern.MAGIC, halt_on_error=not ctx.continue_on_error, batch=batch,
+            writes=bool(job.writes), nop=self.options.nop, ring=self.ring,
+            word0=tuple(op | self._sqe_flags << 8 for op in self._ops),
+            stop_ud=uring.WAKE_UD if self._armed else 0,
+            wait_ns=0 if self.ring.iopoll else wait_ns)
+        return self._native
+
+    def measured(self) -> None:
+        if self._share is not None and not self._share.begun:
+            self._share.begin()
+
+    def notes(self) -> dict[str, list[Any]]:
+        return self._share.facts() if self._share is not None else {}
 
     def close(self) -> None:
-        drain(self)
+        # the compiled loop waits for its own I/Os; a polled ring's wait has no limit
+        if self._native is None and not self.ring.iopoll:
+            drain(self)
         self.ring.close()

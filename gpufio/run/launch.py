@@ -29,6 +29,7 @@ from gpufio.core.guard import WriteConsent
 from gpufio.core.processes import die_with_parent
 from gpufio.core.recorder import FinalRecord
 from gpufio.engines.base import Engine
+from gpufio.run.blockloop import BlockLoop, uses_block_loop
 
 # what a worker process says once its engine is built (after processes.READY)
 SET_UP = "set up"
@@ -49,9 +50,13 @@ class WorkerOutcome:
 
 def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
          ready: Callable[[], None], wait_go: Callable[[], None]) -> WorkerOutcome:
-    engine, failure, bad_input = None, None, None
+    """Build the worker's engine (and, for an engine with no loop of its own, the block
+    loop over its channel), report ready, wait for the clock, run, close both."""
+    engine, loop, failure, bad_input = None, None, None, None
     try:
         engine = engine_cls(job, targets, ctx)
+        if uses_block_loop(engine_cls):
+            loop = BlockLoop(engine_cls, job, targets, ctx)
     except BadInput as e:  # e.g. a GPU index out of range: the user's to fix, exit 2
         bad_input = str(e)
         ctx.control.stop()
@@ -61,17 +66,20 @@ def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
     ready()
     wait_go()
     try:
-        if engine is not None:
+        if loop is not None:
+            loop.run()
+        elif engine is not None and bad_input is None and failure is None:
             engine.run()
     except Exception as e:  # reported in the result; the run exits 1
         failure = f"worker {index}: {type(e).__name__}: {e}"
     finally:
         finished = time.monotonic_ns()
-        if engine is not None:
-            try:
-                engine.close()
-            except Exception as e:  # a worker must always report, or its numbers vanish
-                failure = failure or f"worker {index} close: {type(e).__name__}: {e}"
+        for part in (loop, engine):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception as e:  # a worker must always report, or its numbers vanish
+                    failure = failure or f"worker {index} close: {type(e).__name__}: {e}"
         ctx.finish()
     return WorkerOutcome(ctx.rec.final(), finished, failure, bad_input)
 

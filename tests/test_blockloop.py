@@ -1,0 +1,121 @@
+"""The one block loop (run/blockloop.py): the CPU engines define a channel and no loop over
+the context's batches, and a new engine gets block jobs (reads, verify, writes, a mix,
+fsync) by implementing only ``channel``."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+from gpufio import engines
+from gpufio.core.requests import Capability, Channel, ChannelSpec, File
+from gpufio.engines import all_engines, register
+from gpufio.engines.base import Engine
+from gpufio.profile import from_dict
+from gpufio.run import runner
+from gpufio.run.blockloop import uses_block_loop
+
+ENGINES = Path(__file__).resolve().parent.parent / "gpufio" / "engines"
+CHANNEL_ENGINES = ["uring", "psync", "null", "uring_cmd"]
+
+
+@pytest.mark.parametrize("module", CHANNEL_ENGINES)
+def test_the_cpu_engines_define_a_channel_and_no_loop_over_batches(module):
+    """Nothing in these modules asks the context for I/Os or defines an engine's run: the
+    block loop does, once, for all of them."""
+    tree = ast.parse((ENGINES / f"{module}.py").read_text())
+    loops = [f"line {n.lineno}: {n.attr}" for n in ast.walk(tree)
+             if isinstance(n, ast.Attribute) and n.attr in ("next_batch", "last_writes", "due")]
+    runs = [f"line {n.lineno}: {n.name}" for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef) and n.name in ("run", "_run", "_run_compiled")]
+    channels = [n.name for n in ast.walk(tree)
+                if isinstance(n, ast.FunctionDef) and n.name == "channel"]
+    assert loops == [] and runs == [] and channels == ["channel"]
+
+
+@pytest.mark.parametrize("name", ["uring", "psync", "null", "uring-cmd"])
+def test_their_block_jobs_run_in_the_block_loop(name):
+    assert uses_block_loop(all_engines()[name])
+
+
+class PreadChannel(Channel):
+    """Reads and writes with pread/pwrite at reap time: requests are in flight between
+    submit and reap, as on a ring."""
+
+    def __init__(self, files: Sequence[File], spec: ChannelSpec) -> None:
+        super().__init__(spec)
+        self._fds = [f.fd for f in files]
+        self._queued: list[tuple[int, int, int, int, bool, int]] = []
+
+    @property
+    def inflight(self) -> int:
+        return len(self._queued)
+
+    def submit(self, tgt, off, length, addr, write, tag) -> int:
+        k = min(self.room(), len(off))
+        w = np.broadcast_to(np.asarray(write, bool), (len(off),))
+        self._queued += zip(tgt[:k].tolist(), off[:k].tolist(), length[:k].tolist(),
+                            addr[:k].tolist(), w[:k].tolist(), tag[:k].tolist())
+        return k
+
+    def reap(self, wait_ns):
+        import ctypes
+
+        tags, res = [], []
+        for t, o, n, a, w, g in self._queued:
+            view = (ctypes.c_char * n).from_address(a)
+            res.append(os.pwrite(self._fds[t], view, o) if w else os.preadv(self._fds[t], [view], o))
+            tags.append(g)
+        self._queued = []
+        return np.array(tags, np.int64), np.array(res, np.int64)
+
+
+@pytest.fixture
+def pread_engine():
+    """An engine that implements only its channel (a test double, registered for the test)."""
+    class Pread(Engine):
+        name = "test-pread"
+        summary = "test double: a channel and nothing else"
+        capability = Capability()
+
+        @classmethod
+        def channel(cls, job, files, spec):
+            return PreadChannel(files, spec)
+
+    all_engines()
+    register(Pread)
+    yield Pread
+    engines._REGISTRY.pop("test-pread")
+
+
+def _run(path, **opts):
+    glob = {"engine": "test-pread", "targets": [str(path)], "iodepth": 4, **opts}
+    (r,) = runner.run_profile(from_dict({"global": glob}, "t.toml", {}), quiet=True).results
+    return r
+
+
+def test_a_new_engine_gets_block_jobs_by_implementing_only_its_channel(pread_engine,
+                                                                       pattern_file, tmp_path):
+    assert uses_block_loop(pread_engine)
+    r = _run(pattern_file, rw="randread", verify=True, numjobs=2, io_size="1m")
+    assert r.ok and r.verify_failures == 0 and r.ios == 2 * 256 and r.bytes == r.ios * 4096
+    assert r.lat.n == r.ios
+
+    # a corrupted block is caught by the loop's verify
+    with open(pattern_file, "r+b") as f:
+        f.seek(8192)
+        f.write(b"\0" * 4096)
+    r = _run(pattern_file, rw="read", verify=True, io_size="64k")
+    assert r.verify_failures == 1
+    assert r.bad_offsets == [{"target": str(pattern_file), "offset": 8192}]
+
+    out = tmp_path / "w.dat"
+    r = _run(out, rw="write", size="256k", fsync=16, verify=True)
+    assert r.ok and r.write.ios == 64 and r.syncs == 4
+    r = _run(out, rw="randrw", rwmixread=50, size="256k", io_size="256k", verify=True)
+    assert r.ok and r.read.ios + r.write.ios == 64 and r.verify_failures == 0
