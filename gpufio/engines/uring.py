@@ -24,7 +24,6 @@ from gpufio.core.options import Option
 from gpufio.core.requests import HOST, Capability, ChannelSpec, File
 from gpufio.core.slots import SlotTable
 from gpufio.core.targets import aligned_buffer
-from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, sync_files
 from gpufio.engines import register
 from gpufio.engines.base import (
     COMPILED_BATCH,
@@ -37,7 +36,7 @@ from gpufio.engines.base import (
     run_compiled,
 )
 from gpufio.facts.device import poll_refusal
-from gpufio.io import loops, ringio, uring
+from gpufio.io import loops, uring
 from gpufio.io.uring_channel import UringChannel
 from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog, ring_report
 
@@ -74,17 +73,11 @@ class Uring(Engine):
         NOP_OP,
     )
 
-    tensors = TensorSupport(gpu=False)
     capability = Capability(memory=(HOST,))
 
     @classmethod
     def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> UringChannel:
         return UringChannel(files, spec)
-
-    @classmethod
-    def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
-                     request: TensorRequest) -> "UringTensors":
-        return UringTensors(files, extents, request)
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -282,31 +275,3 @@ class Uring(Engine):
         self.ring.close()
         self._slots = None
         self._mem.close()
-
-
-class UringTensors:
-    """Shards in host memory saved and restored by io_uring, ``iodepth`` pieces in flight,
-    straight from and into the shards."""
-
-    def __init__(self, files: list[Target], extents: list[Extent], request: TensorRequest) -> None:
-        self.io = ringio.RingPieces(files, extents, request)
-        self.page_cache = not request.direct
-        self.facts: dict[str, Any] = {"chunk": request.chunk, "iodepth": request.iodepth}
-
-    def _addrs(self, tensors: Any) -> np.ndarray:
-        base = np.array([t.ctypes.data for t in tensors], dtype=np.uint64)
-        p = self.io.pieces
-        return base[p[:, 0]] + p[:, 1].astype(np.uint64)
-
-    def save(self, tensors: Any) -> int:
-        return self.io.move(True, self._addrs(tensors))
-
-    def sync(self) -> None:
-        sync_files(self.io.fds)
-
-    def restore(self, tensors: Any) -> int:
-        return self.io.move(False, self._addrs(tensors))
-
-    def close(self) -> None:
-        self.io.close()
-
