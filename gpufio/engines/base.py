@@ -146,6 +146,9 @@ class Engine(ABC):
     # mapping advice, a row-width multiple, the loaders' baseline); for an engine whose
     # channel the GPU submits to, all of what its own row fetcher offers (None: no rows)
     rows: ClassVar[RowSupport | None] = None
+    # for an engine with no channel a host thread submits to: where the checkpoint mover
+    # would find shards once it has one (None: no tensors)
+    tensors: ClassVar[TensorSupport | None] = None
     # what the engine's channel (the one I/O primitive, core/requests) can do; None: it
     # opens no channel (its loop runs on the device only)
     capability: ClassVar[Capability | None] = None
@@ -215,11 +218,11 @@ class Engine(ABC):
     def tensor_support(cls) -> TensorSupport | None:
         """Where the checkpoint mover over this engine's channel finds shards: host shards
         for a channel of host buffers; GPU shards straight for one of GPU buffers, or
-        through pinned host memory for a GPU engine's host channel. None: no channel a host
-        thread submits to, so no tensors."""
+        through pinned host memory for a GPU engine's host channel. Without a channel a host
+        thread submits to: what ``tensors`` declares."""
         cap = cls.capability
         if cap is None or cap.submitter != "cpu":
-            return None
+            return cls.tensors
         host = HOST in cap.memory
         return TensorSupport(host=host, gpu=GPU in cap.memory or (host and cls.uses_gpu))
 

@@ -26,7 +26,9 @@ import numpy as np
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
+from gpufio.core.rows import RowSupport
 from gpufio.core.slots import SlotTable
+from gpufio.core.tensors import TensorSupport
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import uring
@@ -56,6 +58,8 @@ class CpuGpu(Engine):
     """io_uring into registered host memory, then batched asynchronous H2D copies."""
 
     name = "cpu-gpu"
+    rows = RowSupport()
+    tensors = TensorSupport(host=False)
     summary = "io_uring into pinned host buffers, then batched asynchronous H2D copies"
     peer = "gdsio -x 2/3, fio libcufile cuda_io=posix (synchronous, pageable)"
     fio_engines = {"libcufile:posix": "cuda_io=posix runs as cpu-gpu: gpufio's path is "

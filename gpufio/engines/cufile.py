@@ -22,7 +22,9 @@ import numpy as np
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
+from gpufio.core.rows import RowSupport
 from gpufio.core.slots import SlotTable
+from gpufio.core.tensors import TensorSupport
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import gpu
@@ -168,6 +170,8 @@ class CuFile(Engine):
     """KvikIO futures reading straight into GPU memory; mode gds or compat, always labelled."""
 
     name = "cufile"
+    rows = RowSupport(gpu_only=True)
+    tensors = TensorSupport(host=False)
     summary = ("NVIDIA cuFile through KvikIO: GPUDirect Storage, or compat mode "
                "(POSIX reads through host memory) where the host has no GDS driver")
     peer = "gdsio -x 0, fio libcufile, KvikIO"

@@ -267,6 +267,11 @@ class MmapChannel(Channel):
     def inflight(self) -> int:
         return sum(len(t) for t in self._tags)
 
+    def room(self) -> int:
+        """A mapping has no queue to bound: a whole batch is one gather (as the loaders'
+        is), whatever the depth; a depth's worth per call would only add calls."""
+        return 1 << 62
+
     def advise(self, advice: str) -> None:
         """The mappings' madvise: 'normal' (the kernel's read-around, as DGL's loader leaves
         it) or 'random' (a fault reads only its page)."""

@@ -78,7 +78,7 @@ class Gather:
             raise
         if engine.row_support().advice:
             self.channel.advise(request.advice)
-        self.facts = {"iodepth": depth, **self.channel.facts}
+        self.facts = dict(self.channel.facts)  # a queue's says its depth
         self.mode = self.channel.facts.get("mode")
         self._mem: Any = None
         self._pinned: Any = None
