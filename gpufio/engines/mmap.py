@@ -255,6 +255,7 @@ class MmapChannel(Channel):
         self._fds = [f.fd for f in files]
         self._maps: list[mm.mmap | None] = [None] * len(files)
         self._views: list[np.ndarray | None] = [None] * len(files)
+        self._writable = [False] * len(files)
         self._advice = mm.MADV_NORMAL
         self._tags: list[np.ndarray] = []
         self._res: list[np.ndarray] = []
@@ -281,18 +282,24 @@ class MmapChannel(Channel):
             if m is not None:
                 m.madvise(self._advice)
 
-    def _view(self, t: int) -> np.ndarray:
-        """File ``t``'s bytes, mapped on first use (an empty file: no bytes)."""
+    def _view(self, t: int, write: bool = False) -> np.ndarray:
+        """File ``t``'s bytes, mapped on first use for the direction asked (an empty file:
+        no bytes). A change of direction maps the file again, as the loaders map a
+        checkpoint once to save it and again to load it: stores into pages a read mapped
+        cost a write-protect fault each, twice a fresh mapping's stores."""
         view = self._views[t]
+        if view is not None and self._writable[t] != write:
+            view = None  # no export of the mapping may outlive it
+            self._unmap(t)
         if view is None:
             size = os.lseek(self._fds[t], 0, os.SEEK_END)  # a block device's too
             if not size:
                 return np.zeros(0, np.uint8)
-            prot = mm.PROT_READ | (mm.PROT_WRITE if self.spec.writes else 0)
+            prot = mm.PROT_READ | (mm.PROT_WRITE if write else 0)
             m = mm.mmap(self._fds[t], size, flags=mm.MAP_SHARED, prot=prot)
             m.madvise(self._advice)
             self._maps[t], view = m, np.frombuffer(m, dtype=np.uint8)
-            self._views[t] = view
+            self._views[t], self._writable[t] = view, write
         return view
 
     def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
@@ -312,7 +319,7 @@ class MmapChannel(Channel):
 
     def _copy(self, t: int, off: int, n: int, addr: int, write: bool) -> int:
         """One request: the bytes moved (fewer past the file's end)."""
-        view = self._view(t)
+        view = self._view(t, write)
         got = max(0, min(n, len(view) - off))
         if got:
             page = view.ctypes.data + off
@@ -355,12 +362,13 @@ class MmapChannel(Channel):
         self._tags, self._res = [], []
         return done
 
-    def _unmap(self) -> None:
-        self._views = [None] * len(self._fds)  # views must go before their mappings
-        for m in self._maps:
+    def _unmap(self, t: int | None = None) -> None:
+        """Unmap file ``t`` (None: every file)."""
+        for i in range(len(self._fds)) if t is None else (t,):
+            self._views[i] = None  # the view must go before its mapping
+            m, self._maps[i] = self._maps[i], None
             if m is not None:
                 m.close()
-        self._maps = [None] * len(self._fds)
 
     def sync(self, fds: Sequence[int]) -> None:
         """msync, then unmap (mapped pages would stay cached whatever the workload drops),
