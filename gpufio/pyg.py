@@ -1,6 +1,7 @@
 """``gpufio.pyg.FeatureStore``: a ``torch_geometric.data.FeatureStore`` whose rows come
-through a gpufio engine's data path (gpu-uring, cpu-gpu, cufile, mmap), straight into a
-torch tensor: a CUDA tensor over the CuPy rows the engine fetched (DLPack, no copy), or a CPU
+through a gpufio engine's data path (the GNN workload's gather over the engine's channel,
+or the engine's own GPU fetcher), straight into a torch tensor: a CUDA tensor over the CuPy
+rows fetched (DLPack, no copy), or a CPU
 tensor over NumPy rows with ``device = "cpu"``. A PyG training loop then reads its features
 the way gpufio measures them. Read-only: the table is the files'.
 
@@ -20,6 +21,7 @@ from gpufio.core.rows import Layout, RowRequest, RowTable
 from gpufio.engines import all_engines
 from gpufio.io import gpu
 from gpufio.profile import from_dict
+from gpufio.workloads.gnn.gather import fetcher
 
 try:
     from torch_geometric.data import FeatureStore as _PygStore
@@ -51,16 +53,17 @@ class FeatureStore(_PygStore):
         # the engine's own keys, resolved as a profile's would be
         job = from_dict({"global": {"engine": engine, **options}}, "gpufio.pyg", {}).jobs[0]
         cls = all_engines()[job.engine]
-        if cls.rows is None:
+        support = cls.row_support()
+        if support is None:
             raise BadInput(f"gpufio.pyg: engine '{engine}' fetches no rows")
-        if device == "cpu" and cls.rows.gpu_only:
+        if device == "cpu" and support.gpu_only:
             raise BadInput(f"gpufio.pyg: engine '{engine}' fetches rows into GPU memory only; "
                            "use device = \"gpu\"")
         self._xp = gpu.array_module(device, job.gpu)
         request = RowRequest(dim=dim, max_rows=max_rows, direct=job.direct,
                              iodepth=job.iodepth if "iodepth" in options else None)
-        self._fetcher = cls.row_fetcher(job, RowTable(tuple(paths), layout, rows), self._xp,
-                                        request)
+        self._fetcher = fetcher(cls, job, RowTable(tuple(paths), layout, rows), self._xp,
+                                request)
         self._attr = TensorAttr(group_name, attr_name)
         self._rows, self._dim, self._max = rows, dim, max_rows
 

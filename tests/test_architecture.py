@@ -102,7 +102,8 @@ def test_no_workload_is_named_outside_workloads():
 
     names = set(all_workloads()) - {"block"}  # also a target kind ("kind": "block")
     for module, path in ALL.items():
-        if band_of(module) == "workloads":
+        # pyg is the GNN workload's FeatureStore for users' code, over that workload's gather
+        if band_of(module) in ("workloads", "pyg"):
             continue
         tree = ast.parse(path.read_text())
         named = [n.lineno for n in ast.walk(tree)

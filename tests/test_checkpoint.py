@@ -136,9 +136,7 @@ bs = "512k"
 
 
 @pytest.mark.parametrize("extra, message", [
-    ('engine = "cpu-gpu"', "engine 'cpu-gpu': moves shards in GPU memory only, so it needs "
-                           'device = "gpu"'),
-    ('engine = "null"', "engine 'null' does not save tensors"),
+    ('engine = "gpu-uring"', "engine 'gpu-uring' does not save tensors"),
     ('engine = "psync"\nshards = ["1m", "0"]', "key 'shards': a shard needs at least one byte"),
     ('engine = "psync"\nlayout = "stripes"', "key 'layout'"),
     ('engine = "psync"\nfeature_dim = 8', "key 'feature_dim' needs workload = \"gnn\""),

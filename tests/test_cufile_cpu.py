@@ -75,33 +75,3 @@ def test_info_says_how_cufile_would_run(monkeypatch):
                         classmethod(lambda cls: "KvikIO is not installed"))
     assert all_engines()["cufile"].status() == "KvikIO is not installed"
     assert all_engines()["psync"].status() == "available"
-
-
-def test_a_checkpoint_piece_kvikio_never_finishes_is_a_diagnostic(monkeypatch):
-    """The cufile tensor mover polls each piece's future against the stall limit: a wedged
-    path ends the job naming shard, file and byte, never hangs."""
-    from types import SimpleNamespace
-
-    from gpufio.core.tensors import Extent, TensorIOError
-    from gpufio.engines import cufile
-
-    monkeypatch.setattr(cufile, "STALL_LIMIT_NS", 50_000_000)
-    mover = cufile.CuFileTensors.__new__(cufile.CuFileTensors)
-    mover._extents, mover._paths = [Extent(3, 0, 8192, 4096)], ["/ssd/ckpt.dat"]
-    with pytest.raises(TensorIOError, match=r"save of shard 3: /ssd/ckpt.dat at byte 8192: "
-                                            r"KvikIO has not finished the piece in 0.05 s"):
-        mover._finish([0, 0, 8192, 4096], SimpleNamespace(done=lambda: False), True)
-
-
-def test_a_feature_row_kvikio_never_finishes_is_a_diagnostic(monkeypatch):
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from gpufio.core.rows import RowFetchError
-    from gpufio.engines import cufile
-
-    monkeypatch.setattr(cufile, "STALL_LIMIT_NS", 50_000_000)
-    fetch = cufile.CuFileFetch.__new__(cufile.CuFileFetch)
-    with pytest.raises(RowFetchError, match="feature row of node 42: KvikIO has not finished"):
-        fetch._finish(0, SimpleNamespace(done=lambda: False), np.array([42]))

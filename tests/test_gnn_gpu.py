@@ -23,7 +23,8 @@ def test_mmap_aggregation_lands_the_generators_rows_on_the_gpu(tmp_path):
 
 @pytest.mark.parametrize("engine", [{"engine": "cpu-gpu", "iodepth": 32},
                                     {"engine": "gpu-uring", "iodepth": 32, "rings": 2},
-                                    {"engine": "cufile", "iodepth": 32}])
+                                    {"engine": "cufile", "iodepth": 32},
+                                    {"engine": "mmap"}, {"engine": "uring", "iodepth": 32}])
 def test_engines_land_every_row_verified(engine, tmp_path):
     a, b = tmp_path / "ssd0", tmp_path / "ssd1"
     a.mkdir()

@@ -5,11 +5,14 @@ verdicts from stubbed states, then from real rings: SQEs never submitted, and a 
 kernel holds (a pipe with nothing to read)."""
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from gpufio.io import ringio, uring, watchdog
+from gpufio.core.requests import ChannelSpec, RequestsStuck, move_all
+from gpufio.io import uring, watchdog
+from gpufio.io.uring_channel import UringChannel
 from gpufio.io.watchdog import ring_verdict
 
 
@@ -74,14 +77,14 @@ def test_a_real_ring_whose_sqes_were_never_submitted_blames_gpufio(pattern_file)
 @needs_uring
 def test_a_real_read_the_kernel_holds_blames_the_kernel_and_a_busy_disk_the_drive(
         monkeypatch):
-    monkeypatch.setattr(ringio, "WAIT_NS", 50_000_000)  # the pipe never has data: no race
     r, w = os.pipe()
     buf = np.zeros(64, np.uint8)
-    ring = uring.Ring(8)
+    ch = UringChannel([SimpleNamespace(path="pipe", fd=r)], ChannelSpec(8))
+    ring = ch.ring
     try:
-        with pytest.raises(ringio.PiecesStuck) as stuck:
-            ringio.move_pieces(ring, uring.OP_READ, np.array([r]), np.zeros(1, np.uint64),
-                               np.array([buf.ctypes.data], np.uint64), np.array([64]))
+        with pytest.raises(RequestsStuck) as stuck:  # the pipe never has data: no race
+            move_all(ch, np.zeros(1), np.zeros(1), np.array([64]),
+                     np.array([buf.ctypes.data], np.uint64), False, stall_ns=50_000_000)
         assert str(stuck.value).startswith(
             "no I/O completed in 0.05 s: held by the kernel: it consumed all 1 SQEs (sq_head = "
             "sq_tail) and completed none, and no disk holds the targets to ask"), stuck.value
@@ -91,8 +94,7 @@ def test_a_real_read_the_kernel_holds_blames_the_kernel_and_a_busy_disk_the_driv
         assert "nvme9n1 1 reads and 0 writes" in report
     finally:
         os.write(w, b"x" * 64)  # let the read complete before the ring goes
-        ring.submit(wait=1, timeout_ns=1_000_000_000)
-        ring.close()
+        ch.close()
         os.close(r)
         os.close(w)
 

@@ -1,9 +1,9 @@
 """Tables of fixed-size rows striped over files, and what fetching their rows means.
 
-A workload that gathers rows (the GNN workload's feature aggregation: one row per node) asks
-the job's engine for a row fetcher (``Engine.row_fetcher``); the engine reads the rows
-through its own data path. The table, the request and the errors are defined here, below
-both, so neither names the other.
+A workload that gathers rows (the GNN workload's feature aggregation: one row per node) reads
+them through the job's engine's channel (workloads/gnn/gather), or through the engine's own
+row fetcher where its gather runs on the GPU (``Engine.row_fetcher``). The table, the
+request and the errors are defined here, below both, so neither names the other.
 """
 
 from __future__ import annotations
@@ -57,10 +57,9 @@ class RowRequest:
     direct: bool
     cache_bytes: int = 0
     advice: str = "normal"
-    # the job's iodepth when the profile gives one; None lets the engine pick its rows'
-    # default (row_depth), derived from the batch and the machine like ram_backed's choices
+    # the job's iodepth when the profile gives one; None picks the rows' default
+    # (row_depth), derived from the batch
     iodepth: int | None = None
-    ram_backed: bool = False  # every feature file lives in memory (tmpfs, zram)
 
 
 # reads in flight per queue (ring, pool) when a workload's profile gives no iodepth: the
@@ -78,9 +77,10 @@ def row_depth(request: RowRequest, queues: int = 1) -> int:
 
 @dataclass(frozen=True)
 class RowSupport:
-    """What an engine's row fetcher offers, for the workloads' checks: it needs GPU memory
-    (no ``device = "cpu"``), a GPU cache, mapping advice, a multiple the row width must be
-    of, and whether it is the loaders' baseline the experiment compares against."""
+    """What the rows through an engine offer, for the workloads' checks: they need GPU
+    memory (no ``device = "cpu"``; for a channel, derived from its capability), a GPU
+    cache, mapping advice (the channel's ``advise``), a multiple the row width must be of,
+    and whether it is the loaders' baseline the experiment compares against."""
 
     gpu_only: bool = False
     cache: bool = False
@@ -99,11 +99,16 @@ def row_error(row: int, res: int, more: str = "") -> RowFetchError:
     return RowFetchError(f"feature row of node {row} ({why}){more}")
 
 
+def direct_fits(layout: Layout) -> bool:
+    """Whether the layout's rows can be read with O_DIRECT: a 4 KiB-aligned first row,
+    rows a multiple of 512 bytes."""
+    return layout.header % 4096 == 0 and layout.row_bytes % 512 == 0
+
+
 def open_rows(table: RowTable, direct: bool) -> list[int]:
     """The table's files opened for reading, with O_DIRECT when asked and the layout allows
-    it (4 KiB-aligned first row, rows a multiple of 512 bytes)."""
-    aligned = table.layout.header % 4096 == 0 and table.layout.row_bytes % 512 == 0
-    flags = os.O_RDONLY | (os.O_DIRECT if direct and aligned else 0)
+    it (direct_fits)."""
+    flags = os.O_RDONLY | (os.O_DIRECT if direct and direct_fits(table.layout) else 0)
     return [os.open(p, flags) for p in table.paths]
 
 

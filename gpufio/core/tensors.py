@@ -2,11 +2,10 @@
 engine, defined below both so neither names the other.
 
 A model state is a list of shards (tensors). Each shard lies in one file as one extent; the
-workload lays the files out and opens them, and asks the job's engine for a tensor mover
-(``Engine.tensor_mover``, declared by its ``tensors: TensorSupport``). The mover writes every
-shard's bytes to its extent (``save``), makes them durable (``sync``) and reads them back
-into other memory (``restore``), through the engine's own data path, in pieces of the job's
-block size.
+workload lays the files out and opens them, and moves them through the job's engine's
+channel (workloads/checkpoint/mover; where it finds shards: ``Engine.tensor_support``). The
+mover writes every shard's bytes to its extent (``save``), makes them durable (``sync``) and
+reads them back into other memory (``restore``), in pieces of the job's block size.
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ class TensorRequest:
 
 @dataclass(frozen=True)
 class TensorSupport:
-    """Where an engine's tensor mover finds the shards: in host memory (``device = "cpu"``),
-    in GPU memory, or both."""
+    """Where the mover over an engine's channel finds the shards: in host memory
+    (``device = "cpu"``), in GPU memory, or both (``Engine.tensor_support``)."""
 
     host: bool = True
     gpu: bool = True
@@ -58,7 +57,7 @@ class TensorIOError(RuntimeError):
 
 
 class Mover(Protocol):
-    """What ``Engine.tensor_mover`` returns. ``save`` and ``restore`` take one 1-D uint8
+    """A checkpoint's mover (the channel's, or the naive one). ``save`` and ``restore`` take one 1-D uint8
     array per extent, in extent order (NumPy for host memory, CuPy for GPU memory), move
     every byte and return the ``time.perf_counter_ns`` at which the first piece completed."""
 

@@ -11,13 +11,14 @@ clock starts; ``run`` only moves data.
 from __future__ import annotations
 
 from abc import ABC
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from gpufio.core.checks import Check
 from gpufio.core.options import Option, settings_class
-from gpufio.core.requests import Capability, Channel, ChannelSpec, File
+from gpufio.core.requests import GPU, HOST, Capability, Channel, ChannelSpec, File
 from gpufio.core.rows import RowRequest, RowSupport, RowTable
-from gpufio.core.tensors import Extent, Mover, TensorRequest, TensorSupport
+from gpufio.core.tensors import TensorSupport
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -66,8 +67,9 @@ def compiled_loop(job: "Job") -> bool:
     """Whether the job's I/Os go through the compiled loops (io/loops.py) instead of the
     block loop's Python one (run/blockloop.py), for an engine whose channel has one: where
     they are built, for jobs that neither verify as they read nor sync every N writes (both
-    stay in Python), and whose writes are small enough to fill on the loop's own thread. A rate-capped job stays in Python too: its loop reaps while no
-    I/O is due, where the compiled one would wait for the cap with I/Os in flight."""
+    stay in Python), and whose writes are small enough to fill on the loop's own thread. A
+    rate-capped job stays in Python too: its loop reaps while no I/O is due, where the
+    compiled one would wait for the cap with I/Os in flight."""
     from gpufio.io import loops
 
     return (not (job.verify and job.reads) and not (job.fsync or job.fdatasync)
@@ -95,9 +97,12 @@ class Engine(ABC):
     uses_gpu: ClassVar[bool] = False
     # what the profile's iodepth means for this path (shown by 'gpufio engines')
     iodepth_means: ClassVar[str] = "I/Os in flight per worker"
-    # what the engine's row fetcher offers (None: it fetches no rows for workloads)
+    # the extras of the GNN rows gathered through this engine's channel (a GPU cache,
+    # mapping advice, a row-width multiple, the loaders' baseline); for an engine whose
+    # channel the GPU submits to, all of what its own row fetcher offers (None: no rows)
     rows: ClassVar[RowSupport | None] = None
-    # where the engine's tensor mover finds shards (None: it saves and restores no tensors)
+    # for an engine with no channel a host thread submits to: where the checkpoint mover
+    # would find shards once it has one (None: no tensors)
     tensors: ClassVar[TensorSupport | None] = None
     # False for a path that touches no storage (null): a job of it naming no targets gets
     # an offset space of its size, with no file laid out
@@ -150,19 +155,34 @@ class Engine(ABC):
 
     @classmethod
     def row_fetcher(cls, job: "Job", table: RowTable, xp: Any, request: RowRequest) -> Any:
-        """This path's row fetcher for a workload: ``fetch(rows)`` returns the rows, in
-        order, as an ``xp`` array of ``request.dim`` float32 columns (in GPU memory for CuPy),
-        ``rows`` counts the rows fetched, ``facts`` says how (for the result), ``close()``.
-        Engines with ``rows`` set implement it."""
-        raise NotImplementedError(f"engine '{cls.name}' fetches no rows")
+        """This engine's own row fetcher, for an engine whose gather runs on the GPU
+        (``capability.submitter == "gpu"``): ``fetch(rows)`` returns the rows, in order, as
+        an ``xp`` array of ``request.dim`` float32 columns, ``rows`` counts the rows fetched,
+        ``facts`` says how, ``close()``. None (every other engine): the workloads gather
+        the rows through the engine's channel (workloads/gnn/gather)."""
+        return None
 
     @classmethod
-    def tensor_mover(cls, job: "Job", files: list["Target"], extents: list[Extent], xp: Any,
-                     request: TensorRequest) -> Mover:
-        """This path's tensor mover for a workload (core/tensors.Mover): it saves shards
-        (``xp`` arrays: NumPy in host memory, CuPy in GPU memory) to their ``extents`` of the
-        opened ``files`` and restores them. Engines with ``tensors`` set implement it."""
-        raise NotImplementedError(f"engine '{cls.name}' moves no tensors")
+    def row_support(cls) -> RowSupport | None:
+        """What the GNN rows through this engine offer, for the workloads' checks: for a
+        channel a host thread submits to, the generic gather's (GPU memory only when the
+        channel takes no host buffers) with the extras ``rows`` declares; else ``rows``."""
+        cap = cls.capability
+        if cap is None or cap.submitter != "cpu":
+            return cls.rows
+        return replace(cls.rows or RowSupport(), gpu_only=HOST not in cap.memory)
+
+    @classmethod
+    def tensor_support(cls) -> TensorSupport | None:
+        """Where the checkpoint mover over this engine's channel finds shards: host shards
+        for a channel of host buffers; GPU shards straight for one of GPU buffers, or
+        through pinned host memory for a GPU engine's host channel. Without a channel a host
+        thread submits to: what ``tensors`` declares."""
+        cap = cls.capability
+        if cap is None or cap.submitter != "cpu":
+            return cls.tensors
+        host = HOST in cap.memory
+        return TensorSupport(host=host, gpu=GPU in cap.memory or (host and cls.uses_gpu))
 
     @classmethod
     def guardian(cls, job: "Job", targets: list["Target"]) -> list[str] | None:
@@ -186,9 +206,10 @@ class Engine(ABC):
         """What this path moves in host memory, with no GPU: 'block' (the block jobs of a
         CPU path), 'rows' and 'tensors' (the workloads' jobs with device = "cpu")."""
         what = () if cls.uses_gpu else ("block",)
-        if cls.rows is not None and not cls.rows.gpu_only:
+        rows, tensors = cls.row_support(), cls.tensor_support()
+        if rows is not None and not rows.gpu_only:
             what += ("rows",)
-        if cls.tensors is not None and cls.tensors.host:
+        if tensors is not None and tensors.host:
             what += ("tensors",)
         return what
 
@@ -198,9 +219,10 @@ class Engine(ABC):
         if not cls.uses_gpu:
             return ()
         what: tuple[str, ...] = ("block",)
-        if cls.rows is not None:
+        tensors = cls.tensor_support()
+        if cls.row_support() is not None:
             what += ("rows",)
-        if cls.tensors is not None and cls.tensors.gpu:
+        if tensors is not None and tensors.gpu:
             what += ("tensors",)
         return what
 

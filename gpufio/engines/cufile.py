@@ -11,7 +11,6 @@ when its future is done: KvikIO resolves it only once the bytes are in GPU memor
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import threading
@@ -23,17 +22,9 @@ import numpy as np
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.rows import RowFetchError, RowRequest, RowSupport, RowTable, row_depth, row_error
+from gpufio.core.rows import RowSupport
 from gpufio.core.slots import SlotTable
-from gpufio.core.tensors import (
-    Extent,
-    TensorIOError,
-    TensorRequest,
-    TensorSupport,
-    piece_error,
-    pieces,
-    sync_files,
-)
+from gpufio.core.tensors import TensorSupport
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import gpu
@@ -180,6 +171,7 @@ class CuFile(Engine):
 
     name = "cufile"
     rows = RowSupport(gpu_only=True)
+    tensors = TensorSupport(host=False)
     summary = ("NVIDIA cuFile through KvikIO: GPUDirect Storage, or compat mode "
                "(POSIX reads through host memory) where the host has no GDS driver")
     peer = "gdsio -x 0, fio libcufile, KvikIO"
@@ -204,19 +196,6 @@ class CuFile(Engine):
                "(cuFileBufRegister), as gdsio does"),
         PROCESSES,
     )
-
-    @classmethod
-    def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-        return CuFileFetch(table, xp, request.dim, cls.settings(job).threads,
-                           row_depth(request), request.direct)
-
-    tensors = TensorSupport(host=False)
-
-    @classmethod
-    def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
-                     request: TensorRequest) -> "CuFileTensors":
-        gpu.use(job.gpu)
-        return CuFileTensors(files, extents, request, cls.settings(job).threads)
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -539,127 +518,3 @@ def open_queue(job: Job, settings: Any, targets: list[Target], dev: Any, cp: Any
     if settings.api == "kvikio":
         return KvikioQueue(job, settings, targets, dev)
     return RawQueue(job, settings, targets, dev, cp)
-
-
-class CuFileFetch:
-    """The ``cufile`` path for aggregation: KvikIO reads each row straight into its row of
-    the device tensor (GPUDirect Storage, or compat mode through a host bounce buffer; the
-    result's engine_mode says which), ``iodepth`` futures in flight."""
-
-    page_cache = False
-
-    def __init__(self, table: RowTable, xp: Any, dim: int, threads: int, iodepth: int,
-                 direct: bool) -> None:
-        import kvikio
-
-        self.xp, self.dim, self.layout, self.depth = xp, dim, table.layout, iodepth
-        self.rows = 0
-        self.facts = {"iodepth": iodepth}  # how the rows were fetched, for the result
-        self.mode = cufile_mode()
-        configure(threads or iodepth, dim * 4, direct)
-        self._files = [kvikio.CuFile(p, "r") for p in table.paths]
-
-    def fetch(self, nodes: Any) -> Any:
-        ids = self.xp.asnumpy(nodes)
-        out = self.xp.empty((len(ids), self.dim), self.xp.float32)
-        tgt, off = self.layout.locate(ids)
-        nbytes = self.dim * 4
-        pending: list[tuple[int, Any]] = []
-        for i, (t, o) in enumerate(zip(tgt.tolist(), off.tolist())):
-            if len(pending) == self.depth:
-                self._finish(*pending.pop(0), ids)
-            pending.append((i, self._files[t].pread(out[i], nbytes, o, task_size=nbytes)))
-        for item in pending:
-            self._finish(*item, ids)
-        self.rows += len(ids)
-        return out
-
-    def _finish(self, i: int, future: Any, ids: np.ndarray) -> None:
-        if not settled(future, time.perf_counter_ns() + STALL_LIMIT_NS):
-            raise RowFetchError(f"feature row of node {int(ids[i])}: KvikIO has not "
-                                f"finished it in {STALL_LIMIT_NS / 1e9:g} s")
-        try:
-            got = future.get()
-        except Exception as e:  # KvikIO raises on a failed read, without an errno
-            raise RowFetchError(f"feature row of node {int(ids[i])} ({e})") from None
-        if got != self.dim * 4:
-            raise row_error(int(ids[i]), got)
-
-    def close(self) -> None:
-        for f in self._files:
-            f.close()
-
-
-class CuFileTensors:
-    """Shards in GPU memory saved with KvikIO ``pwrite`` and restored with ``pread``
-    straight between the files and the shards, one future per piece, ``iodepth`` in flight
-    (GPUDirect Storage, or compat mode through KvikIO's bounce buffers: ``mode`` says
-    which)."""
-
-    page_cache = False
-
-    def __init__(self, files: list[Target], extents: list[Extent], request: TensorRequest,
-                 threads: int) -> None:
-        import kvikio
-
-        self.mode = cufile_mode()
-        configure(threads or request.iodepth, request.chunk, request.direct)
-        self._fds, self._paths = [f.fd for f in files], [f.path for f in files]
-        self._files = [kvikio.CuFile(f.path, "r+") for f in files]
-        self._extents, self._depth = extents, request.iodepth
-        self._pieces = pieces(extents, request.chunk)
-        self.facts: dict[str, Any] = {"chunk": request.chunk, "iodepth": request.iodepth,
-                                      "kvikio_threads": threads or request.iodepth}
-
-    def _move(self, tensors: Any, write: bool) -> int:
-        pending: list[tuple[list[int], Any]] = []
-        first = 0
-        try:
-            for piece in self._pieces.tolist():
-                if len(pending) == self._depth:
-                    self._finish(*pending.pop(0), write)
-                    first = first or time.perf_counter_ns()
-                e, at, off, n = piece
-                f, buf = self._files[self._extents[e].file], tensors[e][at:at + n]
-                pending.append((piece, f.pwrite(buf, n, off, task_size=n) if write
-                                else f.pread(buf, n, off, task_size=n)))
-            while pending:
-                self._finish(*pending.pop(0), write)
-                first = first or time.perf_counter_ns()
-        except BaseException:
-            deadline = time.perf_counter_ns() + STALL_LIMIT_NS
-            for _, future in pending:  # none may land in memory the caller frees...
-                if settled(future, deadline):  # ...unless the path is wedged: then do not hang
-                    with contextlib.suppress(Exception):
-                        future.get()
-            raise
-        return first
-
-    def _finish(self, piece: list[int], future: Any, write: bool) -> None:
-        what = "save" if write else "restore"
-        if not settled(future, time.perf_counter_ns() + STALL_LIMIT_NS):
-            ext = self._extents[piece[0]]
-            raise TensorIOError(f"{what} of shard {ext.shard}: {self._paths[ext.file]} at "
-                                f"byte {piece[2]}: KvikIO has not finished the piece in "
-                                f"{STALL_LIMIT_NS / 1e9:g} s")
-        try:
-            got = future.get()
-        except Exception as e:  # KvikIO raises on a failed I/O, without an errno
-            ext = self._extents[piece[0]]
-            raise TensorIOError(f"{what} of shard {ext.shard}: {self._paths[ext.file]} at "
-                                f"byte {piece[2]}: {e}") from None
-        if got != piece[3]:
-            raise piece_error(what, self._extents, self._paths, piece, got)
-
-    def save(self, tensors: Any) -> int:
-        return self._move(tensors, True)
-
-    def sync(self) -> None:
-        sync_files(self._fds)  # the same files: an fsync of any descriptor flushes them
-
-    def restore(self, tensors: Any) -> int:
-        return self._move(tensors, False)
-
-    def close(self) -> None:
-        for f in self._files:
-            f.close()

@@ -13,24 +13,28 @@ the mappings are flushed (msync) before the job ends, inside its time. A store i
 that is not cached faults it in with a synchronous read first, so each batch's pages are
 asked for (MADV_WILLNEED, asynchronous readahead) one batch ahead, as a careful mmap writer
 does: the reads of the next batch overlap the stores of this one.
+
+Its channel (``MmapChannel``, for the GNN gather and the checkpoint mover above the engines)
+copies each request out of (into) a shared mapping of its file, faulting pages in as the
+loaders do.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap as mm
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.rows import RowRequest, RowSupport, RowTable, evict
-from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, pieces, sync_files
+from gpufio.core.requests import HOST, Capability, Channel, ChannelSpec, File
+from gpufio.core.rows import RowSupport
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
-from gpufio.io import gpu
 from gpufio.io.staging import SegmentedStaging
 
 if TYPE_CHECKING:
@@ -89,17 +93,11 @@ class Mmap(Engine):
         PROCESSES,
     )
 
-    @classmethod
-    def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-        return MmapFetch(table, xp, request.dim, cls.settings(job).drop_cache,
-                         request.max_rows, request.advice)
-
-    tensors = TensorSupport()
+    capability = Capability(memory=(HOST,), page_cache=True)
 
     @classmethod
-    def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
-                     request: TensorRequest) -> "MappedTensors":
-        return MappedTensors(files, extents, request, xp)
+    def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> "MmapChannel":
+        return MmapChannel(files, spec, cls.settings(job).drop_cache)
 
     @classmethod
     def check_job(cls, job: Job) -> None:
@@ -243,116 +241,143 @@ class Mmap(Engine):
             m.close()
 
 
-class MmapFetch:
-    """Page-fault gathers from memory-mapped feature files, then one copy to the device."""
+class MmapChannel(Channel):
+    """Requests copied out of (into) shared mappings of the files inside ``submit``, the
+    next ``reap`` handing them back: a read faults its pages in as the loaders' gathers do
+    (the mapping's advice: ``advise``), a write stores into the page cache as a mapped
+    writer does. A file is mapped at its first request and unmapped by ``sync`` (after
+    its flush) and ``close``: a read after a sync maps it again, so its pages come from the
+    file, not from a mapping that kept them. With ``drop_cache`` the files' cached pages
+    are evicted first, for cold numbers."""
 
-    page_cache = True
-
-    def __init__(self, table: RowTable, xp: Any, dim: int, drop_cache: bool, max_rows: int,
-                 advice: str) -> None:
-        self.xp, self.dim, self.layout = xp, dim, table.layout
-        self.rows = 0
-        # how the rows were fetched, for the result
-        self.facts = {"mmap_advice": advice, "drop_cache": drop_cache}
-        self._maps, self._views = [], []
+    def __init__(self, files: Sequence[File], spec: ChannelSpec, drop_cache: bool) -> None:
+        super().__init__(spec)
+        self._fds = [f.fd for f in files]
+        self._maps: list[mm.mmap | None] = [None] * len(files)
+        self._views: list[np.ndarray | None] = [None] * len(files)
+        self._writable = [False] * len(files)
+        self._advice = mm.MADV_NORMAL
+        self._tags: list[np.ndarray] = []
+        self._res: list[np.ndarray] = []
+        self.facts = {"drop_cache": drop_cache}
         if drop_cache:
-            evict(table.paths)
-        for t, path in enumerate(table.paths):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                m, view = map_rows(fd, os.fstat(fd).st_size, table.layout.header,
-                                   table.layout.rows_on(t, table.rows), table.layout.row_bytes,
-                                   mm.MADV_RANDOM if advice == "random" else mm.MADV_NORMAL)
-            finally:
-                os.close(fd)  # the mapping keeps the file
-            self._maps.append(m)
-            self._views.append(view.view(np.float32)[:, :dim])
-        self._staging = np.empty((0, dim), np.float32)
-        self._buffer(max_rows)  # now, not under memory_limit, where it would crowd the cache
+            for fd in self._fds:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
-    def _buffer(self, n: int) -> np.ndarray:
-        """Staging rows, grown as needed (page-locked for GPU copies)."""
-        if len(self._staging) < n:
-            self._staging = gpu.host_rows(self.xp, max(n, 2 * len(self._staging)), self.dim)
-        return self._staging[:n]
+    @property
+    def inflight(self) -> int:
+        return sum(len(t) for t in self._tags)
 
-    def fetch(self, nodes: Any) -> Any:
-        """The feature rows of ``nodes`` (on the device), in order."""
-        ids = nodes if self.xp is np else self.xp.asnumpy(nodes)
-        out = self._buffer(len(ids))
-        tgt, off = self.layout.locate(ids)
-        gather_rows(self._views, tgt, (off - self.layout.header) // self.layout.row_bytes, out)
-        self.rows += len(ids)
-        return out.copy() if self.xp is np else self.xp.asarray(out)
+    def room(self) -> int:
+        """A mapping has no queue to bound: a whole batch is one gather (as the loaders'
+        is), whatever the depth; a depth's worth per call would only add calls."""
+        return 1 << 62
+
+    def advise(self, advice: str) -> None:
+        """The mappings' madvise: 'normal' (the kernel's read-around, as DGL's loader leaves
+        it) or 'random' (a fault reads only its page)."""
+        self._advice = mm.MADV_RANDOM if advice == "random" else mm.MADV_NORMAL
+        self.facts["mmap_advice"] = advice
+        for m in self._maps:
+            if m is not None:
+                m.madvise(self._advice)
+
+    def _view(self, t: int, write: bool = False) -> np.ndarray:
+        """File ``t``'s bytes, mapped on first use for the direction asked (an empty file:
+        no bytes). A change of direction maps the file again, as the loaders map a
+        checkpoint once to save it and again to load it: stores into pages a read mapped
+        cost a write-protect fault each, twice a fresh mapping's stores."""
+        view = self._views[t]
+        if view is not None and self._writable[t] != write:
+            view = None  # no export of the mapping may outlive it
+            self._unmap(t)
+        if view is None:
+            size = os.lseek(self._fds[t], 0, os.SEEK_END)  # a block device's too
+            if not size:
+                return np.zeros(0, np.uint8)
+            prot = mm.PROT_READ | (mm.PROT_WRITE if write else 0)
+            m = mm.mmap(self._fds[t], size, flags=mm.MAP_SHARED, prot=prot)
+            m.madvise(self._advice)
+            self._maps[t], view = m, np.frombuffer(m, dtype=np.uint8)
+            self._views[t], self._writable[t] = view, write
+        return view
+
+    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
+               write: np.ndarray | bool, tag: np.ndarray) -> int:
+        k = min(self.room(), len(off))
+        tgt, off, length = (np.asarray(a[:k], np.int64) for a in (tgt, off, length))
+        addr = np.asarray(addr[:k], np.uint64)
+        writes = np.broadcast_to(np.asarray(write, bool), (len(tag),))[:k]
+        res = None if writes.any() else self._gather(tgt, off, length, addr)
+        if res is None:
+            res = np.array([self._copy(t, o, n, a, w) for t, o, n, a, w in zip(
+                tgt.tolist(), off.tolist(), length.tolist(), addr.tolist(), writes.tolist())],
+                dtype=np.int64)
+        self._tags.append(np.asarray(tag[:k], np.int64))
+        self._res.append(res)
+        return k
+
+    def _copy(self, t: int, off: int, n: int, addr: int, write: bool) -> int:
+        """One request: the bytes moved (fewer past the file's end)."""
+        view = self._view(t, write)
+        got = max(0, min(n, len(view) - off))
+        if got:
+            page = view.ctypes.data + off
+            if write:
+                ctypes.memmove(page, addr, got)
+            else:
+                ctypes.memmove(addr, page, got)
+        return got
+
+    def _gather(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray,
+                addr: np.ndarray) -> np.ndarray | None:
+        """Reads of equal rows (offsets a whole number of rows apart in each file) into
+        consecutive buffers, as one fancy-indexed gather per file (gather_rows) instead of
+        a copy per request; None when the batch is not that shape or leaves a file."""
+        n = len(off)
+        if not n:
+            return np.zeros(0, np.int64)
+        rb, first = int(length[0]), int(off[0])
+        if (rb <= 0 or (length != rb).any() or (np.diff(addr.astype(np.int64)) != rb).any()
+                or ((off - first) % rb).any()):
+            return None
+        skip = first % rb
+        rows = (off - skip) // rb
+        files = np.unique(tgt)
+        tables = []
+        for t in range(int(files[-1]) + 1):
+            view = self._view(t) if t in files else np.zeros(0, np.uint8)
+            held = max(0, (len(view) - skip) // rb)
+            tables.append(view[skip:skip + held * rb].reshape(held, rb))
+        if any((rows[tgt == t] >= len(tables[t])).any() for t in files.tolist()):
+            return None
+        out = np.ctypeslib.as_array((ctypes.c_uint8 * (n * rb)).from_address(int(addr[0])))
+        gather_rows(tables, tgt, rows, out.reshape(n, rb))
+        return np.full(n, rb, np.int64)
+
+    def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
+        if not self._tags:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        done = np.concatenate(self._tags), np.concatenate(self._res)
+        self._tags, self._res = [], []
+        return done
+
+    def _unmap(self, t: int | None = None) -> None:
+        """Unmap file ``t`` (None: every file)."""
+        for i in range(len(self._fds)) if t is None else (t,):
+            self._views[i] = None  # the view must go before its mapping
+            m, self._maps[i] = self._maps[i], None
+            if m is not None:
+                m.close()
+
+    def sync(self, fds: Sequence[int]) -> None:
+        """msync, then unmap (mapped pages would stay cached whatever the workload drops),
+        then fsync every file."""
+        for m in self._maps:
+            if m is not None:
+                m.flush()
+        self._unmap()
+        super().sync(fds)
 
     def close(self) -> None:
-        self._views.clear()  # views must go before the mappings they point into
-        for m in self._maps:
-            m.close()
-        self._maps.clear()
-
-
-class MappedTensors:
-    """The loaders' way with checkpoints (``torch.load(mmap=True)``, safetensors): each file
-    mapped shared; a save stores every piece into the mapping (a GPU shard copied straight
-    into the mapped pages) and the sync flushes it (msync, then fsync); a restore maps the
-    files again and copies each piece out of the mapping through page faults."""
-
-    page_cache = True
-
-    def __init__(self, files: list[Target], extents: list[Extent], request: TensorRequest,
-                 xp: Any) -> None:
-        self._files, self._extents, self._xp = files, extents, xp
-        self._pieces = pieces(extents, request.chunk)
-        self._maps: list[mm.mmap] = []
-        self.facts: dict[str, Any] = {"chunk": request.chunk}
-
-    def _map(self, write: bool) -> list[np.ndarray]:
-        prot = mm.PROT_READ | (mm.PROT_WRITE if write else 0)
-        self._maps = [mm.mmap(f.fd, f.size, flags=mm.MAP_SHARED, prot=prot)
-                      for f in self._files]
-        return [np.frombuffer(m, dtype=np.uint8) for m in self._maps]
-
-    def _unmap(self) -> None:
-        for m in self._maps:
-            m.close()
-        self._maps = []
-
-    def _move(self, tensors: Any, write: bool) -> int:
-        views, first = self._map(write), 0
-        for e, at, off, n in self._pieces.tolist():
-            _copy(views[self._extents[e].file][off:off + n], tensors[e][at:at + n], write,
-                  self._xp is np)
-            first = first or time.perf_counter_ns()
-        views.clear()  # views must go before the mappings they point into
-        return first
-
-    def save(self, tensors: Any) -> int:
-        return self._move(tensors, True)
-
-    def sync(self) -> None:
-        for m in self._maps:
-            m.flush()
-        self._unmap()  # mapped pages would stay cached whatever the workload drops
-        sync_files([f.fd for f in self._files])
-
-    def restore(self, tensors: Any) -> int:
-        first = self._move(tensors, False)
         self._unmap()
-        return first
-
-    def close(self) -> None:
-        self._unmap()
-
-
-def _copy(page: np.ndarray, shard: Any, store: bool, host: bool) -> None:
-    """Store ``shard`` (NumPy, or CuPy in GPU memory) into mapped ``page``, or load it back."""
-    if store:
-        if host:
-            page[:] = shard
-        else:
-            shard.get(out=page)
-    elif host:
-        shard[:] = page
-    else:
-        shard.set(page)

@@ -18,7 +18,6 @@ import numpy as np
 
 from gpufio.core import pattern
 from gpufio.core.requests import HOST, Capability, Channel, ChannelSpec, File
-from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, piece_error, pieces, sync_files
 from gpufio.engines import register
 from gpufio.engines.base import Engine, loop_facts
 from gpufio.io import loops
@@ -26,7 +25,6 @@ from gpufio.io import loops
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
-    from gpufio.core.targets import Target
 
 
 @register
@@ -41,7 +39,6 @@ class Psync(Engine):
     fio_engines = {"psync": "", "sync": "ioengine=sync runs as psync (pread instead of read)",
                    "pvsync": "ioengine=pvsync runs as psync (pread instead of preadv)"}
 
-    tensors = TensorSupport(gpu=False)
     capability = Capability(memory=(HOST,), synchronous=True)
 
     @classmethod
@@ -49,54 +46,9 @@ class Psync(Engine):
         return PsyncChannel(files, spec)
 
     @classmethod
-    def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
-                     request: TensorRequest) -> "PsyncTensors":
-        return PsyncTensors(files, extents, request)
-
-    @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         """psync keeps one I/O in flight whatever iodepth says; the result says so."""
         return {**super().describe(job), "effective_iodepth": 1, **loop_facts(job)}
-
-
-class PsyncTensors:
-    """Shards in host memory saved with one pwrite per piece and restored with one preadv
-    per piece, straight from and into the shards, one piece at a time."""
-
-    def __init__(self, files: list[Target], extents: list[Extent], request: TensorRequest) -> None:
-        self._fds = [f.fd for f in files]
-        self._paths = [f.path for f in files]
-        self._extents = extents
-        self._pieces = pieces(extents, request.chunk)
-        self.page_cache = not request.direct
-        self.facts: dict[str, Any] = {"chunk": request.chunk, "iodepth": 1}
-
-    def _move(self, tensors: Any, write: bool) -> int:
-        first = 0
-        for piece in self._pieces.tolist():
-            e, at, off, n = piece
-            fd, view = self._fds[self._extents[e].file], tensors[e][at:at + n]
-            try:
-                got = os.pwrite(fd, view, off) if write else os.preadv(fd, [view], off)
-            except OSError as err:
-                got = -err.errno
-            if got != n:
-                raise piece_error("save" if write else "restore", self._extents, self._paths,
-                                  piece, got)
-            first = first or time.perf_counter_ns()
-        return first
-
-    def save(self, tensors: Any) -> int:
-        return self._move(tensors, True)
-
-    def sync(self) -> None:
-        sync_files(self._fds)
-
-    def restore(self, tensors: Any) -> int:
-        return self._move(tensors, False)
-
-    def close(self) -> None:
-        """The files belong to the workload, which closes them."""
 
 
 class PsyncChannel(Channel):

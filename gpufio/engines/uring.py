@@ -14,21 +14,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
-
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.requests import HOST, Capability, ChannelSpec, File
-from gpufio.core.tensors import Extent, TensorRequest, TensorSupport, sync_files
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, loop_facts, nop_facts
 from gpufio.facts.device import poll_refusal
-from gpufio.io import ringio, uring
+from gpufio.io import uring
 from gpufio.io.uring_channel import RingOptions, UringChannel
 
 if TYPE_CHECKING:
     from gpufio.core.job import Job
-    from gpufio.core.targets import Target
 
 
 @register
@@ -56,7 +52,6 @@ class Uring(Engine):
         NOP_OP,
     )
 
-    tensors = TensorSupport(gpu=False)
     capability = Capability(memory=(HOST,))
 
     @classmethod
@@ -75,11 +70,6 @@ class Uring(Engine):
             sq_thread_idle_ms=max(o.sq_thread_idle // 1_000_000, 1),
             single_issuer=o.defer_taskrun, iopoll=o.hipri, registerfiles=o.registerfiles,
             fixedbufs=o.fixedbufs, nop=o.op == "nop"))
-
-    @classmethod
-    def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
-                     request: TensorRequest) -> "UringTensors":
-        return UringTensors(files, extents, request)
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -102,31 +92,4 @@ class Uring(Engine):
                 "registerfiles": o.registerfiles, "hipri": o.hipri,
                 "defer_taskrun": o.defer_taskrun,
                 **nop_facts(o.op), **loop_facts(job)}
-
-
-class UringTensors:
-    """Shards in host memory saved and restored by io_uring, ``iodepth`` pieces in flight,
-    straight from and into the shards."""
-
-    def __init__(self, files: list[Target], extents: list[Extent], request: TensorRequest) -> None:
-        self.io = ringio.RingPieces(files, extents, request)
-        self.page_cache = not request.direct
-        self.facts: dict[str, Any] = {"chunk": request.chunk, "iodepth": request.iodepth}
-
-    def _addrs(self, tensors: Any) -> np.ndarray:
-        base = np.array([t.ctypes.data for t in tensors], dtype=np.uint64)
-        p = self.io.pieces
-        return base[p[:, 0]] + p[:, 1].astype(np.uint64)
-
-    def save(self, tensors: Any) -> int:
-        return self.io.move(True, self._addrs(tensors))
-
-    def sync(self) -> None:
-        sync_files(self.io.fds)
-
-    def restore(self, tensors: Any) -> int:
-        return self.io.move(False, self._addrs(tensors))
-
-    def close(self) -> None:
-        self.io.close()
 

@@ -54,14 +54,16 @@ def shard_sizes(values: Mapping[str, Any], where: str = "") -> tuple[int, ...]:
 
 
 def _offering(*memories: str) -> str:
-    """The engines whose tensor movers handle shards in any of ``memories`` ('host', 'gpu')."""
+    """The engines whose channels move shards in any of ``memories`` ('host', 'gpu')."""
     return ", ".join(n for n, c in all_engines().items()
-                     if c.tensors and any(getattr(c.tensors, m) for m in memories))
+                     if c.tensor_support() and any(getattr(c.tensor_support(), m)
+                                                   for m in memories))
 
 
 def check(where: str, engine: str, values: Mapping[str, Any]) -> None:
-    """Cross-field checks; what an engine's mover handles comes from its ``tensors``."""
-    support = all_engines()[engine].tensors
+    """Cross-field checks; where the mover finds shards through an engine comes from its
+    ``tensor_support`` (its channel's capability)."""
+    support = all_engines()[engine].tensor_support()
     if support is None:
         raise BadInput(f"{where}engine '{engine}' does not save tensors (workload "
                        f"'checkpoint' supports: {_offering('host', 'gpu')})")

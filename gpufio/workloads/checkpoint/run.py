@@ -25,6 +25,7 @@ from gpufio.engines import all_engines
 from gpufio.engines.base import label
 from gpufio.io import gpu
 from gpufio.workloads.checkpoint import layout
+from gpufio.workloads.checkpoint.mover import ChannelMover
 from gpufio.workloads.checkpoint.naive import LABEL as NAIVE_LABEL
 from gpufio.workloads.checkpoint.naive import NaiveMover
 from gpufio.workloads.checkpoint.options import shard_sizes
@@ -54,8 +55,10 @@ class Round:
     bad: list[tuple[int, int]] = field(default_factory=list)
 
 
-def one_round(mover: Mover, p: layout.Plan, saved: State, restored: State, seed: int) -> Round:
-    """Fill, save, sync, drop, restore, compare (see the module)."""
+def one_round(mover: Mover, p: layout.Plan, saved: State, restored: State, seed: int,
+              compare: bool = True) -> Round:
+    """Fill, save, sync, drop, restore, compare (see the module; no compare for a path
+    that moves no data)."""
     saved.fill(p.extents, seed)
     device_sync = restored.synchronize
     c0, t0 = _cpu_ns(), time.perf_counter_ns()
@@ -73,7 +76,7 @@ def one_round(mover: Mover, p: layout.Plan, saved: State, restored: State, seed:
     return Round(bytes=sum(e.nbytes for e in p.extents), save_ns=t2 - t0, sync_ns=t2 - t1,
                  save_ttfb_ns=first_w - t0, save_cpu_ns=c1 - c0, restore_ns=t4 - t3,
                  restore_ttfb_ns=first_r - t3, restore_cpu_ns=c3 - c2,
-                 bad=saved.differing(restored))
+                 bad=saved.differing(restored) if compare else [])
 
 
 def sizes_of(job: Job) -> list[int]:
@@ -111,7 +114,7 @@ def run_job(job: Job, stop: Callable[[], bool], progress: Progress | None,
         engine = all_engines()[job.engine]
         request = TensorRequest(chunk=job.bs, iodepth=job.iodepth, direct=job.direct)
         paths: list[tuple[str, Callable[[], Mover]]] = [
-            (job.engine, lambda: engine.tensor_mover(job, files, list(p.extents), xp, request))]
+            (job.engine, lambda: ChannelMover(engine, job, files, p.extents, xp, request))]
         if naive:
             paths.append((NAIVE_LABEL, lambda: NaiveMover(files, p.extents, xp)))
         results = []
@@ -137,11 +140,13 @@ def _run_path(job: Job, name: str, make: Callable[[], Mover], p: layout.Plan, fi
     rounds: list[Round] = []
     failure = None
     mover = make()
+    cap = None if baseline else all_engines()[job.engine].capability
+    moving = cap is None or cap.moves_data
     try:
         for it in range(c["iterations"]):
             if stop():
                 break
-            rounds.append(one_round(mover, p, saved, restored, seed0 + it))
+            rounds.append(one_round(mover, p, saved, restored, seed0 + it, moving))
             if progress is not None:
                 progress(job, name, len(rounds), rounds[-1])
     except TensorIOError as e:  # the job ends; the rounds done so far are reported
@@ -149,7 +154,12 @@ def _run_path(job: Job, name: str, make: Callable[[], Mover], p: layout.Plan, fi
     finally:
         mover.close()
     mode = getattr(mover, "mode", None)
-    return _result(job, name, mode, baseline, mover, p, files, rounds, failure)
+    result = _result(job, name, mode, baseline, mover, p, files, rounds, failure)
+    if not moving:
+        result["moves_data"] = False
+        result["verify"].update(bytes=0, skipped=f"engine '{job.engine}' moves no data: "
+                                "nothing restored to compare")
+    return result
 
 
 def _phase(rounds: list[Round], key: str) -> dict[str, Any]:

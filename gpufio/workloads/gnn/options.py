@@ -65,18 +65,20 @@ GNN_OPTIONS: tuple[Option, ...] = (
            "iolog (version 2), for fio's read_iolog or gpufio's"),
 )
 def _offering(what: str) -> str:
-    """"engine 'x'" or "engines 'x', 'y'": those whose row fetchers offer ``what`` (a
-    RowSupport field), for messages."""
-    names = [f"'{n}'" for n, c in all_engines().items() if c.rows and getattr(c.rows, what)]
+    """"engine 'x'" or "engines 'x', 'y'": those whose rows offer ``what`` (a RowSupport
+    field), for messages."""
+    names = [f"'{n}'" for n, c in all_engines().items()
+             if c.row_support() and getattr(c.row_support(), what)]
     return ("engine " if len(names) == 1 else "engines ") + ", ".join(names)
 
 
 def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:
     """Cross-field checks that one key alone cannot make; ``where`` names file and job. What
-    an engine's row fetcher offers comes from its ``rows`` (RowSupport), so this names none."""
-    rows = all_engines()[engine].rows
+    the rows through an engine offer comes from its ``row_support`` (its channel's
+    capability and extras), so this names none."""
+    rows = all_engines()[engine].row_support()
     if rows is None:
-        fetching = ", ".join(n for n, c in all_engines().items() if c.rows)
+        fetching = ", ".join(n for n, c in all_engines().items() if c.row_support())
         raise BadInput(f"{where}engine '{engine}' does not aggregate GNN features yet "
                        f"(workload 'gnn' supports: {fetching})")
     if rows.gpu_only and gnn["device"] == "cpu":

@@ -20,9 +20,8 @@ from gpufio.core import iolog
 from gpufio.core.job import Job
 from gpufio.core.rows import RowFetchError, RowRequest, evict
 from gpufio.engines import all_engines
-from gpufio.facts.device import path_facts
 from gpufio.io import gpu
-from gpufio.workloads.gnn import dataset, features, memlimit, timing
+from gpufio.workloads.gnn import dataset, features, gather, memlimit, timing
 from gpufio.workloads.gnn.model import GraphSage
 from gpufio.workloads.gnn.sampler import max_input_nodes, sample
 
@@ -33,16 +32,21 @@ def array_module(job: Job) -> Any:
 
 
 def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
-    """The job's engine's row fetcher (aggregation goes through the engine's data path);
-    host staging buffers are sized for the largest possible mini-batch here, before any
-    memory_limit applies."""
+    """The rows through the job's engine (workloads/gnn/gather); host landing buffers are
+    sized for the largest possible mini-batch here, before any memory_limit applies."""
     g = job.workload_options
     most = max_input_nodes(g["batch_size"], list(g["fanout"]), ds.graph.nodes)
     request = RowRequest(dim=g["feature_dim"], max_rows=most, direct=job.direct,
                          cache_bytes=g["cache_size"], advice=g["mmap_advice"],
-                         iodepth=job.iodepth if "iodepth" in job.options_as_given else None,
-                         ram_backed=all(path_facts(p).get("ram_backed") for p in ds.paths))
-    return all_engines()[job.engine].row_fetcher(job, ds.table, xp, request)
+                         iodepth=job.iodepth if "iodepth" in job.options_as_given else None)
+    return gather.fetcher(all_engines()[job.engine], job, ds.table, xp, request)
+
+
+def moves_data(job: Job) -> bool:
+    """False for an engine whose channel completes reads without moving bytes (null): its
+    rows hold nothing to verify."""
+    cap = all_engines()[job.engine].capability
+    return cap is None or cap.moves_data
 
 
 @dataclass
@@ -182,7 +186,7 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
         tally.losses.append(loss)
         if it >= g["warmup"]:
             tally.rows_timed += len(mb.input_nodes)
-        if g["verify_rows"]:
+        if g["verify_rows"] and moves_data(job):
             k = min(g["verify_rows"], len(mb.input_nodes))
             want = (features.values(job.randseed, mb.input_nodes[:k], g["feature_dim"], xp)
                     if ds.generated else
@@ -231,13 +235,17 @@ def _result(job: Job, ds: dataset.Dataset, t: _Tally, fetcher: Any) -> dict[str,
         "drop_cache": bool(fetcher.facts.get("drop_cache", False)),
         "mmap_advice": fetcher.facts.get("mmap_advice"),
         # the loader as DGL runs it: a tuned madvise is a contender, not the baseline
-        "baseline": all_engines()[job.engine].rows.baseline and g["mmap_advice"] == "normal",
+        "baseline": all_engines()[job.engine].row_support().baseline
+        and g["mmap_advice"] == "normal",
         "iterations": g["iterations"], "warmup": g["warmup"], "iterations_done": done,
         "stages": stages,
         "aggregation": {"rows": rows_timed, "bytes": rows_timed * row_bytes,
                         "iops": rows_timed / agg_s if agg_s else 0.0,
                         "bw_bytes": rows_timed * row_bytes / agg_s if agg_s else 0.0},
-        "verify": {"rows_checked": t.checked, "mismatches": t.mismatches},
+        "verify": {"rows_checked": t.checked, "mismatches": t.mismatches,
+                   **({} if moves_data(job) else
+                      {"skipped": f"engine '{job.engine}' moves no data: the rows hold none"})},
+        "moves_data": moves_data(job),
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "interrupted": done < g["iterations"],
         "error": int(t.mismatches > 0),
