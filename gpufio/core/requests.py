@@ -55,12 +55,15 @@ class Capability:
 class ChannelSpec:
     """What a loop asks of a channel: ``depth`` requests in flight at most, buffers in
     ``memory``, ``largest`` bytes the longest request moves (for engines that size their
-    bounce buffers or thread pools by it), ``writes`` when it will write."""
+    bounce buffers or thread pools by it), ``writes`` when it will write; ``region``: the
+    (address, bytes) every request's buffer lies in, where the loop knows it, for engines
+    that register their buffers (cuFileBufRegister); (0, 0) where it does not."""
 
     depth: int
     memory: str = HOST
     largest: int = 4096
     writes: bool = False
+    region: tuple[int, int] = (0, 0)
 
 
 class Channel(ABC):
