@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from gpufio.core import processes
 from gpufio.core.context import FinalRecord, WorkerContext
@@ -46,11 +46,25 @@ class WorkerOutcome:
     bad_input: str | None = None
 
 
+def _data_path(engine_cls: type[Engine], job, targets, ctx: WorkerContext) -> Any:
+    """What moves a worker's data: the engine itself where it runs its own loop, else the
+    block loop that fits its channel (run/gpu_block)."""
+    if "run" not in engine_cls.__abstractmethods__:
+        return engine_cls(job, targets, ctx)
+    from gpufio.run.gpu_block import gpu_block_loop  # the GPU plumbing, only where used
+
+    loop = gpu_block_loop(engine_cls, job, targets, ctx)
+    if loop is None:
+        raise RuntimeError(f"engine '{engine_cls.name}' runs no loop and no block loop fits "
+                           f"its channel")
+    return loop
+
+
 def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
          ready: Callable[[], None], wait_go: Callable[[], None]) -> WorkerOutcome:
     engine, failure, bad_input = None, None, None
     try:
-        engine = engine_cls(job, targets, ctx)
+        engine = _data_path(engine_cls, job, targets, ctx)
     except BadInput as e:  # e.g. a GPU index out of range: the user's to fix, exit 2
         bad_input = str(e)
         ctx.control.stop()
