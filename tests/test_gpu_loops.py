@@ -1,12 +1,18 @@
-"""The GPU-memory block loops of run/ without a GPU: the GPU side (io/staging's segments,
-the slots of GPU memory, io/verify's kernels) replaced by stand-ins over host memory, so
-the loops' bookkeeping runs here over real channels (psync's, uring's) and real files.
-Reads are checked against the pattern where the stand-in's "GPU" holds them; writes land
-as the pattern and the read-back proves it. The GPU tests (test_gpu_block_loops.py) run
-the same loops on the real thing."""
+"""The GPU-memory block loops of run/ are written over any channel of the right capability,
+not over one engine's: an engine made here of nothing but a channel gets its block jobs
+landed in GPU memory, reads are the pattern where they land (a corrupted block named at its
+offset), and writes land as the pattern (fsyncs and the read-back included).
+
+Without a GPU the GPU side (io/staging's segments, the slots of GPU memory, io/verify's
+kernels) is replaced by stand-ins over host memory, so the loops' bookkeeping runs here over
+real channels (psync's, uring's) and real files; the cases marked gpu run the same loops on
+a GPU: psync's channel staged into GPU memory, and a bounce-copy channel on device
+pointers."""
 
 from __future__ import annotations
 
+import mmap
+import os
 from types import SimpleNamespace
 from typing import Any, Sequence
 
@@ -104,36 +110,93 @@ HOST_VERIFY = SimpleNamespace(
     landed_mismatches=lambda rows, seeds, offs, res: _bad(rows.a, seeds, offs, res))
 
 
-def _engine(memory: str, channel_of: str) -> type[Engine]:
-    class StandIn(Engine):
-        name = f"stand-in-{memory}"
-        summary = "a registered engine's channel, its block jobs landing in 'GPU memory'"
+def _channel_of(engine: str) -> Any:
+    return lambda job, files, spec: all_engines()[engine].channel(job, files, spec)
+
+
+class BounceChannel(Channel):
+    """Requests on device pointers, each through a page of host memory and a synchronous
+    copy: the simplest GPU-memory channel, done in ``submit``."""
+
+    def __init__(self, files: Sequence[File], spec: ChannelSpec) -> None:
+        super().__init__(spec)
+        import cupy
+
+        self._runtime = cupy.cuda.runtime
+        self._fds = [f.fd for f in files]
+        self._map = mmap.mmap(-1, spec.largest)
+        self._host = np.frombuffer(self._map, np.uint8)
+        self._done: list[tuple[int, int]] = []
+
+    @property
+    def inflight(self) -> int:
+        return len(self._done)
+
+    def submit(self, tgt, off, length, addr, write, tag) -> int:
+        k = min(self.room(), len(off))
+        writes = np.broadcast_to(np.asarray(write, bool), (len(off),))
+        rt, host = self._runtime, self._host.ctypes.data
+        for t, o, n, a, w, g in zip(tgt[:k].tolist(), off[:k].tolist(), length[:k].tolist(),
+                                    addr[:k].tolist(), writes[:k].tolist(), tag[:k].tolist()):
+            if w:
+                rt.memcpy(host, a, n, rt.memcpyDeviceToHost)
+                got = os.pwrite(self._fds[t], self._host[:n], o)
+            else:
+                got = os.preadv(self._fds[t], [self._host[:n]], o)
+                rt.memcpy(a, host, n, rt.memcpyHostToDevice)
+            self._done.append((g, got))
+        return k
+
+    def reap(self, wait_ns):
+        tags = np.array([g for g, _ in self._done], np.int64)
+        res = np.array([r for _, r in self._done], np.int64)
+        self._done = []
+        return tags, res
+
+    def close(self) -> None:
+        self._host = None
+        self._map.close()
+
+
+def _engine(memory: str, channel: Any, stand_in: bool) -> type[Engine]:
+    class Test(Engine):
+        name = f"test-{memory}-{'stand-in' if stand_in else 'gpu'}"
+        summary = "a channel, its block jobs landing in GPU memory (a test)"
         uses_gpu = True
         worker_kind = "thread"
         capability = Capability(memory=(memory,))
 
         @classmethod
         def unavailable(cls) -> str | None:
-            return None
+            return None if stand_in else super().unavailable()
 
         @classmethod
         def channel(cls, job: Any, files: Sequence[File], spec: ChannelSpec) -> Channel:
             assert spec.memory == memory and spec.region[1] > 0
-            return all_engines()[channel_of].channel(job, files, spec)
+            return channel(job, files, spec)
 
-    return StandIn
+    return Test
 
 
-@pytest.fixture(params=[(HOST, "psync"), (HOST, "uring"), (GPU, "uring"), (GPU, "psync")],
-                ids=["staged-psync", "staged-uring", "slots-uring", "slots-psync"])
+@pytest.fixture(params=[
+    (HOST, _channel_of("psync"), True), (HOST, _channel_of("uring"), True),
+    (GPU, _channel_of("uring"), True), (GPU, _channel_of("psync"), True),
+    pytest.param((HOST, _channel_of("psync"), False), marks=pytest.mark.gpu),
+    pytest.param((GPU, lambda job, files, spec: BounceChannel(files, spec), False),
+                 marks=pytest.mark.gpu),
+], ids=["staged-psync", "staged-uring", "slots-uring", "slots-psync", "gpu-staged-psync",
+        "gpu-slots-bounce"])
 def engine(request, monkeypatch):
-    memory, channel_of = request.param
-    cls = _engine(memory, channel_of)
+    memory, channel, stand_in = request.param
+    cls = _engine(memory, channel, stand_in)
     all_engines()
     monkeypatch.setitem(engines._REGISTRY, cls.name, cls)
-    monkeypatch.setattr(staged, "SegmentedStaging", HostStaging)
-    monkeypatch.setattr(gpu_slots.gpu, "use", lambda index: HOST_CUPY)
-    monkeypatch.setattr(gpu_slots, "gpuverify", HOST_VERIFY)
+    if stand_in:
+        monkeypatch.setattr(staged, "SegmentedStaging", HostStaging)
+        monkeypatch.setattr(gpu_slots.gpu, "use", lambda index: HOST_CUPY)
+        monkeypatch.setattr(gpu_slots, "gpuverify", HOST_VERIFY)
+    elif why := cls.unavailable():
+        pytest.skip(why)
     return cls.name
 
 
