@@ -378,7 +378,7 @@ class KvikioChannel(PolledChannel):
         self._files = [kvikio.CuFile(f.path, "r+" if spec.writes else "r") for f in files]
         n = spec.depth
         self._futures: list[Any] = [None] * n
-        self._tags = np.zeros(n, dtype=np.int64)
+        self._tags = [0] * n  # a list: one store per request, cheaper than an array's
         self._order = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
         self._free = list(range(n))
         self._issued = 0
@@ -429,7 +429,7 @@ class KvikioChannel(PolledChannel):
             self._futures[e] = None
             self._order[e] = np.iinfo(np.int64).max
         self._free.extend(done)
-        return self._tags[done], res
+        return np.array([self._tags[e] for e in done], dtype=np.int64), res
 
     def state(self) -> str:
         return f"{self.inflight} KvikIO futures in flight"
