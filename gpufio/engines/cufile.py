@@ -18,6 +18,7 @@ import errno
 import os
 import threading
 import time
+from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -335,9 +336,9 @@ class PolledChannel(Channel):
     events): ``reap`` with a wait asks every POLL_S until one is done or the wait is over,
     so a wedged path ends in a diagnostic, never in a blocking call."""
 
+    @abstractmethod
     def _poll(self) -> tuple[np.ndarray, np.ndarray]:
         """(tags, results) of the requests done since the last poll."""
-        raise NotImplementedError
 
     def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
         deadline = None if wait_ns is None else time.perf_counter_ns() + wait_ns
