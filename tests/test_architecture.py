@@ -240,10 +240,11 @@ def test_one_watchdog_and_one_stall_error_for_every_path():
     assert own == []
 
 
-@pytest.mark.parametrize("loop", ["run.blockloop", "engines.cpugpu", "engines.cufile"])
-def test_cpu_driven_engines_share_the_slot_table(loop):
-    """Issue stamps, latency and verify dispatch of CPU-driven loops live in core/slots.py."""
-    module = f"gpufio.{loop}"
+@pytest.mark.parametrize("module", ["gpufio.run.blockloop", "gpufio.run.staged",
+                                    "gpufio.run.gpu_slots"])
+def test_cpu_driven_loops_share_the_slot_table(module):
+    """Issue stamps, latency and verify dispatch of CPU-driven block loops (an engine's own,
+    or one over any engine's channel) live in core/slots.py."""
     assert any(t == "gpufio.core.slots" for _, t in imports(ALL[module], module))
     text = ALL[module].read_text()
     assert "t_issue = np.zeros" not in text and "slot_tgt = np.zeros" not in text

@@ -109,7 +109,16 @@ def target(tmp_path):
 def _queue(cf, fd, depth, batch):
     buf = np.zeros(depth * BS, np.uint8)
     handles = [cufile_api.register_handle(cf, fd, "t.dat")]
-    return buf, cufile_api.BatchQueue(cf, handles, buf.ctypes.data, BS, depth, batch)
+    return buf, cufile_api.BatchQueue(cf, handles, buf.ctypes.data, depth, batch)
+
+
+def _submit(q, buf, slots, offs, write=False):
+    """Requests of one target, each into its own BS slot of ``buf``, tagged by slot."""
+    slots = np.asarray(slots, np.int64)
+    n = len(slots)
+    addr = np.uint64(buf.ctypes.data) + slots.astype(np.uint64) * np.uint64(BS)
+    return q.submit(np.zeros(n, np.int64), np.asarray(offs, np.int64), np.full(n, BS),
+                    addr, write, slots)
 
 
 def _drain(q):
@@ -128,7 +137,7 @@ def test_batches_read_every_block_to_its_slot(target):
     assert q.room() == 12  # three handles of four: enough for the depth
     slots = np.arange(10, dtype=np.int64)
     offs = np.array([9, 3, 0, 63, 17, 5, 5, 40, 1, 2], np.int64) * BS
-    q.submit(slots, np.zeros(10, np.int64), offs, np.zeros(10, bool))
+    assert _submit(q, buf, slots, offs) == 10
     assert cf.submits == [4, 4, 2] and q.room() == 0 and q.busy() == 10
     done, res = _drain(q)
     assert sorted(done) == list(range(10)) and res == [BS] * 10
@@ -143,15 +152,13 @@ def test_batches_read_every_block_to_its_slot(target):
 def test_a_handle_is_reused_only_once_its_batch_is_reaped(target):
     _, fd = target
     cf = FakeCuFile(per_poll=1)
-    _, q = _queue(cf, fd, depth=4, batch=2)
-    q.submit(np.arange(4, dtype=np.int64), np.zeros(4, np.int64),
-             np.arange(4, dtype=np.int64) * BS, np.zeros(4, bool))
+    buf, q = _queue(cf, fd, depth=4, batch=2)
+    _submit(q, buf, np.arange(4), np.arange(4) * BS)
     q.poll()  # one entry of each handle reaped: neither is idle yet
     assert q.room() == 0 and q.busy() == 2
     q.poll()
     assert q.room() == 4
-    q.submit(np.array([1, 3], np.int64), np.zeros(2, np.int64), np.array([8, 9]) * BS,
-             np.zeros(2, bool))  # the fake asserts the handle it lands on is idle
+    _submit(q, buf, [1, 3], np.array([8, 9]) * BS)  # the fake asserts its handle is idle
     assert _drain(q)[1] == [BS, BS]
 
 
@@ -162,8 +169,7 @@ def test_writes_land_at_their_offsets(target):
     rows = buf.reshape(2, BS)
     rows[0] = np.frombuffer(pattern.fill(5, 20 * BS, BS), np.uint8)
     rows[1] = np.frombuffer(pattern.fill(5, 30 * BS, BS), np.uint8)
-    q.submit(np.array([0, 1], np.int64), np.zeros(2, np.int64), np.array([20, 30]) * BS,
-             np.ones(2, bool))
+    _submit(q, buf, [0, 1], np.array([20, 30]) * BS, write=True)
     assert _drain(q)[1] == [BS, BS]
     data = path.read_bytes()
     assert data[20 * BS:21 * BS] == pattern.fill(5, 20 * BS, BS)
@@ -174,9 +180,8 @@ def test_writes_land_at_their_offsets(target):
 def test_a_failed_entry_is_minus_errno(target):
     _, fd = target
     cf = FakeCuFile(fail_offset=3 * BS)
-    _, q = _queue(cf, fd, depth=3, batch=3)
-    q.submit(np.arange(3, dtype=np.int64), np.zeros(3, np.int64),
-             np.array([2, 3, 4], np.int64) * BS, np.zeros(3, bool))
+    buf, q = _queue(cf, fd, depth=3, batch=3)
+    _submit(q, buf, np.arange(3), np.array([2, 3, 4]) * BS)
     done, res = _drain(q)
     assert dict(zip(done, res)) == {0: BS, 1: -errno.EIO, 2: BS}
 
@@ -391,3 +396,64 @@ def test_the_pool_is_sized_before_the_driver_opens_and_recorded(monkeypatch):
     assert fake.opened_after == [([4, 1024, 16384], [128, 96, 32])]
     assert cufile_api.pool_facts() == {"asked_from": "libcufile", "slab_kb": [4, 1024, 16384],
                                        "count": [128, 96, 32], "sized": True}
+
+
+class _File:
+    def __init__(self, path, fd):
+        self.path, self.fd = path, fd
+
+
+def _cufile_job(**opts):
+    from gpufio.profile import from_dict
+
+    return from_dict({"global": {"engine": "cufile", "size": "256k", "iodepth": 8, **opts}},
+                     "t.toml", {}).jobs[0]
+
+
+@pytest.mark.parametrize("region", [True, False])
+def test_the_engines_batch_channel_moves_each_request_both_ways(target, monkeypatch, region):
+    """The cufile engine's channel (core/requests) over cuFile's batch API: the bytes of each
+    request at its offset, in its own buffer, whether or not the loop names the region its
+    buffers lie in; a request cut short is named."""
+    from gpufio.core.requests import GPU, ChannelSpec, RequestFailed, move_all
+
+    path, fd = target
+    cf = FakeCuFile(per_poll=2, fail_offset=50 * BS)
+    monkeypatch.setattr(cufile_api, "_open", {"cf": cf})
+    buf = np.zeros(9 * BS, np.uint8)
+    spec = ChannelSpec(depth=4, memory=GPU, largest=BS, writes=True,
+                       region=(buf.ctypes.data, buf.nbytes) if region else (0, 0))
+    ch = cufile.CuFile.channel(_cufile_job(api="batch", iodepth_batch=2), [_File(str(path), fd)],
+                               spec)
+    offs = np.array([7, 1, 63, 0, 30, 2, 9, 11, 4]) * BS
+    addr = np.uint64(buf.ctypes.data) + np.arange(9, dtype=np.uint64) * np.uint64(BS)
+    try:
+        assert move_all(ch, np.zeros(9), offs, np.full(9, BS), addr, False) > 0
+        rows = buf.reshape(9, BS)
+        for row, off in zip(rows, offs):
+            assert row.tobytes() == pattern.fill(77, int(off), BS)
+        rows[:2] = 0xCD
+        move_all(ch, [0, 0], np.array([40, 41]) * BS, [BS, BS], addr[:2], True)
+        with pytest.raises(RequestFailed) as e:
+            move_all(ch, [0, 0, 0], np.array([3, 50, 5]) * BS, [BS] * 3, addr[:3], False)
+    finally:
+        ch.close()
+    assert e.value.index == 1 and e.value.res == -errno.EIO and ch.inflight == 0
+    assert path.read_bytes()[40 * BS:42 * BS] == b"\xcd" * (2 * BS)
+    assert len(cf.destroyed) == 2 and cf.deregistered == [1000]
+
+
+def test_gpu_block_loops_are_chosen_by_the_channels_capability():
+    from gpufio.core.requests import GPU, HOST, Capability
+    from gpufio.engines import all_engines
+    from gpufio.run.gpu_block import loop_class
+    from gpufio.run.gpu_slots import GpuSlotLoop
+    from gpufio.run.staged import StagedLoop
+
+    engines = all_engines()
+    assert engines["cufile"].capability == Capability(memory=(GPU,))
+    assert loop_class(engines["cufile"]) is GpuSlotLoop
+    assert engines["cpu-gpu"].capability == Capability(memory=(HOST,))
+    assert loop_class(engines["cpu-gpu"]) is StagedLoop
+    # a host engine's block jobs stay in host memory: no GPU loop for them
+    assert loop_class(engines["uring"]) is None and loop_class(engines["null"]) is None

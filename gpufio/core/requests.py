@@ -59,8 +59,9 @@ class ChannelSpec:
     """What a loop asks of a channel: ``depth`` requests in flight at most, buffers in
     ``memory``, ``largest`` bytes the longest request moves (for engines that size their
     bounce buffers or thread pools by it), ``writes`` when it will write. ``region``: the
-    (address, bytes) of host memory every request's buffer lies in, for a channel that
-    registers it once (io_uring's fixed buffers); None: anywhere. ``stop_fd``: an eventfd
+    (address, bytes) every request's buffer lies in (host or GPU memory, as ``memory``
+    says), for a channel that registers it once (io_uring's fixed buffers,
+    cuFileBufRegister); None: anywhere. ``stop_fd``: an eventfd
     that becomes readable when the loop must stop, for a channel whose waits it may wake
     (-1: none)."""
 

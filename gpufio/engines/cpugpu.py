@@ -14,43 +14,32 @@ I/O at a time; this does not. Writes run the other way: a segment's blocks are g
 GPU memory (the pattern of their offsets), copied down to its pinned slots in one transfer,
 and written from there by io_uring, while the next segments copy; a write's latency runs from
 the start of its segment's copy until the write completes.
+
+This module is the engine: its options and its channel (io_uring into host memory,
+io/uring_channel). The segment loop is run/staged's, written over any channel whose buffers
+are host memory.
 """
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Sequence
 
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.rows import RowSupport
-from gpufio.core.slots import SlotTable
-from gpufio.core.tensors import TensorSupport
+from gpufio.core.requests import HOST, Capability, ChannelSpec, File
+from gpufio.core.rows import (
+    RowSupport,
+)
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import uring
-from gpufio.io.staging import SegmentedStaging
-from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog, ring_report
+from gpufio.io.staging import SEGMENTS, SPARE, segment_shape
+from gpufio.io.uring_channel import UringChannel
 
 if TYPE_CHECKING:
-    from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
-    from gpufio.core.targets import Target
     from gpufio.facts.system import Host
-
-FREE, READING, COPYING, WRITING = 0, 1, 2, 3
-WAIT_NS = 200_000_000
-POLL_NS = 20_000
-SPARE = 2  # landing slots per read that may be in flight
-
-
-def segment_shape(job: Job) -> tuple[int, int]:
-    """(segments the reads in flight are grouped in, slots per segment)."""
-    nseg = min(CpuGpu.settings(job).segments, job.iodepth)
-    return nseg, job.iodepth // nseg
 
 
 @register
@@ -59,7 +48,6 @@ class CpuGpu(Engine):
 
     name = "cpu-gpu"
     rows = RowSupport()
-    tensors = TensorSupport(host=False)
     summary = "io_uring into pinned host buffers, then batched asynchronous H2D copies"
     peer = "gdsio -x 2/3, fio libcufile cuda_io=posix (synchronous, pageable)"
     fio_engines = {"libcufile:posix": "cuda_io=posix runs as cpu-gpu: gpufio's path is "
@@ -68,12 +56,13 @@ class CpuGpu(Engine):
     uses_gpu = True
     worker_kind = "thread"
     options = (
-        Option("segments", "int", 3, "slot groups copied as one H2D transfer each "
-               "(3: triple buffering)", minimum=1),
+        SEGMENTS,
         Option("sqe_async", "bool", False, "set IOSQE_ASYNC: the kernel's io-wq workers run the "
                "reads in parallel instead of the submitting thread one after another"),
         PROCESSES,
     )
+
+    capability = Capability(memory=(HOST,))
 
     @classmethod
     def host_unavailable(cls) -> str | None:
@@ -97,38 +86,9 @@ class CpuGpu(Engine):
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
-        nseg, per_segment = segment_shape(job)
+        nseg, per_segment = segment_shape(cls.settings(job).segments, job.iodepth)
         return {**super().describe(job), "gpus": list(job.gpu_list), "lands_in": "gpu memory",
                 "segments": nseg, "landing_slots": SPARE * nseg * per_segment}
-
-    def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
-        super().__init__(job, targets, ctx)
-        nseg, self._seg = segment_shape(job)
-        self._nseg = SPARE * nseg
-        self._cap = nseg * self._seg  # reads in flight, at most
-        self.landing = SegmentedStaging(job.gpu_of(ctx.worker), self._nseg, self._seg, job.bs,
-                                        ctx.verifying, writes=job.writes)
-        self.ring = uring.Ring(self._cap)
-        self._fds = np.array([t.fd for t in targets], dtype=np.int64)
-        self._sqe_flags = uring.SQE_ASYNC if self.settings(job).sqe_async else 0
-
-    def _push(self, s: int, tgt: np.ndarray, offs: np.ndarray, opcode: int) -> None:
-        """Submit segment ``s``'s I/Os (reads into, or writes from, its host slots)."""
-        first = s * self._seg
-        slots = np.arange(first, first + len(offs), dtype=np.uint64)
-        bs = self.job.bs
-        self.ring.push(uring.sqe_words(
-            opcode=opcode, sqe_flags=self._sqe_flags, fd=self._fds[tgt], off=offs,
-            addr=np.uint64(self.landing.host_addr) + slots * np.uint64(bs), length=bs,
-            user_data=slots))
-
-    def _issue(self, s: int, tgt: np.ndarray, offs: np.ndarray, table: SlotTable,
-               seg_n: np.ndarray) -> None:
-        k = len(offs)
-        first = s * self._seg
-        self._push(s, tgt, offs, uring.OP_READ)
-        table.issue(slice(first, first + k), tgt, offs, time.perf_counter_ns())
-        seg_n[s] = k
 
     @classmethod
     def check_job(cls, job: Job) -> None:
@@ -137,128 +97,9 @@ class CpuGpu(Engine):
             raise BadInput(f"job '{job.name}': cpu-gpu moves a segment one way at a time; "
                            f"rw = {job.rw} (a mix) is not supported by this engine")
 
-    def run(self) -> None:
-        if self.job.writes:
-            self._run_writes()
-            return
-        ctx, ring, seg = self.ctx, self.ring, self._seg
-        slots = self._nseg * seg
-        state = np.full(self._nseg, FREE, dtype=np.int8)
-        seg_n = np.zeros(self._nseg, dtype=np.int64)      # reads issued in each segment
-        seg_done = np.zeros(self._nseg, dtype=np.int64)   # reads completed in each segment
-        table = SlotTable(slots)
-        slot_res = np.zeros(slots, dtype=np.int32)
-        issuing = True
-        dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0  # reads + copies
-        while True:
-            for s in np.flatnonzero(state == FREE).tolist() if issuing else ():
-                if ring.inflight + seg > self._cap:
-                    break
-                tgt, offs = ctx.next_batch(seg)
-                if not len(offs):
-                    issuing = False
-                    break
-                self._issue(s, tgt, offs, table, seg_n)
-                seg_done[s] = 0
-                state[s] = READING
-            moved = self._wait(state, slot_res, seg_done)
-            if moved is None and not issuing:
-                return
-            progress += moved or 0
-            for s in np.flatnonzero((state == READING) & (seg_done == seg_n)).tolist():
-                self._copy(s, int(seg_n[s]), table)
-                state[s] = COPYING
-            for s in np.flatnonzero(state == COPYING).tolist():
-                if self.landing.done(s):
-                    self._finish(s, int(seg_n[s]), table, slot_res)
-                    state[s] = FREE
-                    progress += 1
-            if dog.update(progress, time.perf_counter_ns()):
-                raise Stalled(f"no read or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
-                              f"segment states {state.tolist()}; "
-                              f"{ring_report(ring, [t.fd for t in self.targets])}")
+    @classmethod
+    def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> UringChannel:
+        """io_uring into host memory; with sqe_async the kernel's io-wq workers run the
+        requests. The block loop above (run/staged) lands them in GPU memory."""
+        return UringChannel(files, spec, uring.SQE_ASYNC if cls.settings(job).sqe_async else 0)
 
-    def _run_writes(self) -> None:
-        """Segments go FREE -> COPYING (pattern generated on the GPU, copied down) ->
-        WRITING (io_uring writes from the host slots) -> FREE; fsync between segments."""
-        ctx, ring, seg = self.ctx, self.ring, self._seg
-        state = np.full(self._nseg, FREE, dtype=np.int8)
-        seg_n = np.zeros(self._nseg, dtype=np.int64)
-        seg_done = np.zeros(self._nseg, dtype=np.int64)
-        table = SlotTable(self._nseg * seg)
-        slot_res = np.zeros(self._nseg * seg, dtype=np.int32)
-        fds = [t.fd for t in self.targets]
-        issuing, syncing = True, False
-        dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0
-        while True:
-            if syncing and not np.any(state != FREE):
-                ctx.sync(fds)
-                syncing = False
-            for s in np.flatnonzero(state == FREE).tolist() if issuing and not syncing else ():
-                copying = int(seg_n[state == COPYING].sum())
-                if ring.inflight + copying + seg > self._cap:
-                    break
-                tgt, offs = ctx.next_batch(min(seg, ctx.until_sync))
-                k = len(offs)
-                if not k:
-                    issuing = False
-                    break
-                lo = s * seg
-                table.issue(slice(lo, lo + k), tgt, offs, time.perf_counter_ns())
-                self.landing.stage_out(s, k, offs, ctx.seeds(tgt))
-                seg_n[s], seg_done[s], state[s] = k, 0, COPYING
-                if ctx.sync_due(k):
-                    syncing = True
-                    break
-            for s in np.flatnonzero(state == COPYING).tolist():
-                if self.landing.done(s):
-                    lo, k = s * seg, int(seg_n[s])
-                    self._push(s, table.tgt[lo:lo + k], table.off[lo:lo + k], uring.OP_WRITE)
-                    state[s] = WRITING
-                    progress += 1
-            moved = self._wait(state, slot_res, seg_done)
-            if moved is None and not issuing and not syncing:
-                return
-            progress += moved or 0
-            for s in np.flatnonzero((state == WRITING) & (seg_done == seg_n)).tolist():
-                lo, k = s * seg, int(seg_n[s])
-                table.complete(ctx, slice(lo, lo + k), slot_res[lo:lo + k].copy(),
-                               time.perf_counter_ns(), write=True)
-                state[s] = FREE
-            if dog.update(progress, time.perf_counter_ns()):
-                raise Stalled(f"no write or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
-                              f"segment states {state.tolist()}; "
-                              f"{ring_report(ring, [t.fd for t in self.targets])}")
-
-    def _wait(self, state: np.ndarray, slot_res: np.ndarray, seg_done: np.ndarray) -> int | None:
-        """Wait for what is in flight: reap the ring's completions into ``slot_res`` and
-        ``seg_done`` (how many), or wait for the oldest copy (0); None when nothing is."""
-        ring, copying = self.ring, bool(np.any(state == COPYING))
-        if ring.inflight:
-            ring.submit(wait=1, timeout_ns=POLL_NS if copying else WAIT_NS)
-            ud, res = ring.reap()
-            done = ud.view(np.int64)
-            slot_res[done] = res
-            np.add.at(seg_done, done // self._seg, 1)
-            return len(done)
-        if copying:
-            self.landing.wait(int(np.flatnonzero(state == COPYING)[0]))
-            return 0
-        return None
-
-    def _copy(self, s: int, k: int, table: SlotTable) -> None:
-        lo = s * self._seg
-        if self.ctx.verifying:
-            self.landing.copy(s, k, table.off[lo:lo + k], self.ctx.seeds(table.tgt[lo:lo + k]))
-        else:
-            self.landing.copy(s, k)
-
-    def _finish(self, s: int, k: int, table: SlotTable, slot_res: np.ndarray) -> None:
-        lo = s * self._seg
-        res = slot_res[lo:lo + k].copy()
-        bad = (lambda tgt, offs: self.landing.mismatches(s, res)) if self.ctx.verifying else None
-        table.complete(self.ctx, slice(lo, lo + k), res, time.perf_counter_ns(), bad)
-
-    def close(self) -> None:
-        self.ring.close()
-        self.landing.close()

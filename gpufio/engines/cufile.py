@@ -1,12 +1,14 @@
 """cufile: NVIDIA cuFile through KvikIO, GPUDirect Storage when the host has it.
 
-Each worker keeps ``iodepth`` reads (or writes, ``pwrite`` from GPU memory the pattern was
-generated in) in flight as KvikIO futures, each in its own slot of GPU memory; KvikIO's
-thread pool runs them. Without the nvidia-fs driver cuFile (and
-KvikIO) fall back to compat mode: POSIX reads into a host bounce buffer, then a copy to the
-GPU. The two are different data paths, so the mode is part of every label gpufio prints and
-of the result, and ``require_gds`` refuses to run in compat mode at all. A read is complete
-when its future is done: KvikIO resolves it only once the bytes are in GPU memory.
+The engine's channel moves requests between the files and GPU memory: KvikIO futures
+(the default api), run by KvikIO's thread pool, or cuFile's own batch and stream APIs; the
+block loop above it (run/gpu_slots) keeps ``iodepth`` reads (or writes, from GPU memory the
+pattern was generated in) in flight, each in its own slot of GPU memory. Without the
+nvidia-fs driver cuFile (and KvikIO) fall back to compat mode: POSIX reads into a host
+bounce buffer, then a copy to the GPU. The two are different data paths, so the mode is
+part of every label gpufio prints and of the result, and ``require_gds`` refuses to run in
+compat mode at all. A read is complete when its future is done: KvikIO resolves it only
+once the bytes are in GPU memory.
 """
 
 from __future__ import annotations
@@ -15,30 +17,26 @@ import errno
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from abc import abstractmethod
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
+from gpufio.core.requests import GPU, Capability, Channel, ChannelSpec, File, drain
 from gpufio.core.rows import RowSupport
-from gpufio.core.slots import SlotTable
-from gpufio.core.tensors import TensorSupport
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
-from gpufio.io import gpu
-from gpufio.io import verify as gpuverify
-from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled
+from gpufio.io import cufile_api
+from gpufio.io.watchdog import STALL_LIMIT_NS
 
 if TYPE_CHECKING:
-    from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
-    from gpufio.core.targets import Target
     from gpufio.facts.system import Host
 
 POLL_S = 5e-6
-PAGE = 4096
 _settings_lock = threading.Lock()
 
 
@@ -171,7 +169,6 @@ class CuFile(Engine):
 
     name = "cufile"
     rows = RowSupport(gpu_only=True)
-    tensors = TensorSupport(host=False)
     summary = ("NVIDIA cuFile through KvikIO: GPUDirect Storage, or compat mode "
                "(POSIX reads through host memory) where the host has no GDS driver")
     peer = "gdsio -x 0, fio libcufile, KvikIO"
@@ -196,6 +193,8 @@ class CuFile(Engine):
                "(cuFileBufRegister), as gdsio does"),
         PROCESSES,
     )
+
+    capability = Capability(memory=(GPU,))
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -276,12 +275,14 @@ class CuFile(Engine):
         s = cls.settings(job)
         pool = None
         if s.api != "kvikio":
-            from gpufio.io import cufile_api
-
             inflight = _inflight(job)
             cufile_api.binding(s.threads, job.bs, inflight)  # before KvikIO opens the driver
             pool = cufile_api.pool_facts()
         mode = cufile_mode(s.api)
+        if s.require_gds and mode != "gds":
+            raise BadInput(f"job '{job.name}': engine 'cufile': require_gds is set, but cuFile "
+                           "runs in compat mode here (no GPUDirect Storage driver, or "
+                           "KVIKIO_COMPAT_MODE=on)")
         if pool is not None and mode == "compat":  # GDS moves the bytes without the pool
             short = cufile_api.pool_shortfall(job.bs, inflight)
             if short:
@@ -296,204 +297,181 @@ class CuFile(Engine):
             facts["cufile_io_threads"] = s.threads or "cufile.json's"
         return facts
 
-    def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
-        super().__init__(job, targets, ctx)
-        cp = gpu.use(job.gpu_of(ctx.worker))
-        s = self.settings(job)
-        if s.require_gds and self.describe(job)["mode"] != "gds":
-            raise BadInput("engine 'cufile': require_gds is set, but cuFile runs in compat mode "
-                           "here (no GPUDirect Storage driver, or KVIKIO_COMPAT_MODE=on)")
-        try:
-            self._alloc = cp.empty(job.iodepth * job.bs + PAGE, dtype=cp.uint8)
-        except cp.cuda.memory.OutOfMemoryError:
-            raise BadInput(f"gpu {job.gpu_of(ctx.worker)}: out of memory for "
-                           f"{job.iodepth * job.bs} bytes of buffers") from None
-        # page-aligned slots: cuFile's registered streams and GPUDirect want aligned buffers
-        skip = -self._alloc.data.ptr % PAGE
-        self.dev = self._alloc[skip:skip + job.iodepth * job.bs]
-        self._rows = self.dev.reshape(job.iodepth, job.bs)
-        self._cp = cp
-        self._words = self.dev.view(cp.uint64)
-        self.queue = open_queue(job, s, targets, self.dev, cp)
-        if ctx.verifying or job.writes:
-            gpuverify.compile_kernel()
+    @classmethod
+    def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> Channel:
+        """Requests between the files and GPU memory (device pointers) through the job's
+        api: KvikIO futures, or cuFile's batch or stream API. The block loop above
+        (run/gpu_slots) keeps ``iodepth`` of them in flight, each in its own GPU slot."""
+        s = cls.settings(job)
+        if s.api == "kvikio":
+            return KvikioChannel(files, spec, _threads(job), job.direct, s.register_buffers)
+        return CuFileApiChannel(job, files, spec, s)
 
-    def _fill(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray) -> None:
-        """The pattern of each write's offset into its slot of GPU memory, finished before
-        cuFile (or KvikIO's threads) read the slots."""
-        cp = self._cp
-        gpuverify.fill(self._words, cp.asarray(slots.astype(np.uint64)),
-                       cp.asarray(offs.astype(np.uint64)), cp.asarray(self.ctx.seeds(tgt)),
-                       len(slots), self.job.bs)
-        cp.cuda.Stream.null.synchronize()
 
-    def run(self) -> None:
-        ctx, depth, job, queue = self.ctx, self.job.iodepth, self.job, self.queue
-        table = SlotTable(depth)
-        slot_writes = np.zeros(depth, dtype=bool)
-        free = list(range(depth))
-        inflight = 0
-        fds = [t.fd for t in self.targets]
-        issuing, syncing = True, False
+class PolledChannel(Channel):
+    """A channel whose completions are polled (KvikIO futures, cuFile's batch status, CUDA
+    events): ``reap`` with a wait asks every POLL_S until one is done or the wait is over,
+    so a wedged path ends in a diagnostic, never in a blocking call."""
+
+    @abstractmethod
+    def _poll(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tags, results) of the requests done since the last poll."""
+
+    def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
+        deadline = None if wait_ns is None else time.perf_counter_ns() + wait_ns
         while True:
-            if syncing and not inflight:
-                ctx.sync(fds)
-                syncing = False
-            room = min(len(free), queue.room())
-            if issuing and room and not syncing:
-                tgt, offs = ctx.next_batch(min(room, ctx.until_sync) if job.writes else room)
-                issuing = bool(len(offs))
-                kinds = np.array(ctx.write_flags(len(offs)), dtype=bool)
-                slots = np.array([free.pop() for _ in range(len(offs))], dtype=np.int64)
-                if kinds.any():
-                    self._fill(slots, tgt, offs)
-                table.issue(slots, tgt, offs, time.perf_counter_ns())
-                slot_writes[slots] = kinds
-                queue.submit(slots, tgt.astype(np.int64), offs.astype(np.int64), kinds)
-                inflight += len(slots)
-                nwrites = int(kinds.sum())
-                syncing = bool(nwrites) and ctx.sync_due(nwrites)
-            if not inflight:
-                if syncing:
-                    continue
-                return
-            done, res = self._wait_some(table.t_issue, free, inflight)
-            inflight -= len(done)
-            self._finish(done, res, table, slot_writes)
-            free.extend(done.tolist())
-
-    def _wait_some(self, t_issue: np.ndarray, free: list[int],
-                   inflight: int) -> tuple[np.ndarray, np.ndarray]:
-        """(slots, results) of at least one finished I/O, polling the queue until there is
-        one; an I/O older than the stall limit is a diagnostic, never a hang."""
-        busy = np.ones(len(t_issue), dtype=bool)
-        busy[free] = False
-        oldest = int(t_issue[busy].min())
-        while True:
-            done, res = self.queue.poll()
-            if len(done):
-                return done, res
-            if time.perf_counter_ns() - oldest > STALL_LIMIT_NS:
-                raise Stalled(f"a cuFile I/O ({self.queue.api}) has not finished in "
-                              f"{STALL_LIMIT_NS / 1e9:g} s ({inflight} in flight)")
+            tags, res = self._poll()
+            if len(tags) or not self.inflight or deadline is None \
+                    or time.perf_counter_ns() > deadline:
+                return tags, res
             time.sleep(POLL_S)
 
-    def _finish(self, slots: np.ndarray, res64: np.ndarray, table: SlotTable,
-                slot_writes: np.ndarray) -> None:
-        now = time.perf_counter_ns()
-        res = res64.astype(np.int32)
-        bad = None
-        if self.ctx.verifying:
-            def bad(tgt: np.ndarray, offs: np.ndarray) -> list[int]:
-                return gpuverify.landed_mismatches(self._rows[self._cp.asarray(slots)],
-                                                   self.ctx.seeds(tgt), offs, res)
-        table.complete(self.ctx, slots, res, now, bad,
-                       slot_writes[slots] if self.job.mixed else self.job.writes)
 
-    def close(self) -> None:
-        """Let I/Os still in flight (a failed run) land before their buffers go away."""
-        self.queue.close()
-        self._rows = self._words = None
-        self.dev = self._alloc = None
+class Span:
+    """``nbytes`` of GPU memory at ``addr`` as KvikIO takes a buffer (the CUDA array
+    interface), made once per distinct request buffer."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, addr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (addr, False), "strides": None, "version": 3}
 
 
-class KvikioQueue:
-    """The default api: one KvikIO future per I/O, run by KvikIO's thread pool."""
+# distinct request buffers a KvikIO channel keeps a Span for (a loop's slots are reused)
+SPANS = 1 << 14
+EMPTY = np.zeros(0, np.int64)
 
-    api = "kvikio"
 
-    def __init__(self, job: Job, settings: Any, targets: list[Target], dev: Any) -> None:
+class KvikioChannel(PolledChannel):
+    """The default api: one KvikIO future per request, run by KvikIO's thread pool of
+    ``threads`` (one pool per process)."""
+
+    def __init__(self, files: Sequence[File], spec: ChannelSpec, threads: int, direct: bool,
+                 register: bool) -> None:
         import kvikio
 
-        configure(_threads(job), job.bs, job.direct)
-        self._bs = job.bs
-        self._slots = [dev[i * job.bs:(i + 1) * job.bs] for i in range(job.iodepth)]
-        self._files = [kvikio.CuFile(t.path, "r+" if job.writes else "r") for t in targets]
-        self._futures: list[Any] = [None] * job.iodepth
-        self._order = np.full(job.iodepth, np.iinfo(np.int64).max, dtype=np.int64)
+        super().__init__(spec)
+        configure(threads, spec.largest, direct)
+        self._files = [kvikio.CuFile(f.path, "r+" if spec.writes else "r") for f in files]
+        n = spec.depth
+        self._futures: list[Any] = [None] * n
+        self._tags = [0] * n  # a list: one store per request, cheaper than an array's
+        self._order = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+        self._free = list(range(n))
         self._issued = 0
-        self._registered = None
-        if settings.register_buffers:
-            kvikio.buffer_register(dev)
-            self._registered = dev
+        self._spans: dict[tuple[int, int], Span] = {}
+        self._registered: Span | None = None
+        if register and spec.region is not None and spec.region[1]:
+            self._registered = Span(*spec.region)
+            kvikio.buffer_register(self._registered)
+        # compat mode is labelled in every result that shows a cuFile run
+        self.facts = {"iodepth": n, "mode": cufile_mode()}
 
-    def room(self) -> int:
-        return len(self._futures)
+    @property
+    def inflight(self) -> int:
+        return len(self._futures) - len(self._free)
 
-    def submit(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
-               writes: np.ndarray) -> None:
-        bs = self._bs
-        for s, t, off, w in zip(slots.tolist(), tgt.tolist(), offs.tolist(), writes.tolist()):
+    def _span(self, addr: int, nbytes: int) -> Span:
+        span = self._spans.get((addr, nbytes))
+        if span is None:
+            if len(self._spans) >= SPANS:
+                self._spans.clear()
+            span = self._spans[addr, nbytes] = Span(addr, nbytes)
+        return span
+
+    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
+               write: np.ndarray | bool, tag: np.ndarray) -> int:
+        k = min(len(self._free), len(off))
+        for t, o, n, a, w, g in zip(tgt[:k].tolist(), off[:k].tolist(), length[:k].tolist(),
+                                    addr[:k].tolist(), cufile_api.flags(write, k), tag[:k].tolist()):
+            e = self._free.pop()
             f = self._files[t]
-            self._futures[s] = (f.pwrite if w else f.pread)(self._slots[s], bs, off, task_size=bs)
-            self._order[s], self._issued = self._issued, self._issued + 1
+            self._futures[e] = (f.pwrite if w else f.pread)(self._span(a, n), n, o, task_size=n)
+            self._tags[e] = g
+            self._order[e], self._issued = self._issued, self._issued + 1
+        return k
 
-    def poll(self) -> tuple[np.ndarray, np.ndarray]:
-        """Nothing until the oldest I/O is done (one future asked per poll while waiting),
-        then every done one."""
+    def _poll(self) -> tuple[np.ndarray, np.ndarray]:
+        """Nothing until the oldest request is done (one future asked per poll while
+        waiting), then every done one."""
         oldest = self._futures[int(self._order.argmin())]
         if oldest is None or not oldest.done():
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        done = [s for s, f in enumerate(self._futures) if f is not None and f.done()]
+            return EMPTY, EMPTY
+        done = [e for e, f in enumerate(self._futures) if f is not None and f.done()]
         res = np.empty(len(done), dtype=np.int64)
-        for i, s in enumerate(done):
+        for i, e in enumerate(done):
             try:
-                res[i] = self._futures[s].get()
-            except Exception as e:  # KvikIO raises on a failed I/O without an errno
-                res[i] = -(getattr(e, "errno", None) or errno.EIO)
-            self._futures[s] = None
-            self._order[s] = np.iinfo(np.int64).max
-        return np.array(done, dtype=np.int64), res
+                res[i] = self._futures[e].get()
+            except Exception as err:  # KvikIO raises on a failed I/O without an errno
+                res[i] = -(getattr(err, "errno", None) or errno.EIO)
+            self._futures[e] = None
+            self._order[e] = np.iinfo(np.int64).max
+        self._free.extend(done)
+        return np.array([self._tags[e] for e in done], dtype=np.int64), res
+
+    def state(self) -> str:
+        return f"{self.inflight} KvikIO futures in flight"
 
     def close(self) -> None:
         import kvikio
 
-        deadline = time.perf_counter_ns() + STALL_LIMIT_NS
-        for fut in self._futures:
-            if fut is not None:
-                settled(fut, deadline)
+        drain(self, STALL_LIMIT_NS)
         for f in self._files:
             f.close()
         if self._registered is not None:
             kvikio.buffer_deregister(self._registered)
-        self._slots.clear()
+        self._spans.clear()
 
 
-class RawQueue:
-    """cuFile's batch or stream API (io/cufile_api) over the job's targets, with the slot
-    buffer registered when the job asks; closing waits for what is in flight."""
+class CuFileApiChannel(PolledChannel):
+    """cuFile's batch or stream API (io/cufile_api) over the files, with the loop's buffer
+    region registered when the job asks; closing waits for what is in flight."""
 
-    def __init__(self, job: Job, settings: Any, targets: list[Target], dev: Any, cp: Any) -> None:
-        from gpufio.io import cufile_api
-
+    def __init__(self, job: Job, files: Sequence[File], spec: ChannelSpec, settings: Any) -> None:
+        super().__init__(spec)
         self.api = settings.api
         cf = cufile_api.binding(settings.threads, job.bs, _inflight(job))
-        self._cf, self._base, self._fds = cf, dev.data.ptr, [t.fd for t in targets]
-        self._handles = [cufile_api.register_handle(cf, t.fd, t.path) for t in targets]
-        self._registered = False
-        if settings.register_buffers:
-            cf.buf_register(self._base, dev.nbytes, 0)
-            self._registered = True
+        self._cf, self._fds = cf, [f.fd for f in files]
+        self._handles = [cufile_api.register_handle(cf, f.fd, f.path) for f in files]
+        base, nbytes = spec.region or (0, 0)
+        self._registered = 0
+        if settings.register_buffers and nbytes:
+            cf.buf_register(base, nbytes, 0)
+            self._registered = base
         if self.api == "batch":
-            self._q: Any = cufile_api.BatchQueue(cf, self._handles, self._base, job.bs,
-                                                 job.iodepth, batch_size(job, settings, cf))
+            self._q: Any = cufile_api.BatchQueue(cf, self._handles, base, spec.depth,
+                                                 batch_size(job, settings, cf))
         else:
+            import cupy
+
             self._q = cufile_api.StreamQueue(
-                cf, cp, self._handles, self._base, job.bs, job.iodepth,
-                settings.streams or min(job.iodepth, 16),
-                cufile_api.aligned(job.bs, job.offset))
-        self.room, self.submit, self.poll = self._q.room, self._q.submit, self._q.poll
+                cf, cupy, self._handles, spec.depth, settings.streams or min(spec.depth, 16),
+                cufile_api.aligned(spec.largest, job.bs, job.offset))
+        self.facts = {"iodepth": spec.depth, "mode": cufile_mode(self.api)}
+
+    @property
+    def inflight(self) -> int:
+        return self._q.busy()
+
+    def room(self) -> int:
+        return min(super().room(), self._q.room())
+
+    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
+               write: np.ndarray | bool, tag: np.ndarray) -> int:
+        return self._q.submit(tgt, off, length, addr, write, tag)
+
+    def _poll(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._q.poll()
+
+    def state(self) -> str:
+        return f"{self.inflight} cuFile {self.api} I/Os in flight"
 
     def close(self) -> None:
-        from gpufio.io import cufile_api
-
-        deadline = time.perf_counter_ns() + STALL_LIMIT_NS
-        while self._q.busy() and time.perf_counter_ns() < deadline:
-            self._q.poll()
-            time.sleep(POLL_S)
+        drain(self, STALL_LIMIT_NS)
         self._q.close()
         if self._registered:
-            self._cf.buf_deregister(self._base)
+            self._cf.buf_deregister(self._registered)
         for fd in self._fds:
             cufile_api.deregister_handle(self._cf, fd)
 
@@ -503,8 +481,6 @@ def batch_size(job: Job, settings: Any, cf: Any) -> int:
     limit), so that four batches take turns: a handle takes new I/Os only once all of its
     batch is done, and one batch of the whole depth would drain to empty before each submit.
     More than the driver takes is a one-line error naming the limit."""
-    from gpufio.io import cufile_api
-
     limit = cufile_api.max_batch(cf)
     if settings.iodepth_batch > limit:
         raise BadInput(f"job '{job.name}': iodepth_batch {settings.iodepth_batch} is more than "
@@ -512,9 +488,3 @@ def batch_size(job: Job, settings: Any, cf: Any) -> int:
                        f"in cufile.json)")
     return settings.iodepth_batch or min(-(-job.iodepth // 4), limit)
 
-
-def open_queue(job: Job, settings: Any, targets: list[Target], dev: Any, cp: Any) -> Any:
-    """The job's I/O queue for its ``api``."""
-    if settings.api == "kvikio":
-        return KvikioQueue(job, settings, targets, dev)
-    return RawQueue(job, settings, targets, dev, cp)

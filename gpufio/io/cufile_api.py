@@ -4,7 +4,7 @@ KvikIO (the cufile engine's default api) offers no batch API to Python (kvikio #
 libcufile is synchronous (fio #1915), so these queues call cuFile directly:
 
 - ``BatchQueue``: ``cuFileBatchIOSetUp`` handles of ``batch_size`` entries each, enough of
-  them to keep ``depth`` I/Os in flight; ``cuFileBatchIOSubmit`` per batch and
+  them to keep ``depth`` requests in flight; ``cuFileBatchIOSubmit`` per batch and
   ``cuFileBatchIOGetStatus`` polled without waiting. A handle takes a new batch once every
   entry of its last one has completed (cuFile's rule).
 - ``StreamQueue``: ``cuFileReadAsync`` / ``cuFileWriteAsync`` on ``streams`` CUDA streams
@@ -239,12 +239,23 @@ def _result(status: np.ndarray, ret: np.ndarray) -> np.ndarray:
     return out
 
 
-class BatchQueue:
-    """``depth`` I/Os in flight through cuFile batch handles of ``batch_size`` entries."""
+def flags(write: np.ndarray | bool, n: int) -> list[bool]:
+    """A batch's write flags, one per request, from a Channel's ``write`` (one for all, or
+    one each)."""
+    return np.asarray(write, bool)[:n].tolist() if isinstance(write, np.ndarray) else [bool(write)] * n
 
-    def __init__(self, cf: Any, handles: list[int], base: int, bs: int, depth: int,
+
+class BatchQueue:
+    """``depth`` requests in flight through cuFile batch handles of ``batch_size`` entries.
+
+    Each request is (handle index, file offset, length, device address, write, tag), as a
+    core/requests Channel takes them; ``base``: the start of the buffer region every
+    address lies in (registered with cuFileBufRegister, where it is, as devPtr_base), or 0:
+    each address is its own base."""
+
+    def __init__(self, cf: Any, handles: list[int], base: int, depth: int,
                  batch_size: int) -> None:
-        self._cf, self._fh, self._base, self._bs = cf, np.array(handles, np.int64), base, bs
+        self._cf, self._fh, self._base = cf, np.array(handles, np.int64), base
         self._size = batch_size
         n = -(-depth // batch_size)
         self._batches = [cf.batch_io_set_up(batch_size) for _ in range(n)]
@@ -255,30 +266,38 @@ class BatchQueue:
         self._zero = np.zeros(2, np.int64)  # timespec {0, 0}: report what is done, never wait
 
     def room(self) -> int:
-        """How many I/Os the idle handles take now."""
+        """How many requests the idle handles take now."""
         return int((self._left == 0).sum()) * self._size
 
     def busy(self) -> int:
         return int(self._left.sum())
 
-    def submit(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
-               writes: np.ndarray) -> None:
-        """The I/Os of ``slots`` (each its own bs-sized slot of the buffer), at most room()."""
+    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
+               write: np.ndarray | bool, tag: np.ndarray) -> int:
+        """Queue requests from the first on, as many as room() takes; how many."""
+        k = min(self.room(), len(off))
+        w = np.asarray(write, bool)
         idle = np.flatnonzero(self._left == 0)
-        for k, lo in enumerate(range(0, len(slots), self._size)):
-            b, hi = int(idle[k]), min(lo + self._size, len(slots))
+        for b, lo in zip(idle.tolist(), range(0, k, self._size)):
+            hi = min(lo + self._size, k)
             p = self._params[b, :hi - lo]
-            p["mode"], p["base"], p["size"] = BATCH_MODE, self._base, self._bs
-            p["buf_offset"] = slots[lo:hi] * self._bs
-            p["file_offset"], p["fh"] = offs[lo:hi], self._fh[tgt[lo:hi]]
-            p["opcode"] = np.where(writes[lo:hi], OP_WRITE, OP_READ)
-            p["cookie"] = slots[lo:hi]
+            p["mode"], p["size"] = BATCH_MODE, length[lo:hi]
+            a = np.asarray(addr[lo:hi], np.uint64)
+            if self._base:
+                p["base"], p["buf_offset"] = self._base, a - np.uint64(self._base)
+            else:
+                p["base"], p["buf_offset"] = a, 0
+            p["file_offset"], p["fh"] = off[lo:hi], self._fh[np.asarray(tgt[lo:hi])]
+            p["opcode"] = np.where(w[lo:hi], OP_WRITE, OP_READ) if w.ndim else \
+                (OP_WRITE if w else OP_READ)
+            p["cookie"] = tag[lo:hi]
             self._cf.batch_io_submit(self._batches[b], hi - lo, p.ctypes.data, 0)
             self._left[b] = hi - lo
+        return k
 
     def poll(self) -> tuple[np.ndarray, np.ndarray]:
-        """(slots, results) of the I/Os that completed since the last poll."""
-        slots, results = [], []
+        """(tags, results) of the requests that completed since the last poll."""
+        tags, results = [], []
         for b in np.flatnonzero(self._left).tolist():
             ev = self._events[b]
             self._nr[0] = self._left[b]
@@ -286,12 +305,12 @@ class BatchQueue:
                                          ev.ctypes.data, self._zero.ctypes.data)
             got = int(self._nr[0])
             if got:
-                slots.append(ev["cookie"][:got].copy())
+                tags.append(ev["cookie"][:got].copy())
                 results.append(_result(ev["status"][:got], ev["ret"][:got]))
                 self._left[b] -= got
-        if not slots:
+        if not tags:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(slots), np.concatenate(results)
+        return np.concatenate(tags), np.concatenate(results)
 
     def close(self) -> None:
         for b, h in enumerate(self._batches):
@@ -302,51 +321,60 @@ class BatchQueue:
 
 
 class StreamQueue:
-    """I/Os through cuFileReadAsync / cuFileWriteAsync, slot i on stream i % streams; an I/O
-    is done when the event recorded after it on its stream is."""
+    """Requests through cuFileReadAsync / cuFileWriteAsync, ``depth`` at most, entry i on
+    stream i % streams; a request is done when the event recorded after it on its stream
+    is. Requests as BatchQueue takes them."""
 
-    def __init__(self, cf: Any, cp: Any, handles: list[int], base: int, bs: int, depth: int,
-                 streams: int, registered: bool) -> None:
-        self._cf, self._fh, self._base, self._bs = cf, handles, base, bs
+    def __init__(self, cf: Any, cp: Any, handles: list[int], depth: int, streams: int,
+                 registered: bool) -> None:
+        self._cf, self._fh = cf, handles
         self._streams = [cp.cuda.Stream(non_blocking=True) for _ in range(streams)]
         self.registered = registered
         if registered:
             for s in self._streams:
                 cf.stream_register(s.ptr, STREAM_FIXED_ALIGNED)
         # size, file offset, buffer offset, bytes moved: cuFile reads them when the stream
-        # reaches the I/O and writes the last when it is done, so each slot keeps its own
+        # reaches the I/O and writes the last when it is done, so each entry keeps its own
         self._args = np.zeros((depth, 4), np.int64)
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(depth)]
         self._busy = np.zeros(depth, dtype=bool)
+        self._tags = np.zeros(depth, np.int64)
+        self._free = list(range(depth))
 
     def room(self) -> int:
-        return len(self._busy)
+        return len(self._free)
 
     def busy(self) -> int:
-        return int(self._busy.sum())
+        return len(self._busy) - len(self._free)
 
-    def submit(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray,
-               writes: np.ndarray) -> None:
+    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
+               write: np.ndarray | bool, tag: np.ndarray) -> int:
+        k = min(len(self._free), len(off))
+        entries = np.array([self._free.pop() for _ in range(k)], np.int64)
         a = self._args
-        a[slots, 0], a[slots, 1], a[slots, 2], a[slots, 3] = self._bs, offs, 0, 0
-        addr = a.ctypes.data
-        for s, t, w in zip(slots.tolist(), tgt.tolist(), writes.tolist()):
-            stream = self._streams[s % len(self._streams)]
-            p = addr + 32 * s
-            # the slot's own address as the base, at offset 0: cuFile's compat mode lands a
-            # read given as base + buffer offset in the wrong place (seen on the H200 machine)
+        a[entries, 0], a[entries, 1], a[entries, 2], a[entries, 3] = length[:k], off[:k], 0, 0
+        self._tags[entries] = tag[:k]
+        args = a.ctypes.data
+        for e, t, dev, w in zip(entries.tolist(), tgt[:k].tolist(), addr[:k].tolist(),
+                                flags(write, k)):
+            stream = self._streams[e % len(self._streams)]
+            p = args + 32 * e
+            # the request's own address as the base, at offset 0: cuFile's compat mode lands
+            # a read given as base + buffer offset in the wrong place (seen on the H200 machine)
             (self._cf.write_async if w else self._cf.read_async)(
-                self._fh[t], self._base + s * self._bs, p, p + 8, p + 16, p + 24, stream.ptr)
-            self._events[s].record(stream)
-            self._busy[s] = True
+                self._fh[t], dev, p, p + 8, p + 16, p + 24, stream.ptr)
+            self._events[e].record(stream)
+            self._busy[e] = True
+        return k
 
     def poll(self) -> tuple[np.ndarray, np.ndarray]:
-        done = [s for s in np.flatnonzero(self._busy).tolist() if self._events[s].done]
-        slots = np.array(done, np.int64)
-        self._busy[slots] = False
-        res = self._args[slots, 3].copy()
+        done = [e for e in np.flatnonzero(self._busy).tolist() if self._events[e].done]
+        entries = np.array(done, np.int64)
+        self._busy[entries] = False
+        self._free.extend(done)
+        res = self._args[entries, 3].copy()
         res[res == 0] = -errno.EIO  # cuFile reports a failed I/O as no bytes moved
-        return slots, res
+        return self._tags[entries], res
 
     def close(self) -> None:
         for s in self._streams:

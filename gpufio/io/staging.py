@@ -1,6 +1,6 @@
 """Staging data between GPU memory and page-locked host memory, segment by segment.
 
-Shared by the CPU-mediated GPU engines (cpu-gpu, mmap): host slots are grouped in segments;
+Shared by the CPU-mediated GPU paths (run/staged's block loop, mmap): host slots are grouped in segments;
 a full segment goes to GPU memory in one asynchronous copy on its own CUDA stream, recorded
 by an event, so many small reads share a copy and filling the next segment overlaps it. An
 I/O counts as done only when its segment's copy is done; with verify, the check runs on the
@@ -17,8 +17,23 @@ import ctypes
 
 import numpy as np
 
+from gpufio.core.options import Option
 from gpufio.io import gpu
 from gpufio.io import verify as gpuverify
+
+# An engine whose host-memory requests land in GPU memory through segments offers this
+# option; without it the loop takes its default.
+SEGMENTS = Option("segments", "int", 3, "slot groups copied as one H2D transfer each "
+                  "(3: triple buffering)", minimum=1)
+SPARE = 2  # landing slots per request that may be in flight
+
+
+def segment_shape(segments: int, iodepth: int) -> tuple[int, int]:
+    """(segments the ``iodepth`` requests in flight are grouped in, slots per segment); there
+    are SPARE times as many segments in all, so one waiting for its slowest request or its
+    copy does not hold back new ones."""
+    nseg = min(segments, iodepth)
+    return nseg, iodepth // nseg
 
 
 class SegmentedStaging:

@@ -44,8 +44,8 @@ WAIT_NS = 200_000_000
 
 
 def uses_block_loop(engine_cls: type[Engine]) -> bool:
-    """Whether the engine's block jobs run in this loop: a CPU-submitted channel and no
-    ``run`` of its own."""
+    """Whether the engine's block jobs run in a loop above it (this one for host memory,
+    run/gpu_block's for GPU memory): a CPU-submitted channel and no ``run`` of its own."""
     cap = engine_cls.capability
     return cap is not None and cap.submitter == "cpu" and engine_cls.run is Engine.run
 

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from gpufio.core import processes
 from gpufio.core.context import WorkerContext
@@ -48,15 +48,28 @@ class WorkerOutcome:
     bad_input: str | None = None
 
 
+def _data_path(engine_cls: type[Engine], job, targets, ctx: WorkerContext) -> Any:
+    """What moves a worker's data: the engine itself where it runs its own loop, else the
+    block loop that fits its channel: into GPU memory (run/gpu_block), or host memory
+    (run/blockloop)."""
+    if not uses_block_loop(engine_cls):
+        return engine_cls(job, targets, ctx)
+    if engine_cls.uses_gpu:
+        from gpufio.run.gpu_block import gpu_block_loop  # the GPU plumbing, only where used
+
+        loop = gpu_block_loop(engine_cls, job, targets, ctx)
+        if loop is None:
+            raise RuntimeError(f"engine '{engine_cls.name}' runs no loop and no block loop "
+                               "fits its channel")
+        return loop
+    return BlockLoop(engine_cls, job, targets, ctx)
+
+
 def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
          ready: Callable[[], None], wait_go: Callable[[], None]) -> WorkerOutcome:
-    """Build the worker's engine (and, for an engine with no loop of its own, the block
-    loop over its channel), report ready, wait for the clock, run, close both."""
-    engine, loop, failure, bad_input = None, None, None, None
+    engine, failure, bad_input = None, None, None
     try:
-        engine = engine_cls(job, targets, ctx)
-        if uses_block_loop(engine_cls):
-            loop = BlockLoop(engine_cls, job, targets, ctx)
+        engine = _data_path(engine_cls, job, targets, ctx)
     except BadInput as e:  # e.g. a GPU index out of range: the user's to fix, exit 2
         bad_input = str(e)
         ctx.control.stop()
@@ -66,20 +79,17 @@ def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
     ready()
     wait_go()
     try:
-        if loop is not None:
-            loop.run()
-        elif engine is not None and bad_input is None and failure is None:
+        if engine is not None:
             engine.run()
     except Exception as e:  # reported in the result; the run exits 1
         failure = f"worker {index}: {type(e).__name__}: {e}"
     finally:
         finished = time.monotonic_ns()
-        for part in (loop, engine):
-            if part is not None:
-                try:
-                    part.close()
-                except Exception as e:  # a worker must always report, or its numbers vanish
-                    failure = failure or f"worker {index} close: {type(e).__name__}: {e}"
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception as e:  # a worker must always report, or its numbers vanish
+                failure = failure or f"worker {index} close: {type(e).__name__}: {e}"
         ctx.finish()
     return WorkerOutcome(ctx.rec.final(), finished, failure, bad_input)
 

@@ -1,0 +1,126 @@
+"""The block loop over a channel whose buffers are GPU memory: ``iodepth`` slots of GPU
+memory, each request reading into (or writing from) its own slot, straight between the
+files and the GPU as far as the engine's path allows.
+
+Written once for every engine whose channel takes device pointers (core/requests GPU). A
+read is complete when the channel says so, which for such a path means its bytes are in
+GPU memory; with verify they are checked there (io/verify). A write's bytes are the pattern
+of its offset, generated in its slot in GPU memory before the request goes out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpufio.core.errors import BadInput
+from gpufio.core.requests import GPU, ChannelSpec
+from gpufio.core.slots import SlotTable
+from gpufio.io import gpu
+from gpufio.io import verify as gpuverify
+from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled
+
+if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.job import Job
+    from gpufio.core.targets import Target
+    from gpufio.engines.base import Engine
+
+PAGE = 4096
+
+
+class GpuSlotLoop:
+    """One worker's block loop over ``engine``'s GPU-memory channel; built before the
+    clock starts, like an engine."""
+
+    def __init__(self, engine: type["Engine"], job: "Job", targets: list["Target"],
+                 ctx: "WorkerContext") -> None:
+        self.job, self.targets, self.ctx = job, targets, ctx
+        index = job.gpu_of(ctx.worker)
+        cp = gpu.use(index)
+        nbytes = job.iodepth * job.bs
+        try:
+            self._alloc = cp.empty(nbytes + PAGE, dtype=cp.uint8)
+        except cp.cuda.memory.OutOfMemoryError:
+            raise BadInput(f"gpu {index}: out of memory for {nbytes} bytes of buffers") from None
+        # page-aligned slots: registered cuFile streams and GPUDirect want aligned buffers
+        skip = -self._alloc.data.ptr % PAGE
+        self.dev = self._alloc[skip:skip + nbytes]
+        self._rows = self.dev.reshape(job.iodepth, job.bs)
+        self._words = self.dev.view(cp.uint64)
+        self._cp = cp
+        if ctx.verifying or job.writes:
+            gpuverify.compile_kernel()
+        base = self.dev.data.ptr
+        self.channel = engine.channel(job, targets, ChannelSpec(
+            depth=job.iodepth, memory=GPU, largest=job.bs, writes=job.writes,
+            region=(base, nbytes)))
+        self._addr = np.uint64(base) + np.arange(job.iodepth, dtype=np.uint64) * np.uint64(job.bs)
+        self._len = np.full(job.iodepth, job.bs, dtype=np.int64)
+
+    def _fill(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray) -> None:
+        """The pattern of each write's offset into its slot of GPU memory, finished before
+        the channel's path reads the slots."""
+        cp = self._cp
+        gpuverify.fill(self._words, cp.asarray(slots.astype(np.uint64)),
+                       cp.asarray(offs.astype(np.uint64)), cp.asarray(self.ctx.seeds(tgt)),
+                       len(slots), self.job.bs)
+        cp.cuda.Stream.null.synchronize()
+
+    def run(self) -> None:
+        ctx, depth, job, ch = self.ctx, self.job.iodepth, self.job, self.channel
+        table = SlotTable(depth)
+        slot_writes = np.zeros(depth, dtype=bool)
+        free = list(range(depth))
+        fds = [t.fd for t in self.targets]
+        issuing, syncing = True, False
+        while True:
+            if syncing and not ch.inflight:
+                ctx.sync(fds)
+                syncing = False
+            room = min(len(free), ch.room())
+            if issuing and room and not syncing:
+                tgt, offs = ctx.next_batch(min(room, ctx.until_sync) if job.writes else room)
+                k = len(offs)
+                issuing = bool(k)
+                kinds = np.array(ctx.write_flags(k), dtype=bool)
+                slots = np.array([free.pop() for _ in range(k)], dtype=np.int64)
+                if kinds.any():
+                    self._fill(slots, tgt, offs)
+                table.issue(slots, tgt, offs, time.perf_counter_ns())
+                slot_writes[slots] = kinds
+                sent = ch.submit(tgt, offs, self._len[:k], self._addr[slots], kinds, slots)
+                if sent != k:
+                    raise RuntimeError(f"the channel took {sent} of {k} requests with room "
+                                       f"for {room}")
+                nwrites = int(kinds.sum())
+                syncing = bool(nwrites) and ctx.sync_due(nwrites)
+            if not ch.inflight:
+                if syncing:
+                    continue
+                return
+            done, res = ch.reap(STALL_LIMIT_NS)
+            if not len(done):
+                raise Stalled(f"no I/O completed in {STALL_LIMIT_NS / 1e9:g} s: {ch.state()}")
+            self._finish(done, res, table, slot_writes)
+            free.extend(done.tolist())
+
+    def _finish(self, slots: np.ndarray, res64: np.ndarray, table: SlotTable,
+                slot_writes: np.ndarray) -> None:
+        now = time.perf_counter_ns()
+        res = res64.astype(np.int32)
+        bad: Any = None
+        if self.ctx.verifying:
+            def bad(tgt: np.ndarray, offs: np.ndarray) -> list[int]:
+                return gpuverify.landed_mismatches(self._rows[self._cp.asarray(slots)],
+                                                   self.ctx.seeds(tgt), offs, res)
+        table.complete(self.ctx, slots, res, now, bad,
+                       slot_writes[slots] if self.job.mixed else self.job.writes)
+
+    def close(self) -> None:
+        """Requests still in flight (a failed run) land before their slots go away."""
+        self.channel.close()
+        self._rows = self._words = None
+        self.dev = self._alloc = None

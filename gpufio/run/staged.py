@@ -1,0 +1,204 @@
+"""The block loop that lands host-memory requests in GPU memory, segment by segment.
+
+Written once over any channel whose buffers are host memory (core/requests): the requests
+of a segment of slots go out together into page-locked host memory (io/staging); once all
+of a segment's reads are in, it is copied to GPU memory in one asynchronous transfer on its
+own CUDA stream, so many small reads share a copy and the next segments' reads overlap it.
+There are SPARE times as many segments as the requests in flight need, so one waiting for
+its slowest read or its copy holds back no new reads. A read is complete when its bytes are
+in GPU memory: its latency runs from issue until its segment's copy is observed done (with
+verify, checked there). Writes go the other way: a segment's pattern is generated in GPU
+memory, copied down to its slots in one transfer and written from there; a write's latency
+runs from the start of its segment's copy until the write completes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpufio.core.requests import HOST, ChannelSpec
+from gpufio.core.slots import SlotTable
+from gpufio.io.staging import SEGMENTS, SPARE, SegmentedStaging, segment_shape
+from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
+
+if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.job import Job
+    from gpufio.core.targets import Target
+    from gpufio.engines.base import Engine
+
+FREE, READING, COPYING, WRITING = 0, 1, 2, 3
+WAIT_NS = 200_000_000
+POLL_NS = 20_000
+
+
+def staging_shape(engine: type["Engine"], job: "Job") -> tuple[int, int]:
+    """(segments in flight, slots per segment): the engine's ``segments`` where it offers
+    the option (io/staging.SEGMENTS), else its default."""
+    segments = engine.settings(job).segments if SEGMENTS in engine.options else SEGMENTS.default
+    return segment_shape(segments, job.iodepth)
+
+
+class StagedLoop:
+    """One worker's block loop over ``engine``'s host-memory channel, landing in (or
+    writing from) GPU memory; built before the clock starts, like an engine."""
+
+    def __init__(self, engine: type["Engine"], job: "Job", targets: list["Target"],
+                 ctx: "WorkerContext") -> None:
+        self.job, self.targets, self.ctx = job, targets, ctx
+        nseg, self._seg = staging_shape(engine, job)
+        self._nseg = SPARE * nseg
+        self._cap = nseg * self._seg  # requests in flight, at most
+        slots = self._nseg * self._seg
+        self.landing = SegmentedStaging(job.gpu_of(ctx.worker), self._nseg, self._seg, job.bs,
+                                        ctx.verifying, writes=job.writes)
+        try:
+            self.channel = engine.channel(job, targets, ChannelSpec(
+                depth=self._cap, memory=HOST, largest=job.bs, writes=job.writes,
+                region=(self.landing.host_addr, slots * job.bs)))
+        except BaseException:
+            self.landing.close()
+            raise
+        # each slot's host address, length and tag (its index), sliced per segment
+        self._addr = (np.uint64(self.landing.host_addr)
+                      + np.arange(slots, dtype=np.uint64) * np.uint64(job.bs))
+        self._len = np.full(slots, job.bs, dtype=np.int64)
+        self._tags = np.arange(slots, dtype=np.int64)
+        self._fds = [t.fd for t in targets]
+
+    def _push(self, s: int, tgt: np.ndarray, offs: np.ndarray, write: bool) -> None:
+        """Hand segment ``s``'s requests (reads into, or writes from, its slots) to the
+        channel, which has room for a whole segment whenever the loop sends one."""
+        lo, k = s * self._seg, len(offs)
+        sent = self.channel.submit(tgt, offs, self._len[lo:lo + k], self._addr[lo:lo + k],
+                                   write, self._tags[lo:lo + k])
+        if sent != k:
+            raise RuntimeError(f"the channel took {sent} of a segment's {k} requests with "
+                               f"{self.channel.inflight} of {self._cap} in flight")
+
+    def _stalled(self, what: str, state: np.ndarray) -> Stalled:
+        return Stalled(f"no {what} or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
+                       f"segment states {state.tolist()}; {self.channel.state()}")
+
+    def run(self) -> None:
+        if self.job.writes:
+            self._run_writes()
+            return
+        ctx, ch, seg = self.ctx, self.channel, self._seg
+        state = np.full(self._nseg, FREE, dtype=np.int8)
+        seg_n = np.zeros(self._nseg, dtype=np.int64)      # reads issued in each segment
+        seg_done = np.zeros(self._nseg, dtype=np.int64)   # reads completed in each segment
+        table = SlotTable(self._nseg * seg)
+        slot_res = np.zeros(self._nseg * seg, dtype=np.int32)
+        issuing = True
+        dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0  # reads + copies
+        while True:
+            for s in np.flatnonzero(state == FREE).tolist() if issuing else ():
+                if ch.inflight + seg > self._cap:
+                    break
+                tgt, offs = ctx.next_batch(seg)
+                k = len(offs)
+                if not k:
+                    issuing = False
+                    break
+                self._push(s, tgt, offs, False)
+                table.issue(slice(s * seg, s * seg + k), tgt, offs, time.perf_counter_ns())
+                seg_n[s], seg_done[s], state[s] = k, 0, READING
+            moved = self._wait(state, slot_res, seg_done)
+            if moved is None and not issuing:
+                return
+            progress += moved or 0
+            for s in np.flatnonzero((state == READING) & (seg_done == seg_n)).tolist():
+                self._copy(s, int(seg_n[s]), table)
+                state[s] = COPYING
+            for s in np.flatnonzero(state == COPYING).tolist():
+                if self.landing.done(s):
+                    self._finish(s, int(seg_n[s]), table, slot_res)
+                    state[s] = FREE
+                    progress += 1
+            if dog.update(progress, time.perf_counter_ns()):
+                raise self._stalled("read", state)
+
+    def _run_writes(self) -> None:
+        """Segments go FREE -> COPYING (pattern generated on the GPU, copied down) ->
+        WRITING (the channel writes from the host slots) -> FREE; fsync between segments."""
+        ctx, ch, seg = self.ctx, self.channel, self._seg
+        state = np.full(self._nseg, FREE, dtype=np.int8)
+        seg_n = np.zeros(self._nseg, dtype=np.int64)
+        seg_done = np.zeros(self._nseg, dtype=np.int64)
+        table = SlotTable(self._nseg * seg)
+        slot_res = np.zeros(self._nseg * seg, dtype=np.int32)
+        issuing, syncing = True, False
+        dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0
+        while True:
+            if syncing and not np.any(state != FREE):
+                ctx.sync(self._fds)
+                syncing = False
+            for s in np.flatnonzero(state == FREE).tolist() if issuing and not syncing else ():
+                copying = int(seg_n[state == COPYING].sum())
+                if ch.inflight + copying + seg > self._cap:
+                    break
+                tgt, offs = ctx.next_batch(min(seg, ctx.until_sync))
+                k = len(offs)
+                if not k:
+                    issuing = False
+                    break
+                lo = s * seg
+                table.issue(slice(lo, lo + k), tgt, offs, time.perf_counter_ns())
+                self.landing.stage_out(s, k, offs, ctx.seeds(tgt))
+                seg_n[s], seg_done[s], state[s] = k, 0, COPYING
+                if ctx.sync_due(k):
+                    syncing = True
+                    break
+            for s in np.flatnonzero(state == COPYING).tolist():
+                if self.landing.done(s):
+                    lo, k = s * seg, int(seg_n[s])
+                    self._push(s, table.tgt[lo:lo + k], table.off[lo:lo + k], True)
+                    state[s] = WRITING
+                    progress += 1
+            moved = self._wait(state, slot_res, seg_done)
+            if moved is None and not issuing and not syncing:
+                return
+            progress += moved or 0
+            for s in np.flatnonzero((state == WRITING) & (seg_done == seg_n)).tolist():
+                lo, k = s * seg, int(seg_n[s])
+                table.complete(ctx, slice(lo, lo + k), slot_res[lo:lo + k].copy(),
+                               time.perf_counter_ns(), write=True)
+                state[s] = FREE
+            if dog.update(progress, time.perf_counter_ns()):
+                raise self._stalled("write", state)
+
+    def _wait(self, state: np.ndarray, slot_res: np.ndarray, seg_done: np.ndarray) -> int | None:
+        """Wait for what is in flight: reap the channel's completions into ``slot_res`` and
+        ``seg_done`` (how many), or wait for the oldest copy (0); None when nothing is."""
+        ch, copying = self.channel, bool(np.any(state == COPYING))
+        if ch.inflight:
+            done, res = ch.reap(POLL_NS if copying else WAIT_NS)
+            slot_res[done] = res
+            np.add.at(seg_done, done // self._seg, 1)
+            return len(done)
+        if copying:
+            self.landing.wait(int(np.flatnonzero(state == COPYING)[0]))
+            return 0
+        return None
+
+    def _copy(self, s: int, k: int, table: SlotTable) -> None:
+        lo = s * self._seg
+        if self.ctx.verifying:
+            self.landing.copy(s, k, table.off[lo:lo + k], self.ctx.seeds(table.tgt[lo:lo + k]))
+        else:
+            self.landing.copy(s, k)
+
+    def _finish(self, s: int, k: int, table: SlotTable, slot_res: np.ndarray) -> None:
+        lo = s * self._seg
+        res = slot_res[lo:lo + k].copy()
+        bad = (lambda tgt, offs: self.landing.mismatches(s, res)) if self.ctx.verifying else None
+        table.complete(self.ctx, slice(lo, lo + k), res, time.perf_counter_ns(), bad)
+
+    def close(self) -> None:
+        """What is in flight lands (the channel waits for it) before the slots go."""
+        self.channel.close()
+        self.landing.close()
