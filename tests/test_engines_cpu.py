@@ -186,12 +186,12 @@ def test_ctrl_c_before_all_workers_started_keeps_what_ran(engine, pattern_file, 
 
 
 def test_a_failing_close_is_a_failure_not_silence(pattern_file, monkeypatch):
-    from gpufio.engines.psync import Psync
+    from gpufio.engines.psync import PsyncChannel
 
     def broken_close(self):
         raise BufferError("cannot close exported pointers exist")
 
-    monkeypatch.setattr(Psync, "close", broken_close)
+    monkeypatch.setattr(PsyncChannel, "close", broken_close)
     (r,) = run({"engine": "psync"}, pattern_file, io_size="64k").results
     assert not r.ok and "close: BufferError" in r.failure and r.ios == 16
 
