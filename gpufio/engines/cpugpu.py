@@ -79,8 +79,9 @@ class CpuGpu(Engine):
     options = (
         Option("segments", "int", 3, "slot groups copied as one H2D transfer each "
                "(3: triple buffering)", minimum=1),
-        Option("sqe_async", "bool", False, "set IOSQE_ASYNC: the kernel's io-wq workers run the "
-               "reads in parallel instead of the submitting thread one after another"),
+        Option("sqe_async", "bool", None, "set IOSQE_ASYNC: the kernel's io-wq workers run the "
+               "reads in parallel instead of the submitting thread one after another "
+               "(default: off, but on for GNN rows of tables that live in memory)"),
         PROCESSES,
     )
 
@@ -88,8 +89,8 @@ class CpuGpu(Engine):
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
         # with no sqe_async given, hand reads of in-memory tables to io-wq (RAM-backed
         # targets gained from it: docs/PERFORMANCE.md); a drive's reads stay inline
-        sqe_async = (cls.settings(job).sqe_async if "sqe_async" in job.options_as_given
-                     else request.ram_backed)
+        given = cls.settings(job).sqe_async
+        sqe_async = request.ram_backed if given is None else given
         return UringFetch(table, xp, request.dim, row_depth(request), request.direct,
                           request.max_rows, sqe_async)
 
@@ -104,7 +105,7 @@ class CpuGpu(Engine):
     @classmethod
     def tensor_mover(cls, job: Job, files: list[Target], extents: list[Extent], xp: Any,
                      request: TensorRequest) -> "StagedTensors":
-        return StagedTensors(files, extents, request, job.gpu, cls.settings(job).sqe_async)
+        return StagedTensors(files, extents, request, job.gpu, bool(cls.settings(job).sqe_async))
 
     @classmethod
     def doctor(cls, host: Host, jobs: list[Job]) -> list[Check]:
@@ -157,7 +158,8 @@ class CpuGpu(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        uring.sq_entries(job.iodepth, 0, f"job '{job.name}': ")
+        if job.iodepth is not None:  # None: the rows' depth is picked when they are fetched
+            uring.sq_entries(job.iodepth, 0, f"job '{job.name}': ")
         if job.mixed:
             raise BadInput(f"job '{job.name}': cpu-gpu moves a segment one way at a time; "
                            f"rw = {job.rw} (a mix) is not supported by this engine")
