@@ -91,6 +91,20 @@ def test_gpu_urings_derived_settings_are_picked_when_the_profile_is_read(monkeyp
         from_dict({"global": {"engine": "gpu-uring", "rings": 0}}, "t.toml", {})
 
 
+def test_gpu_uring_resolves_once_at_load_and_describing_resolves_nothing(monkeypatch):
+    """Its rings were worked out again in describe, the worker and the row fetcher."""
+    from gpufio.engines import gpu_uring
+
+    picks = []
+    default_rings = gpu_uring.default_rings
+    monkeypatch.setattr(gpu_uring, "default_rings", lambda *a: picks.append(a) or default_rings(*a))
+    jobs = from_dict({"global": {"engine": "gpu-uring"}, "job": [{"name": "a"}, {"name": "b"}]},
+                     "t.toml", {}).jobs
+    assert len(picks) == 2
+    facts = [gpu_uring.GpuUring.describe(j) for j in jobs]
+    assert len(picks) == 2 and [f["rings"] for f in facts] == [j.engine_settings.rings for j in jobs]
+
+
 @pytest.mark.parametrize("table", [
     {"engine": "gpu-uring", "rings": 2},
     {"workload": "gnn", "engine": "mmap", "device": "cpu"},
