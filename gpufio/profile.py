@@ -19,7 +19,7 @@ from gpufio.core.job import RW_MODES, Job, Profile
 from gpufio.core.offsets import Distribution
 from gpufio.core.options import Option
 from gpufio.core.stats import PERCENTILES
-from gpufio.engines import DEFAULT_ENGINE, all_engines
+from gpufio.engines import DEFAULT_ENGINE, all_engines, settle
 from gpufio.workloads import DEFAULT_WORKLOAD, all_workloads
 
 # the keys every workload uses
@@ -176,7 +176,8 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
         extra.setdefault(opt.name, opt.default)
     for opt in workload.options:
         given.setdefault(opt.name, opt.default)
-    workload.check(where, engine_name, given)
+    typed = workload.settings(**given)
+    workload.check(where, engine_name, typed)
     values["random_distribution"] = Distribution.parse(
         values["random_distribution"], f"{where}key 'random_distribution'")
     for key in ("size", "io_size"):
@@ -210,8 +211,8 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
     if values["time_based"] and values["runtime"] is None:
         raise BadInput(f"{where}key 'time_based': needs a runtime")
     _check_writes(values, raw, where)
-    job = Job(**values, engine_options=extra, workload_options=given,
-              options_as_given=dict(raw))
+    job = settle(Job(**values, engine_options=extra, workload_options=given,
+                     workload_settings=typed, options_as_given=dict(raw)))
     all_engines()[engine_name].check_job(job)
     return job
 

@@ -221,6 +221,24 @@ def test_engines_read_their_options_typed():
         s.sqpoll = False  # frozen
 
 
+def test_settings_are_read_typed_and_what_was_given_is_not_probed():
+    """What the engine or the workload picks is None in its typed settings: no module looks
+    at what the profile wrote (options_as_given) but the loader and the result document
+    (its "job options"), and the workloads read their keys as typed attributes of
+    job.workload_settings, never by string key from job.workload_options."""
+    allowed = {"gpufio.profile", "gpufio.results.document"}
+    probes, keyed = [], []
+    for module, path in ALL.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if node.attr == "options_as_given" and module not in allowed:
+                probes.append(f"{module}:{node.lineno}")
+            if node.attr == "workload_options" and band_of(module) == "workloads":
+                keyed.append(f"{module}:{node.lineno}")
+    assert probes == [] and keyed == []
+
+
 def test_one_watchdog_and_one_stall_error_for_every_path():
     """The stall limit and its error live in io/watchdog.py; no engine keeps its own."""
     from gpufio.io.gio.queue import QueueStalled

@@ -173,12 +173,10 @@ def test_help_imports_only_what_it_needs(argv):
 def test_gpu_uring_runs_one_sqpoll_thread_per_drive(pattern_file, shm_pattern_file):
     """By default a drive gets one SQPOLL thread for all its rings (more would only spin);
     RAM-backed targets keep one per ring; sq_threads still decides when given."""
-    from gpufio.engines import gpu_uring
-
     def threads(path, **opts):
         j = from_dict({"global": {"engine": "gpu-uring", "targets": [str(path)], "rings": 8,
                                   **opts}}, "t.toml", {}).jobs[0]
-        return gpu_uring.resolved_options(j).sq_threads
+        return j.engine_settings.sq_threads
 
     if device.ram_backing(str(pattern_file)):
         pytest.skip("the temporary directory is RAM-backed here")

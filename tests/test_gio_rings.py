@@ -259,11 +259,9 @@ def test_queue_wait_stops_a_queue_whose_completions_stopped():
     ({"registered": True}, True),
 ])
 def test_rings_register_files_and_slots_by_default_only_when_inline(given, registered):
-    from gpufio.engines.gpu_uring import resolved_options
-
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
                     "t.toml", {}).jobs[0]
-    assert resolved_options(job).registered is registered
+    assert job.engine_settings.registered is registered
 
 
 @pytest.mark.parametrize("given,ram,threads", [
@@ -278,4 +276,4 @@ def test_sq_threads_default_to_one_per_ring_and_never_exceed_the_rings(given, ra
     monkeypatch.setattr(gpu_uring, "ram_backing", lambda path: "tmpfs" if ram else None)
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
                     "t.toml", {}).jobs[0]
-    assert gpu_uring.resolved_options(job).sq_threads == threads
+    assert job.engine_settings.sq_threads == threads

@@ -550,7 +550,8 @@ def test_progress_lines_say_where_a_long_run_is(capsys, monkeypatch, since_boot_
 
     monkeypatch.setattr(time, "monotonic_ns", lambda: since_boot_s * 10 ** 9)
 
-    job = SimpleNamespace(name="j", workload_options={"iterations": 1100, "warmup": 1000})
+    job = SimpleNamespace(name="j",
+                          workload_settings=SimpleNamespace(iterations=1100, warmup=1000))
     lines = ProgressLines(every_s=3600)
     lines(job, 1, [2e6, 30e6, 5e6])
     lines(job, 2, [2e6, 30e6, 5e6])  # within the interval: quiet
@@ -569,8 +570,9 @@ def test_live_stages_table_shows_each_jobs_iteration_and_phase():
     from gpufio.workloads.gnn.driver import LiveStages
 
     out = io.StringIO()
-    a = SimpleNamespace(name="mmap", engine="mmap", workload_options={"iterations": 10, "warmup": 5})
-    b = SimpleNamespace(name="uring", engine="cpu-gpu", workload_options={"iterations": 10, "warmup": 5})
+    runs = SimpleNamespace(iterations=10, warmup=5)
+    a = SimpleNamespace(name="mmap", engine="mmap", workload_settings=runs)
+    b = SimpleNamespace(name="uring", engine="cpu-gpu", workload_settings=runs)
     with LiveStages(out) as live:
         live(a, 3, [2e6, 30e6, 5e6])
         live(a, 10, [1e6, 20e6, 4e6])

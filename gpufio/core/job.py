@@ -29,7 +29,8 @@ class Job:
     offset: int
     io_size: int | None
     direct: bool
-    iodepth: int
+    # None: the engine picks (a workload whose engine sizes its own queues, as GNN's rows)
+    iodepth: int | None
     numjobs: int
     runtime: int | None
     ramp_time: int
@@ -61,10 +62,18 @@ class Job:
     cpu_accounting: str
     sample_interval: int
     percentile_list: tuple[float, ...]
+    # the engine's own keys as the profile resolved them (what a result document shows)
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     # the workload's own keys (its registry entry's options), resolved
     workload_options: Mapping[str, Any] = field(default_factory=dict)
+    # the keys as the profile wrote them, for the result document's "job options" only:
+    # what the engine or the workload picks is None in their settings, never a look here
     options_as_given: Mapping[str, Any] = field(default_factory=dict)
+    # the engine's options typed, what it picks picked (Engine.settings, Engine.resolve):
+    # built once per job by the loader (engines.settle)
+    engine_settings: Any = None
+    # the workload's options typed (its registry entry's ``settings``), built once with it
+    workload_settings: Any = None
 
     @property
     def random(self) -> bool:

@@ -163,9 +163,15 @@ _TYPES: dict[str, type] = {"bool": bool, "int": int, "str": str, "size": int,
                            "gpu_targets": object}
 
 
-def settings_class(name: str, options: tuple[Option, ...]) -> type:
-    """A frozen dataclass with one typed field per option (its default the option's): what
-    an engine reads its options through, built once from the same table the loader checks."""
+def settings_class(name: str, options: tuple[Option, ...], module: str,
+                   qualname: str | None = None) -> type:
+    """A frozen dataclass with one typed field per option (its default the option's; None
+    where the owner picks): what an engine or a workload reads its options through, built
+    once from the same table the loader checks. ``module`` and ``qualname`` (default:
+    ``name``) say where it is defined, so a job carrying its settings pickles to a spawned
+    worker."""
     fields = [(o.name, _TYPES[o.kind] if o.default is not None else _TYPES[o.kind] | None,
                dataclasses.field(default=o.default)) for o in options]
-    return dataclasses.make_dataclass(name, fields, frozen=True)
+    cls = dataclasses.make_dataclass(name, fields, frozen=True)
+    cls.__module__, cls.__qualname__ = module, qualname or name
+    return cls

@@ -63,7 +63,8 @@ class ChannelSpec:
     says), for a channel that registers it once (io_uring's fixed buffers,
     cuFileBufRegister); None: anywhere. ``stop_fd``: an eventfd
     that becomes readable when the loop must stop, for a channel whose waits it may wake
-    (-1: none)."""
+    (-1: none). ``ram_backed``: every file lives in memory (tmpfs, zram), for a channel
+    whose defaults depend on it."""
 
     depth: int
     memory: str = HOST
@@ -71,6 +72,7 @@ class ChannelSpec:
     writes: bool = False
     region: tuple[int, int] | None = None
     stop_fd: int = -1
+    ram_backed: bool = False
 
 
 class Channel(ABC):

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from gpufio.engines.base import Engine
+
+if TYPE_CHECKING:
+    from gpufio.core.job import Job
 
 # the engine of a job that names none: fio's default (psync) too
 DEFAULT_ENGINE = "psync"
@@ -36,3 +41,13 @@ def all_engines() -> dict[str, type[Engine]]:
     if not _loaded:
         _load_builtin()
     return dict(_REGISTRY)
+
+
+def settle(job: "Job") -> "Job":
+    """``job`` with its engine's settings built once: the profile's values
+    (``engine_options``) typed, then what the engine picks picked (``Engine.resolve``).
+    The loader calls it for every job; a job whose targets change (an MPI rank's share)
+    is settled again, being another job."""
+    cls = all_engines()[job.engine]
+    typed = replace(job, engine_settings=cls.Settings(**job.engine_options))
+    return replace(typed, engine_settings=cls.resolve(typed))

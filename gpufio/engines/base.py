@@ -124,12 +124,22 @@ class Engine(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.Settings = settings_class(f"{cls.__name__}Settings", cls.options)
+        cls.Settings = settings_class(f"{cls.__name__}Settings", cls.options, cls.__module__,
+                                      f"{cls.__qualname__}.Settings")
 
     @classmethod
     def settings(cls, job: "Job") -> Any:
-        """The job's options of this engine, typed (``settings(job).sqpoll``)."""
-        return cls.Settings(**job.engine_options)
+        """The job's options of this engine, typed (``settings(job).sqpoll``), as the loader
+        resolved them once (engines.settle): nothing is worked out again per call."""
+        return job.engine_settings
+
+    @classmethod
+    def resolve(cls, job: "Job") -> Any:
+        """The job's settings with what this engine picks picked: ``job.engine_settings``
+        holds the profile's values typed, None where the engine picks. Called once per job
+        (engines.settle); BadInput for values that contradict each other. The default
+        picks nothing."""
+        return job.engine_settings
 
     @classmethod
     def worker_kind_for(cls, job: "Job") -> str:

@@ -57,8 +57,9 @@ class CpuGpu(Engine):
     worker_kind = "thread"
     options = (
         SEGMENTS,
-        Option("sqe_async", "bool", False, "set IOSQE_ASYNC: the kernel's io-wq workers run the "
-               "reads in parallel instead of the submitting thread one after another"),
+        Option("sqe_async", "bool", None, "set IOSQE_ASYNC: the kernel's io-wq workers run the "
+               "reads in parallel instead of the submitting thread one after another "
+               "(default: off, but on for GNN rows of tables that live in memory)"),
         PROCESSES,
     )
 
@@ -92,7 +93,8 @@ class CpuGpu(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        uring.sq_entries(job.iodepth, 0, f"job '{job.name}': ")
+        if job.iodepth is not None:  # None: the rows' depth is picked when they are fetched
+            uring.sq_entries(job.iodepth, 0, f"job '{job.name}': ")
         if job.mixed:
             raise BadInput(f"job '{job.name}': cpu-gpu moves a segment one way at a time; "
                            f"rw = {job.rw} (a mix) is not supported by this engine")
@@ -101,5 +103,11 @@ class CpuGpu(Engine):
     def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> UringChannel:
         """io_uring into host memory; with sqe_async the kernel's io-wq workers run the
         requests. The block loop above (run/staged) lands them in GPU memory."""
-        return UringChannel(files, spec, uring.SQE_ASYNC if cls.settings(job).sqe_async else 0)
+        given = cls.settings(job).sqe_async
+        # with no sqe_async given, reads of files that live in memory go to io-wq (RAM-backed
+        # rows gained from it: docs/PERFORMANCE.md); a drive's reads stay inline
+        sqe_async = spec.ram_backed if given is None else given
+        ch = UringChannel(files, spec, uring.SQE_ASYNC if sqe_async else 0)
+        ch.facts["sqe_async"] = sqe_async
+        return ch
 

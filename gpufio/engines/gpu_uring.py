@@ -64,18 +64,11 @@ def default_sq_threads(job: Job, rings: int) -> int:
     """SQPOLL threads when the job does not say: one per ring where a target lives in memory
     (each thread copies its reads itself, so the rate grows with threads); one per target
     otherwise: a drive's rate is its own, one thread submits at it, and every further
-    thread would only spin on a core of its own."""
-    ram = any(ram_backing(p) for p in job.targets)
+    thread would only spin on a core of its own. A target file not laid out yet is judged
+    by its directory: the job's settings are resolved when the profile is read."""
+    ram = any(ram_backing(p if os.path.exists(p) else os.path.dirname(os.path.abspath(p)))
+              for p in job.targets)
     return rings if ram else min(max(len(job.targets), 1), rings)
-
-
-def resolved_options(job: Job) -> Any:
-    """The job's gpu-uring settings with the defaults that depend on the host resolved."""
-    o = GpuUring.settings(job)
-    rings = o.rings or default_rings(max(len(job.targets), 1), os.cpu_count() or 1)
-    return replace(o, rings=rings, threads=o.threads or rings * job.iodepth,
-                   sq_threads=min(o.sq_threads or default_sq_threads(job, rings), rings),
-                   registered=not o.sqe_async if o.registered is None else o.registered)
 
 
 def gpu_price(rings: int, requesters: int, sms: int) -> dict[str, int]:
@@ -90,11 +83,11 @@ def gpu_price(rings: int, requesters: int, sms: int) -> dict[str, int]:
 
 def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
                nop: bool = False, namespaces: np.ndarray | None = None) -> DeviceQueue:
-    """The request queue a job's resolved settings (resolved_options) describe, with ``depth``
+    """The request queue a job's resolved settings (GpuUring.resolve) describe, with ``depth``
     slots per ring: the block benchmark's and the row fetcher's; ``nop``: its agents post
     IORING_OP_NOP for every request; ``namespaces``: they post NVMe commands
     (DeviceQueue's passthrough)."""
-    sq, cq = ring_sizes(depth, opts.ring_entries or None)
+    sq, cq = ring_sizes(depth, opts.ring_entries)
     return DeviceQueue(nrings=opts.rings, depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
                        cq_entries=cq, idle_ms=opts.sq_thread_idle // 1_000_000,
                        cpus=opts.sq_thread_cpu, sqe_async=opts.sqe_async, fds=fds,
@@ -123,15 +116,15 @@ class GpuUring(Engine):
     paced = False  # GPU threads post the reads: no host loop to space them
     worker_kind = "thread"
     options = (
-        Option("rings", "int", 0, "io_uring rings, one SQPOLL kernel thread each (0: half the "
-               "cores, at most 8, at least one per target)", minimum=0),
-        Option("ring_entries", "int", 0, "SQ entries per ring (0: iodepth); iodepth may not "
-               "exceed it, the CQ gets twice as many", minimum=0),
-        Option("threads", "int", 0, "GPU requester threads (0: rings x iodepth, one per request "
-               "slot); more than that share the slots", minimum=0),
-        Option("sq_threads", "int", 0, "SQPOLL kernel threads serving the rings (0: one per "
-               "ring on RAM-backed targets, one per target on drives); ring i shares ring "
-               "i % sq_threads's thread and io-wq (IORING_SETUP_ATTACH_WQ)", minimum=0),
+        Option("rings", "int", None, "io_uring rings, one SQPOLL kernel thread each (default: "
+               "half the cores, at most 8, at least one per target)", minimum=1),
+        Option("ring_entries", "int", None, "SQ entries per ring (default: iodepth); iodepth "
+               "may not exceed it, the CQ gets twice as many", minimum=1),
+        Option("threads", "int", None, "GPU requester threads (default: rings x iodepth, one "
+               "per request slot); more than that share the slots", minimum=1),
+        Option("sq_threads", "int", None, "SQPOLL kernel threads serving the rings (default: "
+               "one per ring on RAM-backed targets, one per target on drives); ring i shares "
+               "ring i % sq_threads's thread and io-wq (IORING_SETUP_ATTACH_WQ)", minimum=1),
         Option("sq_thread_cpu", "intlist", (), "CPUs the SQPOLL threads are pinned to, "
                "round-robin (default: not pinned)"),
         Option("sq_thread_idle", "time", 1_000_000_000, "how long an SQPOLL thread spins before "
@@ -160,10 +153,25 @@ class GpuUring(Engine):
         return bool(cls.settings(job).passthrough)
 
     @classmethod
+    def resolve(cls, job: Job) -> Any:
+        """The rings, requester threads, SQPOLL threads and registration the job leaves to
+        the engine, from this host's cores and the job's targets (threads stays None where
+        the workload's engine picks its own depth: GNN rows, row_depth)."""
+        o = job.engine_settings
+        if o.rings and o.sq_threads and o.sq_threads > o.rings:
+            raise BadInput(f"job '{job.name}': sq_threads ({o.sq_threads}) exceeds rings "
+                           f"({o.rings}): each SQPOLL thread serves at least one ring")
+        rings = o.rings or default_rings(max(len(job.targets), 1), os.cpu_count() or 1)
+        threads = o.threads or (rings * job.iodepth if job.iodepth else None)
+        return replace(o, rings=rings, threads=threads,
+                       sq_threads=min(o.sq_threads or default_sq_threads(job, rings), rings),
+                       registered=not o.sqe_async if o.registered is None else o.registered)
+
+    @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
         # the engine's own defaults otherwise (inline, registered): on tmpfs they gathered
         # faster than io-wq did (docs/PERFORMANCE.md)
-        o = resolved_options(job)
+        o = cls.settings(job)
         return GpuUringFetch(table, xp, request.dim, o, row_depth(request, o.rings),
                              request.direct, request.cache_bytes)
 
@@ -192,9 +200,7 @@ class GpuUring(Engine):
                        "(IORING_SETUP_NO_MMAP, NO_SQARRAY) need Linux 6.6", bad="fail")]
         cpus = host.cpus()
         for job in jobs:
-            o = cls.settings(job)
-            rings = o.rings or default_rings(max(len(job.targets), 1), cpus)
-            threads = min(o.sq_threads or default_sq_threads(job, rings), rings)
+            threads = cls.settings(job).sq_threads
             out.append(verdict(area, f"cores for job '{job.name}'", threads + 2 <= cpus,
                                f"{threads} SQPOLL threads on {cpus} CPUs",
                                "each ring's SQPOLL thread spins on a core: leave two for the "
@@ -229,15 +235,12 @@ class GpuUring(Engine):
         if o.passthrough and o.op == "nop":
             raise BadInput(f"job '{job.name}': passthrough sends NVMe commands; op = \"nop\" "
                            "sends none (choose one)")
-        ring_sizes(job.iodepth, o.ring_entries or None, f"job '{job.name}': ")
-        rings, sq_threads = o.rings, o.sq_threads
-        if rings and sq_threads > rings:
-            raise BadInput(f"job '{job.name}': sq_threads ({sq_threads}) exceeds rings ({rings}): "
-                           "each SQPOLL thread serves at least one ring")
+        if job.iodepth is not None:  # None: the rows' depth is picked when they are fetched
+            ring_sizes(job.iodepth, o.ring_entries, f"job '{job.name}': ")
 
     @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
-        o = resolved_options(job)
+        o = cls.settings(job)
         return {**super().describe(job), "gpus": list(job.gpu_list),
                 "lands_in": ("nothing: NOPs" if o.op == "nop" else
                              "written from the slots, the pattern generated there by GPU threads"
@@ -251,7 +254,7 @@ class GpuUring(Engine):
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
-        o = self._opts = resolved_options(job)
+        o = self._opts = self.settings(job)
         cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
         self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
                                 fds=[t.fd for t in targets], nop=o.op == "nop",

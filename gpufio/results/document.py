@@ -79,7 +79,11 @@ def _cpu_fields(usr: float, sys: float, runtime_ns: int, ios: int) -> dict[str, 
 
 def _job_document(r: JobResult) -> dict[str, Any]:
     job = r.job
-    resolved = {k: v for k, v in vars(job).items() if k not in ("engine_options", "options_as_given")}
+    # the options as the profile resolved them (engine and workload settings hold the
+    # same values typed, and what the engine picked, which engine_facts report)
+    resolved = {k: v for k, v in vars(job).items()
+                if k not in ("engine_options", "options_as_given", "engine_settings",
+                             "workload_settings")}
     resolved["random_distribution"] = str(job.random_distribution)
     resolved.update(job.engine_options)
     per_target = {p["path"]: p for p in r.per_target}

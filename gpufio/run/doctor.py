@@ -199,6 +199,12 @@ def _existing(path: str) -> str:
     return str(p)
 
 
+def _depth(job: Job) -> int:
+    """The I/Os a job keeps in flight on a target: iodepth per worker; a job whose engine
+    picks its depth when it runs (iodepth None: GNN rows) is judged at one per worker."""
+    return (job.iodepth or 1) * job.numjobs
+
+
 def scratch_checks(jobs: list[Job], places: dict[str, Path],
                    checked: Iterable[str] = ()) -> list[Check]:
     """The scratch directory of the jobs that name no targets (the run creates their files
@@ -211,7 +217,7 @@ def scratch_checks(jobs: list[Job], places: dict[str, Path],
     for j in jobs:
         if not j.targets:
             where = j.directory or tg.default_scratch_dir()
-            depths[where] = max(depths.get(where, 0), j.iodepth * j.numjobs)
+            depths[where] = max(depths.get(where, 0), _depth(j))
     out = []
     for where, depth in depths.items():
         area, at = f"scratch {where}", _existing(where)
@@ -245,7 +251,7 @@ def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None,
     given = set(targets)
     for j in jobs:
         for t in (paths(j) if paths is not None else j.targets):
-            depths[t] = max(depths.get(t, 0), j.iodepth * j.numjobs)
+            depths[t] = max(depths.get(t, 0), _depth(j))
     for t in targets:
         depths.setdefault(t, 1)
     for t, depth in depths.items():

@@ -17,8 +17,10 @@ from gpufio.run.records import JobResult
 def _phase_job(job: Job, name: str, **changes: Any) -> Job:
     """A phase of ``job`` run beside it (preconditioning, read-back): a plain budgeted pass
     with none of the job's own phases, steady-state watch, syncs or rate cap, plus ``changes``."""
+    options = unpaced(job.workload_options)
     return replace(job, name=f"{job.name} ({name})", time_based=False, runtime=None,
-                   workload_options=unpaced(job.workload_options),
+                   workload_options=options,
+                   workload_settings=type(job.workload_settings)(**options),
                    ramp_time=0, steadystate=None, steadystate_duration=0,
                    steadystate_ramp_time=0, precondition="none", fsync=0, fdatasync=0,
                    **changes)

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job, Profile
+from gpufio.engines import settle
 
 # what a rank waits for another before naming it (a job's setup happens inside the gate's
 # wait, so this bounds the slowest rank's setup too)
@@ -84,10 +85,11 @@ class World:
         """The job as this rank runs it: its targets, its GPU (by local rank) and its own
         offset streams (a seed of its own, so ranks sharing a file do not read in step)."""
         gpus = job.gpu_list
-        return replace(job, targets=self.share(job.targets),
-                       directory=self.place(job.directory) if job.directory else None,
-                       gpu=gpus[self.local_rank % len(gpus)], gpus=(),
-                       randseed=job.randseed + self.rank)
+        # another job: what its engine picks from its targets is picked again (settle)
+        return settle(replace(job, targets=self.share(job.targets),
+                              directory=self.place(job.directory) if job.directory else None,
+                              gpu=gpus[self.local_rank % len(gpus)], gpus=(),
+                              randseed=job.randseed + self.rank))
 
     def profile_for(self, prof: Profile) -> Profile:
         return replace(prof, jobs=[self.job_for(j) for j in prof.jobs])

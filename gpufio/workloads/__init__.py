@@ -1,6 +1,6 @@
 """Workloads: what a job does with the engines, registered by name like the engines.
 
-A workload declares its own profile keys (``options``), checks a job's values of them
+A workload declares its own profile keys (``options``, typed as ``settings``), checks a job's values of them
 (``check``), runs a whole profile of its jobs into a result document (``run``), renders that
 document (``formats``, ``render``), says what went wrong in it (``problems``), names the
 files and devices a job reads or writes, laying them out on request (``targets``: what
@@ -35,8 +35,11 @@ class Workload:
     name: str
     summary: str
     options: tuple[Option, ...]
-    # (where, engine name, the job's values of ``options``) -> None, or BadInput
-    check: Callable[[str, str, Mapping[str, Any]], None]
+    # ``options`` as a typed, frozen dataclass (core/options.settings_class, defined at
+    # module level so a job pickles): a job's ``workload_settings``, built once by the loader
+    settings: type
+    # (where, engine name, the job's settings) -> None, or BadInput
+    check: Callable[[str, str, Any], None]
     formats: tuple[str, ...]
     # (profile, quiet, repeat) -> the result document
     run: Callable[["Profile", bool, int], dict[str, Any]]

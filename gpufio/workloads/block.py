@@ -3,12 +3,13 @@ fio-shaped result documents (results/)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from gpufio.core import rate
 from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput, RunFailed
 from gpufio.core.job import Job, Profile
+from gpufio.core.options import settings_class
 from gpufio.engines import all_engines
 from gpufio.results import document
 from gpufio.results.live import LiveDisplay
@@ -102,17 +103,22 @@ def targets(job: Job, lay_out: bool) -> list[str]:
     return opening.job_targets(job, quiet=False) if lay_out else opening.job_target_paths(job)[0]
 
 
-def _check(where: str, engine: str, values: Mapping[str, Any]) -> None:
+# a block job's own keys, typed (its workload_settings)
+BlockSettings = settings_class("BlockSettings", rate.OPTIONS, __name__)
+
+
+def _check(where: str, engine: str, values: Any) -> None:
     """A rate cap needs an engine whose host loop spaces the I/Os."""
-    if values["rate_iops"] and not all_engines()[engine].paced:
+    if values.rate_iops and not all_engines()[engine].paced:
         raise BadInput(f"{where}key 'rate_iops': engine '{engine}' issues its I/Os from the "
                        "GPU, where no rate cap applies; use a host-driven engine")
-    if values["rate_process"] != "linear" and not values["rate_iops"]:
+    if values.rate_process != "linear" and not values.rate_iops:
         raise BadInput(f"{where}key 'rate_process': needs a rate_iops to space")
 
 
 BLOCK = register(Workload(
-    name="block", summary="the I/O benchmark", options=rate.OPTIONS, check=_check,
+    name="block", summary="the I/O benchmark", options=rate.OPTIONS, settings=BlockSettings,
+    check=_check,
     formats=document.FORMATS, run=run, render=document.render,
     problems=document.problems, targets=targets,
     scratch=tg.SCRATCH_NAMES.pattern, metrics=tuple(METRICS.values()),

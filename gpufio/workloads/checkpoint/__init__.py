@@ -5,11 +5,17 @@ Registered as workload 'checkpoint' here."""
 
 from gpufio.workloads import Workload, register
 from gpufio.workloads.checkpoint import driver, report
-from gpufio.workloads.checkpoint.options import CHECKPOINT_DEFAULTS, CHECKPOINT_OPTIONS, check
+from gpufio.workloads.checkpoint.options import (
+    CHECKPOINT_DEFAULTS,
+    CHECKPOINT_OPTIONS,
+    CheckpointSettings,
+    check,
+)
 
 CHECKPOINT = register(Workload(
     name="checkpoint", summary="model state saved from GPU memory and restored, per engine",
-    options=CHECKPOINT_OPTIONS, check=check, formats=report.FORMATS, run=driver.run_workload,
+    options=CHECKPOINT_OPTIONS, settings=CheckpointSettings, check=check,
+    formats=report.FORMATS, run=driver.run_workload,
     render=report.render, problems=report.problems, targets=driver.targets,
     scratch=r"gpufio-ckpt.*\.dat",
     metrics=report.METRICS,

@@ -19,14 +19,14 @@ from gpufio.workloads.sequence import run_each
 
 def _line(job: Job, path: str, done: int, r: Round) -> None:
     events.emit("progress", f"gpufio: {job.name}: {path}: round {done}/"
-                            f"{job.workload_options['iterations']}: save "
+                            f"{job.workload_settings.iterations}: save "
                             f"{r.bytes / r.save_ns:.2f} GB/s, restore "
                             f"{r.bytes / r.restore_ns:.2f} GB/s")
 
 
 def _group(job: Job) -> tuple:
-    c = job.workload_options
-    return (c["device"], c["layout"], c["state_size"], tuple(c["shards"]), job.targets,
+    c = job.workload_settings
+    return (c.device, c.layout, c.state_size, tuple(c.shards), job.targets,
             job.directory)
 
 
@@ -34,7 +34,7 @@ def run_profile(prof: Profile, quiet: bool = False) -> dict[str, Any]:
     """Every job's rounds, with the naive rounds after the first job of each group."""
     firsts: dict[tuple, str] = {}
     for job in prof.jobs:
-        if job.workload_options["naive"]:
+        if job.workload_settings.naive:
             firsts.setdefault(_group(job), job.name)
 
     def one(job: Job, stop: Any, progress: Any) -> list[dict[str, Any]]:

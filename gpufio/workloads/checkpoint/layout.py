@@ -48,7 +48,7 @@ def plan(job: Job, sizes: Sequence[int]) -> Plan:
     """Lay ``sizes`` (the shards, in order) out over the job's targets."""
     roots = _roots(job)
     n = len(roots)
-    if job.workload_options["layout"] == "files":
+    if job.workload_settings.layout == "files":
         for root in roots:
             if not os.path.isdir(root):
                 raise BadInput(f"target {root}: layout = \"files\" puts a file per shard in each "

@@ -8,10 +8,10 @@ profile says otherwise), its queue ``iodepth``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from gpufio.core.errors import BadInput
-from gpufio.core.options import Option
+from gpufio.core.options import Option, settings_class
 from gpufio.core.units import parse_size
 from gpufio.engines import all_engines
 
@@ -42,14 +42,16 @@ CHECKPOINT_OPTIONS: tuple[Option, ...] = (
            "written with file.write, read back with readinto and copied up (what torch.save "
            "and torch.load do)"),
 )
+# a job's checkpoint keys, typed (its workload_settings)
+CheckpointSettings = settings_class("CheckpointSettings", CHECKPOINT_OPTIONS, __name__)
 
 
-def shard_sizes(values: Mapping[str, Any], where: str = "") -> tuple[int, ...]:
+def shard_sizes(values: Any, where: str = "") -> tuple[int, ...]:
     """The ``shards`` key's sizes in bytes (empty: the default mix); BadInput naming a bad one."""
-    sizes = [parse_size(text, f"{where}key 'shards'") for text in values["shards"]]
+    sizes = [parse_size(text, f"{where}key 'shards'") for text in values.shards]
     if any(size <= 0 for size in sizes):
         raise BadInput(f"{where}key 'shards': a shard needs at least one byte, got "
-                       f"{list(values['shards'])}")
+                       f"{list(values.shards)}")
     return tuple(sizes)
 
 
@@ -60,17 +62,17 @@ def _offering(*memories: str) -> str:
                                                    for m in memories))
 
 
-def check(where: str, engine: str, values: Mapping[str, Any]) -> None:
+def check(where: str, engine: str, values: Any) -> None:
     """Cross-field checks; where the mover finds shards through an engine comes from its
     ``tensor_support`` (its channel's capability)."""
     support = all_engines()[engine].tensor_support()
     if support is None:
         raise BadInput(f"{where}engine '{engine}' does not save tensors (workload "
                        f"'checkpoint' supports: {_offering('host', 'gpu')})")
-    memory = "host" if values["device"] == "cpu" else "gpu"
+    memory = "host" if values.device == "cpu" else "gpu"
     if not getattr(support, memory):
         raise BadInput(f"{where}engine '{engine}': moves shards in "
                        f"{'GPU' if memory == 'host' else 'host'} memory only, so it needs "
                        f"device = \"{'gpu' if memory == 'host' else 'cpu'}\" (device = "
-                       f"\"{values['device']}\" runs with: {_offering(memory)})")
+                       f"\"{values.device}\" runs with: {_offering(memory)})")
     shard_sizes(values, where)

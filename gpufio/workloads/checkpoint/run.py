@@ -81,9 +81,9 @@ def one_round(mover: Mover, p: layout.Plan, saved: State, restored: State, seed:
 
 def sizes_of(job: Job) -> list[int]:
     """The job's shard sizes: its ``shards`` repeated, or the Llama mix."""
-    c = job.workload_options
+    c = job.workload_settings
     given = shard_sizes(c)
-    return cycled(given, c["state_size"]) if given else llama_mix(c["state_size"])
+    return cycled(given, c.state_size) if given else llama_mix(c.state_size)
 
 
 def _states(xp: Any, sizes: list[int], job: Job) -> tuple[State, State]:
@@ -103,8 +103,8 @@ def _states(xp: Any, sizes: list[int], job: Job) -> tuple[State, State]:
 def run_job(job: Job, stop: Callable[[], bool], progress: Progress | None,
             naive: bool) -> list[dict[str, Any]]:
     """The engine's rounds, then the naive path's when ``naive``: one result each."""
-    c = job.workload_options
-    xp = gpu.array_module(job.workload_options["device"], job.gpu)
+    c = job.workload_settings
+    xp = gpu.array_module(job.workload_settings.device, job.gpu)
     sizes = sizes_of(job)
     p = layout.plan(job, sizes)
     files = layout.open_files(job, p)
@@ -121,7 +121,7 @@ def run_job(job: Job, stop: Callable[[], bool], progress: Progress | None,
         for k, (name, make) in enumerate(paths):
             if stop():
                 break
-            seed0 = job.randseed + 1 + k * c["iterations"]  # every round saves a new state
+            seed0 = job.randseed + 1 + k * c.iterations  # every round saves a new state
             results.append(_run_path(job, name, make, p, files, saved, restored, seed0, stop,
                                      progress, baseline=k > 0))
         return results
@@ -136,14 +136,14 @@ def run_job(job: Job, stop: Callable[[], bool], progress: Progress | None,
 def _run_path(job: Job, name: str, make: Callable[[], Mover], p: layout.Plan, files: list,
               saved: State, restored: State, seed0: int, stop: Callable[[], bool],
               progress: Progress | None, baseline: bool) -> dict[str, Any]:
-    c = job.workload_options
+    c = job.workload_settings
     rounds: list[Round] = []
     failure = None
     mover = make()
     cap = None if baseline else all_engines()[job.engine].capability
     moving = cap is None or cap.moves_data
     try:
-        for it in range(c["iterations"]):
+        for it in range(c.iterations):
             if stop():
                 break
             rounds.append(one_round(mover, p, saved, restored, seed0 + it, moving))
@@ -190,7 +190,7 @@ def _targets(p: layout.Plan, files: list) -> list[dict[str, Any]]:
 
 def _result(job: Job, name: str, mode: str | None, baseline: bool, mover: Mover,
             p: layout.Plan, files: list, rounds: list[Round], failure: str | None) -> dict[str, Any]:
-    c = job.workload_options
+    c = job.workload_settings
     bad = [b for r in rounds for b in r.bad]
     first_bad = None
     if bad:
@@ -202,22 +202,22 @@ def _result(job: Job, name: str, mode: str | None, baseline: bool, mover: Mover,
         "engine": None if baseline else job.engine,
         "path": name if baseline else label(job.engine, {"mode": mode}),
         "engine_mode": mode, "baseline": baseline, "workload": "checkpoint",
-        "device": c["device"], "layout": c["layout"], "targets": _targets(p, files),
+        "device": c.device, "layout": c.layout, "targets": _targets(p, files),
         "files": len(p.paths), "state_bytes": sum(e.nbytes for e in p.extents),
         "shards": len(p.extents), "largest_shard": max(e.nbytes for e in p.extents),
         "smallest_shard": min(e.nbytes for e in p.extents),
         "bs": job.bs, "iodepth": job.iodepth, "direct": job.direct and not baseline,
         "page_cache": mover.page_cache, "mover": mover.facts,
-        "iterations": c["iterations"], "iterations_done": done,
+        "iterations": c.iterations, "iterations_done": done,
         "rounds": [{k: v for k, v in asdict(r).items() if k != "bad"} | {"bad_shards": len(r.bad)}
                    for r in rounds],
         "save": _phase(rounds, "save"), "restore": _phase(rounds, "restore"),
         "verify": {"bytes": sum(r.bytes for r in rounds), "bad_shards": len(bad),
                    "first_bad": first_bad},
-        "interrupted": done < c["iterations"] and failure is None,
+        "interrupted": done < c.iterations and failure is None,
         "failure": failure, "error": int(bool(bad) or failure is not None),
         "resolved options": {"engine": job.engine, "bs": job.bs, "iodepth": job.iodepth,
                              "direct": job.direct, "targets": list(job.targets),
                              **{k: list(v) if isinstance(v, tuple) else v
-                                for k, v in c.items()}},
+                                for k, v in vars(c).items()}},
     }

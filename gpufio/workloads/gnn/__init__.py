@@ -5,10 +5,11 @@ neighbour sampler, a GraphSAGE model, and stage timing, written once for NumPy a
 
 from gpufio.workloads import Workload, register
 from gpufio.workloads.gnn import driver, report
-from gpufio.workloads.gnn.options import GNN_OPTIONS, check
+from gpufio.workloads.gnn.options import GNN_DEFAULTS, GNN_OPTIONS, GnnSettings, check
 
 GNN = register(Workload(
     name="gnn", summary="GNN training with feature aggregation through the engine",
-    options=GNN_OPTIONS, check=check, formats=report.FORMATS, run=driver.run_workload,
+    options=GNN_OPTIONS, settings=GnnSettings, check=check, formats=report.FORMATS,
+    run=driver.run_workload,
     render=report.render, problems=report.problems, targets=driver.targets,
-    scratch=r"gnn-features-.*\.f32|gnn-graph-.*\.npz"))
+    scratch=r"gnn-features-.*\.f32|gnn-graph-.*\.npz", defaults=GNN_DEFAULTS))

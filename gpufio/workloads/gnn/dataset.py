@@ -40,12 +40,12 @@ class Dataset:
 def _feature_paths(job: Job) -> list[str]:
     """Where generated features go: a file per target directory (or the given file paths),
     else one file in the scratch directory."""
-    g = job.workload_options
+    g = job.workload_settings
     n = max(len(job.targets), 1)
 
     def name(i: int) -> str:  # a stripe of n holds other rows than the whole table
         part = f"-part{i}of{n}" if n > 1 else ""
-        return f"gnn-features-{g['nodes']}x{g['feature_dim']}-seed{job.randseed}{part}.f32"
+        return f"gnn-features-{g.nodes}x{g.feature_dim}-seed{job.randseed}{part}.f32"
 
     if not job.targets:
         return [os.path.join(job.directory or tg.default_scratch_dir(), name(0))]
@@ -66,32 +66,32 @@ def _feature_paths(job: Job) -> list[str]:
 def target_paths(job: Job) -> list[str]:
     """The files the job reads its features from (IGB: the data set's directory), without
     building anything."""
-    g = job.workload_options
-    if g["dataset"] == "igb":
-        return [str(Path(g["igb_root"]).expanduser() / g["igb_size"] / "processed")]
-    if g["feature_file"]:
-        return list(g["feature_file"])
+    g = job.workload_settings
+    if g.dataset == "igb":
+        return [str(Path(g.igb_root).expanduser() / g.igb_size / "processed")]
+    if g.feature_file:
+        return list(g.feature_file)
     return _feature_paths(job)
 
 
 def prepare(job: Job, xp: Any = np) -> Dataset:
     """Graph and feature files for ``job``, built or checked; BadInput if they do not fit.
     ``xp`` computes generated feature values (CuPy on a GPU job)."""
-    g = job.workload_options
-    nodes, dim = g["nodes"], g["feature_dim"]
+    g = job.workload_settings
+    nodes, dim = g.nodes, g.feature_dim
     scratch = Path(job.directory or tg.default_scratch_dir())
-    if g["dataset"] == "igb":
-        data = igb.load(g["igb_root"], g["igb_size"], dim, scratch, g["igb_hetero"],
+    if g.dataset == "igb":
+        data = igb.load(g.igb_root, g.igb_size, dim, scratch, g.igb_hetero,
                         job.allow_large_layout)
-        if g["batch_size"] > data.seeds:
-            raise BadInput(f"key 'batch_size': {g['batch_size']} is more than the "
-                           f"{data.seeds} papers of IGB {g['igb_size']}")
+        if g.batch_size > data.seeds:
+            raise BadInput(f"key 'batch_size': {g.batch_size} is more than the "
+                           f"{data.seeds} papers of IGB {g.igb_size}")
         return Dataset(data.graph, [data.features], features.Layout(1, dim * 4, data.header),
                        generated=False, seeds=data.seeds, type_offsets=data.offsets)
-    gr = graph.cached(nodes, g["avg_degree"], job.randseed, scratch)
-    if g["feature_file"]:
-        paths = list(g["feature_file"])
-        header = g["feature_offset"]
+    gr = graph.cached(nodes, g.avg_degree, job.randseed, scratch)
+    if g.feature_file:
+        paths = list(g.feature_file)
+        header = g.feature_offset
         if paths[0].endswith(".npy"):
             header, shape, dtype = features.npy_header(paths[0])
             row = dtype.itemsize * (shape[1] if len(shape) > 1 else 1)

@@ -30,12 +30,12 @@ class ProgressLines:
         self._interval = Interval(every_s)
 
     def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
-        g = job.workload_options
-        if not self._interval.due(force=done == g["iterations"]):
+        g = job.workload_settings
+        if not self._interval.due(force=done == g.iterations):
             return
-        phase = " (warm-up)" if done <= g["warmup"] else ""
+        phase = " (warm-up)" if done <= g.warmup else ""
         times = ", ".join(f"{s} {ns / 1e6:.1f} ms" for s, ns in zip(timing.STAGES, stage_ns))
-        events.emit("progress", f"gpufio: {job.name}: iteration {done}/{g['iterations']}"
+        events.emit("progress", f"gpufio: {job.name}: iteration {done}/{g.iterations}"
                                 f"{phase}: {times}")
 
 
@@ -63,10 +63,10 @@ class LiveStages:
         self._live.__exit__()
 
     def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
-        g = job.workload_options
-        phase = "warm-up" if done <= g["warmup"] else "timed"
+        g = job.workload_settings
+        phase = "warm-up" if done <= g.warmup else "timed"
         self._rows[job.name] = dict(zip(self.COLUMNS, [
-            job.name, job.engine, f"{done}/{g['iterations']}", phase,
+            job.name, job.engine, f"{done}/{g.iterations}", phase,
             *(f"{ns / 1e6:.1f}" for ns in stage_ns)]))
         self._live.show(self._table())
 
@@ -95,7 +95,7 @@ class Eta:
     def __init__(self, jobs: list[Any], show: Any = None,
                  clock: Any = time.monotonic) -> None:
         self._later = {job.name: len(jobs) - 1 - i for i, job in enumerate(jobs)}
-        self._total = sum(job.workload_options["iterations"] for job in jobs)
+        self._total = sum(job.workload_settings.iterations for job in jobs)
         self._jobs = len(jobs)
         self._show, self._clock = show, clock
         self._first: dict[str, float] = {}
@@ -103,7 +103,7 @@ class Eta:
         self._announced = False
 
     def __call__(self, job: Any, done: int, stage_ns: Any) -> None:
-        total = job.workload_options["iterations"]
+        total = job.workload_settings.iterations
         now = self._clock()
         if not self._announced:  # the first job's data is ready: the run is under way
             self._announced = True

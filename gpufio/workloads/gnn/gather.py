@@ -72,7 +72,8 @@ class Gather:
             self.channel = engine.channel(job, [RowFile(p, fd) for p, fd in
                                                 zip(table.paths, self._fds)],
                                           ChannelSpec(depth, GPU if self._on_gpu else HOST,
-                                                      self._length))
+                                                      self._length,
+                                                      ram_backed=request.ram_backed))
         except BaseException:
             close_all(self._fds)
             raise

@@ -6,10 +6,10 @@ fanout [10, 5, 5], 1024 float32 features (4 KiB per node), 19 classes as in IGB.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from gpufio.core.errors import BadInput
-from gpufio.core.options import Option
+from gpufio.core.options import Option, settings_class
 from gpufio.engines import all_engines
 
 GNN_OPTIONS: tuple[Option, ...] = (
@@ -64,6 +64,12 @@ GNN_OPTIONS: tuple[Option, ...] = (
            "offset, row length, in order, iteration after iteration) to this file as an fio "
            "iolog (version 2), for fio's read_iolog or gpufio's"),
 )
+# a job's GNN keys, typed (its workload_settings)
+GnnSettings = settings_class("GnnSettings", GNN_OPTIONS, __name__)
+# the rows' reads in flight: the engine picks (core/rows.row_depth) unless the job says
+GNN_DEFAULTS = {"iodepth": None}
+
+
 def _offering(what: str) -> str:
     """"engine 'x'" or "engines 'x', 'y'": those whose rows offer ``what`` (a RowSupport
     field), for messages."""
@@ -72,7 +78,7 @@ def _offering(what: str) -> str:
     return ("engine " if len(names) == 1 else "engines ") + ", ".join(names)
 
 
-def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:
+def check(where: str, engine: str, gnn: Any) -> None:
     """Cross-field checks that one key alone cannot make; ``where`` names file and job. What
     the rows through an engine offer comes from its ``row_support`` (its channel's
     capability and extras), so this names none."""
@@ -81,42 +87,42 @@ def check(where: str, engine: str, gnn: Mapping[str, Any]) -> None:
         fetching = ", ".join(n for n, c in all_engines().items() if c.row_support())
         raise BadInput(f"{where}engine '{engine}' does not aggregate GNN features yet "
                        f"(workload 'gnn' supports: {fetching})")
-    if rows.gpu_only and gnn["device"] == "cpu":
+    if rows.gpu_only and gnn.device == "cpu":
         raise BadInput(f"{where}engine '{engine}': reads into GPU memory, so it needs "
                        "device = \"gpu\"")
-    if gnn["mmap_advice"] != "normal" and not rows.advice:
+    if gnn.mmap_advice != "normal" and not rows.advice:
         raise BadInput(f"{where}key 'mmap_advice': only {_offering('advice')} maps the "
                        f"features, not '{engine}'")
-    if gnn["cache_size"] and not rows.cache:
+    if gnn.cache_size and not rows.cache:
         raise BadInput(f"{where}key 'cache_size': the GPU cache sits in front of "
                        f"{_offering('cache')}, not '{engine}'")
-    if gnn["feature_dim"] % rows.dim_multiple:
+    if gnn.feature_dim % rows.dim_multiple:
         raise BadInput(f"{where}key 'feature_dim': {engine} copies rows in "
                        f"{rows.dim_multiple * 4}-byte words, so it needs a multiple of "
-                       f"{rows.dim_multiple}, got {gnn['feature_dim']}")
-    if not gnn["fanout"]:
+                       f"{rows.dim_multiple}, got {gnn.feature_dim}")
+    if not gnn.fanout:
         raise BadInput(f"{where}key 'fanout': needs at least one layer, e.g. [10, 5, 5]")
-    if any(f < 1 for f in gnn["fanout"]):
+    if any(f < 1 for f in gnn.fanout):
         raise BadInput(f"{where}key 'fanout': every layer needs at least 1, got "
-                       f"{list(gnn['fanout'])}")
-    if gnn["warmup"] >= gnn["iterations"]:
-        raise BadInput(f"{where}key 'warmup': {gnn['warmup']} leaves no timed iteration of "
-                       f"{gnn['iterations']}")
-    if gnn["igb_hetero"] and gnn["dataset"] != "igb":
+                       f"{list(gnn.fanout)}")
+    if gnn.warmup >= gnn.iterations:
+        raise BadInput(f"{where}key 'warmup': {gnn.warmup} leaves no timed iteration of "
+                       f"{gnn.iterations}")
+    if gnn.igb_hetero and gnn.dataset != "igb":
         raise BadInput(f"{where}key 'igb_hetero': needs dataset = \"igb\"")
-    if gnn["dataset"] == "igb":
-        if not gnn["igb_root"]:
+    if gnn.dataset == "igb":
+        if not gnn.igb_root:
             raise BadInput(f"{where}key 'igb_root': dataset = \"igb\" needs the directory of "
                            "the IGB download")
-        if gnn["feature_file"]:
+        if gnn.feature_file:
             raise BadInput(f"{where}keys 'feature_file' and dataset = \"igb\": give one")
         return  # the nodes are the data's: batch_size is checked against them when loaded
-    if gnn["batch_size"] > gnn["nodes"]:
-        raise BadInput(f"{where}key 'batch_size': {gnn['batch_size']} is more than the "
-                       f"{gnn['nodes']} nodes")
+    if gnn.batch_size > gnn.nodes:
+        raise BadInput(f"{where}key 'batch_size': {gnn.batch_size} is more than the "
+                       f"{gnn.nodes} nodes")
     try:
-        if float(gnn["learning_rate"]) <= 0:
+        if float(gnn.learning_rate) <= 0:
             raise ValueError
     except ValueError:
         raise BadInput(f"{where}key 'learning_rate': expected a positive number, got "
-                       f"{gnn['learning_rate']!r}") from None
+                       f"{gnn.learning_rate!r}") from None

@@ -32,7 +32,7 @@ def run_trainers(job: Job, stop: Any, progress: Any) -> list[dict[str, Any]]:
     gpus = trainer_gpus(job)
     if len(gpus) < 2:
         return [run_job(job, stop=stop, progress=progress)]
-    if job.workload_options["memory_limit"]:
+    if job.workload_settings.memory_limit:
         raise BadInput(f"job '{job.name}': memory_limit caps one process's page cache; a "
                        f"data-parallel job over gpus {gpus} runs {len(gpus)}: give one GPU")
     # the shared table and graph, once, before the trainers look for them (generated on the

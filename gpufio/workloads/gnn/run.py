@@ -20,6 +20,7 @@ from gpufio.core import iolog
 from gpufio.core.job import Job
 from gpufio.core.rows import RowFetchError, RowRequest, evict
 from gpufio.engines import all_engines
+from gpufio.facts.device import path_facts
 from gpufio.io import gpu
 from gpufio.workloads.gnn import dataset, features, gather, memlimit, timing
 from gpufio.workloads.gnn.model import GraphSage
@@ -28,17 +29,18 @@ from gpufio.workloads.gnn.sampler import max_input_nodes, sample
 
 def array_module(job: Job) -> Any:
     """NumPy for ``device = "cpu"``, else CuPy on the job's GPU."""
-    return gpu.array_module(job.workload_options["device"], job.gpu)
+    return gpu.array_module(job.workload_settings.device, job.gpu)
 
 
 def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
     """The rows through the job's engine (workloads/gnn/gather); host landing buffers are
     sized for the largest possible mini-batch here, before any memory_limit applies."""
-    g = job.workload_options
-    most = max_input_nodes(g["batch_size"], list(g["fanout"]), ds.graph.nodes)
-    request = RowRequest(dim=g["feature_dim"], max_rows=most, direct=job.direct,
-                         cache_bytes=g["cache_size"], advice=g["mmap_advice"],
-                         iodepth=job.iodepth if "iodepth" in job.options_as_given else None)
+    g = job.workload_settings
+    most = max_input_nodes(g.batch_size, list(g.fanout), ds.graph.nodes)
+    request = RowRequest(dim=g.feature_dim, max_rows=most, direct=job.direct,
+                         cache_bytes=g.cache_size, advice=g.mmap_advice,
+                         iodepth=job.iodepth,
+                         ram_backed=all(path_facts(p).get("ram_backed") for p in ds.paths))
     return gather.fetcher(all_engines()[job.engine], job, ds.table, xp, request)
 
 
@@ -71,17 +73,17 @@ def run_job(job: Job, stop: Any = None, progress: Any = None,
     iterations done, last iteration's stage ns)`` is called after each iteration;
     ``trainer``: this trainer's index among a data-parallel job's, which draws its own
     mini-batches."""
-    g = job.workload_options
+    g = job.workload_settings
     xp = array_module(job)
     ds = dataset.prepare(job, xp)
     fetcher = _fetcher(job, ds, xp)
-    tally = _Tally(np.zeros((g["iterations"], 3), dtype=np.int64))
-    limit, asked = memlimit.resolve(g["memory_limit"], ds.graph.nodes * ds.layout.row_bytes)
+    tally = _Tally(np.zeros((g.iterations, 3), dtype=np.int64))
+    limit, asked = memlimit.resolve(g.memory_limit, ds.graph.nodes * ds.layout.row_bytes)
     if limit:
         _rehearse(job, ds, xp, fetcher)
         evict(ds.paths)  # pages cached before the move would not count against it
-    if g["gnn_iolog"]:  # a trainer of a data-parallel job writes a log of its own
-        tally.trace = iolog.Writer(g["gnn_iolog"] + ("" if trainer is None else f".gpu{job.gpu}"),
+    if g.gnn_iolog:  # a trainer of a data-parallel job writes a log of its own
+        tally.trace = iolog.Writer(g.gnn_iolog + ("" if trainer is None else f".gpu{job.gpu}"),
                                    ds.paths)
     try:
         with memlimit.limited(limit) if limit else contextlib.nullcontext({}) as limit_facts:
@@ -112,13 +114,13 @@ def run_job(job: Job, stop: Any = None, progress: Any = None,
 
 def make_model(job: Job, xp: Any) -> Any:
     """The job's model: gpufio's GraphSAGE, or PyG's (``model = "pyg-sage"``)."""
-    g = job.workload_options
-    if g["model"] == "pyg-sage":
+    g = job.workload_settings
+    if g.model == "pyg-sage":
         from gpufio.workloads.gnn.pyg_model import PygSage
 
-        return PygSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
-                       job.randseed, float(g["learning_rate"]))
-    return GraphSage(xp, g["feature_dim"], g["hidden"], g["classes"], len(g["fanout"]),
+        return PygSage(xp, g.feature_dim, g.hidden, g.classes, len(g.fanout),
+                       job.randseed, float(g.learning_rate))
+    return GraphSage(xp, g.feature_dim, g.hidden, g.classes, len(g.fanout),
                      job.randseed)
 
 
@@ -129,15 +131,15 @@ def _rehearse(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any) -> None:
     the anonymous memory the group's limit must make room for (memlimit's watcher) stays
     what the iterations themselves allocate. The measured iterations draw the same
     mini-batches as without it."""
-    g = job.workload_options
+    g = job.workload_settings
     indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
     model = make_model(job, xp)
     rng = (np.random.default_rng([job.randseed, 2]) if xp is np
            else xp.random.default_rng(job.randseed + 1))
-    seeds = _seeds(xp, rng, min(8, g["batch_size"]), ds)
-    mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
-    _, grads = model.loss_and_grads(mb, fetcher.fetch(mb.input_nodes), seeds % g["classes"])
-    model.step(grads, float(g["learning_rate"]))
+    seeds = _seeds(xp, rng, min(8, g.batch_size), ds)
+    mb = sample(xp, indptr, indices, seeds, list(g.fanout), rng)
+    _, grads = model.loss_and_grads(mb, fetcher.fetch(mb.input_nodes), seeds % g.classes)
+    model.step(grads, float(g.learning_rate))
     if xp is not np:
         xp.cuda.Device().synchronize()
     fetcher.rows = 0  # the rehearsal's rows are not the job's
@@ -151,7 +153,7 @@ def _seeds(xp: Any, rng: Any, n: int, ds: dataset.Dataset) -> Any:
 def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally,
              stop: Any, progress: Any, trainer: int | None = None) -> None:
     """Sample, aggregate, train, ``iterations`` times, each stage timed to a device sync."""
-    g = job.workload_options
+    g = job.workload_settings
     sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
     indptr, indices = xp.asarray(ds.graph.indptr), xp.asarray(ds.graph.indices)
     model = make_model(job, xp)
@@ -159,15 +161,15 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
     seed = [job.randseed, 1] if trainer is None else [job.randseed, 1, trainer]
     rng = (np.random.default_rng(seed) if xp is np else xp.random.default_rng(
         job.randseed if trainer is None else int(np.random.SeedSequence(seed).generate_state(1)[0])))
-    lr = float(g["learning_rate"])
-    for it in range(g["iterations"]):
+    lr = float(g.learning_rate)
+    for it in range(g.iterations):
         if stop is not None and stop():
             break
-        if it == g["warmup"] and _cache_of(fetcher) is not None:
+        if it == g.warmup and _cache_of(fetcher) is not None:
             tally.cache_at_warmup = fetcher.counters()
         t0 = time.perf_counter_ns()
-        seeds = _seeds(xp, rng, g["batch_size"], ds)
-        mb = sample(xp, indptr, indices, seeds, list(g["fanout"]), rng)
+        seeds = _seeds(xp, rng, g.batch_size, ds)
+        mb = sample(xp, indptr, indices, seeds, list(g.fanout), rng)
         sync()
         t1 = time.perf_counter_ns()
         if tally.trace is not None:  # written before the fetch, outside its time
@@ -178,20 +180,20 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
         x = fetcher.fetch(mb.input_nodes)
         sync()
         t2 = time.perf_counter_ns()
-        loss, grads = model.loss_and_grads(mb, x, seeds % g["classes"])
+        loss, grads = model.loss_and_grads(mb, x, seeds % g.classes)
         model.step(grads, lr)
         sync()
         t3 = time.perf_counter_ns()
         tally.stage_ns[it] = (t1 - t0, t2 - t1, t3 - t2)
         tally.losses.append(loss)
-        if it >= g["warmup"]:
+        if it >= g.warmup:
             tally.rows_timed += len(mb.input_nodes)
-        if g["verify_rows"] and moves_data(job):
-            k = min(g["verify_rows"], len(mb.input_nodes))
-            want = (features.values(job.randseed, mb.input_nodes[:k], g["feature_dim"], xp)
+        if g.verify_rows and moves_data(job):
+            k = min(g.verify_rows, len(mb.input_nodes))
+            want = (features.values(job.randseed, mb.input_nodes[:k], g.feature_dim, xp)
                     if ds.generated else
                     xp.asarray(features.file_rows(ds.paths, ds.layout,
-                                                  _host(xp, mb.input_nodes[:k]), g["feature_dim"])))
+                                                  _host(xp, mb.input_nodes[:k]), g.feature_dim)))
             tally.mismatches += int((x[:k] != want).any(axis=1).sum())
             tally.checked += k
         tally.done = it + 1
@@ -219,25 +221,25 @@ def _cache_result(fetcher: Any, t: _Tally) -> dict[str, Any]:
 
 
 def _result(job: Job, ds: dataset.Dataset, t: _Tally, fetcher: Any) -> dict[str, Any]:
-    g = job.workload_options
+    g = job.workload_settings
     done, rows_timed, losses = t.done, t.rows_timed, t.losses
-    stages = timing.summarize(t.stage_ns[:done], g["warmup"]) if done > g["warmup"] else {}
+    stages = timing.summarize(t.stage_ns[:done], g.warmup) if done > g.warmup else {}
     agg_s = stages.get("aggregation_ms", 0.0) * stages.get("timed_iterations", 0) / 1e3
     row_bytes = ds.layout.row_bytes
     return {
         "jobname": job.name, "engine": job.engine, "workload": "gnn",
-        "device": g["device"], "nodes": ds.graph.nodes, "edges": int(len(ds.graph.indices)),
+        "device": g.device, "nodes": ds.graph.nodes, "edges": int(len(ds.graph.indices)),
         "degree": {"mean": float(ds.graph.degrees.mean()), "max": int(ds.graph.degrees.max())},
-        "feature_dim": g["feature_dim"], "batch_size": g["batch_size"],
-        "fanout": list(g["fanout"]), "hidden": g["hidden"], "targets": ds.paths,
+        "feature_dim": g.feature_dim, "batch_size": g.batch_size,
+        "fanout": list(g.fanout), "hidden": g.hidden, "targets": ds.paths,
         "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": fetcher.page_cache,
         "iodepth": fetcher.facts.get("iodepth"), "fetch": dict(fetcher.facts),
         "drop_cache": bool(fetcher.facts.get("drop_cache", False)),
         "mmap_advice": fetcher.facts.get("mmap_advice"),
         # the loader as DGL runs it: a tuned madvise is a contender, not the baseline
         "baseline": all_engines()[job.engine].row_support().baseline
-        and g["mmap_advice"] == "normal",
-        "iterations": g["iterations"], "warmup": g["warmup"], "iterations_done": done,
+        and g.mmap_advice == "normal",
+        "iterations": g.iterations, "warmup": g.warmup, "iterations_done": done,
         "stages": stages,
         "aggregation": {"rows": rows_timed, "bytes": rows_timed * row_bytes,
                         "iops": rows_timed / agg_s if agg_s else 0.0,
@@ -247,6 +249,6 @@ def _result(job: Job, ds: dataset.Dataset, t: _Tally, fetcher: Any) -> dict[str,
                       {"skipped": f"engine '{job.engine}' moves no data: the rows hold none"})},
         "moves_data": moves_data(job),
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-        "interrupted": done < g["iterations"],
+        "interrupted": done < g.iterations,
         "error": int(t.mismatches > 0),
     }
