@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, Sequence
 
@@ -111,7 +112,12 @@ HOST_VERIFY = SimpleNamespace(
 
 
 def _channel_of(engine: str) -> Any:
-    return lambda job, files, spec: all_engines()[engine].channel(job, files, spec)
+    """``engine``'s channel for a job of the test's engine: with ``engine``'s own settings
+    (its defaults), as its own jobs would have them."""
+    cls = all_engines()[engine]
+    return lambda job, files, spec: cls.channel(
+        replace(job, engine=engine, engine_options={}, engine_settings=cls.Settings()),
+        files, spec)
 
 
 class BounceChannel(Channel):

@@ -12,17 +12,18 @@ from gpufio.core.requests import HOST, ChannelSpec, RequestFailed, move_all
 from gpufio.engines import all_engines
 
 
-def _job():
+def _job(engine: str = "psync"):
     from gpufio.profile import from_dict
 
-    return from_dict({"job": [{"name": "t", "size": "1m"}]}, "t.toml", {}).jobs[0]
+    return from_dict({"job": [{"name": "t", "size": "1m", "engine": engine}]}, "t.toml",
+                     {}).jobs[0]
 
 
 # (channels over NVMe namespaces only, as uring-cmd's, need the rig: test_uring_cmd_rig.py)
 HOST_CHANNELS = [name for name, cls in all_engines().items()
                  if cls.capability is not None and HOST in cls.capability.memory
                  and cls.capability.moves_data and cls.capability.submitter == "cpu"
-                 and cls.host_unavailable() is None and not cls.generic_targets(_job())]
+                 and cls.host_unavailable() is None and not cls.generic_targets(_job(name))]
 
 
 class _File:
@@ -45,7 +46,7 @@ def two_files(tmp_path):
 @pytest.mark.parametrize("engine", HOST_CHANNELS)
 def test_a_channel_reads_the_bytes_of_each_file_at_each_offset(engine, two_files):
     cls = all_engines()[engine]
-    ch = cls.channel(_job(), two_files, ChannelSpec(depth=4))
+    ch = cls.channel(_job(engine), two_files, ChannelSpec(depth=4))
     n = 9
     tgt = np.arange(n) % 2
     off = np.arange(n, dtype=np.int64) * 4096 + 512 * (np.arange(n) % 3)
@@ -63,7 +64,7 @@ def test_a_channel_reads_the_bytes_of_each_file_at_each_offset(engine, two_files
 @pytest.mark.parametrize("engine", HOST_CHANNELS)
 def test_a_channel_writes_what_it_is_given_and_names_a_short_read(engine, two_files):
     cls = all_engines()[engine]
-    ch = cls.channel(_job(), two_files, ChannelSpec(depth=2, writes=True))
+    ch = cls.channel(_job(engine), two_files, ChannelSpec(depth=2, writes=True))
     src = np.full((3, 4096), 0xAB, np.uint8)
     addr = src.ctypes.data + np.arange(3, dtype=np.uint64) * 4096
     try:
@@ -79,7 +80,7 @@ def test_a_channel_writes_what_it_is_given_and_names_a_short_read(engine, two_fi
 
 
 def test_the_null_channel_completes_every_request_with_its_bytes_and_moves_none(two_files):
-    ch = all_engines()["null"].channel(_job(), two_files, ChannelSpec(depth=3))
+    ch = all_engines()["null"].channel(_job("null"), two_files, ChannelSpec(depth=3))
     buf = np.zeros(4096 * 5, np.uint8)
     addr = buf.ctypes.data + np.arange(5, dtype=np.uint64) * 4096
     assert move_all(ch, [0] * 5, np.arange(5) * 4096, [4096] * 5, addr, False) > 0

@@ -60,6 +60,7 @@ class RowRequest:
     # the job's iodepth when the profile gives one; None picks the rows' default
     # (row_depth), derived from the batch
     iodepth: int | None = None
+    ram_backed: bool = False  # every feature file lives in memory (tmpfs, zram)
 
 
 # reads in flight per queue (ring, pool) when a workload's profile gives no iodepth: the

@@ -79,7 +79,8 @@ class Uring(Engine):
     @classmethod
     def check_job(cls, job: Job) -> None:
         o = cls.settings(job)
-        uring.sq_entries(job.iodepth, o.ring_entries, f"job '{job.name}': ")
+        if job.iodepth is not None:  # None: the rows' depth is picked when they are fetched
+            uring.sq_entries(job.iodepth, o.ring_entries, f"job '{job.name}': ")
         check_nop(job, o.op)
         if o.hipri and (not job.direct or o.op == "nop"):
             raise BadInput(f"job '{job.name}': key 'hipri': polled completions need O_DIRECT "

@@ -77,7 +77,9 @@ class UringCmd(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        uring.sq_entries(job.iodepth, cls.settings(job).ring_entries, f"job '{job.name}': ")
+        if job.iodepth is not None:  # None: the rows' depth is picked when they are fetched
+            uring.sq_entries(job.iodepth, cls.settings(job).ring_entries,
+                             f"job '{job.name}': ")
         if job.fsync or job.fdatasync:
             raise BadInput(f"job '{job.name}': uring-cmd sends NVMe commands past the page "
                            "cache; fsync/fdatasync sync nothing of it (use end_fsync)")
