@@ -66,12 +66,10 @@ def compiled_loop(job: "Job") -> bool:
     """Whether the job's I/Os go through the compiled loops (io/loops.py) instead of the
     engine's Python loop: where they are built, for jobs that neither verify as they read
     nor sync every N writes (both stay in Python), and whose writes are small enough to fill
-    on the loop's own thread. A rate-capped job stays in Python too: its loop reaps while no
-    I/O is due, where the compiled one would wait for the cap with I/Os in flight."""
+    on the loop's own thread."""
     from gpufio.io import loops
 
     return (not (job.verify and job.reads) and not (job.fsync or job.fdatasync)
-            and not job.workload_options.get("rate_iops")
             and (not job.writes or job.bs <= COMPILED_WRITE_BS) and loops.available())
 
 
@@ -87,7 +85,7 @@ def run_compiled(ctx: "WorkerContext", loop: Any, on_batch: Any = None,
     each call. A loop that stopped waiting without a completion (after the stop) feeds the
     watchdog, which ends a job whose I/Os never complete; ``state(inflight)`` says where
     the path stood, for that diagnostic (after ``stall_ns``, io/watchdog's limit unless
-    given)."""
+    given). Under a rate cap each batch comes with its due times, which the loop keeps."""
     import time
 
     from gpufio.io.loops import CALL_NS
@@ -96,12 +94,12 @@ def run_compiled(ctx: "WorkerContext", loop: Any, on_batch: Any = None,
     clock = time.perf_counter_ns
     stall_ns = STALL_LIMIT_NS if stall_ns is None else stall_ns
     dog, completed = Watchdog(stall_ns, clock()), 0
-    tgt, offs = ctx.next_batch(COMPILED_BATCH)
+    tgt, offs, due = ctx.next_scheduled(COMPILED_BATCH)
     writes = ctx.last_writes()
     mixed = isinstance(writes, np.ndarray)
     draining = len(offs) == 0
     while True:
-        used, k = loop.run(tgt, offs, writes if mixed else None, clock() + CALL_NS)
+        used, k = loop.run(tgt, offs, writes if mixed else None, clock() + CALL_NS, due)
         if k:
             completed += k
             ctx.complete(loop.lat[:k], loop.tgt[:k], loop.res[:k],
@@ -119,8 +117,10 @@ def run_compiled(ctx: "WorkerContext", loop: Any, on_batch: Any = None,
         tgt, offs = tgt[used:], offs[used:]
         if mixed:
             writes = writes[used:]
+        if due is not None:
+            due = due[used:]
         if len(offs) == 0 or loop.stopped or ctx.done:
-            tgt, offs = ctx.next_batch(COMPILED_BATCH)
+            tgt, offs, due = ctx.next_scheduled(COMPILED_BATCH)
             writes = ctx.last_writes()
             mixed = isinstance(writes, np.ndarray)
             draining = len(offs) == 0
