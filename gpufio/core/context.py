@@ -27,7 +27,9 @@ from gpufio.core.stats import PLAT_NR, CpuTimes, LatencyStats
 MAX_BAD_OFFSETS = 8
 PENDING = 8192
 FLUSH_NS = 100_000_000
-_LIVE = 5  # completed, then measured ios and bytes of each direction (read, write)
+# completed, then measured ios and bytes of each direction (read, write), then when the
+# measured counts last moved (monotonic ns), so a sample divides by the time they cover
+_LIVE = 6
 _BLOCK = _LIVE + 2 * PLAT_NR
 READ, WRITE = 0, 1
 DIRECTIONS = ("read", "write")
@@ -77,6 +79,13 @@ class JobShared:
         block = self.blocks[worker]
         return (int(block[0]), int(block[1] + block[3]), int(block[2] + block[4]),
                 block[_LIVE:_LIVE + PLAT_NR] + block[_LIVE + PLAT_NR:])
+
+    def counted(self, worker: int) -> tuple[int, int, int]:
+        """A worker's measured (ios, bytes) as last published, and when it published them
+        (monotonic ns; 0: not yet): a worker publishes once per batch it reaps, so the
+        count at a moment is the count at its stamp, not at the moment."""
+        block = self.blocks[worker]
+        return int(block[1] + block[3]), int(block[2] + block[4]), int(block[5])
 
 
 class JobControl:
@@ -164,6 +173,7 @@ class Recorder:
         """Add measured I/Os and bytes of direction ``d``."""
         self.live[1 + 2 * d] += ios
         self.live[2 + 2 * d] += nbytes
+        self.live[5] = time.monotonic_ns()
 
     def target_ios(self, d: int) -> np.ndarray:
         """Measured I/Os per target (kept per target only when there are several)."""
@@ -395,6 +405,7 @@ class WorkerContext:
         live display."""
         live = self.rec.live
         live[0], live[1 + 2 * d], live[2 + 2 * d] = completed, ios, nbytes
+        live[5] = time.monotonic_ns()
         self.rec.lats[d].hist[:] = hist
 
     def note(self, key: str, values: list[Any]) -> None:
