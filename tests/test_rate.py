@@ -124,6 +124,19 @@ def test_fio_job_files_map_the_rate_keys():
     assert job.workload_options["rate_process"] == "poisson"
 
 
+def capped_job(write_profile, tmp_path, engine: str, rate: int, process: str, runtime: str,
+               numjobs: int, iodepth: int) -> dict:
+    """One time-based capped job on a 1 MiB file through the CLI: its result's job."""
+    path = write_profile(f'[global]\nengine = "{engine}"\nsize = "1m"\nruntime = "{runtime}"\n'
+                         f'time_based = true\nnumjobs = {numjobs}\niodepth = {iodepth}\n'
+                         f'rate_iops = {rate}\nrate_process = "{process}"\n')
+    out = tmp_path / "r.json"
+    res = cli.invoke(app, ["run", str(path), "-q", "-f", "json", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    (job,) = json.loads(out.read_text())["jobs"]
+    return job
+
+
 @pytest.mark.parametrize("engine,process,compiled", [
     ("null", "linear", True), ("uring", "linear", True), ("uring", "poisson", True),
     ("psync", "poisson", True), ("uring", "linear", False), ("psync", "poisson", False)])
@@ -133,13 +146,7 @@ def test_a_capped_run_stays_at_or_under_the_cap(write_profile, tmp_path, monkeyp
         pytest.skip("no compiled loops (no C compiler)")
     monkeypatch.setattr(loops, "available", lambda: compiled)  # workers fork after it
     rate, numjobs, iodepth = 400, 2, 4
-    path = write_profile(f'[global]\nengine = "{engine}"\nsize = "1m"\nruntime = "500ms"\n'
-                         f'time_based = true\nnumjobs = {numjobs}\niodepth = {iodepth}\n'
-                         f'rate_iops = {rate}\nrate_process = "{process}"\n')
-    out = tmp_path / "r.json"
-    res = cli.invoke(app, ["run", str(path), "-q", "-f", "json", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    (job,) = json.loads(out.read_text())["jobs"]
+    job = capped_job(write_profile, tmp_path, engine, rate, process, "500ms", numjobs, iodepth)
     seconds = job["read"]["runtime"] / 1e3
     allowed = rate * seconds + 1  # each worker's schedule: one at once, then one per 1/rate
     if process == "poisson":
@@ -158,14 +165,7 @@ needs_cc = pytest.mark.skipif(not loops.available(), reason="no compiled loops (
                                             ("psync", "linear")])
 def test_a_compiled_loop_issues_at_the_cap(write_profile, tmp_path, engine, process):
     # a cap far below what the loop can do: the count it reached, not how fast it went
-    rate = 2000
-    path = write_profile(f'[global]\nengine = "{engine}"\nsize = "1m"\nruntime = "2s"\n'
-                         f'time_based = true\niodepth = 8\nrate_iops = {rate}\n'
-                         f'rate_process = "{process}"\n')
-    out = tmp_path / "r.json"
-    res = cli.invoke(app, ["run", str(path), "-q", "-f", "json", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    (job,) = json.loads(out.read_text())["jobs"]
+    job = capped_job(write_profile, tmp_path, engine, 2000, process, "2s", 1, 8)
     assert job["engine_facts"]["loop"] == "compiled"
     assert 3000 <= job["read"]["total_ios"] <= 4400
 
