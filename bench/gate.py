@@ -27,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -188,7 +189,7 @@ def main() -> int:
         print(f"  {'ok  ' if ok else 'MISS'} {goal}: {got} (goal {want})")
     for name, target in zip(CASES[1:], SLOWDOWNS):
         real = sorted(v["slowdown"] for v in verdicts if v["case"] == name)
-        print(f"  {name}: achieved {100 * real[len(real) // 2]:.1f}% median, "
+        print(f"  {name}: achieved {100 * statistics.median(real):.1f}% median, "
               f"{100 * real[0]:.1f}..{100 * real[-1]:.1f}% (valid: "
               f"{100 * (target - TOLERANCE):.0f}..{100 * (target + TOLERANCE):.0f}%)")
     if args.output:
