@@ -9,6 +9,11 @@ against the baseline with the issue's limits. Then the 1-run case: a 1-run basel
 a goal is missed: no false alarm, at least 19 of 20 10% slowdowns caught (the same share of
 fewer pairs), every 25% slowdown caught, the 1-run note.
 
+Each candidate's achieved median IOPS and the slowdown it really had against its baseline's
+median are recorded: a slowed candidate more than ``TOLERANCE`` (3 points) off its target
+(10%: 7..13%) is "invalid", not counted for or against the gate (the cap did not slow the job
+as asked, so its verdict proves nothing), and ``--check`` fails while any case is invalid.
+
     python3 -m bench.gate --check            # 20 pairs: run it on an idle machine
     python3 -m bench.gate --quick --check    # 2 pairs: proves the bench works end to end
 
@@ -22,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = ["--max-drop", "iops=5%", "--max-rise", "lat_p99=10%"]
 SLOWDOWNS = (0.10, 0.25)
+# how far a slowed candidate's achieved slowdown may be from its target (in fractions)
+TOLERANCE = 0.03
+# the candidates of a pair: identical (target 0), then each slowdown
+CASES = ["identical", *(f"slowed {int(100 * s)}%" for s in SLOWDOWNS)]
 PROFILE = """\
 [global]
 engine = "uring"
@@ -79,6 +89,48 @@ def median_iops(doc: dict) -> float:
     return job["repeat"]["median"]["iops"] if "repeat" in job else job["read"]["iops"]
 
 
+def achieved(target: float, base_iops: float, cand_iops: float) -> tuple[float, bool]:
+    """The slowdown a candidate really had against its baseline (a fraction, negative when
+    it was faster), and whether it counts: a slowed candidate (``target`` > 0) only within
+    TOLERANCE of its target; an identical one (target 0) always, its spread being the noise
+    the gate must not fail on."""
+    slowdown = 1.0 - cand_iops / base_iops
+    return slowdown, target == 0 or abs(slowdown - target) <= TOLERANCE + 1e-12
+
+
+def tally(verdicts: list[dict], cases: list[str]) -> dict[str, dict[str, int]]:
+    """Per case: the verdicts that count (valid), how many of them failed, and the invalid."""
+    out = {c: {"valid": 0, "failed": 0, "invalid": 0} for c in cases}
+    for v in verdicts:
+        t = out[v["case"]]
+        if v["valid"]:
+            t["valid"] += 1
+            t["failed"] += v["failed"]
+        else:
+            t["invalid"] += 1
+    return out
+
+
+def goals(counts: dict[str, dict[str, int]], pairs: int, one_run_note: bool) -> dict:
+    """Each goal: (what was got, what is wanted, met). The catch goals are shares of the
+    valid cases; every case must be valid."""
+    ident, s10, s25 = (counts[c] for c in CASES)
+    need10 = s10["valid"] - s10["valid"] // 20  # 19 of 20
+    invalid = sum(c["invalid"] for c in counts.values())
+    return {
+        "false failures (identical)": (ident["failed"], f"0 of {ident['valid']}",
+                                       ident["failed"] == 0),
+        "slowed 10% caught": (s10["failed"], f">= {need10} of {s10['valid']} valid",
+                              s10["failed"] >= need10),
+        "slowed 25% caught": (s25["failed"], f"{s25['valid']} of {s25['valid']} valid",
+                              s25["failed"] == s25["valid"]),
+        "slowdowns as asked (within 3 points)": (
+            f"{invalid} invalid", f"0 of {2 * pairs}", invalid == 0),
+        "1-run verdict says no noise estimate": (one_run_note, "yes", one_run_note),
+    }
+
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=20)
@@ -99,21 +151,24 @@ def main() -> int:
     try:
         profile = work / "gate.toml"
         profile.write_text(PROFILE.format(runtime=args.runtime, directory=directory))
-        tally = {"identical": 0, **{f"slowed {int(100 * s)}%": 0 for s in SLOWDOWNS}}
         verdicts = []
         for i in range(pairs):
             base = work / f"base-{i}.json"
             rate = median_iops(run(profile, base, args.repeat))
-            cases = [("identical", [])] + [
-                (f"slowed {int(100 * s)}%", [f"rate_iops={math.floor((1 - s) * rate)}"])
-                for s in SLOWDOWNS]
-            for name, sets in cases:
+            for name, target in zip(CASES, (0.0, *SLOWDOWNS)):
+                sets = [f"rate_iops={math.floor((1 - target) * rate)}"] if target else []
                 cand = work / f"cand-{i}-{name.replace(' ', '').replace('%', '')}.json"
-                run(profile, cand, args.repeat, *sets)
+                got = median_iops(run(profile, cand, args.repeat, *sets))
+                slowdown, valid = achieved(target, rate, got)
                 rc, text = check(cand, base)
-                tally[name] += rc == 1
-                verdicts.append({"pair": i, "case": name, "failed": rc == 1, "output": text})
-                print(f"pair {i + 1}/{pairs} {name}: {'FAIL' if rc else 'pass'}", flush=True)
+                verdicts.append({"pair": i, "case": name, "target": target,
+                                 "baseline_iops": rate, "achieved_iops": got,
+                                 "slowdown": slowdown, "valid": valid, "failed": rc == 1,
+                                 "output": text})
+                verdict = ("FAIL" if rc else "pass") if valid else \
+                    f"invalid (asked {100 * target:.0f}%)"
+                print(f"pair {i + 1}/{pairs} {name}: {verdict}; median {rate / 1e3:.1f} K -> "
+                      f"{got / 1e3:.1f} K IOPS, slowdown {100 * slowdown:+.1f}%", flush=True)
         one_base, one_cand = work / "one-base.json", work / "one-cand.json"
         run(profile, one_base, 1)
         run(profile, one_cand, 1)
@@ -126,26 +181,23 @@ def main() -> int:
             shutil.rmtree(directory, ignore_errors=True)
         if not args.output:
             shutil.rmtree(work, ignore_errors=True)
-    needed10 = pairs - pairs // 20  # 19 of 20
-    goals = {
-        "false failures (identical)": (tally["identical"], f"0 of {pairs}",
-                                       tally["identical"] == 0),
-        "slowed 10% caught": (tally["slowed 10%"], f">= {needed10} of {pairs}",
-                              tally["slowed 10%"] >= needed10),
-        "slowed 25% caught": (tally["slowed 25%"], f"{pairs} of {pairs}",
-                              tally["slowed 25%"] == pairs),
-        "1-run verdict says no noise estimate": (one_run_note, "yes", one_run_note),
-    }
+    counts = tally(verdicts, CASES)
+    met = goals(counts, pairs, one_run_note)
     print(f"\ngpufio check on {pairs} pairs of {args.runtime} uring runs, --repeat "
           f"{args.repeat}, limits {' '.join(LIMITS)}; {os.cpu_count()} CPUs, {started}")
-    for goal, (got, want, ok) in goals.items():
+    for goal, (got, want, ok) in met.items():
         print(f"  {'ok  ' if ok else 'MISS'} {goal}: {got} (goal {want})")
+    for name, target in zip(CASES[1:], SLOWDOWNS):
+        real = sorted(v["slowdown"] for v in verdicts if v["case"] == name)
+        print(f"  {name}: achieved {100 * statistics.median(real):.1f}% median, "
+              f"{100 * real[0]:.1f}..{100 * real[-1]:.1f}% (valid: "
+              f"{100 * (target - TOLERANCE):.0f}..{100 * (target + TOLERANCE):.0f}%)")
     if args.output:
         Path(args.output).write_text(json.dumps(
             {"pairs": pairs, "repeat": args.repeat, "runtime": args.runtime, "started": started,
-             "tally": tally, "one_run_note": one_run_note, "verdicts": verdicts}, indent=2))
+             "tally": counts, "one_run_note": one_run_note, "verdicts": verdicts}, indent=2))
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if args.check and not all(ok for _, _, ok in goals.values()) else 0
+    return 1 if args.check and not all(ok for _, _, ok in met.values()) else 0
 
 
 if __name__ == "__main__":

@@ -276,7 +276,7 @@ def test_map_rows_and_gather_rows_fault_in_each_row_from_its_target(tmp_path):
 
 def test_spawned_gpu_workers_without_mps_get_a_hint(tmp_path, monkeypatch):
     from gpufio.engines import all_engines
-    from gpufio.run.runner import job_advice
+    from gpufio.run.jobrun import job_advice
 
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     cpugpu = all_engines()["cpu-gpu"]

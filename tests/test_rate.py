@@ -1,7 +1,11 @@
 """rate_iops and rate_process: the schedule by counts on a fake clock, the poisson gaps by
-their distribution, and real runs whose I/O counts stay at or under the cap."""
+their distribution, real runs whose I/O counts stay at or under the cap and, in the compiled
+loops, reach it; a compiled loop reaps while no I/O is due."""
 
+import ctypes
 import json
+import os
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ from gpufio import profile
 from gpufio.cli import app
 from gpufio.core.rate import Pacer, pacer_for, unpaced
 from gpufio.fio.jobfile import parse
+from gpufio.io import loops, uring
 
 cli = CliRunner()
 SECOND = 1_000_000_000
@@ -82,6 +87,21 @@ def test_poisson_counts_are_the_rate_and_seeded():
     assert not np.array_equal(Pacer(2000, "poisson", seed=(1, 0)).gaps(100), other.gaps(100))
 
 
+def test_a_schedule_is_the_due_times_due_hands_out():
+    clock = FakeClock()
+    clock.now = 5 * SECOND
+    linear = Pacer(1000, "linear", clock=clock)
+    assert linear.schedule(3).tolist() == [5 * SECOND, 5 * SECOND + 1_000_000,
+                                           5 * SECOND + 2_000_000]
+    clock.now += 3_000_000  # the schedule goes on where it left off
+    assert linear.due(8) == (1, 0) and linear.issued == 3
+    a, b = (Pacer(2000, "poisson", seed=(3, 0), clock=clock) for _ in range(2))
+    at = a.schedule(5000) - clock.now  # across two draws of due times
+    b.due(5000)
+    assert np.array_equal(at, np.ceil(b._due[:5000]).astype(np.int64))
+    assert np.all(np.diff(at) >= 0) and at[0] == 0
+
+
 def test_wait_ends_when_told_to_stop():
     clock = FakeClock()
     pacer = Pacer(1, "linear", clock=clock)
@@ -104,27 +124,101 @@ def test_fio_job_files_map_the_rate_keys():
     assert job.workload_options["rate_process"] == "poisson"
 
 
-@pytest.mark.parametrize("engine,process", [("null", "linear"), ("uring", "linear"),
-                                            ("uring", "poisson"), ("psync", "poisson")])
-def test_a_capped_run_stays_at_or_under_the_cap(write_profile, tmp_path, engine, process):
-    rate, numjobs, iodepth = 400, 2, 4
-    path = write_profile(f'[global]\nengine = "{engine}"\nsize = "1m"\nruntime = "500ms"\n'
+def capped_job(write_profile, tmp_path, engine: str, rate: int, process: str, runtime: str,
+               numjobs: int, iodepth: int) -> dict:
+    """One time-based capped job on a 1 MiB file through the CLI: its result's job."""
+    path = write_profile(f'[global]\nengine = "{engine}"\nsize = "1m"\nruntime = "{runtime}"\n'
                          f'time_based = true\nnumjobs = {numjobs}\niodepth = {iodepth}\n'
                          f'rate_iops = {rate}\nrate_process = "{process}"\n')
     out = tmp_path / "r.json"
     res = cli.invoke(app, ["run", str(path), "-q", "-f", "json", "-o", str(out)])
     assert res.exit_code == 0, res.output
     (job,) = json.loads(out.read_text())["jobs"]
+    return job
+
+
+@pytest.mark.parametrize("engine,process,compiled", [
+    ("null", "linear", True), ("uring", "linear", True), ("uring", "poisson", True),
+    ("psync", "poisson", True), ("uring", "linear", False), ("psync", "poisson", False)])
+def test_a_capped_run_stays_at_or_under_the_cap(write_profile, tmp_path, monkeypatch, engine,
+                                                process, compiled):
+    if compiled and not loops.available():
+        pytest.skip("no compiled loops (no C compiler)")
+    monkeypatch.setattr(loops, "available", lambda: compiled)  # workers fork after it
+    rate, numjobs, iodepth = 400, 2, 4
+    job = capped_job(write_profile, tmp_path, engine, rate, process, "500ms", numjobs, iodepth)
     seconds = job["read"]["runtime"] / 1e3
     allowed = rate * seconds + 1  # each worker's schedule: one at once, then one per 1/rate
     if process == "poisson":
         allowed += 6 * np.sqrt(rate * seconds)  # a Poisson count, six sigmas above its mean
     # each worker may have a batch handed out as the clock stops
     assert 0 < job["read"]["total_ios"] <= numjobs * (allowed + iodepth)
+    assert job["engine_facts"].get("loop", "python") == ("compiled" if compiled else "python")
+
+
+needs_cc = pytest.mark.skipif(not loops.available(), reason="no compiled loops (no C compiler)")
+
+
+@needs_cc
+@pytest.mark.parametrize("engine,process", [("null", "linear"), ("uring", "linear"),
+                                            ("null", "poisson"), ("uring", "poisson"),
+                                            ("psync", "linear")])
+def test_a_compiled_loop_issues_at_the_cap(write_profile, tmp_path, engine, process):
+    # a cap far below what the loop can do: the count it reached, not how fast it went
+    job = capped_job(write_profile, tmp_path, engine, 2000, process, "2s", 1, 8)
+    assert job["engine_facts"]["loop"] == "compiled"
+    assert 3000 <= job["read"]["total_ios"] <= 4400
+
+
+def _uring_loop(fd: int, stop: ctypes.c_int64, depth: int, bs: int) -> tuple:
+    """A compiled io_uring loop reading ``fd`` into ``depth`` slots, as the uring engine sets
+    one up, with no stop poll (so every wait has a limit); (loop, ring, buffer)."""
+    ring = uring.Ring(depth)
+    buf = np.zeros(depth * bs, np.uint8)
+    slots = np.arange(depth, dtype=np.uint64)
+    ring.sqes[:depth] = uring.sqe_words(
+        opcode=uring.OP_READ, sqe_flags=0, fd=np.full(depth, fd), off=np.zeros(depth, np.uint64),
+        addr=np.uint64(buf.ctypes.data) + slots * np.uint64(bs), length=bs, user_data=slots)
+    loop = loops.NativeLoop(loops.URING, depth=depth, bs=bs, bufs=buf.ctypes.data,
+                            stop=ctypes.addressof(stop), fds=np.array([fd]), seeds=None,
+                            magic=0, halt_on_error=True, batch=8, writes=False, ring=ring,
+                            word0=(uring.OP_READ, uring.OP_WRITE), wait_ns=200_000_000)
+    return loop, ring, buf
+
+
+@needs_cc
+@pytest.mark.parametrize("kind", [loops.NULL, loops.PSYNC, loops.URING])
+def test_a_compiled_loop_reaps_what_is_in_flight_while_nothing_is_due(pattern_file, kind):
+    if kind == loops.URING and not uring.probe()["available"]:
+        pytest.skip("io_uring unavailable")
+    bs, stop = 4096, ctypes.c_int64(0)
+    fd = os.open(pattern_file, os.O_RDONLY)
+    ring = None
+    try:
+        if kind == loops.URING:
+            loop, ring, buf = _uring_loop(fd, stop, 4, bs)
+        else:
+            buf = np.zeros(bs, np.uint8)
+            loop = loops.NativeLoop(kind, depth=1, bs=bs, bufs=buf.ctypes.data,
+                                    stop=ctypes.addressof(stop), fds=np.array([fd]),
+                                    seeds=None, magic=0, halt_on_error=True, batch=8,
+                                    writes=False)
+        now = time.monotonic_ns()
+        due = np.array([now, now + 3600 * SECOND, now + 3600 * SECOND], np.int64)
+        tgt, offs = np.zeros(3, np.int32), np.array([0, bs, 2 * bs], np.uint64)
+        # I/O 0 is due, the others not for an hour: the call issues one, reaps it (it does
+        # not keep it in flight waiting for the next), and hands it back at the deadline
+        used, k = loop.run(tgt, offs, None, time.perf_counter_ns() + 20_000_000, due)
+        assert (used, k, loop.inflight) == (1, 1, 0)
+        assert loop.res[0] == bs and not loop.timed_out
+    finally:
+        if ring is not None:
+            ring.close()
+        os.close(fd)
 
 
 def test_the_passes_beside_a_job_are_not_capped():
-    from gpufio.run.runner import precondition_job
+    from gpufio.run.phases import precondition_job
 
     (job,) = profile.from_dict({"global": {"rw": "randwrite", "size": "1m", "rate_iops": 10,
                                            "precondition": "seq"}}, "p.toml", {}).jobs

@@ -106,6 +106,17 @@ class WorkerContext:
             return np.empty(0, np.int32), np.empty(0, np.uint64)
         return self.stream.next(n)
 
+    def next_scheduled(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``next_batch`` for a loop that paces its own I/Os: up to ``n`` pairs at once,
+        with each one's due time under a rate cap (core/rate.Pacer.schedule; None: no cap),
+        so that it keeps reaping while none is due."""
+        if self.pacer is None:
+            return (*self.next_batch(n), None)
+        if self.done or not n:
+            return np.empty(0, np.int32), np.empty(0, np.uint64), None
+        tgt, offs = self.stream.next(n)
+        return tgt, offs, self.pacer.schedule(len(offs))
+
     def due(self, n: int) -> tuple[int, int]:
         """How many of ``n`` I/Os a rate cap lets go now, and when none, the ns until one
         may: for engines that would rather reap their I/Os in flight than wait in
@@ -135,6 +146,7 @@ class WorkerContext:
         live display."""
         live = self.rec.live
         live[0], live[1 + 2 * d], live[2 + 2 * d] = completed, ios, nbytes
+        live[5] = time.monotonic_ns()
         self.rec.lats[d].hist[:] = hist
 
     def note(self, key: str, values: list[Any]) -> None:

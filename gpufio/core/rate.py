@@ -82,6 +82,18 @@ class Pacer:
         k = int(np.searchsorted(self._due[:n], now, side="right"))
         return k, 0 if k else int(self._due[0] - now) + 1
 
+    def schedule(self, n: int) -> np.ndarray:
+        """Take the next ``n`` I/Os with their due times, in ns on the pacer's clock (int64;
+        the first handed out starts the schedule), for a loop that issues each no earlier than
+        its own (io/loops.c compares them with CLOCK_MONOTONIC, time.monotonic_ns's clock)."""
+        self._now()
+        while len(self._due) < n:
+            self._draw()
+        # I/O k is due once the clock reaches its due time (``due``'s side="right")
+        at = np.ceil(self._due[:n]).astype(np.int64) + np.int64(self._t0)
+        self.take(n)
+        return at
+
     def take(self, k: int) -> None:
         """``k`` due I/Os were issued."""
         self._due = self._due[k:]

@@ -70,6 +70,7 @@ class Recorder:
         """Add measured I/Os and bytes of direction ``d``."""
         self.live[1 + 2 * d] += ios
         self.live[2 + 2 * d] += nbytes
+        self.live[5] = time.monotonic_ns()
 
     def target_ios(self, d: int) -> np.ndarray:
         """Measured I/Os per target (kept per target only when there are several)."""

@@ -13,7 +13,9 @@ import numpy as np
 
 from gpufio.core.stats import PLAT_NR
 
-LIVE_WORDS = 5  # completed, then measured ios and bytes of each direction (read, write)
+# completed, then measured ios and bytes of each direction (read, write), then when the
+# measured counts last moved (monotonic ns), so a sample divides by the time they cover
+LIVE_WORDS = 6
 
 BLOCK_WORDS = LIVE_WORDS + 2 * PLAT_NR
 
@@ -65,6 +67,14 @@ class JobShared:
         block = self.blocks[worker]
         return (int(block[0]), int(block[1] + block[3]), int(block[2] + block[4]),
                 block[LIVE_WORDS:LIVE_WORDS + PLAT_NR] + block[LIVE_WORDS + PLAT_NR:])
+
+    def counted(self, worker: int) -> tuple[int, int, int]:
+        """A worker's measured (ios, bytes) as last published, and when it published them
+        (monotonic ns; 0: not yet): a worker publishes once per batch it reaps, so the
+        count at a moment is the count at its stamp, not at the moment."""
+        block = self.blocks[worker]
+        return int(block[1] + block[3]), int(block[2] + block[4]), int(block[5])
+
 
 class JobControl:
     """The runner's side of steering: stop, and whether the measured phase has begun."""

@@ -68,12 +68,11 @@ def compiled_loop(job: "Job") -> bool:
     block loop's Python one (run/blockloop.py), for an engine whose channel has one: where
     they are built, for jobs that neither verify as they read nor sync every N writes (both
     stay in Python), and whose writes are small enough to fill on the loop's own thread. A
-    rate-capped job stays in Python too: its loop reaps while no I/O is due, where the
-    compiled one would wait for the cap with I/Os in flight."""
+    rate-capped job stays compiled: each batch comes with its due times, and the loop
+    reaps while none is due."""
     from gpufio.io import loops
 
     return (not (job.verify and job.reads) and not (job.fsync or job.fdatasync)
-            and not job.workload_options.get("rate_iops")
             and (not job.writes or job.bs <= COMPILED_WRITE_BS) and loops.available())
 
 

@@ -8,7 +8,12 @@
  * Three loops share one state struct: a null loop (each I/O completes as it is issued),
  * pread/pwrite one at a time, and io_uring with `depth` I/Os in flight. A loop returns when
  * its batch is all issued (io_uring: submitted, the I/Os in flight stay in flight), when its
- * deadline passes, or, once the job's stop word is set, when nothing is in flight any more. */
+ * deadline passes, or, once the job's stop word is set, when nothing is in flight any more.
+ *
+ * A rate-capped job (rate_iops) hands each I/O's due time with it (`due`, ns on
+ * CLOCK_MONOTONIC, which is Python's monotonic_ns; NULL: no cap): no I/O is issued before
+ * its due time. While none is due the io_uring loop reaps what is in flight, its wait ending
+ * at the next due time; a loop sleeps only with nothing in flight, as the Python loops. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stddef.h>
@@ -27,6 +32,8 @@
 #define ENTER_SQ_WAKEUP (1U << 1)
 #define ENTER_EXT_ARG (1U << 3)
 #define SQ_NEED_WAKEUP (1U << 0)
+/* the longest sleep for a due time before the stop word is looked at again (core/rate.py's) */
+#define NAP_NS 20000000LL
 
 /* what a call reports beside its completions (struct gf_loop.status) */
 #define GF_TIMED_OUT 1 /* a timed wait (after the stop) saw no completion */
@@ -81,6 +88,22 @@ static inline int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* Sleep until `due` (nothing is in flight), at most until the deadline and NAP_NS; returns
+ * nonzero once the deadline has passed, for the caller to hand its completions back. */
+static int pause_until(int64_t due, int64_t deadline)
+{
+    int64_t now = now_ns(), until = due < deadline ? due : deadline;
+    if (until > now + NAP_NS)
+        until = now + NAP_NS;
+    if (until > now) {
+        struct timespec ts = { (time_t)(until / 1000000000LL), (long)(until % 1000000000LL) };
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
+        now = now_ns();
+    }
+    return now > deadline;
+}
+
 static inline int stopping(const struct gf_loop *L)
 {
     return (L->status & GF_STOPPED) || *L->stop;
@@ -108,16 +131,23 @@ static inline void note_result(struct gf_loop *L, int32_t res)
 }
 
 /* The null loop: every I/O completes when it is handed out; its latency is the two clock
- * reads around nothing, as fio's null engine's. */
+ * reads around nothing, as fio's null engine's. The deadline ends only a capped call's sleep. */
 int64_t gf_null(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
-                const uint8_t *writes, int64_t n, struct gf_out *o, int64_t *consumed)
+                const uint8_t *writes, const int64_t *due, int64_t n, int64_t deadline,
+                struct gf_out *o, int64_t *consumed)
 {
     int64_t i = 0;
     (void)offs;
-    for (; i < n && !*L->stop; i++) {
+    while (i < n && !*L->stop) {
+        if (due && due[i] > now_ns()) {
+            if (pause_until(due[i], deadline))
+                break;
+            continue;  /* look at the stop and the clock again */
+        }
         const int64_t t0 = now_ns();
         record(o, i, now_ns() - t0, tgt[i], (int32_t)L->bs,
                writes ? writes[i] : L->slot_write[0]);
+        i++;
     }
     *consumed = i;
     return i;
@@ -126,11 +156,16 @@ int64_t gf_null(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
 /* pread or pwrite (`writes`, or else slot 0's direction), one at a time, from slot 0;
  * stops at the deadline or at the stop. */
 int64_t gf_psync(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
-                 const uint8_t *writes, int64_t n, int64_t deadline, struct gf_out *o,
-                 int64_t *consumed)
+                 const uint8_t *writes, const int64_t *due, int64_t n, int64_t deadline,
+                 struct gf_out *o, int64_t *consumed)
 {
     int64_t i = 0;
     while (i < n && !stopping(L)) {
+        if (due && due[i] > now_ns()) {
+            if (pause_until(due[i], deadline))
+                break;
+            continue;
+        }
         const int64_t t = tgt[i], w = writes ? writes[i] : L->slot_write[0];
         const int fd = (int)L->fds[t];
         if (w)
@@ -150,11 +185,14 @@ int64_t gf_psync(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
     return i;
 }
 
-static int64_t enter(struct gf_loop *L, int64_t wait)
+/* Submit what is unsubmitted and, with `wait`, wait for a completion: after the stop (or
+ * with no stop poll) at most wait_ns, which marks the call GF_TIMED_OUT when it passes; and
+ * at most `until_due` ns (> 0: a capped I/O falls due then), which marks nothing. */
+static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due)
 {
     unsigned flags = wait ? ENTER_GETEVENTS : 0;
-    int64_t submit = L->unsubmitted;
-    struct timespec_k ts = { L->wait_ns / 1000000000LL, L->wait_ns % 1000000000LL };
+    int64_t submit = L->unsubmitted, limit = 0, watchdog = 0;
+    struct timespec_k ts = { 0, 0 };
     struct getevents_arg arg = { 0, 0, 0, (uint64_t)(uintptr_t)&ts };
     void *argp = NULL;
     size_t argsz = 0;
@@ -173,6 +211,16 @@ static int64_t enter(struct gf_loop *L, int64_t wait)
     if (wait && L->wait_ns && (L->status & GF_STOPPED || L->stop_ud == 0)) {
         /* after the stop (or with no stop poll to wake a wait) a wait gives up after
          * wait_ns, so that the caller's watchdog sees a device that stopped completing */
+        limit = L->wait_ns;
+        watchdog = 1;
+    }
+    if (wait && until_due > 0 && (!limit || until_due < limit)) {
+        limit = until_due;  /* a capped I/O is due first: the wait ends for it */
+        watchdog = 0;
+    }
+    if (limit) {
+        ts.tv_sec = limit / 1000000000LL;
+        ts.tv_nsec = limit % 1000000000LL;
         flags |= ENTER_EXT_ARG;
         argp = &arg;
         argsz = sizeof(arg);
@@ -183,7 +231,8 @@ static int64_t enter(struct gf_loop *L, int64_t wait)
         if (rc >= 0)
             return 0;
         if (errno == ETIME) {
-            L->status |= GF_TIMED_OUT;
+            if (watchdog)
+                L->status |= GF_TIMED_OUT;
             return 0;
         }
         if (errno != EINTR)
@@ -220,12 +269,14 @@ static int64_t reap(struct gf_loop *L, int64_t now, struct gf_out *o, int64_t k)
 /* io_uring, `depth` in flight: the batch's I/Os go into free slots, and one io_uring_enter
  * per round submits them and waits for a completion (at depth 1: one call per I/O). Once
  * the batch is all issued the last ones are submitted and the call returns with them in
- * flight; a call with n = 0 waits until nothing is in flight. Returns the completions
+ * flight; a call with n = 0 waits until nothing is in flight. With `due`, an I/O goes into
+ * a slot only once its time has come; until then the call reaps (or, with nothing in flight,
+ * sleeps). Returns the completions
  * written to `o` (at most n + depth), *consumed the batch's I/Os issued; negative: -errno
  * of a failed io_uring_enter. */
 int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
-                 const uint8_t *writes, int64_t n, int64_t deadline, struct gf_out *o,
-                 int64_t *consumed)
+                 const uint8_t *writes, const int64_t *due, int64_t n, int64_t deadline,
+                 struct gf_out *o, int64_t *consumed)
 {
     const uint32_t mask = (uint32_t)(L->sq_entries - 1);
     int64_t i = 0, k = 0, rc;
@@ -234,10 +285,16 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
         const int stop = stopping(L);
         const uint32_t first = (uint32_t)L->sq_tail_local;
         uint32_t tail = first;
+        const int64_t round = due ? now_ns() : 0;
+        int64_t next_due = 0;  /* > 0: the next I/O is not due before then */
         while (L->nfree && i < n && !stop) {
             if ((uint32_t)(tail - __atomic_load_n(L->sq_head, __ATOMIC_ACQUIRE))
                 >= (uint32_t)L->sq_entries)
                 break;  /* SQPOLL has not moved the SQ head past finished SQEs yet */
+            if (due && due[i] > round) {
+                next_due = due[i];
+                break;
+            }
             const int64_t slot = L->free_slots[--L->nfree], t = tgt[i];
             const int64_t w = writes ? writes[i] : L->slot_write[slot];
             uint64_t *sqe = L->sqes + 8 * slot;
@@ -255,6 +312,11 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
         if (L->inflight == 0 && issued == 0) {
             if (i == n || stop)
                 break;  /* the batch is done (or the job stopped) and nothing is in flight */
+            if (next_due) {  /* nothing to reap: sleep until the next I/O is due */
+                if (pause_until(next_due, deadline))
+                    break;
+                continue;
+            }
             sched_yield();  /* SQPOLL owes us SQ slots */
             continue;
         }
@@ -268,13 +330,13 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
             L->inflight += issued;
         }
         if (n > 0 && i == n && !stop) {
-            rc = enter(L, 0);  /* all issued: submit, reap what is done, come back for more */
+            rc = enter(L, 0, 0);  /* all issued: submit, reap what is done, come back for more */
             if (rc < 0)
                 return rc;
             k = reap(L, now_ns(), o, k);
             break;
         }
-        rc = enter(L, 1);
+        rc = enter(L, 1, next_due ? (next_due > t0 ? next_due - t0 : 1) : 0);
         if (rc < 0)
             return rc;
         const int64_t now = now_ns();

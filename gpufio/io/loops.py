@@ -55,11 +55,9 @@ class _Out(ctypes.Structure):
 def _library() -> ctypes.CDLL | None:
     lib = native.library("loops", SOURCES)
     if lib is not None and not hasattr(lib, "_gpufio_typed"):
-        common = [ctypes.POINTER(_Loop), _P, _P, _P, _I64]
-        lib.gf_null.argtypes = [*common, ctypes.POINTER(_Out), _P]
-        for fn in (lib.gf_psync, lib.gf_uring):
-            fn.argtypes = [*common, _I64, ctypes.POINTER(_Out), _P]
         for fn in (lib.gf_null, lib.gf_psync, lib.gf_uring):
+            fn.argtypes = [ctypes.POINTER(_Loop), _P, _P, _P, _P, _I64, _I64,
+                           ctypes.POINTER(_Out), _P]
             fn.restype = _I64
         lib._gpufio_typed = True
     return lib
@@ -92,7 +90,6 @@ class NativeLoop:
         if lib is None:
             raise RuntimeError("the compiled loops are not available here")
         self._fn = getattr(lib, kind)
-        self._kind = kind
         self._fds = np.ascontiguousarray(fds, dtype=np.int64)
         self._seeds = None if seeds is None else np.ascontiguousarray(seeds, dtype=np.uint64)
         self._free = np.arange(depth - 1, -1, -1, dtype=np.int64)  # slot 0 is handed out first
@@ -142,18 +139,19 @@ class NativeLoop:
         return bool(self._loop.status & TIMED_OUT)
 
     def run(self, tgt: np.ndarray, offs: np.ndarray, writes: np.ndarray | None,
-            deadline_ns: int) -> tuple[int, int]:
-        """Issue the batch (``writes``: a bool per I/O, None when all go one way); returns
-        (I/Os of it issued, completions now in ``lat``, ``tgt``, ``res``, ``write``).
-        An empty batch waits for what is in flight (URING)."""
+            deadline_ns: int, due: np.ndarray | None = None) -> tuple[int, int]:
+        """Issue the batch (``writes``: a bool per I/O, None when all go one way; ``due``:
+        under a rate cap, each I/O's due time, core/rate.Pacer.schedule's, None: at once);
+        returns (I/Os of it issued, completions now in ``lat``, ``tgt``, ``res``, ``write``).
+        An empty batch waits for what is in flight (URING). The call returns by
+        ``deadline_ns`` (perf_counter_ns; NULL: only when it sleeps for a due time)."""
         n = len(offs)
         tgt = np.ascontiguousarray(tgt, dtype=np.int32)
         offs = np.ascontiguousarray(offs, dtype=np.uint64)
         wr = None if writes is None else np.ascontiguousarray(writes).view(np.uint8)
-        args = [self._loop_ref, tgt.ctypes.data, offs.ctypes.data, _addr(wr), n]
-        if self._kind != NULL:
-            args.append(deadline_ns)
-        k = self._fn(*args, self._out_ref, self._consumed_ref)
+        at = None if due is None else np.ascontiguousarray(due, dtype=np.int64)
+        k = self._fn(self._loop_ref, tgt.ctypes.data, offs.ctypes.data, _addr(wr), _addr(at),
+                     n, deadline_ns, self._out_ref, self._consumed_ref)
         if k < 0:
             raise OSError(-k, f"io_uring_enter failed: {errno.errorcode.get(-k, -k)} "
                               f"({os.strerror(-k)})")

@@ -57,16 +57,16 @@ def run_compiled(ctx: "WorkerContext", loop: Any, on_batch: Callable[[], None] |
     each call. A loop that stopped waiting without a completion (after the stop) feeds the
     watchdog, which ends a job whose I/Os never complete; ``state(inflight)`` says where
     the path stood, for that diagnostic (after ``stall_ns``, io/watchdog's limit unless
-    given)."""
+    given). Under a rate cap each batch comes with its due times, which the loop keeps."""
     clock = time.perf_counter_ns
     stall_ns = STALL_LIMIT_NS if stall_ns is None else stall_ns
     dog, completed = Watchdog(stall_ns, clock()), 0
-    tgt, offs = ctx.next_batch(COMPILED_BATCH)
+    tgt, offs, due = ctx.next_scheduled(COMPILED_BATCH)
     writes = ctx.last_writes()
     mixed = isinstance(writes, np.ndarray)
     draining = len(offs) == 0
     while True:
-        used, k = loop.run(tgt, offs, writes if mixed else None, clock() + CALL_NS)
+        used, k = loop.run(tgt, offs, writes if mixed else None, clock() + CALL_NS, due)
         if k:
             completed += k
             ctx.complete(loop.lat[:k], loop.tgt[:k], loop.res[:k],
@@ -84,8 +84,10 @@ def run_compiled(ctx: "WorkerContext", loop: Any, on_batch: Callable[[], None] |
         tgt, offs = tgt[used:], offs[used:]
         if mixed:
             writes = writes[used:]
+        if due is not None:
+            due = due[used:]
         if len(offs) == 0 or loop.stopped or ctx.done:
-            tgt, offs = ctx.next_batch(COMPILED_BATCH)
+            tgt, offs, due = ctx.next_scheduled(COMPILED_BATCH)
             writes = ctx.last_writes()
             mixed = isinstance(writes, np.ndarray)
             draining = len(offs) == 0

@@ -45,6 +45,31 @@ NO_PROGRESS_S = 60.0
 STOP_GRACE_S = 30.0
 
 
+class WorkerRate:
+    """One worker's measured rate between the moments it published its counts (its stamps),
+    for the interval samples: exact counts over the time they took."""
+
+    def __init__(self, t0: int) -> None:
+        self.ios = self.bytes = 0
+        self.at = t0  # when the counts above were published (the measured phase's start)
+        self.span = 0  # the time the last published window covered
+        self.rate = (0.0, 0.0)
+
+    def update(self, ios: int, nbytes: int, at: int, now: int) -> tuple[float, float]:
+        """(IOPS, bytes/s) from the worker's counts ``ios``, ``nbytes`` published at ``at``:
+        over the window since its previous publish; with nothing new, the last window's rate
+        (a worker publishing less often than the samples go on at it), until it has been
+        silent for twice its last window (then 0: it stopped, or stalled)."""
+        if at > self.at:
+            dt = (at - self.at) / 1e9
+            self.rate = ((ios - self.ios) / dt, (nbytes - self.bytes) / dt)
+            self.span = at - self.at
+            self.ios, self.bytes, self.at = ios, nbytes, at
+        elif now - self.at > 2 * self.span:
+            self.rate = (0.0, 0.0)
+        return self.rate
+
+
 class JobRun:
     """One job in flight: its workers, phases and samples."""
 
@@ -119,7 +144,8 @@ class JobRun:
         self._guardian: Guardian | None = None
         self._window = (0.0, 0.0)
         self.samples: list[dict[str, float]] = []
-        self._last_sample = (0, 0, 0)
+        self._sampled_at = 0
+        self._rates: list[WorkerRate] = []
         self.interrupted = False
         self._end_syncs = self._end_sync_ns = 0
         self._progress = (0, -1)  # (when, completed I/Os) the count last moved
@@ -160,7 +186,8 @@ class JobRun:
         self.cpu0 = self._cpu_now()
         self._window = (time.time() * 1e3, 0.0)
         self.t_measure = now
-        self._last_sample = self._steady_last = (now, 0, 0)
+        self._sampled_at, self._steady_last = now, (now, 0, 0)
+        self._rates = [WorkerRate(now) for _ in self.workers]
         self.state = "run"
 
     def _watch_steady(self, now: int) -> None:
@@ -199,7 +226,7 @@ class JobRun:
             if job.runtime is not None and now >= self.t_measure + job.runtime:
                 self.control.stop()
                 self._mark_end()
-            if now >= self._last_sample[0] + job.sample_interval:
+            if now >= self._sampled_at + job.sample_interval:
                 self._sample(now)
             if self.steady is not None and not self.steady.attained:
                 self._watch_steady(now)
@@ -244,12 +271,14 @@ class JobRun:
         return (sum(x[0] for x in live), sum(x[1] for x in live), sum(x[2] for x in live))
 
     def _sample(self, now: int) -> None:
-        t0, ios0, bytes0 = self._last_sample
-        _, ios, nbytes = self._live_totals()
-        dt = (now - t0) / 1e9
-        self.samples.append({"t_ms": (now - self.t_measure) / 1e6, "iops": (ios - ios0) / dt,
-                             "bw_bytes": (nbytes - bytes0) / dt})
-        self._last_sample = (now, ios, nbytes)
+        # each worker's rate over the span its published counts cover, not the tick's: a
+        # worker publishes once per batch, so counts read at a tick are a batch behind by a
+        # varying amount, which made a sample's rate jump by a batch per interval
+        rates = [r.update(*self.shared.counted(w), now) for w, r in enumerate(self._rates)]
+        self.samples.append({"t_ms": (now - self.t_measure) / 1e6,
+                             "iops": sum(r[0] for r in rates),
+                             "bw_bytes": sum(r[1] for r in rates)})
+        self._sampled_at = now
 
     @property
     def done(self) -> bool:

@@ -1,0 +1,36 @@
+"""bench/gate: a slowed candidate counts only when its achieved slowdown is within 3 points of
+its target; the catch goals are shares of the valid cases, and any invalid case is a miss."""
+
+import pytest
+
+from bench import gate
+
+
+@pytest.mark.parametrize("target,cand,valid", [
+    (0.10, 90.0, True), (0.10, 93.0, True), (0.10, 87.0, True), (0.10, 93.2, False),
+    (0.10, 50.0, False), (0.25, 74.0, True), (0.25, 79.0, False), (0.0, 80.0, True),
+    (0.0, 120.0, True)])
+def test_an_achieved_slowdown_is_valid_within_three_points(target, cand, valid):
+    slowdown, ok = gate.achieved(target, 100.0, cand)
+    assert slowdown == pytest.approx(1 - cand / 100)
+    assert ok is valid
+
+
+def verdict(case, failed, valid=True):
+    return {"case": case, "failed": failed, "valid": valid}
+
+
+def test_goals_count_the_valid_cases_and_miss_on_an_invalid_one():
+    pairs = 2
+    verdicts = [verdict("identical", False), verdict("identical", False),
+                verdict("slowed 10%", True), verdict("slowed 10%", False, valid=False),
+                verdict("slowed 25%", True), verdict("slowed 25%", True)]
+    counts = gate.tally(verdicts, gate.CASES)
+    assert counts["slowed 10%"] == {"valid": 1, "failed": 1, "invalid": 1}
+    met = gate.goals(counts, pairs, one_run_note=True)
+    assert met["slowed 10% caught"][2] and met["slowed 25% caught"][2]
+    assert not met["slowdowns as asked (within 3 points)"][2]
+    verdicts[3] = verdict("slowed 10%", False)  # valid, and missed: 1 of 2 is not 19 of 20
+    met = gate.goals(gate.tally(verdicts, gate.CASES), pairs, one_run_note=True)
+    assert not met["slowed 10% caught"][2] and met["slowdowns as asked (within 3 points)"][2]
+    assert met["false failures (identical)"][2]
