@@ -94,15 +94,19 @@ def _stdout_console() -> Console:
 
 def _write(doc: dict, fmt: str, output: Optional[Path],
            render: Callable[[dict, str, Any], str]) -> None:
-    """The document in ``fmt`` on stdout or in ``output`` (a table's console writes there)."""
+    """The document in ``fmt`` on stdout or in ``output`` (a table's console writes there;
+    the other formats need none, nor Rich)."""
     if output is None:
-        sys.stdout.write(render(doc, fmt, _stdout_console()))
+        sys.stdout.write(render(doc, fmt, _stdout_console() if fmt == "table" else None))
         return
-    from rich.console import Console
-
     try:
         with open(output, "w") as f:
-            f.write(render(doc, fmt, Console(file=f, width=200)))
+            if fmt == "table":
+                from rich.console import Console
+
+                f.write(render(doc, fmt, Console(file=f, width=200)))
+            else:
+                f.write(render(doc, fmt, None))
     except OSError as e:
         raise BadInput(f"--output {output}: {e.strerror}") from None
 
@@ -147,10 +151,12 @@ def run(
 ) -> None:
     """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
     from gpufio import api, profile
+    from gpufio.workloads import DEFAULT_WORKLOAD, all_workloads
 
     take_stop_signals()
     with _exit_codes(), _layout_consent(yes):
-        if fmt not in _all_formats():
+        # the default workload's formats first: the others load only for a format it lacks
+        if fmt not in all_workloads()[DEFAULT_WORKLOAD].formats and fmt not in _all_formats():
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(_all_formats())}")
         prof = profile.load(str(profile_path), profile.parse_set(set_))
         for note in prof.notes:
@@ -492,5 +498,6 @@ def doctor(profile_path: Optional[Path] = _DOCTOR_ARGS[0], target: list[str] = _
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Parse and run a command line (gpufio/__main__.py, the console script's entry, sends
+    every one here but the top-level --help)."""
     app()

@@ -1,7 +1,9 @@
 """Engine registry: every module in this package that defines an Engine subclass registers it.
 
-Adding a data path means adding one module here; nothing else in gpufio names engines
-(tests/test_architecture.py checks it).
+Adding a data path means adding one module here and its name in ``MODULES``; nothing else in
+gpufio names engines (tests/test_architecture.py checks it). A lookup by name imports only
+that engine's module, so a run does not wait for the libraries of the engines it does not use;
+listing the engines imports them all.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from gpufio.engines.base import Engine
 
@@ -18,6 +20,11 @@ if TYPE_CHECKING:
 
 # the engine of a job that names none: fio's default (psync) too
 DEFAULT_ENGINE = "psync"
+# engine name -> the module of this package that registers it, in listing order
+# (tests/test_registries.py checks it against what importing every module registers)
+MODULES = {"bam": "bam", "cpu-gpu": "cpugpu", "cufile": "cufile", "gpu-uring": "gpu_uring",
+           "mmap": "mmap", "null": "null", "psync": "psync", "uring": "uring",
+           "uring-cmd": "uring_cmd"}
 _REGISTRY: dict[str, type[Engine]] = {}
 _loaded = False
 
@@ -29,6 +36,7 @@ def register(cls: type[Engine]) -> type[Engine]:
 
 
 def _load_builtin() -> None:
+    """Import every module of the package (a module ``MODULES`` does not list too)."""
     global _loaded
     _loaded = True
     for info in pkgutil.iter_modules(__path__):
@@ -36,11 +44,33 @@ def _load_builtin() -> None:
             importlib.import_module(f"{__name__}.{info.name}")
 
 
-def all_engines() -> dict[str, type[Engine]]:
-    """Registered engines by name, in registration order."""
-    if not _loaded:
-        _load_builtin()
-    return dict(_REGISTRY)
+class _Engines(Mapping[str, type[Engine]]):
+    """The registry as a mapping: ``[name]`` and ``in`` import one module; iterating, the
+    length and the views import every module."""
+
+    def __getitem__(self, name: str) -> type[Engine]:
+        if name not in _REGISTRY and name in MODULES:
+            importlib.import_module(f"{__name__}.{MODULES[name]}")
+        if name not in _REGISTRY and not _loaded:
+            _load_builtin()
+        return _REGISTRY[name]
+
+    def __iter__(self) -> Iterator[str]:
+        if not _loaded:
+            _load_builtin()
+        yield from [n for n in MODULES if n in _REGISTRY]
+        yield from [n for n in list(_REGISTRY) if n not in MODULES]
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+_ENGINES = _Engines()
+
+
+def all_engines() -> Mapping[str, type[Engine]]:
+    """Registered engines by name: the built-in ones in ``MODULES`` order, then any other."""
+    return _ENGINES
 
 
 def settle(job: "Job") -> "Job":

@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from gpufio.core.job import Job, Profile, directions, job_direction
 from gpufio.core.stats import LatencyStats
@@ -24,6 +22,9 @@ from gpufio.facts.system import pci_relation
 from gpufio.io.nvme_cmd import error_name
 from gpufio.results.render import render as render_rows
 from gpufio.run.records import JobResult, RunOutcome
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 FORMATS = ("table", "json", "fio-json", "csv", "markdown")
 

@@ -10,15 +10,14 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import TextIO
-
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
+from typing import TYPE_CHECKING, TextIO
 
 from gpufio.core import space
 from gpufio.results.render import table
 from gpufio.run.records import DONE, DONE_BOTH, Snapshot
+
+if TYPE_CHECKING:  # Rich loads with the first live table: a quiet run starts without it
+    from rich.table import Table
 
 PLAIN_EVERY_S = 2.0
 LIVE_COLUMNS = ("job", "engine", "state", "IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA")
@@ -54,6 +53,9 @@ class LiveTable:
     """A table redrawn in place on ``stream`` (stderr, so stdout stays the result)."""
 
     def __init__(self, stream: TextIO, first: Table) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
         self._live = Live(first, console=Console(file=stream), refresh_per_second=4,
                           transient=False)
 

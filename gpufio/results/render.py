@@ -7,11 +7,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:  # Rich loads when a table is drawn: a run's JSON or CSV starts without it
+    from rich.console import Console
+    from rich.table import Table
 
 FORMATS = ("table", "markdown", "csv", "json")
 
@@ -24,6 +24,9 @@ def table(rows: list[dict[str, Any]], title: str = "", left: Iterable[str] = (),
           columns: Iterable[str] = (), show_header: bool = True) -> Table:
     """A Rich table of ``rows``: the ``left`` columns left-aligned (names), the rest right.
     Cells and title are text, never Rich markup (a path or a key may hold brackets)."""
+    from rich.table import Table
+    from rich.text import Text
+
     left = set(left)
     keys = list(rows[0]) if rows else list(columns)
     t = Table(title=Text(title) if title else None, show_header=show_header, expand=False)
@@ -81,6 +84,9 @@ def render(rows: list[dict[str, Any]], fmt: str, *, title: str = "",
         return head + tabulate(rows, headers="keys", tablefmt="github") + "\n"
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}")
+    from rich.console import Console
+    from rich.text import Text
+
     console = console or Console()
     for part in fitted(rows, title, left, columns, console.width):
         console.print(part)

@@ -8,15 +8,16 @@ files and devices a job reads or writes, laying them out on request (``targets``
 in a scratch directory (``scratch``: what ``gpufio clean`` removes) and the metrics its
 results offer compare and check (``metrics``), which keys of a job's I/O run its jobs
 use (``job_keys``) and its own defaults of common keys (``defaults``). The profile loader
-and the CLI ask this registry and name no workload; adding one is a module here.
+and the CLI ask this registry and name no workload; adding one is a module (or package) here
+named as the workload, and its name in ``NAMES``. A lookup by name imports only that
+workload's module, so a run does not wait for the libraries of the workloads it does not use.
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from gpufio.core.options import Option
 from gpufio.results.load import Metric
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 
 # the workload of a job that names none
 DEFAULT_WORKLOAD = "block"
+# the built-in workloads, each the module (or package) of this name here that registers it
+# (tests/test_registries.py checks that each does)
+NAMES = ("block", "checkpoint", "gnn")
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,6 @@ class Workload:
 
 
 _REGISTRY: dict[str, Workload] = {}
-_loaded = False
 
 
 def register(workload: Workload) -> Workload:
@@ -73,11 +76,28 @@ def register(workload: Workload) -> Workload:
     return workload
 
 
-def all_workloads() -> dict[str, Workload]:
-    """Every workload, loading the built-in ones on first use."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for info in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{info.name}")
-    return dict(_REGISTRY)
+class _Workloads(Mapping[str, Workload]):
+    """The registry as a mapping: ``[name]`` and ``in`` import that workload's module
+    alone; iterating, the length and the views import every built-in one."""
+
+    def __getitem__(self, name: str) -> Workload:
+        if name not in _REGISTRY and name in NAMES:
+            importlib.import_module(f"{__name__}.{name}")
+        return _REGISTRY[name]
+
+    def __iter__(self) -> Iterator[str]:
+        for name in NAMES:
+            self[name]
+        yield from [n for n in NAMES if n in _REGISTRY]
+        yield from [n for n in list(_REGISTRY) if n not in NAMES]
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+_WORKLOADS = _Workloads()
+
+
+def all_workloads() -> Mapping[str, Workload]:
+    """Every workload by name: the built-in ones in ``NAMES`` order, then any other."""
+    return _WORKLOADS
