@@ -1,4 +1,4 @@
-"""The software NVMe controller (io/nvme_model.py, in its own process: run/nvme_model.py)
+"""The software NVMe controller (io/nvme_model.py, in its own process: ModelProcess)
 against a CPU writer of the same entries (io/nvme_queue.py): reads byte-exact against the
 pattern through PRP1, PRP2 and PRP lists, writes, Flush, queues that wrap their phase, odd
 depths and 4096-byte LBAs, injected statuses (one failed I/O, named by
@@ -12,9 +12,8 @@ import pytest
 from gpufio.core import pattern, targets
 from gpufio.io import nvme_cmd
 from gpufio.io import nvme_queue as nq
-from gpufio.io.nvme_model import Fault
+from gpufio.io.nvme_model import Fault, ModelProcess
 from gpufio.io.watchdog import Stalled
-from gpufio.run.nvme_model import ModelProcess
 
 SEED = 1234
 SIZE = 4 << 20

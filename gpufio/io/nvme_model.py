@@ -20,12 +20,15 @@ event); it is a Python loop, so its rate is far below a drive's, and it says so 
 from __future__ import annotations
 
 import mmap
+import multiprocessing
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from gpufio.core import processes
 from gpufio.io import nvme_queue as nq
 from gpufio.io.nvme_cmd import NVME_FLUSH, NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled, Watchdog
@@ -480,3 +483,53 @@ class Host:
                 raise RuntimeError(f"NVMe model: creating queue {qid} ({entries} entries): "
                                    f"status {status:#x}")
         return pair
+
+
+STOP_S = 5.0
+
+
+def _main(path: str, backing: str, lba_shift: int, faults: list[Fault]) -> None:
+    processes.die_with_parent()
+    processes.take_stop_signals()
+    serve(path, backing, lba_shift, faults)
+
+
+class ModelProcess:
+    """A controller serving ``backing`` (``lba_shift``: its LBA size) through a shared file in
+    ``directory`` with ``dma_bytes`` of host memory; ``mem`` is this process's mapping of it.
+
+    A process of its own (spawned, so it holds no CUDA state of the parent's; dying with
+    the parent; deaf to the Ctrl-C and SIGTERM meant for the runner): a GPU kernel, the
+    doorbell relay and the CPU driver only share memory with it, as they would with a
+    drive's DMA. A context manager: leaving it stops the controller (SIGKILL if it does not
+    stop)."""
+
+    def __init__(self, directory: str | Path, backing: str | Path, lba_shift: int = 9,
+                 dma_bytes: int = 64 << 20, faults: list[Fault] = ()) -> None:
+        self.path = str(Path(directory) / "nvme-model.shm")
+        self.mem = Memory(self.path, dma_bytes, create=True)
+        ctx = multiprocessing.get_context("spawn")
+        self._proc = ctx.Process(target=_main, daemon=True, name="nvme-model",
+                                 args=(self.path, str(backing), lba_shift, list(faults)))
+        processes.start(self._proc)
+
+    def host(self, admin_entries: int = 32) -> Host:
+        """The CPU driver, once the controller is up (it waits for it), enabled."""
+        if not self._proc.is_alive():
+            raise RuntimeError(f"NVMe model: the controller process died (exit code "
+                               f"{self._proc.exitcode})")
+        return Host(self.mem, admin_entries)
+
+    def stop(self) -> None:
+        if self._proc.pid is not None and self._proc.is_alive():
+            self.mem.set_reg(M_STOP, 1)
+            self._proc.join(STOP_S)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+
+    def __enter__(self) -> "ModelProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
