@@ -13,15 +13,12 @@ are in kernels/gio_agent.cu and gio_bench.cu; the ring plumbing in gpufio/io/gio
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufio.core import pattern
 from gpufio.core.checks import Check, verdict
-from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.rows import (
@@ -34,16 +31,14 @@ from gpufio.core.rows import (
     row_depth,
     row_error,
 )
-from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
 from gpufio.facts.device import ram_backing
 from gpufio.io import cuda, gpu, nvme_cmd, uring
-from gpufio.io.gio import contract
+from gpufio.io.gio.bench import TPB, DeviceBench, gpu_price
 from gpufio.io.gio.cache import GpuCache, cache_rows
-from gpufio.io.gio.queue import C_MEASURING, C_STOP, DeviceQueue, QueueStalled
+from gpufio.io.gio.queue import DeviceQueue, QueueStalled
 from gpufio.io.gio.rings import default_rings, ring_sizes
-from gpufio.io.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -51,12 +46,6 @@ if TYPE_CHECKING:
     from gpufio.core.targets import Target
     from gpufio.facts.system import Host
 
-FLAGS = contract.BENCH_FLAGS
-ERRNO_SLOTS, BAD_KEEP = contract.CONSTANTS["ERRNO_SLOTS"], contract.CONSTANTS["BAD_KEEP"]
-TPB = 128
-POLL_S = 0.001
-PULL_NS = 100_000_000
-U64_MAX = (1 << 64) - 1
 
 
 def default_sq_threads(job: Job, rings: int) -> int:
@@ -75,16 +64,6 @@ def resolved_options(job: Job) -> Any:
     return replace(o, rings=rings, threads=o.threads or rings * job.iodepth,
                    sq_threads=min(o.sq_threads or default_sq_threads(job, rings), rings),
                    registered=not o.sqe_async if o.registered is None else o.registered)
-
-
-def gpu_price(rings: int, requesters: int, sms: int) -> dict[str, int]:
-    """What the mechanism occupies of the GPU while it runs: one agent warp (a block of its
-    own) per ring and the requester threads in blocks of TPB, each block on one SM; the
-    persistent kernels hold them for the whole job. ``sms_occupied``: at most one SM per block."""
-    blocks = -(-requesters // TPB)
-    return {"agent_warps": rings, "requester_threads": requesters,
-            "requester_warps": -(-requesters // 32), "blocks": rings + blocks, "sms": sms,
-            "sms_occupied": min(rings + blocks, sms)}
 
 
 def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
@@ -251,141 +230,23 @@ class GpuUring(Engine):
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
         o = self._opts = resolved_options(job)
-        cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
+        gpu.use(job.gpu_of(ctx.worker))
         self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
                                 fds=[t.fd for t in targets], nop=o.op == "nop",
                                 namespaces=namespace_table(targets) if o.passthrough else None)
-        # everything after the queue exists is undone with it if it fails
-        with gpu.undone_on_failure(self.queue.close, f"gpu {job.gpu_of(ctx.worker)}: out of "
-                                   f"memory for {o.threads * job.bs} bytes of destination "
-                                   "buffers"):
-            self._bench_fn = cuda.module("gio_bench").get_function("gio_bench")
-            self._blocks = -(-o.threads // TPB)
-            self._dev = self._bench_arrays(job, targets, ctx, o)
-        self._stream = cp.cuda.Stream(non_blocking=True)
-        self.queue.keep_alive(self._dev, self._stream)  # if the bench kernel never stops
-        ctx.note("gpu_price", [gpu_price(o.rings, self._blocks * TPB,
-                                         gpu.sm_count(job.gpu_of(ctx.worker)))])
-        cp.cuda.Stream.null.synchronize()  # not the device: other workers' agents run on it
-
-    def _bench_arrays(self, job: Job, targets: list[Target], ctx: WorkerContext,
-                      o: Any) -> dict[str, Any]:
-        """The block benchmark's own arrays, and its GioBench descriptor (contract.GIO_BENCH,
-        the struct in kernels/gio_bench.cu)."""
-        cp, bs, nt, nthreads = self._cp, job.bs, len(targets), o.threads
-        seeds = ctx.seeds(np.arange(nt)) if ctx.verifying or job.writes else np.zeros(nt, np.uint64)
-        starts, nblocks = ctx.regions()
-        d = {"claim": cp.zeros(1, cp.uint64),
-             "dst": cp.empty(nthreads * bs if o.land == "gpu" and not job.writes
-                             and o.op != "nop" else 16,
-                             cp.uint8),
-             "fds": cp.asarray(self.queue.file_refs),
-             "starts": cp.asarray(starts), "nblocks": cp.asarray(nblocks),
-             "pat_seed": cp.asarray(seeds),
-             "live": cp.zeros(3, cp.uint64), "hist": cp.zeros(PLAT_NR, cp.uint64),
-             "lat": cp.asarray(np.array([0, U64_MAX, 0], np.uint64)),
-             "lat_sq": cp.zeros(1, cp.float64), "tstats": cp.zeros(4 * nt, cp.uint64),
-             "errs": cp.zeros(nt * ERRNO_SLOTS, cp.uint64),
-             "bad": cp.zeros(1 + 2 * BAD_KEEP, cp.uint64)}
-        chosen = {"B_RANDOM": job.random, "B_FILE_RANDOM": job.file_service == "random",
-                  "B_LAND_GPU": o.land == "gpu" and not job.writes and o.op != "nop",
-                  "B_VERIFY": ctx.verifying,
-                  "B_CONTINUE": job.continue_on_error, "B_WRITE": job.writes,
-                  "B_NOP": o.op == "nop"}
-        flags = sum(FLAGS[name] for name, on in chosen.items() if on)
-        budget = ctx.budget
-        seed = int(np.random.default_rng([job.randseed, ctx.worker]).integers(0, 1 << 63))
-        p = {name: arr.data.ptr for name, arr in d.items()}
-        d["bench"] = cp.asarray(contract.build(contract.GIO_BENCH, {
-            **p, "ntargets": nt, "bs": bs, "flags": flags, "seed": seed,
-            "budget": U64_MAX if budget is None else budget, "nthreads": nthreads,
-            "magic": pattern.MAGIC, "block_bytes": pattern.BLOCK,
-            "header_words": pattern.HEADER_WORDS}))
-        return d
-
-    def _get(self, name: str) -> np.ndarray:
-        return self.queue.fetch(self._dev[name])
-
-    def _running(self) -> bool:
-        return not (self.queue.agent_stream.done and self._stream.done)
+        self._bench = DeviceBench(self.queue, job, ctx, ntargets=len(targets),
+                                  threads=o.threads, land_gpu=o.land == "gpu",
+                                  nop=o.op == "nop")
 
     def run(self) -> None:
-        q = self.queue
-        q.start(requesters=self._blocks * TPB)
-        try:
-            self._drive()
-        except BaseException:
-            # whatever failed (a launch, a wake-up, Ctrl-C), the agents must not spin on
-            q.abort_quietly((self._stream,))
-            raise
-        finally:
-            if q.kernels_done:
-                self._collect()
-        bad = q.bad_slot()
-        if bad is not None:
-            raise RuntimeError(f"a kernel posted a read to request slot {bad}, past the "
-                               f"queue's {q.nrings * q.depth}")
-
-    def _drive(self) -> None:
-        """Launch the bench kernel and follow it: wake SQPOLL threads, pull live counts,
-        start the measurement and the stop when the runner says, and abort on a stall."""
-        ctx, o, q = self.ctx, self._opts, self.queue
-        share = uring.SqThreadShare(q.rings.rings)
-        if ctx.measuring:  # no ramp: the first completions count
-            q.set(C_MEASURING, 1)
-            share.begin()
-        self._bench_fn((self._blocks,), (TPB,), (q.descriptor, self._dev["bench"]),
-                       stream=self._stream)
-        watchdog = Watchdog(o.stall_timeout, time.monotonic_ns())
-        last_pull = 0
-        stopping = False
-        while True:
-            if not share.begun and ctx.measuring:
-                q.set(C_MEASURING, 1)
-                share.begin()
-            if not stopping and ctx.done:
-                q.set(C_STOP, 1)
-                stopping = True
-            q.rings.wake()
-            running = self._running()
-            if stopping or not running:
-                for key, values in share.facts().items():
-                    ctx.note(key, values)
-            now = time.monotonic_ns()
-            if not running or now - last_pull > PULL_NS:
-                live = self._get("live")
-                ctx.publish(int(live[0]), int(live[1]), int(live[2]), self._get("hist"),
-                            WRITE if self.job.writes else READ)
-                last_pull = now
-                if running and watchdog.update(int(live[0]), now):
-                    q.stall(o.stall_timeout, (self._stream,))
-            if not running:
-                break
-            time.sleep(POLL_S)
-        q.kernels_done = True
-
-    def _collect(self) -> None:
-        """Hand the GPU's counts to the worker context as this worker's record."""
-        nt = len(self.targets)
-        live, lat = self._get("live"), self._get("lat")
-        tstats = self._get("tstats").reshape(nt, 4).astype(np.int64)
-        errs = self._get("errs").reshape(nt, ERRNO_SLOTS)
-        bad = self._get("bad")
-        nbad = min(int(bad[0]), BAD_KEEP)
-        self.ctx.absorb(DeviceTotals(
-            completed=int(live[0]), ios=int(live[1]), bytes=int(live[2]),
-            hist=self._get("hist").astype(np.int64), lat_sum=int(lat[0]),
-            lat_sumsq=float(self._get("lat_sq")[0]), lat_min=int(lat[1]), lat_max=int(lat[2]),
-            target_ios=tstats[:, 0], target_bytes=tstats[:, 1], short=tstats[:, 2],
-            verify_failures=tstats[:, 3],
-            errors={(int(t), int(e)): int(errs[t, e]) for t, e in zip(*np.nonzero(errs))},
-            bad_offsets=[(int(bad[1 + 2 * i]), int(bad[2 + 2 * i])) for i in range(nbad)],
-            direction=WRITE if self.job.writes else READ))
+        share = uring.SqThreadShare(self.queue.rings.rings)
+        self._bench.run(self._opts.stall_timeout, wake=self.queue.rings.wake,
+                        begin=share.begin, notes=share.facts)
 
     def close(self) -> None:
         """Tear down the queue; if a kernel never stopped, the queue keeps this engine's
         arrays alive with its own (keep_alive), since the kernel still writes into them."""
-        self._dev = {}
+        self._bench.close()
         self.queue.close()
 
 
