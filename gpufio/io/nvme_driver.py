@@ -112,6 +112,11 @@ class QueuePair:
     phase: int = 1
     inflight: int = field(default=0)
 
+    @property
+    def entries(self) -> int:
+        """The SQ's and the CQ's entries (what the GPU side calls them)."""
+        return self.depth
+
     def space(self) -> int:
         """Free SQ slots (one stays empty: a full ring would look empty)."""
         return self.depth - 1 - self.inflight

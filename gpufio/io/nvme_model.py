@@ -387,6 +387,7 @@ class QueuePair:
         sq, self.sq_iova = mem.alloc(entries * nq.SQE_BYTES)
         cq, self.cq_iova = mem.alloc(entries * nq.CQE_BYTES)
         self.sq, self.cq = sq.view(nq.SQE_DTYPE), cq.view(nq.CQE_DTYPE)
+        self.sq_db, self.cq_db = nq.doorbell(qid, False), nq.doorbell(qid, True)
         self.tail = self.head = 0
         self.phase = 1
 
@@ -533,3 +534,39 @@ class ModelProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def shared_directory() -> str:
+    """Where a model's shared file goes: tmpfs (/dev/shm) where there is one, so CUDA can
+    pin and map it as it would a driver's DMA memory."""
+    import tempfile
+
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    return tempfile.mkdtemp(prefix="gpufio-nvme-model-", dir=base)
+
+
+class ServedFile:
+    """A file served as namespace 1 of a software controller of its own: the process, its
+    shared memory (``mem``, ``dma_bytes`` of host memory) and the CPU driver (``host``),
+    enabled; ``close`` stops it and removes the shared file."""
+
+    def __init__(self, backing: str, lba_shift: int, dma_bytes: int) -> None:
+        import shutil
+
+        self.where = shared_directory()
+        try:
+            self.process = ModelProcess(self.where, backing, lba_shift, dma_bytes)
+            self.mem = self.process.mem
+            self.host = self.process.host()
+        except BaseException:
+            if hasattr(self, "process"):
+                self.process.stop()
+            shutil.rmtree(self.where, ignore_errors=True)
+            raise
+
+    def close(self) -> None:
+        import shutil
+
+        self.process.stop()
+        self.mem.close()
+        shutil.rmtree(self.where, ignore_errors=True)
