@@ -119,9 +119,15 @@ def _bam_job(**opts):
 
 
 @pytest.mark.parametrize("opts, message", [
-    ({"fsync": 8, "rw": "write"}, "sends no NVMe Flush yet"),
     ({"bs": "6k"}, "bs to divide or be a multiple of 4096"),
     ({"bs": "4m"}, "needs a chained PRP list"),
+    ({"controller": "model", "submitter": "cpu"}, "from GPU threads only"),
+    ({"controller": "model", "model_lba": 4096, "bs": "2k"}, "not a multiple of the software"),
+    ({"controller": "model", "model_lba": 1000}, "not a power of two"),
+    ({"controller": "model", "rw": "randrw"}, "either read or write"),
+    ({"controller": "model", "rw": "write", "fsync": 4}, "use end_fsync"),
+    ({"submitter": "gpu", "targets": ["/dev/nvme0n1", "/dev/nvme1n1"]}, "one namespace"),
+    ({"doorbells": "relay"}, "the CPU stand-in rings them itself"),
 ])
 def test_bam_job_refusals(opts: dict, message: str) -> None:
     from gpufio.engines import all_engines
@@ -135,8 +141,37 @@ def test_bam_results_name_the_cpu_stand_in() -> None:
     from gpufio.engines.base import label
 
     facts = all_engines()["bam"].describe(_bam_job())
-    assert facts["submitter"] == "cpu-stand-in"
+    assert facts["submitter"] == "cpu-stand-in" and facts["controller"] == "real"
     assert label("bam", facts) == "bam (cpu-stand-in)"
+
+
+@pytest.mark.parametrize("opts, mode", [
+    ({"controller": "model"}, "gpu, direct doorbells, model controller"),
+    ({"controller": "model", "doorbells": "relay"}, "gpu, relay doorbells, model controller"),
+    ({"submitter": "gpu"}, "gpu, relay doorbells, real controller"),
+    ({"submitter": "gpu", "doorbells": "direct"}, "gpu, direct doorbells, real controller"),
+])
+def test_bam_results_name_the_doorbells_and_the_controller(opts: dict, mode: str) -> None:
+    from gpufio.engines import all_engines
+    from gpufio.engines.base import label
+
+    engine = all_engines()["bam"]
+    job = _bam_job(**opts)
+    engine.check_job(job)
+    facts = engine.describe(job)
+    assert label("bam", facts) == f"bam ({mode})"
+    assert facts["submitter"] == "gpu" and facts["doorbells"] in mode
+    assert engine.generic_targets(job) is (opts.get("controller") != "model")
+    if opts.get("controller") == "model":
+        assert engine.guardian(job, []) is None
+
+
+def test_a_cpu_stand_in_write_job_with_fsync_and_end_fsync_is_accepted() -> None:
+    from gpufio.engines import all_engines
+
+    engine = all_engines()["bam"]
+    engine.check_job(_bam_job(rw="randwrite", fsync=4, end_fsync=True))
+    assert engine.flushes_itself
 
 
 def test_guardian_leaves_a_controller_that_is_not_on_vfio(tmp_path: Path) -> None:
