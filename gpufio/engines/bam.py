@@ -34,8 +34,11 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from gpufio.core.checks import Check
+from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
+from gpufio.core.requests import GPU, Capability
+from gpufio.core.rows import RowRequest, RowSupport, RowTable, row_depth
 from gpufio.core.slots import SlotTable
 from gpufio.engines import register
 from gpufio.engines.base import Engine
@@ -213,6 +216,10 @@ class Bam(Engine):
     iodepth_means = "commands in flight on each worker's own NVMe queue pair"
     worker_kind = "thread"  # one process holds the controller; workers share it
     flushes_itself = True  # a taken controller's namespaces have no file to fsync
+    # GPU threads submit; the block workload runs on the engine's own device loop
+    capability = Capability(memory=(GPU,), submitter="gpu")
+    # rows in whole 512-byte blocks: an NVMe read moves whole logical blocks
+    rows = RowSupport(gpu_only=True, cache=True, dim_multiple=128)
     options = (
         Option("controller", "str", "vfio", "'vfio': the NVMe controller behind the targets, "
                "taken from the nvme driver over vfio-pci; 'model': gpufio's software NVMe "
@@ -236,6 +243,10 @@ class Bam(Engine):
     @classmethod
     def generic_targets(cls, job: Job) -> bool:
         return cls.settings(job).controller == "vfio"
+
+    @classmethod
+    def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
+        return BamFetch(job, table, xp, request)
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -362,7 +373,8 @@ class Bam(Engine):
                                      lba_shift=lba_shift, mode=doorbells(self._opts))
         try:
             self._bench = DeviceBench(self.queues, job, self.ctx, ntargets=1,
-                                      threads=job.iodepth, land_gpu=True)
+                                      threads=job.iodepth, land_gpu=True,
+                                      direction=WRITE if job.writes else READ)
         except BaseException:
             self.queues.close()
             self.queues = None
@@ -488,7 +500,12 @@ class Bam(Engine):
         """GPU threads run the block benchmark through the NVMe queue agents; end_fsync is
         one NVMe Flush from a GPU thread once the writes are done."""
         o = self._opts
-        self._bench.run(o.stall_timeout)
+        try:
+            self._bench.run(o.stall_timeout)
+        finally:
+            if self._bench.totals is not None:
+                self.ctx.absorb(DeviceTotals(**self._bench.totals))
+        self.ctx.note("gpu_price", [self._bench.price])
         relay = self.queues.relay
         if relay is not None:  # what the relay did: MMIO writes, passes over the words
             self.ctx.note("relay_writes", [relay.writes])
@@ -525,3 +542,74 @@ class Bam(Engine):
             owner = self._model if self._model is not None else self._shared
             assert owner is not None
             owner.release()
+
+
+class BamFetch:
+    """The ``bam`` path for the GNN workload's aggregation: GPU threads read the rows through
+    NVMe queue agents (io/gio/nvme.py) with the gather of io/gio/gather.py, as gpu-uring's
+    do through io_uring, through the GPU cache when one is asked. The feature file is served
+    by a software controller of its own (controller = "model"): a real controller's
+    namespace holds no feature file gpufio could lay out and find again."""
+
+    page_cache = False
+
+    def __init__(self, job: Job, table: RowTable, xp: Any, request: RowRequest) -> None:
+        from gpufio.io import nvme_model
+        from gpufio.io.gio.gather import QueueGather
+        from gpufio.io.gio.nvme import NvmeQueues, RegisteredModel
+
+        o = Bam.settings(job)
+        layout = table.layout
+        if o.controller != "model":
+            raise BadInput(f"job '{job.name}': engine 'bam' fetches GNN rows from the software "
+                           "controller only (controller = \"model\"): a namespace taken over "
+                           "vfio holds no feature file")
+        if layout.ntargets != 1:
+            raise BadInput(f"job '{job.name}': engine 'bam' serves one feature file as its "
+                           f"namespace; the table is striped over {layout.ntargets} files")
+        if layout.header % o.model_lba or layout.row_bytes % o.model_lba:
+            raise BadInput(f"job '{job.name}': feature rows of {layout.row_bytes} bytes from "
+                           f"byte {layout.header} are not whole {o.model_lba}-byte blocks "
+                           "(model_lba)")
+        self.xp, self.dim, self.rows = xp, request.dim, 0
+        depth = row_depth(request)
+        bells = doorbells(o)
+        self.facts: dict[str, Any] = {"iodepth": depth, "submitter": "gpu",
+                                      "doorbells": bells, "controller": "model",
+                                      "mode": f"gpu, {bells} doorbells, model controller"}
+        shift = o.model_lba.bit_length() - 1
+        row = slot_bytes(layout.row_bytes)
+        dma = 2 * nq.PAGE + (depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
+            depth * (row + nq.PAGE) + nq.PAGE + MODEL_SLACK
+        self._served = nvme_model.ServedFile(table.paths[0], shift, dma)
+        self._registered: Any = None
+        self.queue: Any = None
+        try:
+            self._registered = RegisteredModel(self._served.mem)
+            pair = self._served.host.create_pair(1, depth + 1)
+            self.queue = NvmeQueues(self._registered, [pair], depth=depth, slot_bytes=row,
+                                    nsid=1, lba_shift=shift, mode=bells)
+            self._gather = QueueGather(self.queue, table, xp, request.dim, depth,
+                                       o.stall_timeout, request.cache_bytes)
+        except BaseException:
+            self.close()
+            raise
+        self.cache = self._gather.cache
+
+    def counters(self) -> dict[str, int]:
+        """Rows served since the start: from the cache, read, coalesced."""
+        return self._gather.counters()
+
+    def fetch(self, nodes: Any) -> Any:
+        out = self._gather.fetch(nodes)
+        self.rows += len(nodes)
+        return out
+
+    def close(self) -> None:
+        try:
+            if self.queue is not None:
+                self.queue.close()
+            if self._registered is not None:
+                self._registered.close()
+        finally:
+            self._served.close()

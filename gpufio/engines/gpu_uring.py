@@ -19,25 +19,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufio.core.checks import Check, verdict
+from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.rows import (
-    RowFetchError,
     RowRequest,
     RowSupport,
     RowTable,
     close_all,
     open_rows,
     row_depth,
-    row_error,
 )
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
 from gpufio.facts.device import ram_backing
-from gpufio.io import cuda, gpu, nvme_cmd, uring
+from gpufio.io import gpu, nvme_cmd, uring
 from gpufio.io.gio.bench import TPB, DeviceBench, gpu_price
-from gpufio.io.gio.cache import GpuCache, cache_rows
-from gpufio.io.gio.queue import DeviceQueue, QueueStalled
+from gpufio.io.gio.gather import QueueGather
+from gpufio.io.gio.queue import DeviceQueue
 from gpufio.io.gio.rings import default_rings, ring_sizes
 
 if TYPE_CHECKING:
@@ -236,12 +235,17 @@ class GpuUring(Engine):
                                 namespaces=namespace_table(targets) if o.passthrough else None)
         self._bench = DeviceBench(self.queue, job, ctx, ntargets=len(targets),
                                   threads=o.threads, land_gpu=o.land == "gpu",
-                                  nop=o.op == "nop")
+                                  direction=WRITE if job.writes else READ, nop=o.op == "nop")
+        ctx.note("gpu_price", [self._bench.price])
 
     def run(self) -> None:
         share = uring.SqThreadShare(self.queue.rings.rings)
-        self._bench.run(self._opts.stall_timeout, wake=self.queue.rings.wake,
-                        begin=share.begin, notes=share.facts)
+        try:
+            self._bench.run(self._opts.stall_timeout, wake=self.queue.rings.wake,
+                            begin=share.begin, notes=share.facts)
+        finally:
+            if self._bench.totals is not None:
+                self.ctx.absorb(DeviceTotals(**self._bench.totals))
 
     def close(self) -> None:
         """Tear down the queue; if a kernel never stopped, the queue keeps this engine's
@@ -252,25 +256,20 @@ class GpuUring(Engine):
 
 class GpuUringFetch:
     """The ``gpu-uring`` path for aggregation: GPU threads post the reads of the rows
-    themselves through the request queue (io/gio/queue.DeviceQueue, kernels/gnn_gather.cu) and
-    copy each landed row into the tensor, through a software cache in GPU memory when
-    ``cache_bytes`` is given (io/gio/cache.py); the host only starts the kernels, wakes SQPOLL
-    threads and watches for a stall. Needs a GPU (``device = "gpu"``)."""
+    themselves through the request queue (io/gio/queue.DeviceQueue, the gather of
+    io/gio/gather.py) and copy each landed row into the tensor, through a software cache in
+    GPU memory when ``cache_bytes`` is given (io/gio/cache.py); the host only starts the
+    kernels, wakes SQPOLL threads and watches for a stall. Needs a GPU (``device = "gpu"``)."""
 
     page_cache = False
 
     def __init__(self, table: RowTable, xp: Any, dim: int, opts: Any, iodepth: int,
                  direct: bool, cache_bytes: int = 0) -> None:
-        self.xp, self.dim, self.layout = xp, dim, table.layout
+        self.xp, self.dim = xp, dim
         self.rows = 0
         # how the rows were fetched, for the result
         self.facts = {"iodepth": iodepth, "rings": opts.rings, "sqe_async": opts.sqe_async}
-        self.stall_ns = opts.stall_timeout
-        self._threads = opts.rings * iodepth
-        self.cache = None
-        if cache_bytes:
-            rows = cache_rows(cache_bytes, table.layout.row_bytes, self._threads)
-            self.cache = GpuCache(xp, rows, table.layout.row_bytes, table.rows)
+        threads = opts.rings * iodepth
         self._fds = open_rows(table, direct)
         try:
             self.queue = make_queue(opts, depth=iodepth, slot_bytes=table.layout.row_bytes,
@@ -279,52 +278,23 @@ class GpuUringFetch:
             close_all(self._fds)
             raise
         try:
-            # loaded now: never while the agents spin (see DeviceQueue.start)
-            self._gather = cuda.module("gnn_gather").get_function("gio_gather")
-            self._d_fds = xp.asarray(self.queue.file_refs)
-            # failed, node, result, hits, reads, coalesced, rows claimed (gnn_gather.cu)
-            self._stats = xp.zeros(7, xp.uint64)
-            self._stream = xp.cuda.Stream(non_blocking=True)
+            self._gather = QueueGather(self.queue, table, xp, dim, threads, opts.stall_timeout,
+                                       cache_bytes)
         except BaseException:
             self.close()
             raise
-        self.queue.keep_alive(self._d_fds, self._stats, self._stream, self.cache)
-        self.facts["gpu_price"] = gpu_price(opts.rings, -(-self._threads // TPB) * TPB,
+        self.cache = self._gather.cache
+        self.facts["gpu_price"] = gpu_price(opts.rings, -(-threads // TPB) * TPB,
                                             gpu.sm_count(xp.cuda.Device().id))
 
     def counters(self) -> dict[str, int]:
         """Rows served since the start: from the cache, read from storage, and duplicates
         of a warp coalesced into one fetch."""
-        s = self._stats.get()
-        return {"hits": int(s[3]), "reads": int(s[4]), "coalesced": int(s[5])}
+        return self._gather.counters()
 
     def fetch(self, nodes: Any) -> Any:
-        xp, q = self.xp, self.queue
-        n = len(nodes)
-        with self._stream:  # ordered before the kernel, which runs on this stream
-            out = xp.empty((n, self.dim), xp.float32)
-            ids = xp.ascontiguousarray(nodes, dtype=xp.int64)
-            self._stats[:3] = 0
-            self._stats[6] = 0
-        blocks = -(-self._threads // 128)
-        try:
-            q.start(requesters=blocks * 128, keep=(ids, out))  # the gather writes them
-            self._gather((blocks,), (128,), (
-                q.descriptor, self.cache.descriptor if self.cache else np.uint64(0),
-                self._d_fds, np.uint64(self.layout.ntargets), np.uint64(self.layout.header),
-                np.uint64(self.layout.row_bytes), ids, np.uint64(n), out,
-                np.uint64(self.dim * 4 // 16), self._stats), stream=self._stream)
-            q.wait((self._stream,), self.stall_ns, poll_s=0.0001)
-        except QueueStalled as e:
-            raise RowFetchError(str(e)) from None
-        except BaseException:
-            q.abort_quietly((self._stream,))  # the agents must not spin on after any error
-            raise
-        failed = self._stats[:3].get()
-        if failed[0]:
-            raise row_error(int(failed[1]), int(np.int64(failed[2])),
-                            f"; {int(failed[0])} rows failed")
-        self.rows += n
+        out = self._gather.fetch(nodes)
+        self.rows += len(nodes)
         return out
 
     def close(self) -> None:

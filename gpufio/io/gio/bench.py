@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from gpufio.core import pattern
-from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.stats import PLAT_NR
 from gpufio.io import cuda, gpu
 from gpufio.io.gio import contract
@@ -25,7 +24,6 @@ from gpufio.io.gio.queue import C_MEASURING, C_STOP
 from gpufio.io.watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
 
 FLAGS = contract.BENCH_FLAGS
@@ -49,12 +47,16 @@ def gpu_price(rings: int, requesters: int, sms: int) -> dict[str, int]:
 class DeviceBench:
     """One worker's block benchmark on ``queue``: ``threads`` requester threads, reads
     landing in GPU memory when ``land_gpu``, NOPs when ``nop``. Construction allocates and
-    loads (before the clock); ``run`` launches, follows and collects."""
+    loads (before the clock); ``run`` launches and follows the kernels, feeding ``ctx``'s
+    live counts (``direction``: the context's READ or WRITE); ``totals`` is then the GPU's
+    final count (fields of core/context.DeviceTotals, None until the kernels stopped), for
+    the engine to record; ``price`` what the kernels occupy of the GPU (gpu_price)."""
 
-    def __init__(self, queue: Any, job: "Job", ctx: "WorkerContext", *, ntargets: int,
-                 threads: int, land_gpu: bool, nop: bool = False) -> None:
+    def __init__(self, queue: Any, job: "Job", ctx: Any, *, ntargets: int, threads: int,
+                 land_gpu: bool, direction: int, nop: bool = False) -> None:
         self.queue, self.job, self.ctx = queue, job, ctx
-        self.ntargets = ntargets
+        self.ntargets, self.direction = ntargets, direction
+        self.totals: dict[str, Any] | None = None
         cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
         with gpu.undone_on_failure(queue.close, f"gpu {job.gpu_of(ctx.worker)}: out of "
                                    f"memory for {threads * job.bs} bytes of destination "
@@ -64,8 +66,8 @@ class DeviceBench:
             self._dev = self._arrays(threads, land_gpu and not job.writes and not nop, nop)
         self.stream = cp.cuda.Stream(non_blocking=True)
         queue.keep_alive(self._dev, self.stream)  # if the bench kernel never stops
-        ctx.note("gpu_price", [gpu_price(queue.nrings, self.blocks * TPB,
-                                         gpu.sm_count(job.gpu_of(ctx.worker)))])
+        self.price = gpu_price(queue.nrings, self.blocks * TPB,
+                               gpu.sm_count(job.gpu_of(ctx.worker)))
         cp.cuda.Stream.null.synchronize()  # not the device: other workers' agents run on it
 
     def _arrays(self, nthreads: int, land_gpu: bool, nop: bool) -> dict[str, Any]:
@@ -108,10 +110,11 @@ class DeviceBench:
     def run(self, stall_ns: int, wake: Callable[[], None] | None = None,
             begin: Callable[[], None] | None = None,
             notes: Callable[[], dict[str, Any]] | None = None) -> None:
-        """Launch the agents and the bench kernel, follow them to the end and hand the
-        GPU's counts to the context. ``wake()`` on every pass (SQPOLL threads that fell
-        asleep), ``begin()`` when the measurement starts, ``notes()`` the path's facts once
-        it stops; QueueStalled once nothing completes for ``stall_ns``."""
+        """Launch the agents and the bench kernel, follow them to the end and take the
+        GPU's counts (``totals``), even when it failed once the kernels stopped. ``wake()``
+        on every pass (SQPOLL threads that fell asleep), ``begin()`` when the measurement
+        starts, ``notes()`` the path's facts once it stops; QueueStalled once nothing
+        completes for ``stall_ns``."""
         q = self.queue
         q.start(requesters=self.blocks * TPB)
         try:
@@ -162,7 +165,7 @@ class DeviceBench:
             if not running or now - last_pull > PULL_NS:
                 live = self._get("live")
                 ctx.publish(int(live[0]), int(live[1]), int(live[2]), self._get("hist"),
-                            WRITE if self.job.writes else READ)
+                            self.direction)
                 last_pull = now
                 if running and watchdog.update(int(live[0]), now):
                     q.stall(stall_ns, (self.stream,))
@@ -172,14 +175,14 @@ class DeviceBench:
         q.kernels_done = True
 
     def _collect(self) -> None:
-        """Hand the GPU's counts to the worker context as this worker's record."""
+        """The GPU's counts as this worker's record (``totals``)."""
         nt = self.ntargets
         live, lat = self._get("live"), self._get("lat")
         tstats = self._get("tstats").reshape(nt, 4).astype(np.int64)
         errs = self._get("errs").reshape(nt, ERRNO_SLOTS)
         bad = self._get("bad")
         nbad = min(int(bad[0]), BAD_KEEP)
-        self.ctx.absorb(DeviceTotals(
+        self.totals = dict(
             completed=int(live[0]), ios=int(live[1]), bytes=int(live[2]),
             hist=self._get("hist").astype(np.int64), lat_sum=int(lat[0]),
             lat_sumsq=float(self._get("lat_sq")[0]), lat_min=int(lat[1]), lat_max=int(lat[2]),
@@ -187,7 +190,7 @@ class DeviceBench:
             verify_failures=tstats[:, 3],
             errors={(int(t), int(e)): int(errs[t, e]) for t, e in zip(*np.nonzero(errs))},
             bad_offsets=[(int(bad[1 + 2 * i]), int(bad[2 + 2 * i])) for i in range(nbad)],
-            direction=WRITE if self.job.writes else READ))
+            direction=self.direction)
 
     def close(self) -> None:
         """Drop the arrays; if a kernel never stopped, the queue keeps them (keep_alive)."""
