@@ -193,3 +193,55 @@ def test_the_runner_starts_a_guardian_and_releases_it() -> None:
     assert g.proc.returncode == 3
     with pytest.raises(BadInput, match="did not start"):
         Guardian([sys.executable, "-c", "pass"])
+
+
+def _config(*caps: tuple[int, bytes]) -> bytes:
+    """4 KiB of config space with extended capabilities ``(id, body)`` chained from 0x100."""
+    import struct
+
+    cfg = bytearray(4096)
+    at = 0x100
+    for i, (cap, body) in enumerate(caps):
+        nxt = at + 0x40 if i + 1 < len(caps) else 0
+        struct.pack_into("<I", cfg, at, cap | 1 << 16 | nxt << 20)
+        cfg[at + 4:at + 4 + len(body)] = body
+        at = nxt
+    return bytes(cfg)
+
+
+def test_acs_control_bits_are_read_from_the_extended_capabilities() -> None:
+    import struct
+
+    acs = struct.pack("<HH", 0x1F, 0x1D)  # capability, control: SV RR CR UF on
+    assert vfio.acs_control(_config((0x0001, b""), (0x000D, acs))) == "SV RR CR UF"
+    assert vfio.acs_control(_config((0x000D, struct.pack("<HH", 0x1F, 0)))) == "none"
+    assert vfio.acs_control(_config((0x0001, b""))) is None
+    with pytest.raises(ValueError):
+        vfio.acs_control(bytes(256))  # what a non-root reader gets
+
+
+def test_doctor_names_acs_on_the_path_to_the_root_complex(tmp_path: Path) -> None:
+    import struct
+
+    pci = tmp_path / "sys/bus/pci"
+    real = tmp_path / "sys/devices/pci0000:00/0000:00:1c.0/0000:02:00.0"
+    real.mkdir(parents=True)
+    (real.parent / "config").write_bytes(_config((0x000D, struct.pack("<HH", 0x1F, 0x05))))
+    (real / "config").write_bytes(bytes(256))
+    (pci / "devices").mkdir(parents=True)
+    os.symlink(real, pci / "devices/0000:02:00.0")
+    os.symlink(real.parent, pci / "devices/0000:00:1c.0")
+    assert vfio.upstream_bridges("0000:02:00.0", pci) == ["0000:00:1c.0"]
+    assert vfio.acs_path("0000:02:00.0", pci) == "0000:00:1c.0: ACS SV RR"
+    (real.parent / "config").write_bytes(bytes(64))
+    assert vfio.acs_path("0000:02:00.0", pci) == "0000:00:1c.0: unreadable (needs root)"
+
+
+def test_doctor_prices_the_relay_and_says_why_the_registration_was_not_probed() -> None:
+    from gpufio.io.gio import nvme
+
+    out = nvme.gpu_doctor_checks("bam", [("a", 2), ("b", 8)], 4, "no NVIDIA GPU")
+    assert [(c.name, c.status) for c in out] == [
+        ("BAR as CUDA I/O memory", "warn"), ("doorbell relay of job 'a'", "ok"),
+        ("doorbell relay of job 'b'", "warn")]
+    assert "not probed: no NVIDIA GPU" in out[0].found

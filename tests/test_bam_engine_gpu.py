@@ -59,3 +59,53 @@ def test_writes_land_as_the_pattern_flushed_and_read_back_verified(tmp_path, doo
     assert path.read_bytes() == pattern.fill(0x89, 0, 1 << 20)
     r = run(path, doorbells=doorbells, rw="randread", iodepth=8, verify=True, io_size="1m")
     assert r.ok and r.verify_failures == 0, (r.failure, r.bad_offsets)
+
+
+@pytest.mark.parametrize("doorbells", ["relay", "direct"])
+def test_gnn_rows_through_gpu_threads_land_verified(tmp_path, doorbells):
+    from gpufio.workloads.gnn.run import run_job
+
+    prof = from_dict({"global": {
+        "workload": "gnn", "engine": "bam", "controller": "model", "doorbells": doorbells,
+        "device": "gpu", "nodes": 4_000, "feature_dim": 128, "hidden": 32, "batch_size": 64,
+        "fanout": [3, 2], "iterations": 4, "warmup": 1, "verify_rows": 100_000,
+        "iodepth": 16, "directory": str(tmp_path)}}, "g.toml", {})
+    r = run_job(prof.jobs[0])
+    assert r["error"] == 0, r.get("failure")
+    assert r["verify"]["mismatches"] == 0 and r["verify"]["rows_checked"] >= 4 * 64
+
+
+def test_gnn_rows_through_the_gpu_cache(tmp_path):
+    import cupy as cp
+    import numpy as np
+
+    from gpufio.core.rows import RowRequest
+    from gpufio.engines.bam import Bam
+    from gpufio.workloads.gnn import dataset, features
+
+    job = from_dict({"global": {
+        "workload": "gnn", "engine": "bam", "controller": "model", "device": "gpu",
+        "nodes": 4_000, "feature_dim": 128, "batch_size": 16, "iodepth": 8,
+        "directory": str(tmp_path)}}, "g.toml", {}).jobs[0]
+    ds = dataset.prepare(job)
+    request = RowRequest(dim=128, max_rows=4_000, direct=True, cache_bytes=1 << 20, iodepth=8)
+    f = Bam.row_fetcher(job, ds.table, cp, request)
+    try:
+        nodes = np.random.default_rng(3).choice(4_000, 500, replace=False)
+        for _ in range(2):
+            got = f.fetch(cp.asarray(nodes))
+            want = features.values(job.randseed, cp.asarray(nodes), 128, cp)
+            assert not bool((got != want).any())
+        assert f.counters() == {"hits": 500, "reads": 500, "coalesced": 0}
+        assert f.facts["mode"] == "gpu, direct doorbells, model controller"
+    finally:
+        f.close()
+
+
+def test_doctor_probes_the_io_memory_registration_on_a_gpu():
+    from gpufio.io.gio import nvme
+
+    (probe, relay) = nvme.gpu_doctor_checks("bam", [], 16, None)
+    assert probe.name == "BAR as CUDA I/O memory" and probe.status in ("ok", "warn")
+    assert ("taken" in probe.found) is (probe.status == "ok")  # either way, CUDA's answer
+    assert relay.name == "doorbell relay"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -318,8 +319,15 @@ class Bam(Engine):
 
     @classmethod
     def doctor(cls, host: Host, jobs: list[Job]) -> list[Check]:
+        from gpufio.io import gpu
+        from gpufio.io.gio import nvme
+
         real = [j for j in jobs if cls.settings(j).controller == "vfio"]
-        return nvme_driver.doctor_checks(host, cls.name, needed=bool(real))
+        relays = [(j.name, j.numjobs) for j in jobs if doorbells(cls.settings(j)) == "relay"]
+        out = nvme_driver.doctor_checks(host, cls.name, needed=bool(real))
+        if host.root != Path("/"):  # a recorded tree: nothing of this machine's GPU applies
+            return out
+        return out + nvme.gpu_doctor_checks(cls.name, relays, host.cpus(), gpu.probe()[1])
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)

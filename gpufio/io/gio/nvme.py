@@ -25,6 +25,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from gpufio.core.checks import OK, WARN, Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu
 from gpufio.io import nvme_queue as nq
@@ -405,3 +406,55 @@ class RegisteredVfio:
         for addr in reversed(self._registered):
             gpu.unregister_host(addr)
         self._registered = []
+
+
+def io_memory_probe() -> str | None:
+    """Whether CUDA takes CU_MEMHOSTREGISTER_IOMEMORY here: tried on a software controller's
+    BAR page (a tmpfs page, as the model's), registered then unregistered. None when it
+    took it, else CUDA's refusal. A real BAR mapping can still be refused where a tmpfs page
+    is not (NVIDIA's driver resolves a BAR's pages through follow_pfn)."""
+    import shutil
+
+    import cupy
+
+    from gpufio.io import nvme_model
+
+    where = nvme_model.shared_directory()
+    try:
+        mem = nvme_model.Memory(f"{where}/probe.shm", 0, create=True)
+        try:
+            why = register_io_memory(mem.addr, nvme_model.BAR_BYTES)
+            if why is None:
+                cupy.cuda.runtime.hostUnregister(mem.addr)
+            return why
+        finally:
+            mem.close()
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def gpu_doctor_checks(area: str, relays: list[tuple[str, int]], cpus: int,
+                      gpu_missing: str | None) -> list[Check]:
+    """What the GPU side needs: whether CUDA registers I/O memory (direct doorbells; probed
+    unless ``gpu_missing`` says why not), and the relay's cost, one CPU thread per worker
+    for each (job name, workers) of ``relays``."""
+    if gpu_missing:
+        out = [Check(area, "BAR as CUDA I/O memory", WARN, f"not probed: {gpu_missing}",
+                     "direct doorbells need a GPU")]
+    else:
+        why = io_memory_probe()
+        out = [verdict(area, "BAR as CUDA I/O memory", why is None,
+                       "CU_MEMHOSTREGISTER_IOMEMORY taken on the software controller's BAR "
+                       "page (a real BAR may still be refused: issue 31's Risk)"
+                       if why is None else f"refused on a tmpfs page: {why}",
+                       "direct doorbells cannot work here; use doorbells = \"relay\"")]
+    cost = ("one CPU thread per worker polls the GPU's published tails and heads and writes "
+            "each changed doorbell once per pass (one MMIO write per queue per pass)")
+    if not relays:
+        out.append(Check(area, "doorbell relay", OK, cost, ""))
+    for name, threads in relays:
+        out.append(verdict(area, f"doorbell relay of job '{name}'", threads + 1 <= cpus,
+                           f"{threads} relay threads on {cpus} CPUs: {cost}",
+                           "each relay thread spins on a core: fewer numjobs, or direct "
+                           "doorbells where CUDA registers the BAR"))
+    return out
