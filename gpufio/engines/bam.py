@@ -45,6 +45,8 @@ from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.io import nvme_cmd, nvme_driver, vfio
 from gpufio.io import nvme_queue as nq
+from gpufio.io.gio.bench import check_bench_job
+from gpufio.io.gio.gather import QueueGather
 from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
 
 if TYPE_CHECKING:
@@ -94,7 +96,26 @@ def _controller(job: Job, targets: list[Target]) -> str:
     return found.pop()  # type: ignore[return-value]
 
 
-class _Shared:
+class _Held:
+    """Something a job's workers (threads) share, listed in its class's ``open`` by
+    ``key`` while ``users`` hold it."""
+
+    lock: threading.Lock
+    open: dict[str, Any]
+    key: str
+    users: int
+
+    def _last(self) -> bool:
+        """One user fewer; True for the last, who then closes it (no longer listed)."""
+        with self.lock:
+            self.users -= 1
+            if self.users:
+                return False
+            del self.open[self.key]
+        return True
+
+
+class _Shared(_Held):
     """A job's controller, brought up once for all its workers (threads), each taking one
     queue pair; the last worker to close shuts it down and gives it back."""
 
@@ -103,7 +124,7 @@ class _Shared:
 
     def __init__(self, bdf: str, writes: bool, pairs: int, depth: int,
                  targets: list[Target]) -> None:
-        self.bdf = bdf
+        self.bdf = self.key = bdf
         # the engine reads no target descriptor; open ones would pin the old controller
         # instance, and the nvme driver would give the controller a new name on return
         for t in targets:
@@ -141,11 +162,8 @@ class _Shared:
         return self.registered
 
     def release(self) -> None:
-        with self.lock:
-            self.users -= 1
-            if self.users:
-                return
-            del self.open[self.bdf]
+        if not self._last():
+            return
         self.pairs = []
         try:
             if self.registered is not None:
@@ -154,7 +172,7 @@ class _Shared:
             self.session.close()
 
 
-class _Model:
+class _Model(_Held):
     """A job's software controller (io/nvme_model.ServedFile) serving its one target,
     started by the first worker, each worker taking one queue pair; the last to close
     stops it."""
@@ -166,7 +184,7 @@ class _Model:
         from gpufio.io import nvme_model
         from gpufio.io.gio.nvme import RegisteredModel
 
-        self.path = path
+        self.key = path
         self.served = nvme_model.ServedFile(path, lba_shift, dma_bytes)
         try:
             self.registered = RegisteredModel(self.served.mem)
@@ -192,11 +210,8 @@ class _Model:
                 raise
 
     def release(self) -> None:
-        with self.lock:
-            self.users -= 1
-            if self.users:
-                return
-            del self.open[self.path]
+        if not self._last():
+            return
         try:
             self.registered.close()
         finally:
@@ -281,16 +296,7 @@ class Bam(Engine):
             if len(job.targets) > 1:
                 raise BadInput(f"job '{job.name}': engine 'bam' with GPU threads drives one "
                                f"namespace per job; it names {len(job.targets)} targets")
-            if job.mixed:
-                raise BadInput(f"job '{job.name}': bam's GPU threads either read or write; "
-                               f"rw = {job.rw} (a mix) is not supported by this engine")
-            if job.fsync or job.fdatasync:
-                raise BadInput(f"job '{job.name}': bam's writes are posted by GPU threads, "
-                               "which the host does not order a Flush among; use end_fsync")
-            if job.read_iolog or job.random_distribution.kind != "random":
-                raise BadInput(f"job '{job.name}': bam's GPU threads draw their own offsets, "
-                               "uniformly; read_iolog and random_distribution are not "
-                               "supported with submitter = \"gpu\"")
+            check_bench_job(job, cls.name)
         elif o.doorbells != "auto":
             raise BadInput(f"job '{job.name}': doorbells = \"{o.doorbells}\" is for GPU "
                            "threads; the CPU stand-in rings them itself")
@@ -552,7 +558,7 @@ class Bam(Engine):
             owner.release()
 
 
-class BamFetch:
+class BamFetch(QueueGather):
     """The ``bam`` path for the GNN workload's aggregation: GPU threads read the rows through
     NVMe queue agents (io/gio/nvme.py) with the gather of io/gio/gather.py, as gpu-uring's
     do through io_uring, through the GPU cache when one is asked. The feature file is served
@@ -563,7 +569,6 @@ class BamFetch:
 
     def __init__(self, job: Job, table: RowTable, xp: Any, request: RowRequest) -> None:
         from gpufio.io import nvme_model
-        from gpufio.io.gio.gather import QueueGather
         from gpufio.io.gio.nvme import NvmeQueues, RegisteredModel
 
         o = Bam.settings(job)
@@ -579,7 +584,6 @@ class BamFetch:
             raise BadInput(f"job '{job.name}': feature rows of {layout.row_bytes} bytes from "
                            f"byte {layout.header} are not whole {o.model_lba}-byte blocks "
                            "(model_lba)")
-        self.xp, self.dim, self.rows = xp, request.dim, 0
         depth = row_depth(request)
         bells = doorbells(o)
         self.facts: dict[str, Any] = {"iodepth": depth, "submitter": "gpu",
@@ -597,21 +601,11 @@ class BamFetch:
             pair = self._served.host.create_pair(1, depth + 1)
             self.queue = NvmeQueues(self._registered, [pair], depth=depth, slot_bytes=row,
                                     nsid=1, lba_shift=shift, mode=bells)
-            self._gather = QueueGather(self.queue, table, xp, request.dim, depth,
-                                       o.stall_timeout, request.cache_bytes)
+            super().__init__(self.queue, table, xp, request.dim, depth, o.stall_timeout,
+                             request.cache_bytes)
         except BaseException:
             self.close()
             raise
-        self.cache = self._gather.cache
-
-    def counters(self) -> dict[str, int]:
-        """Rows served since the start: from the cache, read, coalesced."""
-        return self._gather.counters()
-
-    def fetch(self, nodes: Any) -> Any:
-        out = self._gather.fetch(nodes)
-        self.rows += len(nodes)
-        return out
 
     def close(self) -> None:
         try:

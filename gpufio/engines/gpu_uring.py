@@ -34,7 +34,7 @@ from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
 from gpufio.facts.device import ram_backing
 from gpufio.io import gpu, nvme_cmd, uring
-from gpufio.io.gio.bench import TPB, DeviceBench, gpu_price
+from gpufio.io.gio.bench import TPB, DeviceBench, check_bench_job, gpu_price
 from gpufio.io.gio.gather import QueueGather
 from gpufio.io.gio.queue import DeviceQueue
 from gpufio.io.gio.rings import default_rings, ring_sizes
@@ -188,19 +188,7 @@ class GpuUring(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        if job.mixed:
-            raise BadInput(f"job '{job.name}': gpu-uring's GPU threads either read or write; "
-                           f"rw = {job.rw} (a mix) is not supported by this engine")
-        if job.fsync or job.fdatasync:
-            raise BadInput(f"job '{job.name}': gpu-uring's writes are posted by GPU threads, "
-                           "which the host does not order an fsync among; use end_fsync")
-        if job.read_iolog:
-            raise BadInput(f"job '{job.name}': gpu-uring's GPU threads pick their own offsets; "
-                           "replaying an iolog (read_iolog) is not supported by this engine")
-        if job.random_distribution.kind != "random":
-            raise BadInput(f"job '{job.name}': gpu-uring draws offsets on the GPU, uniformly; "
-                           f"random_distribution '{job.random_distribution.kind}' is not "
-                           "supported by this engine")
+        check_bench_job(job, cls.name)
         o = cls.settings(job)
         check_nop(job, o.op)
         if o.passthrough and o.op == "nop":
@@ -254,7 +242,7 @@ class GpuUring(Engine):
         self.queue.close()
 
 
-class GpuUringFetch:
+class GpuUringFetch(QueueGather):
     """The ``gpu-uring`` path for aggregation: GPU threads post the reads of the rows
     themselves through the request queue (io/gio/queue.DeviceQueue, the gather of
     io/gio/gather.py) and copy each landed row into the tensor, through a software cache in
@@ -265,8 +253,6 @@ class GpuUringFetch:
 
     def __init__(self, table: RowTable, xp: Any, dim: int, opts: Any, iodepth: int,
                  direct: bool, cache_bytes: int = 0) -> None:
-        self.xp, self.dim = xp, dim
-        self.rows = 0
         # how the rows were fetched, for the result
         self.facts = {"iodepth": iodepth, "rings": opts.rings, "sqe_async": opts.sqe_async}
         threads = opts.rings * iodepth
@@ -278,24 +264,13 @@ class GpuUringFetch:
             close_all(self._fds)
             raise
         try:
-            self._gather = QueueGather(self.queue, table, xp, dim, threads, opts.stall_timeout,
-                                       cache_bytes)
+            super().__init__(self.queue, table, xp, dim, threads, opts.stall_timeout,
+                             cache_bytes)
         except BaseException:
             self.close()
             raise
-        self.cache = self._gather.cache
         self.facts["gpu_price"] = gpu_price(opts.rings, -(-threads // TPB) * TPB,
                                             gpu.sm_count(xp.cuda.Device().id))
-
-    def counters(self) -> dict[str, int]:
-        """Rows served since the start: from the cache, read from storage, and duplicates
-        of a warp coalesced into one fetch."""
-        return self._gather.counters()
-
-    def fetch(self, nodes: Any) -> Any:
-        out = self._gather.fetch(nodes)
-        self.rows += len(nodes)
-        return out
 
     def close(self) -> None:
         self.queue.close()

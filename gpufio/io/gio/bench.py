@@ -44,6 +44,27 @@ def gpu_price(rings: int, requesters: int, sms: int) -> dict[str, int]:
             "sms_occupied": min(rings + blocks, sms)}
 
 
+def check_bench_job(job: "Job", engine: str) -> None:
+    """BadInput for what the benchmark's GPU threads cannot do (``engine`` names the path):
+    a read-write mix, an fsync among writes the host does not order, offsets from an iolog
+    or from any distribution but uniform."""
+    from gpufio.core.errors import BadInput
+
+    if job.mixed:
+        raise BadInput(f"job '{job.name}': {engine}'s GPU threads either read or write; "
+                       f"rw = {job.rw} (a mix) is not supported by this engine")
+    if job.fsync or job.fdatasync:
+        raise BadInput(f"job '{job.name}': {engine}'s writes are posted by GPU threads, "
+                       "which the host does not order an fsync among; use end_fsync")
+    if job.read_iolog:
+        raise BadInput(f"job '{job.name}': {engine}'s GPU threads pick their own offsets; "
+                       "replaying an iolog (read_iolog) is not supported by this engine")
+    if job.random_distribution.kind != "random":
+        raise BadInput(f"job '{job.name}': {engine} draws offsets on the GPU, uniformly; "
+                       f"random_distribution '{job.random_distribution.kind}' is not "
+                       "supported by this engine")
+
+
 class DeviceBench:
     """One worker's block benchmark on ``queue``: ``threads`` requester threads, reads
     landing in GPU memory when ``land_gpu``, NOPs when ``nop``. Construction allocates and

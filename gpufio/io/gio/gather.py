@@ -23,12 +23,14 @@ GATHER_POLL_S = 0.0001
 class QueueGather:
     """Rows of ``table`` fetched through ``queue`` (a DeviceQueue or NvmeQueues) by
     ``threads`` GPU threads into ``xp`` arrays of ``dim`` float32 columns; ``cache_bytes``
-    of GPU memory in front of the reads (0: none). The owner closes the queue."""
+    of GPU memory in front of the reads (0: none); ``rows`` counts the rows fetched. An
+    engine's row fetcher is one, over the queue it made (and closes)."""
 
     def __init__(self, queue: Any, table: RowTable, xp: Any, dim: int, threads: int,
                  stall_ns: int, cache_bytes: int = 0) -> None:
         self.queue, self.xp, self.dim, self.layout = queue, xp, dim, table.layout
         self.threads, self.stall_ns = threads, stall_ns
+        self.rows = 0
         self.cache = None
         if cache_bytes:
             rows = cache_rows(cache_bytes, table.layout.row_bytes, threads)
@@ -74,4 +76,5 @@ class QueueGather:
         if failed[0]:
             raise row_error(int(failed[1]), int(np.int64(failed[2])),
                             f"; {int(failed[0])} rows failed")
+        self.rows += n
         return out
