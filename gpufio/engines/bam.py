@@ -350,8 +350,7 @@ class Bam(Engine):
 
             why = gpu.probe()[1]
             if why:
-                raise BadInput(f"job '{job.name}': engine 'bam' with submitter = \"gpu\" "
-                               f"needs a GPU: {why}")
+                raise BadInput(f"engine 'bam' with submitter = \"gpu\" needs a GPU: {why}")
             gpu.use(job.gpu_of(ctx.worker))  # before any registration: this worker's GPU
         if o.controller == "model":
             shift = o.model_lba.bit_length() - 1
