@@ -585,9 +585,11 @@ class BamFetch(QueueGather):
                            "(model_lba)")
         depth = row_depth(request)
         bells = doorbells(o)
+        # the result's engine_mode: who submitted, the doorbells, the controller
+        self.mode = f"gpu, {bells} doorbells, model controller"
         self.facts: dict[str, Any] = {"iodepth": depth, "submitter": "gpu",
                                       "doorbells": bells, "controller": "model",
-                                      "mode": f"gpu, {bells} doorbells, model controller"}
+                                      "mode": self.mode}
         shift = o.model_lba.bit_length() - 1
         row = slot_bytes(layout.row_bytes)
         dma = 2 * nq.PAGE + (depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \

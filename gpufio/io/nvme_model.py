@@ -42,6 +42,7 @@ M_ALIVE, M_STOP, M_ERROR, M_FETCHED, M_COMPLETED = 0xF00, 0xF04, 0xF08, 0xF10, 0
 IDLE_SPINS = 2000    # polls of an idle controller before it starts to back off
 IDLE_MAX_S = 0.0005
 WAIT_S = 10.0        # how long the CPU driver waits for the controller (readiness, admin)
+SC_WRITE_FAULT = 0x280  # media and data integrity errors: Write Fault
 
 
 class Memory:
@@ -258,7 +259,10 @@ class Controller:
                 view[:] = data[done:done + len(view)]
                 done += len(view)
         else:
-            os.pwrite(self.backing, b"".join(v.tobytes() for v in chunks), off)
+            try:
+                os.pwrite(self.backing, b"".join(v.tobytes() for v in chunks), off)
+            except OSError:
+                return SC_WRITE_FAULT, 0
         return 0, 0
 
     def _prps(self, prp1: int, prp2: int, nbytes: int) -> list[np.ndarray]:
@@ -352,7 +356,10 @@ def serve(path: str, backing: str, lba_shift: int, faults: list[Fault]) -> None:
     the stop word is set. Busy-polls while there is work, backs off (to IDLE_MAX_S) when
     there is none."""
     mem = Memory(path)
-    fd = os.open(backing, os.O_RDWR)
+    try:
+        fd = os.open(backing, os.O_RDWR)
+    except PermissionError:  # a read-only file (a dataset's features): writes fail
+        fd = os.open(backing, os.O_RDONLY)
     try:
         ctl = Controller(mem, fd, lba_shift, list(faults))
         mem.set_reg(M_ALIVE, 1)
