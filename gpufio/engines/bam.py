@@ -265,6 +265,12 @@ class Bam(Engine):
         return BamFetch(job, table, xp, request)
 
     @classmethod
+    def gpu_memory(cls) -> tuple[str, ...]:
+        # not uses_gpu: the CPU stand-in needs none, and doctor keeps the vfio checks on a
+        # host without one; GPU threads land block reads and GNN rows in GPU memory
+        return ("block", "rows")
+
+    @classmethod
     def unavailable(cls) -> str | None:
         if not sys.platform.startswith("linux"):
             return "needs Linux (vfio-pci)"
