@@ -245,3 +245,18 @@ def test_doctor_prices_the_relay_and_says_why_the_registration_was_not_probed() 
         ("BAR as CUDA I/O memory", "warn"), ("doorbell relay of job 'a'", "ok"),
         ("doorbell relay of job 'b'", "warn")]
     assert "not probed: no NVIDIA GPU" in out[0].found
+
+
+@pytest.mark.parametrize("opts, layout, message", [
+    ({}, (1, 512, 0), "from the software controller only"),
+    ({"controller": "model"}, (2, 512, 0), "striped over 2 files"),
+    ({"controller": "model", "model_lba": 4096}, (1, 512, 0), "not whole 4096-byte blocks"),
+])
+def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None:
+    from gpufio.core.rows import Layout, RowRequest, RowTable
+    from gpufio.engines import all_engines
+
+    table = RowTable(("a.dat",), Layout(*layout), 1000)
+    with pytest.raises(BadInput, match=message):
+        all_engines()["bam"].row_fetcher(_bam_job(**opts), table, None,
+                                         RowRequest(dim=128, max_rows=10, direct=True))

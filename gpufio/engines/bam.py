@@ -560,7 +560,10 @@ class Bam(Engine):
             self.pair = None  # type: ignore[assignment]
             owner = self._model if self._model is not None else self._shared
             assert owner is not None
-            owner.release()
+            # an agent that never stopped may still touch the queues' memory: it stays
+            # (the GPU is marked unusable; the guardian gives a real controller back)
+            if self.queues is None or self.queues.kernels_done:
+                owner.release()
 
 
 class BamFetch(QueueGather):
