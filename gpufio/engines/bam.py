@@ -26,6 +26,7 @@ namespace 1: the GPU side runs unchanged on a machine with no NVMe (results say
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import threading
 import time
@@ -585,6 +586,10 @@ class BamFetch(QueueGather):
             raise BadInput(f"job '{job.name}': engine 'bam' fetches GNN rows from the software "
                            "controller only (controller = \"model\"): a namespace taken over "
                            "vfio holds no feature file")
+        if multiprocessing.current_process().daemon:  # a data-parallel job's trainer
+            raise BadInput(f"job '{job.name}': engine 'bam' starts a software controller "
+                           "process per row fetcher, which a data-parallel job's trainer "
+                           "processes may not: give the job one GPU")
         if layout.ntargets != 1:
             raise BadInput(f"job '{job.name}': engine 'bam' serves one feature file as its "
                            f"namespace; the table is striped over {layout.ntargets} files")
