@@ -8,10 +8,13 @@ own CPU driver (io/nvme_model.QueuePair: the model's ceiling), GPU agents ringin
 through the CPU relay, GPU agents ringing them directly. The mechanism's ceiling, as
 bench/nop.py is io_uring's: goal (``--check``), each GPU mode >= GOAL x the CPU-driven rate,
 i.e. the GPU side does not limit the model. The numbers are the model's, not a drive's.
+Then ``engine = "bam"`` itself on the model (controller = "model"), relay and direct: the
+engine's own GPU block loop end to end (``--runtime`` seconds each).
 
 With ``--drive /dev/nvmeXnY`` (a machine with an NVMe drive and a GPU; reads only): 4 KiB
 random reads through fio io_uring, fio io_uring_cmd (/dev/ngXnY), gpufio gpu-uring and gpufio
-bam (where that engine is installed and the drive bound for it), IOPS and CPU us per I/O.
+bam (its CPU stand-in, GPU threads with relayed and with direct doorbells; a refusal, such
+as CUDA not registering the BAR, is a row saying why), IOPS and CPU us per I/O.
 
     python3 -m bench.bam --quick            # from the repository root
     python3 -m bench.bam --check --json bam.json
@@ -66,19 +69,41 @@ def _fio(target: str, engine: str, runtime: int, iodepth: int) -> dict:
     return {"iops": job["read"]["iops"], "cpu_us": 1e6 * cpu_s / ios if ios else 0.0}
 
 
-def _gpufio(target: str, engine: str, runtime: int, iodepth: int) -> dict:
+def _gpufio(target: str, engine: str, runtime: int, iodepth: int, **opts: object) -> dict:
+    """One time-based 4 KiB random-read job through the CLI; a refusal (exit 2) is a row
+    that says why instead of numbers."""
     prof = {"engine": engine, "rw": "randread", "bs": "4k", "targets": [target],
-            "iodepth": iodepth, "runtime": f"{runtime}s", "time_based": True}
+            "iodepth": iodepth, "runtime": f"{runtime}s", "time_based": True, **opts}
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write("[global]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in prof.items()))
     try:
-        out = subprocess.run([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json", "-q"],
-                             capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json", "-q"],
+                             capture_output=True, text=True)
     finally:
         os.unlink(f.name)
-    job = json.loads(out)["jobs"][0]
+    if res.returncode == 2:
+        return {"iops": 0, "cpu_us": 0.0, "refused": res.stderr.strip()}
+    res.check_returncode()
+    job = json.loads(res.stdout)["jobs"][0]
+    facts = job.get("engine_facts", {})
     return {"iops": job["read"]["iops"], "cpu_us": job["cpu_us_per_io"],
-            "mode": job.get("engine_facts", {}).get("doorbells")}
+            "mode": facts.get("mode") if facts.get("submitter") else facts.get("doorbells")}
+
+
+def engine_rows(args: argparse.Namespace) -> tuple[list[list], list[dict]]:
+    """engine = "bam" end to end on the software controller, relay and direct: the engine's
+    GPU block loop over the same model (rates are the model's, and the runner's)."""
+    rows, raw = [], []
+    with tempfile.TemporaryDirectory(prefix="gpufio-bam-bench-", dir="/dev/shm") as where:
+        path = os.path.join(where, "ns.dat")
+        api.lay_out(path, args.size, 1)
+        for mode in ("relay", "direct"):
+            r = _gpufio(path, "bam", args.runtime, args.depth, controller="model",
+                        doorbells=mode)
+            rows.append([f"engine bam ({r.get('mode') or r.get('refused')})",
+                         f"1 x {args.depth}", round(r["iops"]), "", ""])
+            raw.append({"path": f"engine bam {mode}", **r})
+    return rows, raw
 
 
 def drive_rows(args: argparse.Namespace) -> tuple[list[list], list[dict]]:
@@ -91,12 +116,17 @@ def drive_rows(args: argparse.Namespace) -> tuple[list[list], list[dict]]:
                                               args.depth)),
             ("gpufio gpu-uring", lambda: _gpufio(args.drive, "gpu-uring", args.runtime,
                                                  args.depth))]
-    if "bam" in engines:
-        runs.append(("gpufio bam", lambda: _gpufio(args.drive, "bam", args.runtime,
-                                                   args.depth)))
+    if "bam" in engines:  # the drive must be free to take (gpufio doctor says)
+        for who, bells in (("cpu", "auto"), ("gpu", "relay"), ("gpu", "direct")):
+            runs.append((f"gpufio bam {who}", lambda w=who, b=bells: _gpufio(
+                args.drive, "bam", args.runtime, args.depth, submitter=w, doorbells=b)))
     rows, raw = [], []
     for label, go in runs:
         r = go()
+        if r.get("refused"):
+            rows.append([f"{label}: {r['refused']}", f"1 x {args.depth}", "", "", ""])
+            raw.append({"path": label, **r})
+            continue
         rows.append([label + (f" ({r['mode']})" if r.get("mode") else ""), f"1 x {args.depth}",
                      round(r["iops"]), f"{r['cpu_us']:.2f}", ""])
         raw.append({"path": label, **r})
@@ -130,6 +160,8 @@ def main() -> int:
             print(f"bench: no usable GPU: {why}", file=sys.stderr)
             return 2
         rows, raw, missed = model_rows(args)
+        more, extra = engine_rows(args)
+        rows, raw = rows + more, raw + extra
         head = ["path", "queues x depth", "reads/s", "GPU / CPU", "goal"]
         title = (f"software NVMe controller (Python model, not a drive): {args.n} 4 KiB reads "
                  f"a run, medians of {args.repeat}")

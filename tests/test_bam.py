@@ -119,9 +119,15 @@ def _bam_job(**opts):
 
 
 @pytest.mark.parametrize("opts, message", [
-    ({"fsync": 8, "rw": "write"}, "sends no NVMe Flush yet"),
     ({"bs": "6k"}, "bs to divide or be a multiple of 4096"),
     ({"bs": "4m"}, "needs a chained PRP list"),
+    ({"controller": "model", "submitter": "cpu"}, "from GPU threads only"),
+    ({"controller": "model", "model_lba": 4096, "bs": "2k"}, "not a multiple of the software"),
+    ({"controller": "model", "model_lba": 1000}, "not a power of two"),
+    ({"controller": "model", "rw": "randrw"}, "either read or write"),
+    ({"controller": "model", "rw": "write", "fsync": 4}, "use end_fsync"),
+    ({"submitter": "gpu", "targets": ["/dev/nvme0n1", "/dev/nvme1n1"]}, "one namespace"),
+    ({"doorbells": "relay"}, "the CPU stand-in rings them itself"),
 ])
 def test_bam_job_refusals(opts: dict, message: str) -> None:
     from gpufio.engines import all_engines
@@ -135,8 +141,37 @@ def test_bam_results_name_the_cpu_stand_in() -> None:
     from gpufio.engines.base import label
 
     facts = all_engines()["bam"].describe(_bam_job())
-    assert facts["submitter"] == "cpu-stand-in"
+    assert facts["submitter"] == "cpu-stand-in" and facts["controller"] == "real"
     assert label("bam", facts) == "bam (cpu-stand-in)"
+
+
+@pytest.mark.parametrize("opts, mode", [
+    ({"controller": "model"}, "gpu, direct doorbells, model controller"),
+    ({"controller": "model", "doorbells": "relay"}, "gpu, relay doorbells, model controller"),
+    ({"submitter": "gpu"}, "gpu, relay doorbells, real controller"),
+    ({"submitter": "gpu", "doorbells": "direct"}, "gpu, direct doorbells, real controller"),
+])
+def test_bam_results_name_the_doorbells_and_the_controller(opts: dict, mode: str) -> None:
+    from gpufio.engines import all_engines
+    from gpufio.engines.base import label
+
+    engine = all_engines()["bam"]
+    job = _bam_job(**opts)
+    engine.check_job(job)
+    facts = engine.describe(job)
+    assert label("bam", facts) == f"bam ({mode})"
+    assert facts["submitter"] == "gpu" and facts["doorbells"] in mode
+    assert engine.generic_targets(job) is (opts.get("controller") != "model")
+    if opts.get("controller") == "model":
+        assert engine.guardian(job, []) is None
+
+
+def test_a_cpu_stand_in_write_job_with_fsync_and_end_fsync_is_accepted() -> None:
+    from gpufio.engines import all_engines
+
+    engine = all_engines()["bam"]
+    engine.check_job(_bam_job(rw="randwrite", fsync=4, end_fsync=True))
+    assert engine.flushes_itself
 
 
 def test_guardian_leaves_a_controller_that_is_not_on_vfio(tmp_path: Path) -> None:
@@ -158,3 +193,70 @@ def test_the_runner_starts_a_guardian_and_releases_it() -> None:
     assert g.proc.returncode == 3
     with pytest.raises(BadInput, match="did not start"):
         Guardian([sys.executable, "-c", "pass"])
+
+
+def _config(*caps: tuple[int, bytes]) -> bytes:
+    """4 KiB of config space with extended capabilities ``(id, body)`` chained from 0x100."""
+    import struct
+
+    cfg = bytearray(4096)
+    at = 0x100
+    for i, (cap, body) in enumerate(caps):
+        nxt = at + 0x40 if i + 1 < len(caps) else 0
+        struct.pack_into("<I", cfg, at, cap | 1 << 16 | nxt << 20)
+        cfg[at + 4:at + 4 + len(body)] = body
+        at = nxt
+    return bytes(cfg)
+
+
+def test_acs_control_bits_are_read_from_the_extended_capabilities() -> None:
+    import struct
+
+    acs = struct.pack("<HH", 0x1F, 0x1D)  # capability, control: SV RR CR UF on
+    assert vfio.acs_control(_config((0x0001, b""), (0x000D, acs))) == "SV RR CR UF"
+    assert vfio.acs_control(_config((0x000D, struct.pack("<HH", 0x1F, 0)))) == "none"
+    assert vfio.acs_control(_config((0x0001, b""))) is None
+    with pytest.raises(ValueError):
+        vfio.acs_control(bytes(256))  # what a non-root reader gets
+
+
+def test_doctor_names_acs_on_the_path_to_the_root_complex(tmp_path: Path) -> None:
+    import struct
+
+    pci = tmp_path / "sys/bus/pci"
+    real = tmp_path / "sys/devices/pci0000:00/0000:00:1c.0/0000:02:00.0"
+    real.mkdir(parents=True)
+    (real.parent / "config").write_bytes(_config((0x000D, struct.pack("<HH", 0x1F, 0x05))))
+    (real / "config").write_bytes(bytes(256))
+    (pci / "devices").mkdir(parents=True)
+    os.symlink(real, pci / "devices/0000:02:00.0")
+    os.symlink(real.parent, pci / "devices/0000:00:1c.0")
+    assert vfio.upstream_bridges("0000:02:00.0", pci) == ["0000:00:1c.0"]
+    assert vfio.acs_path("0000:02:00.0", pci) == "0000:00:1c.0: ACS SV RR"
+    (real.parent / "config").write_bytes(bytes(64))
+    assert vfio.acs_path("0000:02:00.0", pci) == "0000:00:1c.0: unreadable (needs root)"
+
+
+def test_doctor_prices_the_relay_and_says_why_the_registration_was_not_probed() -> None:
+    from gpufio.io.gio import nvme
+
+    out = nvme.gpu_doctor_checks("bam", [("a", 2), ("b", 8)], 4, "no NVIDIA GPU")
+    assert [(c.name, c.status) for c in out] == [
+        ("BAR as CUDA I/O memory", "warn"), ("doorbell relay of job 'a'", "ok"),
+        ("doorbell relay of job 'b'", "warn")]
+    assert "not probed: no NVIDIA GPU" in out[0].found
+
+
+@pytest.mark.parametrize("opts, layout, message", [
+    ({}, (1, 512, 0), "from the software controller only"),
+    ({"controller": "model"}, (2, 512, 0), "striped over 2 files"),
+    ({"controller": "model", "model_lba": 4096}, (1, 512, 0), "not whole 4096-byte blocks"),
+])
+def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None:
+    from gpufio.core.rows import Layout, RowRequest, RowTable
+    from gpufio.engines import all_engines
+
+    table = RowTable(("a.dat",), Layout(*layout), 1000)
+    with pytest.raises(BadInput, match=message):
+        all_engines()["bam"].row_fetcher(_bam_job(**opts), table, None,
+                                         RowRequest(dim=128, max_rows=10, direct=True))

@@ -22,8 +22,7 @@ from gpufio.io import cuda, nvme_cmd, verify
 from gpufio.io import nvme_queue as nq
 from gpufio.io.gio.nvme import NvmeQueues, RegisteredModel
 from gpufio.io.gio.queue import QueueStalled
-from gpufio.io.nvme_model import Fault
-from gpufio.run.nvme_model import ModelProcess
+from gpufio.io.nvme_model import Fault, ModelProcess
 
 SEED = 1234
 SIZE = 8 << 20

@@ -84,7 +84,7 @@ def test_a_kernel_compiled_without_the_macros_says_how_to_compile_it(tmp_path):
 
 
 def test_the_gpu_price_counts_agent_warps_requester_blocks_and_sms():
-    from gpufio.engines.gpu_uring import TPB, gpu_price
+    from gpufio.io.gio.bench import TPB, gpu_price
 
     p = gpu_price(rings=8, requesters=8 * 128, sms=132)
     assert p == {"agent_warps": 8, "requester_threads": 1024, "requester_warps": 32,

@@ -176,8 +176,8 @@ def _gnn(tmp_path, **extra):
     ({"learning_rate": "fast"}, "key 'learning_rate': expected a positive number"),
     ({"engine": "uring", "mmap_advice": "random"},
      "key 'mmap_advice': only engine 'mmap' maps the features, not 'uring'"),
-    ({"cache_size": "1m"}, "key 'cache_size': the GPU cache sits in front of engine "
-                           "'gpu-uring', not 'mmap'"),
+    ({"cache_size": "1m"}, "key 'cache_size': the GPU cache sits in front of engines "
+                           "'bam', 'gpu-uring', not 'mmap'"),
 ])
 def test_bad_gnn_profiles(extra, message, tmp_path):
     with pytest.raises(BadInput, match=message):

@@ -186,21 +186,21 @@ def test_a_queue_whose_kernels_never_stopped_keeps_everything(monkeypatch):
 
 
 def test_any_error_after_start_stops_the_agents():
-    from gpufio.engines.gpu_uring import GpuUring
+    from gpufio.io.gio.bench import DeviceBench
 
     calls = []
-    engine = GpuUring.__new__(GpuUring)
-    engine.queue = SimpleNamespace(start=lambda requesters: calls.append("start"),
-                                   abort_quietly=lambda streams: calls.append("abort") or True,
-                                   kernels_done=False)
-    engine._blocks, engine._stream = 1, "stream"
+    bench = DeviceBench.__new__(DeviceBench)
+    bench.queue = SimpleNamespace(start=lambda requesters: calls.append("start"),
+                                  abort_quietly=lambda streams: calls.append("abort") or True,
+                                  kernels_done=False)
+    bench.blocks, bench.stream = 1, "stream"
 
-    def broken():
+    def broken(*args):
         raise uring.UringError("io_uring_enter failed: EBADF")
 
-    engine._drive = broken
+    bench._drive = broken
     with pytest.raises(uring.UringError):
-        engine.run()
+        bench.run(10**9)
     assert calls == ["start", "abort"]
 
 

@@ -1,4 +1,4 @@
-"""The software NVMe controller (io/nvme_model.py, in its own process: run/nvme_model.py)
+"""The software NVMe controller (io/nvme_model.py, in its own process: ModelProcess)
 against a CPU writer of the same entries (io/nvme_queue.py): reads byte-exact against the
 pattern through PRP1, PRP2 and PRP lists, writes, Flush, queues that wrap their phase, odd
 depths and 4096-byte LBAs, injected statuses (one failed I/O, named by
@@ -6,15 +6,16 @@ io/nvme_cmd.error_name), a dropped completion caught by the watchdog, and a rese
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from gpufio.core import pattern, targets
 from gpufio.io import nvme_cmd
 from gpufio.io import nvme_queue as nq
-from gpufio.io.nvme_model import Fault
+from gpufio.io.nvme_model import Fault, ModelProcess
 from gpufio.io.watchdog import Stalled
-from gpufio.run.nvme_model import ModelProcess
 
 SEED = 1234
 SIZE = 4 << 20
@@ -128,3 +129,21 @@ def test_a_dropped_completion_is_caught_by_the_watchdog_and_a_reset_recovers(mod
     e, bufs = reads(m.mem, [4096], [4096], 9)
     assert list(nq.result(pair.run(e, 10**10)["status"], 4096)) == [4096]
     assert bufs[0].tobytes() == pattern.fill(SEED, 4096, 4096)
+
+
+def test_a_served_file_reads_through_its_own_controller_and_leaves_nothing(tmp_path):
+    from gpufio.io.nvme_model import ServedFile
+
+    backing = tmp_path / "ns.dat"
+    targets.create_file(str(backing), SIZE, SEED)
+    served = ServedFile(str(backing), 12, 1 << 20)
+    try:
+        assert served.where.startswith("/dev/shm/") or not os.path.isdir("/dev/shm")
+        pair = served.host.create_pair(1, 5)
+        e, (buf,) = reads(served.mem, [8192], [8192], 12)
+        assert nq.status_of(pair.run(e, 10**10)["status"]).tolist() == [0]
+        assert buf.tobytes() == pattern.fill(SEED, 8192, 8192)
+        assert (pair.sq_db, pair.cq_db) == (nq.doorbell(1, False), nq.doorbell(1, True))
+    finally:
+        served.close()
+    assert not os.path.exists(served.where)

@@ -234,11 +234,16 @@ class WorkerContext:
         t0 = time.perf_counter_ns()
         for fd in fds:
             call(fd)
+        self.synced(len(fds), time.perf_counter_ns() - t0)
+
+    def synced(self, count: int, ns: int) -> None:
+        """Count ``count`` syncs that took ``ns`` in all, as fio's sync block: ``sync``'s, or
+        an engine's own (an NVMe Flush where no file is left to fsync)."""
         # a mixed batch can pass the mark: the writes beyond it count toward the next sync
         self._since_sync %= self._sync_every or 1
         if self.control.measuring:
-            self.rec.syncs += len(fds)
-            self.rec.sync_ns += time.perf_counter_ns() - t0
+            self.rec.syncs += count
+            self.rec.sync_ns += ns
 
     def _record_failures(self, tgt: np.ndarray, res: np.ndarray) -> None:
         """Count short reads and errnos per target; halt unless continue_on_error."""

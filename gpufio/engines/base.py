@@ -117,6 +117,9 @@ class Engine(ABC):
     # "process": each worker is a forked process, so Python time per batch scales with
     # numjobs as fio's job processes do; "thread" for engines holding a CUDA context.
     worker_kind: ClassVar[str] = "process"
+    # whether its workers make end_fsync's sync themselves (an NVMe Flush of a controller
+    # taken from its driver, which leaves no file to fsync): the runner then syncs nothing
+    flushes_itself: ClassVar[bool] = False
     # whether its workers take their I/Os from ctx.next_batch, so a rate cap (rate_iops)
     # holds; False for engines whose loop runs on the device
     paced: ClassVar[bool] = True

@@ -13,38 +13,32 @@ are in kernels/gio_agent.cu and gio_bench.cu; the ring plumbing in gpufio/io/gio
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufio.core import pattern
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.recorder import DeviceTotals
 from gpufio.core.rows import (
-    RowFetchError,
     RowRequest,
     RowSupport,
     RowTable,
     close_all,
     open_rows,
     row_depth,
-    row_error,
 )
 from gpufio.core.shared import READ, WRITE
-from gpufio.core.stats import PLAT_NR
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
 from gpufio.facts.device import ram_backing
-from gpufio.io import cuda, gpu, nvme_cmd, uring
-from gpufio.io.gio import contract
-from gpufio.io.gio.cache import GpuCache, cache_rows
-from gpufio.io.gio.queue import C_MEASURING, C_STOP, DeviceQueue, QueueStalled
+from gpufio.io import gpu, nvme_cmd, uring
+from gpufio.io.gio.bench import TPB, DeviceBench, check_bench_job, gpu_price
+from gpufio.io.gio.gather import QueueGather
+from gpufio.io.gio.queue import DeviceQueue
 from gpufio.io.gio.rings import default_rings, ring_sizes
-from gpufio.io.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -52,33 +46,15 @@ if TYPE_CHECKING:
     from gpufio.core.targets import Target
     from gpufio.facts.system import Host
 
-FLAGS = contract.BENCH_FLAGS
-ERRNO_SLOTS, BAD_KEEP = contract.CONSTANTS["ERRNO_SLOTS"], contract.CONSTANTS["BAD_KEEP"]
-TPB = 128
-POLL_S = 0.001
-PULL_NS = 100_000_000
-U64_MAX = (1 << 64) - 1
 
 
 def default_sq_threads(job: Job, rings: int) -> int:
     """SQPOLL threads when the job does not say: one per ring where a target lives in memory
     (each thread copies its reads itself, so the rate grows with threads); one per target
     otherwise: a drive's rate is its own, one thread submits at it, and every further
-    thread would only spin on a core of its own. A target file not laid out yet is judged
-    by its directory: the job's settings are resolved when the profile is read."""
-    ram = any(ram_backing(p if os.path.exists(p) else os.path.dirname(os.path.abspath(p)))
-              for p in job.targets)
+    thread would only spin on a core of its own."""
+    ram = any(ram_backing(p) for p in job.targets)
     return rings if ram else min(max(len(job.targets), 1), rings)
-
-
-def gpu_price(rings: int, requesters: int, sms: int) -> dict[str, int]:
-    """What the mechanism occupies of the GPU while it runs: one agent warp (a block of its
-    own) per ring and the requester threads in blocks of TPB, each block on one SM; the
-    persistent kernels hold them for the whole job. ``sms_occupied``: at most one SM per block."""
-    blocks = -(-requesters // TPB)
-    return {"agent_warps": rings, "requester_threads": requesters,
-            "requester_warps": -(-requesters // 32), "blocks": rings + blocks, "sms": sms,
-            "sms_occupied": min(rings + blocks, sms)}
 
 
 def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
@@ -87,7 +63,7 @@ def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
     slots per ring: the block benchmark's and the row fetcher's; ``nop``: its agents post
     IORING_OP_NOP for every request; ``namespaces``: they post NVMe commands
     (DeviceQueue's passthrough)."""
-    sq, cq = ring_sizes(depth, opts.ring_entries)
+    sq, cq = ring_sizes(depth, opts.ring_entries or None)
     return DeviceQueue(nrings=opts.rings, depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
                        cq_entries=cq, idle_ms=opts.sq_thread_idle // 1_000_000,
                        cpus=opts.sq_thread_cpu, sqe_async=opts.sqe_async, fds=fds,
@@ -116,15 +92,15 @@ class GpuUring(Engine):
     paced = False  # GPU threads post the reads: no host loop to space them
     worker_kind = "thread"
     options = (
-        Option("rings", "int", None, "io_uring rings, one SQPOLL kernel thread each (default: "
-               "half the cores, at most 8, at least one per target)", minimum=1),
-        Option("ring_entries", "int", None, "SQ entries per ring (default: iodepth); iodepth "
-               "may not exceed it, the CQ gets twice as many", minimum=1),
-        Option("threads", "int", None, "GPU requester threads (default: rings x iodepth, one "
-               "per request slot); more than that share the slots", minimum=1),
-        Option("sq_threads", "int", None, "SQPOLL kernel threads serving the rings (default: "
-               "one per ring on RAM-backed targets, one per target on drives); ring i shares "
-               "ring i % sq_threads's thread and io-wq (IORING_SETUP_ATTACH_WQ)", minimum=1),
+        Option("rings", "int", 0, "io_uring rings, one SQPOLL kernel thread each (0: half the "
+               "cores, at most 8, at least one per target)", minimum=0),
+        Option("ring_entries", "int", 0, "SQ entries per ring (0: iodepth); iodepth may not "
+               "exceed it, the CQ gets twice as many", minimum=0),
+        Option("threads", "int", 0, "GPU requester threads (0: rings x iodepth, one per request "
+               "slot); more than that share the slots", minimum=0),
+        Option("sq_threads", "int", 0, "SQPOLL kernel threads serving the rings (0: one per "
+               "ring on RAM-backed targets, one per target on drives); ring i shares ring "
+               "i % sq_threads's thread and io-wq (IORING_SETUP_ATTACH_WQ)", minimum=0),
         Option("sq_thread_cpu", "intlist", (), "CPUs the SQPOLL threads are pinned to, "
                "round-robin (default: not pinned)"),
         Option("sq_thread_idle", "time", 1_000_000_000, "how long an SQPOLL thread spins before "
@@ -217,19 +193,7 @@ class GpuUring(Engine):
 
     @classmethod
     def check_job(cls, job: Job) -> None:
-        if job.mixed:
-            raise BadInput(f"job '{job.name}': gpu-uring's GPU threads either read or write; "
-                           f"rw = {job.rw} (a mix) is not supported by this engine")
-        if job.fsync or job.fdatasync:
-            raise BadInput(f"job '{job.name}': gpu-uring's writes are posted by GPU threads, "
-                           "which the host does not order an fsync among; use end_fsync")
-        if job.read_iolog:
-            raise BadInput(f"job '{job.name}': gpu-uring's GPU threads pick their own offsets; "
-                           "replaying an iolog (read_iolog) is not supported by this engine")
-        if job.random_distribution.kind != "random":
-            raise BadInput(f"job '{job.name}': gpu-uring draws offsets on the GPU, uniformly; "
-                           f"random_distribution '{job.random_distribution.kind}' is not "
-                           "supported by this engine")
+        check_bench_job(job, cls.name)
         o = cls.settings(job)
         check_nop(job, o.op)
         if o.passthrough and o.op == "nop":
@@ -255,165 +219,45 @@ class GpuUring(Engine):
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         super().__init__(job, targets, ctx)
         o = self._opts = self.settings(job)
-        cp = self._cp = gpu.use(job.gpu_of(ctx.worker))
+        gpu.use(job.gpu_of(ctx.worker))
         self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
                                 fds=[t.fd for t in targets], nop=o.op == "nop",
                                 namespaces=namespace_table(targets) if o.passthrough else None)
-        # everything after the queue exists is undone with it if it fails
-        with gpu.undone_on_failure(self.queue.close, f"gpu {job.gpu_of(ctx.worker)}: out of "
-                                   f"memory for {o.threads * job.bs} bytes of destination "
-                                   "buffers"):
-            self._bench_fn = cuda.module("gio_bench").get_function("gio_bench")
-            self._blocks = -(-o.threads // TPB)
-            self._dev = self._bench_arrays(job, targets, ctx, o)
-        self._stream = cp.cuda.Stream(non_blocking=True)
-        self.queue.keep_alive(self._dev, self._stream)  # if the bench kernel never stops
-        ctx.note("gpu_price", [gpu_price(o.rings, self._blocks * TPB,
-                                         gpu.sm_count(job.gpu_of(ctx.worker)))])
-        cp.cuda.Stream.null.synchronize()  # not the device: other workers' agents run on it
-
-    def _bench_arrays(self, job: Job, targets: list[Target], ctx: WorkerContext,
-                      o: Any) -> dict[str, Any]:
-        """The block benchmark's own arrays, and its GioBench descriptor (contract.GIO_BENCH,
-        the struct in kernels/gio_bench.cu)."""
-        cp, bs, nt, nthreads = self._cp, job.bs, len(targets), o.threads
-        seeds = ctx.seeds(np.arange(nt)) if ctx.verifying or job.writes else np.zeros(nt, np.uint64)
-        starts, nblocks = ctx.regions()
-        d = {"claim": cp.zeros(1, cp.uint64),
-             "dst": cp.empty(nthreads * bs if o.land == "gpu" and not job.writes
-                             and o.op != "nop" else 16,
-                             cp.uint8),
-             "fds": cp.asarray(self.queue.file_refs),
-             "starts": cp.asarray(starts), "nblocks": cp.asarray(nblocks),
-             "pat_seed": cp.asarray(seeds),
-             "live": cp.zeros(3, cp.uint64), "hist": cp.zeros(PLAT_NR, cp.uint64),
-             "lat": cp.asarray(np.array([0, U64_MAX, 0], np.uint64)),
-             "lat_sq": cp.zeros(1, cp.float64), "tstats": cp.zeros(4 * nt, cp.uint64),
-             "errs": cp.zeros(nt * ERRNO_SLOTS, cp.uint64),
-             "bad": cp.zeros(1 + 2 * BAD_KEEP, cp.uint64)}
-        chosen = {"B_RANDOM": job.random, "B_FILE_RANDOM": job.file_service == "random",
-                  "B_LAND_GPU": o.land == "gpu" and not job.writes and o.op != "nop",
-                  "B_VERIFY": ctx.verifying,
-                  "B_CONTINUE": job.continue_on_error, "B_WRITE": job.writes,
-                  "B_NOP": o.op == "nop"}
-        flags = sum(FLAGS[name] for name, on in chosen.items() if on)
-        budget = ctx.budget
-        seed = int(np.random.default_rng([job.randseed, ctx.worker]).integers(0, 1 << 63))
-        p = {name: arr.data.ptr for name, arr in d.items()}
-        d["bench"] = cp.asarray(contract.build(contract.GIO_BENCH, {
-            **p, "ntargets": nt, "bs": bs, "flags": flags, "seed": seed,
-            "budget": U64_MAX if budget is None else budget, "nthreads": nthreads,
-            "magic": pattern.MAGIC, "block_bytes": pattern.BLOCK,
-            "header_words": pattern.HEADER_WORDS}))
-        return d
-
-    def _get(self, name: str) -> np.ndarray:
-        return self.queue.fetch(self._dev[name])
-
-    def _running(self) -> bool:
-        return not (self.queue.agent_stream.done and self._stream.done)
+        self._bench = DeviceBench(self.queue, job, ctx, ntargets=len(targets),
+                                  threads=o.threads, land_gpu=o.land == "gpu",
+                                  direction=WRITE if job.writes else READ, nop=o.op == "nop")
+        ctx.note("gpu_price", [self._bench.price])
 
     def run(self) -> None:
-        q = self.queue
-        q.start(requesters=self._blocks * TPB)
+        share = uring.SqThreadShare(self.queue.rings.rings)
         try:
-            self._drive()
-        except BaseException:
-            # whatever failed (a launch, a wake-up, Ctrl-C), the agents must not spin on
-            q.abort_quietly((self._stream,))
-            raise
+            self._bench.run(self._opts.stall_timeout, wake=self.queue.rings.wake,
+                            begin=share.begin, notes=share.facts)
         finally:
-            if q.kernels_done:
-                self._collect()
-        bad = q.bad_slot()
-        if bad is not None:
-            raise RuntimeError(f"a kernel posted a read to request slot {bad}, past the "
-                               f"queue's {q.nrings * q.depth}")
-
-    def _drive(self) -> None:
-        """Launch the bench kernel and follow it: wake SQPOLL threads, pull live counts,
-        start the measurement and the stop when the runner says, and abort on a stall."""
-        ctx, o, q = self.ctx, self._opts, self.queue
-        share = uring.SqThreadShare(q.rings.rings)
-        if ctx.measuring:  # no ramp: the first completions count
-            q.set(C_MEASURING, 1)
-            share.begin()
-        self._bench_fn((self._blocks,), (TPB,), (q.descriptor, self._dev["bench"]),
-                       stream=self._stream)
-        watchdog = Watchdog(o.stall_timeout, time.monotonic_ns())
-        last_pull = 0
-        stopping = False
-        while True:
-            if not share.begun and ctx.measuring:
-                q.set(C_MEASURING, 1)
-                share.begin()
-            if not stopping and ctx.done:
-                q.set(C_STOP, 1)
-                stopping = True
-            q.rings.wake()
-            running = self._running()
-            if stopping or not running:
-                for key, values in share.facts().items():
-                    ctx.note(key, values)
-            now = time.monotonic_ns()
-            if not running or now - last_pull > PULL_NS:
-                live = self._get("live")
-                ctx.publish(int(live[0]), int(live[1]), int(live[2]), self._get("hist"),
-                            WRITE if self.job.writes else READ)
-                last_pull = now
-                if running and watchdog.update(int(live[0]), now):
-                    q.stall(o.stall_timeout, (self._stream,))
-            if not running:
-                break
-            time.sleep(POLL_S)
-        q.kernels_done = True
-
-    def _collect(self) -> None:
-        """Hand the GPU's counts to the worker context as this worker's record."""
-        nt = len(self.targets)
-        live, lat = self._get("live"), self._get("lat")
-        tstats = self._get("tstats").reshape(nt, 4).astype(np.int64)
-        errs = self._get("errs").reshape(nt, ERRNO_SLOTS)
-        bad = self._get("bad")
-        nbad = min(int(bad[0]), BAD_KEEP)
-        self.ctx.absorb(DeviceTotals(
-            completed=int(live[0]), ios=int(live[1]), bytes=int(live[2]),
-            hist=self._get("hist").astype(np.int64), lat_sum=int(lat[0]),
-            lat_sumsq=float(self._get("lat_sq")[0]), lat_min=int(lat[1]), lat_max=int(lat[2]),
-            target_ios=tstats[:, 0], target_bytes=tstats[:, 1], short=tstats[:, 2],
-            verify_failures=tstats[:, 3],
-            errors={(int(t), int(e)): int(errs[t, e]) for t, e in zip(*np.nonzero(errs))},
-            bad_offsets=[(int(bad[1 + 2 * i]), int(bad[2 + 2 * i])) for i in range(nbad)],
-            direction=WRITE if self.job.writes else READ))
+            if self._bench.totals is not None:
+                self.ctx.absorb(DeviceTotals(**self._bench.totals))
 
     def close(self) -> None:
         """Tear down the queue; if a kernel never stopped, the queue keeps this engine's
         arrays alive with its own (keep_alive), since the kernel still writes into them."""
-        self._dev = {}
+        self._bench.close()
         self.queue.close()
 
 
-class GpuUringFetch:
+class GpuUringFetch(QueueGather):
     """The ``gpu-uring`` path for aggregation: GPU threads post the reads of the rows
-    themselves through the request queue (io/gio/queue.DeviceQueue, kernels/gnn_gather.cu) and
-    copy each landed row into the tensor, through a software cache in GPU memory when
-    ``cache_bytes`` is given (io/gio/cache.py); the host only starts the kernels, wakes SQPOLL
-    threads and watches for a stall. Needs a GPU (``device = "gpu"``)."""
+    themselves through the request queue (io/gio/queue.DeviceQueue, the gather of
+    io/gio/gather.py) and copy each landed row into the tensor, through a software cache in
+    GPU memory when ``cache_bytes`` is given (io/gio/cache.py); the host only starts the
+    kernels, wakes SQPOLL threads and watches for a stall. Needs a GPU (``device = "gpu"``)."""
 
     page_cache = False
 
     def __init__(self, table: RowTable, xp: Any, dim: int, opts: Any, iodepth: int,
                  direct: bool, cache_bytes: int = 0) -> None:
-        self.xp, self.dim, self.layout = xp, dim, table.layout
-        self.rows = 0
         # how the rows were fetched, for the result
         self.facts = {"iodepth": iodepth, "rings": opts.rings, "sqe_async": opts.sqe_async}
-        self.stall_ns = opts.stall_timeout
-        self._threads = opts.rings * iodepth
-        self.cache = None
-        if cache_bytes:
-            rows = cache_rows(cache_bytes, table.layout.row_bytes, self._threads)
-            self.cache = GpuCache(xp, rows, table.layout.row_bytes, table.rows)
+        threads = opts.rings * iodepth
         self._fds = open_rows(table, direct)
         try:
             self.queue = make_queue(opts, depth=iodepth, slot_bytes=table.layout.row_bytes,
@@ -422,53 +266,13 @@ class GpuUringFetch:
             close_all(self._fds)
             raise
         try:
-            # loaded now: never while the agents spin (see DeviceQueue.start)
-            self._gather = cuda.module("gnn_gather").get_function("gio_gather")
-            self._d_fds = xp.asarray(self.queue.file_refs)
-            # failed, node, result, hits, reads, coalesced, rows claimed (gnn_gather.cu)
-            self._stats = xp.zeros(7, xp.uint64)
-            self._stream = xp.cuda.Stream(non_blocking=True)
+            super().__init__(self.queue, table, xp, dim, threads, opts.stall_timeout,
+                             cache_bytes)
         except BaseException:
             self.close()
             raise
-        self.queue.keep_alive(self._d_fds, self._stats, self._stream, self.cache)
-        self.facts["gpu_price"] = gpu_price(opts.rings, -(-self._threads // TPB) * TPB,
+        self.facts["gpu_price"] = gpu_price(opts.rings, -(-threads // TPB) * TPB,
                                             gpu.sm_count(xp.cuda.Device().id))
-
-    def counters(self) -> dict[str, int]:
-        """Rows served since the start: from the cache, read from storage, and duplicates
-        of a warp coalesced into one fetch."""
-        s = self._stats.get()
-        return {"hits": int(s[3]), "reads": int(s[4]), "coalesced": int(s[5])}
-
-    def fetch(self, nodes: Any) -> Any:
-        xp, q = self.xp, self.queue
-        n = len(nodes)
-        with self._stream:  # ordered before the kernel, which runs on this stream
-            out = xp.empty((n, self.dim), xp.float32)
-            ids = xp.ascontiguousarray(nodes, dtype=xp.int64)
-            self._stats[:3] = 0
-            self._stats[6] = 0
-        blocks = -(-self._threads // 128)
-        try:
-            q.start(requesters=blocks * 128, keep=(ids, out))  # the gather writes them
-            self._gather((blocks,), (128,), (
-                q.descriptor, self.cache.descriptor if self.cache else np.uint64(0),
-                self._d_fds, np.uint64(self.layout.ntargets), np.uint64(self.layout.header),
-                np.uint64(self.layout.row_bytes), ids, np.uint64(n), out,
-                np.uint64(self.dim * 4 // 16), self._stats), stream=self._stream)
-            q.wait((self._stream,), self.stall_ns, poll_s=0.0001)
-        except QueueStalled as e:
-            raise RowFetchError(str(e)) from None
-        except BaseException:
-            q.abort_quietly((self._stream,))  # the agents must not spin on after any error
-            raise
-        failed = self._stats[:3].get()
-        if failed[0]:
-            raise row_error(int(failed[1]), int(np.int64(failed[2])),
-                            f"; {int(failed[0])} rows failed")
-        self.rows += n
-        return out
 
     def close(self) -> None:
         self.queue.close()

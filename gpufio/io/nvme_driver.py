@@ -112,6 +112,11 @@ class QueuePair:
     phase: int = 1
     inflight: int = field(default=0)
 
+    @property
+    def entries(self) -> int:
+        """The SQ's and the CQ's entries (what the GPU side calls them)."""
+        return self.depth
+
     def space(self) -> int:
         """Free SQ slots (one stays empty: a full ring would look empty)."""
         return self.depth - 1 - self.inflight
@@ -342,6 +347,7 @@ def doctor_checks(host: Host, area: str, needed: bool) -> list[Check]:
                  f"shared with {shares}")
         out.append(Check(area, f"controller {bdf}", OK if why is None else WARN,
                          found + ("; can be taken" if why is None else ""), why or ""))
+        out.append(Check(area, f"ACS above {bdf}", OK, vfio.acs_path(bdf, sys_pci), ""))
     if not devices:
         out.append(Check(area, "NVMe controllers", WARN, "none on PCI here",
                          "engine 'bam' needs a PCIe NVMe controller"))

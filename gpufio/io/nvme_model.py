@@ -20,12 +20,15 @@ event); it is a Python loop, so its rate is far below a drive's, and it says so 
 from __future__ import annotations
 
 import mmap
+import multiprocessing
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from gpufio.core import processes
 from gpufio.io import nvme_queue as nq
 from gpufio.io.nvme_cmd import NVME_FLUSH, NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled, Watchdog
@@ -39,6 +42,7 @@ M_ALIVE, M_STOP, M_ERROR, M_FETCHED, M_COMPLETED = 0xF00, 0xF04, 0xF08, 0xF10, 0
 IDLE_SPINS = 2000    # polls of an idle controller before it starts to back off
 IDLE_MAX_S = 0.0005
 WAIT_S = 10.0        # how long the CPU driver waits for the controller (readiness, admin)
+SC_WRITE_FAULT = 0x280  # media and data integrity errors: Write Fault
 
 
 class Memory:
@@ -255,7 +259,10 @@ class Controller:
                 view[:] = data[done:done + len(view)]
                 done += len(view)
         else:
-            os.pwrite(self.backing, b"".join(v.tobytes() for v in chunks), off)
+            try:
+                os.pwrite(self.backing, b"".join(v.tobytes() for v in chunks), off)
+            except OSError:
+                return SC_WRITE_FAULT, 0
         return 0, 0
 
     def _prps(self, prp1: int, prp2: int, nbytes: int) -> list[np.ndarray]:
@@ -349,7 +356,10 @@ def serve(path: str, backing: str, lba_shift: int, faults: list[Fault]) -> None:
     the stop word is set. Busy-polls while there is work, backs off (to IDLE_MAX_S) when
     there is none."""
     mem = Memory(path)
-    fd = os.open(backing, os.O_RDWR)
+    try:
+        fd = os.open(backing, os.O_RDWR)
+    except PermissionError:  # a read-only file (a dataset's features): writes fail
+        fd = os.open(backing, os.O_RDONLY)
     try:
         ctl = Controller(mem, fd, lba_shift, list(faults))
         mem.set_reg(M_ALIVE, 1)
@@ -384,6 +394,7 @@ class QueuePair:
         sq, self.sq_iova = mem.alloc(entries * nq.SQE_BYTES)
         cq, self.cq_iova = mem.alloc(entries * nq.CQE_BYTES)
         self.sq, self.cq = sq.view(nq.SQE_DTYPE), cq.view(nq.CQE_DTYPE)
+        self.sq_db, self.cq_db = nq.doorbell(qid, False), nq.doorbell(qid, True)
         self.tail = self.head = 0
         self.phase = 1
 
@@ -480,3 +491,89 @@ class Host:
                 raise RuntimeError(f"NVMe model: creating queue {qid} ({entries} entries): "
                                    f"status {status:#x}")
         return pair
+
+
+STOP_S = 5.0
+
+
+def _main(path: str, backing: str, lba_shift: int, faults: list[Fault]) -> None:
+    processes.die_with_parent()
+    processes.take_stop_signals()
+    serve(path, backing, lba_shift, faults)
+
+
+class ModelProcess:
+    """A controller serving ``backing`` (``lba_shift``: its LBA size) through a shared file in
+    ``directory`` with ``dma_bytes`` of host memory; ``mem`` is this process's mapping of it.
+
+    A process of its own (spawned, so it holds no CUDA state of the parent's; dying with
+    the parent; deaf to the Ctrl-C and SIGTERM meant for the runner): a GPU kernel, the
+    doorbell relay and the CPU driver only share memory with it, as they would with a
+    drive's DMA. A context manager: leaving it stops the controller (SIGKILL if it does not
+    stop)."""
+
+    def __init__(self, directory: str | Path, backing: str | Path, lba_shift: int = 9,
+                 dma_bytes: int = 64 << 20, faults: list[Fault] = ()) -> None:
+        self.path = str(Path(directory) / "nvme-model.shm")
+        self.mem = Memory(self.path, dma_bytes, create=True)
+        ctx = multiprocessing.get_context("spawn")
+        self._proc = ctx.Process(target=_main, daemon=True, name="nvme-model",
+                                 args=(self.path, str(backing), lba_shift, list(faults)))
+        processes.start(self._proc)
+
+    def host(self, admin_entries: int = 32) -> Host:
+        """The CPU driver, once the controller is up (it waits for it), enabled."""
+        if not self._proc.is_alive():
+            raise RuntimeError(f"NVMe model: the controller process died (exit code "
+                               f"{self._proc.exitcode})")
+        return Host(self.mem, admin_entries)
+
+    def stop(self) -> None:
+        if self._proc.pid is not None and self._proc.is_alive():
+            self.mem.set_reg(M_STOP, 1)
+            self._proc.join(STOP_S)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+
+    def __enter__(self) -> "ModelProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def shared_directory() -> str:
+    """Where a model's shared file goes: tmpfs (/dev/shm) where there is one, so CUDA can
+    pin and map it as it would a driver's DMA memory."""
+    import tempfile
+
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    return tempfile.mkdtemp(prefix="gpufio-nvme-model-", dir=base)
+
+
+class ServedFile:
+    """A file served as namespace 1 of a software controller of its own: the process, its
+    shared memory (``mem``, ``dma_bytes`` of host memory) and the CPU driver (``host``),
+    enabled; ``close`` stops it and removes the shared file."""
+
+    def __init__(self, backing: str, lba_shift: int, dma_bytes: int) -> None:
+        import shutil
+
+        self.where = shared_directory()
+        try:
+            self.process = ModelProcess(self.where, backing, lba_shift, dma_bytes)
+            self.mem = self.process.mem
+            self.host = self.process.host()
+        except BaseException:
+            if hasattr(self, "process"):
+                self.process.stop()
+            shutil.rmtree(self.where, ignore_errors=True)
+            raise
+
+    def close(self) -> None:
+        import shutil
+
+        self.process.stop()
+        self.mem.close()
+        shutil.rmtree(self.where, ignore_errors=True)

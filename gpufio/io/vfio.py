@@ -232,3 +232,46 @@ class Device:
             if fd >= 0:
                 os.close(fd)
                 setattr(self, name, -1)
+
+
+PCI_EXT_CAP_ACS = 0x000D
+ACS_BITS = ((0x01, "SV"), (0x04, "RR"), (0x08, "CR"), (0x10, "UF"))  # ACS Control's bits
+
+
+def acs_control(config: bytes) -> str | None:
+    """The ACS Control bits switched on in a function's config space (extended
+    capabilities from 0x100), as "SV RR CR UF" (subset), "none" when the capability has
+    none on, None when the function has no ACS capability. ``config`` shorter than 0x104
+    (only root reads past 256 bytes) raises ValueError."""
+    if len(config) < 0x104:
+        raise ValueError("extended config space unreadable")
+    at, seen = 0x100, set()
+    while at and at not in seen and at + 8 <= len(config):
+        seen.add(at)
+        header = struct.unpack_from("<I", config, at)[0]
+        if header & 0xFFFF == PCI_EXT_CAP_ACS:
+            ctrl = struct.unpack_from("<H", config, at + 6)[0]
+            return " ".join(name for bit, name in ACS_BITS if ctrl & bit) or "none"
+        at = header >> 20
+    return None
+
+
+def upstream_bridges(bdf: str, sys_pci: Path = SYS_PCI) -> list[str]:
+    """The PCI functions between ``bdf`` and its root complex, nearest first (the bridges
+    and switch ports whose ACS decides its IOMMU group and its peer-to-peer path)."""
+    real = (sys_pci / "devices" / bdf).resolve()
+    return [p.name for p in real.parents if len(p.name) == 12 and p.name.count(":") == 2
+            and (p / "config").exists()]
+
+
+def acs_path(bdf: str, sys_pci: Path = SYS_PCI) -> str:
+    """ACS along ``bdf``'s path up to the root complex, one "bridge: bits" per bridge."""
+    parts = []
+    for bridge in upstream_bridges(bdf, sys_pci):
+        try:
+            bits = acs_control((sys_pci / "devices" / bridge / "config").read_bytes())
+        except (OSError, ValueError):
+            parts.append(f"{bridge}: unreadable (needs root)")
+            continue
+        parts.append(f"{bridge}: {'no ACS capability' if bits is None else 'ACS ' + bits}")
+    return "; ".join(parts) or "directly on the root complex"

@@ -1,7 +1,7 @@
 // The block benchmark on the request queue (gio_queue.cuh): requester threads claim I/O
 // numbers, post reads, copy (and check) what landed, and bin the latency; with B_WRITE they
 // write the pattern of their block's offset into their slot and post a write instead.
-// Launched by gpufio/engines/gpu_uring.py.
+// Launched by gpufio/io/gio/bench.py.
 #include "gio_queue.cuh"
 
 // ---- 3. The block benchmark -------------------------------------------------------------

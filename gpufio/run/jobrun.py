@@ -308,7 +308,8 @@ class JobRun:
         if self._group is not None:
             self._group.close()
         self.shared.close_source()
-        if self.job.end_fsync and self.control.measuring and not self._end_syncs:
+        if (self.job.end_fsync and self.control.measuring and not self._end_syncs
+                and not self.engine.flushes_itself):
             t0 = time.monotonic_ns()
             for t in self.targets:
                 t.sync()

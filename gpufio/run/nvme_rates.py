@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from gpufio.run.nvme_model import ModelProcess
+from gpufio.io.nvme_model import ModelProcess
 
 BS = 4096
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from gpufio.core.checks import OK, WARN, Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu
 from gpufio.io import nvme_queue as nq
@@ -34,7 +35,7 @@ from gpufio.io.watchdog import Watchdog
 
 C_ABORT, C_REQUESTERS, C_AGENTS = (contract.index(w) for w in ("C_ABORT", "C_REQUESTERS",
                                                                  "C_AGENTS"))
-C_GEN = contract.index("C_GEN")
+C_GEN, C_BAD_SLOT = contract.index("C_GEN"), contract.index("C_BAD_SLOT")
 SLOT_STATES = tuple(s.lower() for s in contract.SLOT_STATES)
 MODES = ("direct", "relay")
 POLL_S = 0.001
@@ -42,6 +43,10 @@ START_LIMIT_S = 10.0
 ABORT_WAIT_S = 5.0
 MAX_SLOT_BYTES = nq.PAGE * (nq.PRP_PER_PAGE + 1)  # one PRP list page per slot
 RELAY_IDLE_SPINS = 1000
+# cudaHostRegisterPortable | Mapped | IoMemory: BaM's cudaHostRegisterIoMemory of a BAR
+IO_MEMORY_FLAGS = 1 | 2 | 4
+FLUSH_KIND = 2  # bam_io.cu's BAM_FLUSH
+UNSET = -(1 << 31)
 
 
 class ControllerMemory(Protocol):
@@ -63,21 +68,25 @@ class ControllerMemory(Protocol):
 
 
 class QueuePairMemory(Protocol):
-    """An I/O queue pair the host driver created: its id, depth and SQ/CQ memory."""
+    """An I/O queue pair the host driver created: its id, depth, SQ/CQ memory and the BAR0
+    offsets of its two doorbells (CAP.DSTRD applied)."""
 
     qid: int
     entries: int
     sq: np.ndarray
     cq: np.ndarray
+    sq_db: int
+    cq_db: int
 
 
 class Relay:
     """The doorbell relay: one CPU thread copying the tails and heads the GPU publishes in
     host memory (``words``: SQ tail, CQ head per pair) into the controller's doorbells."""
 
-    def __init__(self, mem: ControllerMemory, qids: Sequence[int], words: np.ndarray) -> None:
+    def __init__(self, mem: ControllerMemory, pairs: Sequence[QueuePairMemory],
+                 words: np.ndarray) -> None:
         self.mem, self.words = mem, words
-        self.doorbells = [nq.doorbell(q, c) for q in qids for c in (False, True)]
+        self.doorbells = [db for p in pairs for db in (p.sq_db, p.cq_db)]
         self.passes = self.writes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="doorbell-relay")
@@ -145,8 +154,8 @@ class NvmeQueues:
         relay = self.relay_words.ctypes.data
         rings = [{"sqes": p.sq.ctypes.data, "cqes": p.cq.ctypes.data,
                   "entries": p.entries | p.entries << 32,
-                  "sq_db": bar + nq.doorbell(p.qid, False) if bar else relay + 8 * r,
-                  "cq_db": bar + nq.doorbell(p.qid, True) if bar else relay + 8 * r + 4,
+                  "sq_db": bar + p.sq_db if bar else relay + 8 * r,
+                  "cq_db": bar + p.cq_db if bar else relay + 8 * r + 4,
                   "delta": (iova - host) % (1 << 64),
                   "prp_lists": host + slots * slot_bytes + r * depth * nq.PAGE,
                   "ns": nsid | lba_shift << 32,
@@ -155,6 +164,11 @@ class NvmeQueues:
         self._agent = cuda.module("bam_agent").get_function("bam_agent")
         self._gen = 0
         self.kernels_done = True
+        self._kept: list[Any] = []
+        self._launch_kept: tuple[Any, ...] = ()
+        # what the request kernels pass as a request's file: the agents send every request
+        # to the one namespace of the queues (nsid)
+        self.file_refs = np.zeros(1, np.int32)
         self.relay: Relay | None = None
         d = self._dev = {
             "rings": cp.asarray(np.concatenate([contract.build(contract.BAM_RING, r)
@@ -179,20 +193,39 @@ class NvmeQueues:
     def completed(self) -> int:
         return int(self.progress[:, 1].sum())
 
-    def _fetch(self, name: str) -> np.ndarray:
-        out = self._dev[name].get(stream=self.control_stream)
+    def fetch(self, array: Any) -> np.ndarray:
+        """Copy a GPU array to the host while kernels run (on the queue's own stream)."""
+        out = array.get(stream=self.control_stream)
         self.control_stream.synchronize()
         return out
 
-    def _set(self, word: int, value: int) -> None:
+    def _fetch(self, name: str) -> np.ndarray:
+        return self.fetch(self._dev[name])
+
+    def keep_alive(self, *objects: Any) -> None:
+        """Arrays of a kernel that uses this queue: kept with it if that kernel never stops."""
+        self._kept.extend(objects)
+
+    def bad_slot(self) -> int | None:
+        """The first out-of-range slot a kernel posted to (which aborted the queue), if any."""
+        word = int(self._fetch("control")[C_BAD_SLOT])
+        return word - 1 if word else None
+
+    def stall(self, stall_ns: int, streams: tuple[Any, ...] = ()) -> None:
+        """Abort with the full diagnostic (``report``)."""
+        self.abort(self.report(stall_ns), streams)
+
+    def set(self, word: int, value: int) -> None:
+        """Write a control word (C_STOP, C_MEASURING, ...) while kernels run."""
         self._dev["control"][word:word + 1].set(np.array([value], np.int32),
                                                 stream=self.control_stream)
         self.control_stream.synchronize()
 
-    def start(self, requesters: int) -> None:
+    def start(self, requesters: int, keep: tuple[Any, ...] = ()) -> None:
         """Launch one agent warp per pair for ``requesters`` threads (each decrements
         C_REQUESTERS when it ends); returns once every agent runs. Load the request kernels
-        (get_function) before this, as for DeviceQueue.start."""
+        (get_function) before this, as for DeviceQueue.start; ``keep``: the arrays this
+        launch's kernels write (kept alive if they never stop)."""
         if not self.kernels_done:
             raise RuntimeError("the queue's kernels still run: it cannot start again")
         self._gen += 1
@@ -202,8 +235,9 @@ class NvmeQueues:
         control[C_GEN] = self._gen
         self._dev["state"].fill(0)
         self._cp.cuda.Stream.null.synchronize()
+        self._launch_kept = keep
         if self.mode == "relay" and self.relay is None:
-            self.relay = Relay(self.mem, [p.qid for p in self.pairs], self.relay_words)
+            self.relay = Relay(self.mem, self.pairs, self.relay_words)
         self.kernels_done = False
         self._agent((self.nrings,), (32,), (self.descriptor, self._dev["rings"]),
                     stream=self.agent_stream)
@@ -213,15 +247,15 @@ class NvmeQueues:
                 self.abort(f"agent warps did not start within {START_LIMIT_S:g} s")
             time.sleep(POLL_S)
 
-    def wait(self, streams: tuple[Any, ...], stall_ns: int) -> None:
+    def wait(self, streams: tuple[Any, ...], stall_ns: int, poll_s: float = POLL_S) -> None:
         """Until the agents and ``streams`` are done; QueueStalled with the diagnostic once
         no command has completed for ``stall_ns`` (everything stopped first)."""
         dog = Watchdog(stall_ns, time.monotonic_ns())
         everything = (self.agent_stream, *streams)
         while not all(s.done for s in everything):
             if dog.update(self.completed(), time.monotonic_ns()):
-                self.abort(self.report(stall_ns), streams)
-            time.sleep(POLL_S)
+                self.stall(stall_ns, streams)
+            time.sleep(poll_s)
         self.kernels_done = True
 
     def report(self, stall_ns: int) -> str:
@@ -229,7 +263,7 @@ class NvmeQueues:
         parts = []
         for r, p in enumerate(self.pairs):
             sub, done, tail, cq = (int(x) for x in self.progress[r])
-            bell = self.mem.reg(nq.doorbell(p.qid, False))
+            bell = self.mem.reg(p.sq_db)
             if sub == done:
                 who = "nothing outstanding"
             elif bell != tail:
@@ -248,12 +282,27 @@ class NvmeQueues:
                 f"{stall_ns / 1e9:g} s; {'; '.join(parts)}{fatal}; slots "
                 f"{dict(zip(SLOT_STATES, counts.tolist()))}")
 
+    def flush(self, stall_ns: int) -> int:
+        """One NVMe Flush through the agents (a request of write with length 0, from one GPU
+        thread): the request API's result, 0 or -(NVME_STATUS_BASE + status)."""
+        cp = self._cp
+        fn = cuda.module("bam_io").get_function("bam_requests")  # before the agents run
+        res, row = cp.full(1, UNSET, cp.int32), cp.zeros(16, cp.uint8)
+        off, length = cp.zeros(1, cp.uint64), cp.zeros(1, cp.uint32)
+        kind = cp.full(1, FLUSH_KIND, cp.uint8)
+        stream = cp.cuda.Stream(non_blocking=True)
+        self.start(1, keep=(res, row, off, length, kind))
+        fn((1,), (1,), (self.descriptor, np.uint64(1), off, length, kind, row, np.uint64(1),
+                        np.int32(0), res), stream=stream)
+        self.wait((stream,), stall_ns)
+        return int(res.get()[0])
+
     def abort_quietly(self, streams: tuple[Any, ...] = ()) -> bool:
         """Stop agents and requesters now; True once every kernel stopped. Commands the
         controller still holds are abandoned: reset the controller before a restart."""
         if self.kernels_done:
             return True
-        self._set(C_ABORT, 1)
+        self.set(C_ABORT, 1)
         everything = (self.agent_stream, *streams)
         deadline = time.monotonic() + ABORT_WAIT_S
         while not all(s.done for s in everything) and time.monotonic() < deadline:
@@ -277,7 +326,7 @@ class NvmeQueues:
             WEDGED.append(self)
             gpu.mark_wedged(self._cp.cuda.Device().id, "an NVMe queue agent never stopped")
             return
-        self._dev = {}
+        self._dev, self._kept, self._launch_kept = {}, [], ()
 
 
 class RegisteredModel:
@@ -295,3 +344,117 @@ class RegisteredModel:
 
     def close(self) -> None:
         gpu.unregister_host(self._mem.addr)
+
+
+def register_io_memory(addr: int, size: int) -> str | None:
+    """Register ``size`` bytes of a BAR mapping at ``addr`` with CUDA as I/O memory
+    (CU_MEMHOSTREGISTER_IOMEMORY), so GPU threads may store to it; None once registered,
+    else why not (CUDA's error: NVIDIA's driver refuses on kernels without follow_pfn)."""
+    import cupy
+
+    try:
+        cupy.cuda.runtime.hostRegister(addr, size, IO_MEMORY_FLAGS)
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        return str(e)
+    return None
+
+
+class RegisteredVfio:
+    """A controller over vfio-pci (io/nvme_driver.Session's device) as ControllerMemory: its
+    DMA-mapped host memory registered with CUDA and mapped into the GPU, the queue pairs'
+    memory too (``adopt``); BAR0 registered as I/O memory where ``direct`` is asked
+    (BadInput naming CUDA's refusal otherwise)."""
+
+    def __init__(self, device: Any, direct: bool) -> None:
+        self._device, self._bar = device, device.bar0
+        self._registered: list[int] = []
+        self._bar_ok = False
+        if direct:
+            why = register_io_memory(self._bar.base, self._bar.size)
+            if why is not None:
+                raise BadInput(f"controller {device.bdf}: direct doorbells need BAR0 "
+                               f"registered with CUDA as I/O memory, which failed ({why}); "
+                               "use doorbells = \"relay\"")
+            self._bar_ok = True
+            self._registered.append(self._bar.base)
+
+    def _register(self, addr: int, size: int) -> None:
+        gpu.register_host(addr, size, mapped=True)
+        self._registered.append(addr)
+
+    def adopt(self, pair: QueuePairMemory) -> None:
+        """Register a queue pair's SQ and CQ (each its own DMA mapping) for the agents."""
+        for ring in (pair.sq, pair.cq):
+            self._register(ring.ctypes.data, -(-ring.nbytes // nq.PAGE) * nq.PAGE)
+
+    def alloc(self, nbytes: int) -> tuple[np.ndarray, int]:
+        m = self._device.memory(nbytes)
+        self._register(m.addr, m.size)
+        return np.frombuffer(m.map, np.uint8, nbytes), m.iova
+
+    def set_reg(self, off: int, value: int) -> None:
+        self._bar.w32(off, value)
+
+    def reg(self, off: int) -> int:
+        return self._bar.r32(off)
+
+    def bar_address(self) -> int | None:
+        return self._bar.base if self._bar_ok else None
+
+    def close(self) -> None:
+        """Unregister everything (before the device unmaps it)."""
+        for addr in reversed(self._registered):
+            gpu.unregister_host(addr)
+        self._registered = []
+
+
+def io_memory_probe() -> str | None:
+    """Whether CUDA takes CU_MEMHOSTREGISTER_IOMEMORY here: tried on a software controller's
+    BAR page (a tmpfs page, as the model's), registered then unregistered. None when it
+    took it, else CUDA's refusal. A real BAR mapping can still be refused where a tmpfs page
+    is not (NVIDIA's driver resolves a BAR's pages through follow_pfn)."""
+    import shutil
+
+    import cupy
+
+    from gpufio.io import nvme_model
+
+    where = nvme_model.shared_directory()
+    try:
+        mem = nvme_model.Memory(f"{where}/probe.shm", 0, create=True)
+        try:
+            why = register_io_memory(mem.addr, nvme_model.BAR_BYTES)
+            if why is None:
+                cupy.cuda.runtime.hostUnregister(mem.addr)
+            return why
+        finally:
+            mem.close()
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def gpu_doctor_checks(area: str, relays: list[tuple[str, int]], cpus: int,
+                      gpu_missing: str | None) -> list[Check]:
+    """What the GPU side needs: whether CUDA registers I/O memory (direct doorbells; probed
+    unless ``gpu_missing`` says why not), and the relay's cost, one CPU thread per worker
+    for each (job name, workers) of ``relays``."""
+    if gpu_missing:
+        out = [Check(area, "BAR as CUDA I/O memory", WARN, f"not probed: {gpu_missing}",
+                     "direct doorbells need a GPU")]
+    else:
+        why = io_memory_probe()
+        out = [verdict(area, "BAR as CUDA I/O memory", why is None,
+                       "CU_MEMHOSTREGISTER_IOMEMORY taken on the software controller's BAR "
+                       "page (a real BAR may still be refused: issue 31's Risk)"
+                       if why is None else f"refused on a tmpfs page: {why}",
+                       "direct doorbells cannot work here; use doorbells = \"relay\"")]
+    cost = ("one CPU thread per worker polls the GPU's published tails and heads and writes "
+            "each changed doorbell once per pass (one MMIO write per queue per pass)")
+    if not relays:
+        out.append(Check(area, "doorbell relay", OK, cost, ""))
+    for name, threads in relays:
+        out.append(verdict(area, f"doorbell relay of job '{name}'", threads + 1 <= cpus,
+                           f"{threads} relay threads on {cpus} CPUs: {cost}",
+                           "each relay thread spins on a core: fewer numjobs, or direct "
+                           "doorbells where CUDA registers the BAR"))
+    return out

@@ -1,0 +1,80 @@
+"""The GNN row gather on a request queue (kernels/gnn_gather.cu), for every engine whose GPU
+threads post their own reads: GPU threads read each row of a mini-batch through the queue
+(gpu-uring's io_uring agents, bam's NVMe queue agents) and copy it into the tensor, through
+a software cache in GPU memory when one is asked (io/gio/cache.py). The host only starts
+the kernels and watches for a stall.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpufio.core.rows import RowFetchError, RowTable, row_error
+from gpufio.io import cuda
+from gpufio.io.gio.bench import TPB
+from gpufio.io.gio.cache import GpuCache, cache_rows
+from gpufio.io.gio.queue import QueueStalled
+
+GATHER_POLL_S = 0.0001
+
+
+class QueueGather:
+    """Rows of ``table`` fetched through ``queue`` (a DeviceQueue or NvmeQueues) by
+    ``threads`` GPU threads into ``xp`` arrays of ``dim`` float32 columns; ``cache_bytes``
+    of GPU memory in front of the reads (0: none); ``rows`` counts the rows fetched. An
+    engine's row fetcher is one, over the queue it made (and closes)."""
+
+    def __init__(self, queue: Any, table: RowTable, xp: Any, dim: int, threads: int,
+                 stall_ns: int, cache_bytes: int = 0) -> None:
+        self.queue, self.xp, self.dim, self.layout = queue, xp, dim, table.layout
+        self.threads, self.stall_ns = threads, stall_ns
+        self.rows = 0
+        self.cache = None
+        if cache_bytes:
+            rows = cache_rows(cache_bytes, table.layout.row_bytes, threads)
+            self.cache = GpuCache(xp, rows, table.layout.row_bytes, table.rows)
+        # loaded now: never while the agents spin (see DeviceQueue.start)
+        self._gather = cuda.module("gnn_gather").get_function("gio_gather")
+        self._d_fds = xp.asarray(queue.file_refs)
+        # failed, node, result, hits, reads, coalesced, rows claimed (gnn_gather.cu)
+        self._stats = xp.zeros(7, xp.uint64)
+        self._stream = xp.cuda.Stream(non_blocking=True)
+        queue.keep_alive(self._d_fds, self._stats, self._stream, self.cache)
+
+    def counters(self) -> dict[str, int]:
+        """Rows served since the start: from the cache, read from storage, and duplicates
+        of a warp coalesced into one fetch."""
+        s = self._stats.get()
+        return {"hits": int(s[3]), "reads": int(s[4]), "coalesced": int(s[5])}
+
+    def fetch(self, nodes: Any) -> Any:
+        """The rows of ``nodes``, in order (RowFetchError naming the first that failed)."""
+        xp, q = self.xp, self.queue
+        n = len(nodes)
+        with self._stream:  # ordered before the kernel, which runs on this stream
+            out = xp.empty((n, self.dim), xp.float32)
+            ids = xp.ascontiguousarray(nodes, dtype=xp.int64)
+            self._stats[:3] = 0
+            self._stats[6] = 0
+        blocks = -(-self.threads // TPB)
+        try:
+            q.start(requesters=blocks * TPB, keep=(ids, out))  # the gather writes them
+            self._gather((blocks,), (TPB,), (
+                q.descriptor, self.cache.descriptor if self.cache else np.uint64(0),
+                self._d_fds, np.uint64(self.layout.ntargets), np.uint64(self.layout.header),
+                np.uint64(self.layout.row_bytes), ids, np.uint64(n), out,
+                np.uint64(self.dim * 4 // 16), self._stats), stream=self._stream)
+            q.wait((self._stream,), self.stall_ns, poll_s=GATHER_POLL_S)
+        except QueueStalled as e:
+            raise RowFetchError(str(e)) from None
+        except BaseException:
+            q.abort_quietly((self._stream,))  # the agents must not spin on after any error
+            raise
+        failed = self._stats[:3].get()
+        if failed[0]:
+            raise row_error(int(failed[1]), int(np.int64(failed[2])),
+                            f"; {int(failed[0])} rows failed")
+        self.rows += n
+        return out
