@@ -208,9 +208,11 @@ class Sh:
     cmd: str
 
     def step(self) -> dict:
+        """The step as tests/rig_batch.py reads it."""
         return {"sh": self.cmd}
 
     def args(self) -> str:
+        """The step's CompletedProcess.args."""
         return self.cmd
 
 
@@ -222,9 +224,11 @@ class Py:
     argv: tuple[str, ...] = ()
 
     def step(self) -> dict:
+        """The step as tests/rig_batch.py reads it."""
         return {"py": self.path, "args": list(self.argv)}
 
     def args(self) -> list[str]:
+        """The step's CompletedProcess.args."""
         return ["python3", self.path, *self.argv]
 
 
