@@ -19,6 +19,7 @@ answers ``done`` on DIR/rep.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -136,6 +137,9 @@ def warm_up() -> None:
     loops.available()
     pattern.native_fill()
     log("compiled helpers ready")
+    # what is imported now stays out of every child's collections: a collection would touch,
+    # and so copy, each page the child shares with this process
+    gc.freeze()
 
 
 def _use_prebuilt(prebuilt: Path) -> None:
