@@ -2,11 +2,13 @@
 # The rig's guest agent (runs as root in the guest's chroot of the host's root; PID 1 powers
 # the guest off when it ends). Usage: agent.sh SHARE
 #
-# Boot: binds the NVMe controllers one at a time in PCI address order, so their names follow
-# the order QEMU was given them (nvme0, nvme1, ...); rig.poll=N,N,... on the kernel command
-# line is nvme.poll_queues for each controller in that order. Waits until rig.paths= namespace
-# paths and their device nodes exist, writes SHARE/rig-map (one line per namespace: serial
-# nsid block-device generic-device controller) and says "ready" on /dev/ttyS1.
+# Boot: starts SHARE/cmd/warm.sh in the background where the host wrote one (output in
+# SHARE/cmd/warm.out), binds the NVMe controllers one at a time in PCI address order, so
+# their names follow the order QEMU was given them (nvme0, nvme1, ...); rig.poll=N,N,... on
+# the kernel command line is nvme.poll_queues for each controller in that order. Waits until
+# rig.paths= namespace paths and their device nodes exist, writes SHARE/rig-map (one line per
+# namespace: serial nsid block-device generic-device controller) and says "ready" on
+# /dev/ttyS1.
 #
 # Then, per line "ID TIMEOUT" read from /dev/ttyS1: runs SHARE/cmd/ID.sh with stdout and
 # stderr into SHARE/cmd/ID.out and .err, killed after TIMEOUT seconds, and answers
@@ -24,6 +26,9 @@ say() { printf '%s\n' "$*" >&3; }
 POLL=$(arg poll | tr ',' ' ')
 PATHS=$(arg paths)
 
+# the host's start-up script (the batch interpreter) runs beside the binding below
+[ -f "$SHARE/cmd/warm.sh" ] && /bin/sh "$SHARE/cmd/warm.sh" >"$SHARE/cmd/warm.out" 2>&1 \
+  </dev/null 3>&- &
 echo 0 >/sys/bus/pci/drivers_autoprobe
 modprobe nvme || { say "failed modprobe nvme"; exit 1; }
 # in the order of their places in the device tree (the root ports' slots), which is the

@@ -2,8 +2,9 @@
 # Host set-up for the NVMe rig (Debian, as root); idempotent: skips what is present.
 #   rig/setup.sh [KERNEL_PACKAGE]      (default linux-image-amd64: the release's kernel)
 # Installs qemu-system-x86, busybox-static, kmod, zstd and xz-utils from Debian's packages
-# (no recommends), and unpacks the guest kernel's package into $GPUFIO_RIG_KERNEL (default
-# /var/cache/gpufio-rig/kernel) with dpkg-deb -x: nothing is installed into the host's /lib or
+# (no recommends; the .debs kept in /var/cache/gpufio-rig/apt), and unpacks the guest
+# kernel's package into $GPUFIO_RIG_KERNEL (default /var/cache/gpufio-rig/kernel) with
+# dpkg-deb -x: nothing is installed into the host's /lib or
 # /boot, no maintainer script runs. tests/rig.py finds the kernel there.
 set -euo pipefail
 META=${1:-linux-image-amd64}
@@ -24,17 +25,21 @@ if have_tools && have_kernel; then
   echo "rig: QEMU, busybox-static, kmod and a guest kernel present"
   exit 0
 fi
+# the packages apt downloads are kept with the kernel: where /var/cache/gpufio-rig outlives
+# the machine (a CI cache), a fresh one installs without downloading them again (and images
+# that empty /var/cache/apt/archives after each install do not throw them away)
+APT_CACHE=$(dirname "$DEST")/apt
+mkdir -p "$APT_CACHE/partial"
 apt-get update -qq
-have_tools || apt-get install -y -qq --no-install-recommends qemu-system-x86 busybox-static \
-  kmod zstd xz-utils >/dev/null
+have_tools || apt-get install -y -qq --no-install-recommends \
+  -o Dir::Cache::Archives="$APT_CACHE" qemu-system-x86 busybox-static kmod zstd xz-utils >/dev/null
 if ! have_kernel; then
   pkg=$(apt-cache depends "$META" | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
   [ -n "$pkg" ] || { echo "rig: cannot resolve $META to a kernel package" >&2; exit 1; }
-  debs=$(mktemp -d)
-  trap 'rm -rf "$debs"' EXIT
-  (cd "$debs" && apt-get download -q "$pkg" >/dev/null)
+  compgen -G "$APT_CACHE/${pkg}_*.deb" >/dev/null \
+    || (cd "$APT_CACHE" && apt-get download -q "$pkg" >/dev/null)
   mkdir -p "$DEST"
-  dpkg-deb -x "$debs"/"$pkg"_*.deb "$DEST"
+  dpkg-deb -x "$(compgen -G "$APT_CACHE/${pkg}_*.deb" | tail -1)" "$DEST"
   for k in "$DEST"/lib/modules/*/; do depmod -b "$DEST" "$(basename "$k")"; done
 fi
 echo "rig: $(qemu-system-x86_64 --version | head -1); guest kernel $(ls "$DEST/lib/modules" | tr '\n' ' ')in $DEST"

@@ -25,8 +25,10 @@ links are as asked. Backing files are sparse, zero-filled per boot.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
+import py_compile
 import shlex
 import shutil
 import signal
@@ -46,6 +48,8 @@ QEMU = "qemu-system-x86_64"
 BOOT_TIMEOUT_S = float(os.environ.get("GPUFIO_RIG_BOOT_TIMEOUT_S", "600"))
 # how long past a command's own timeout the guest may take to answer (the kill, the files)
 ANSWER_GRACE_S = 60.0
+# the guest's directory of the batch interpreter's FIFOs (tests/rig_batch.py)
+SERVE = "/tmp/rig-batch"
 
 
 @dataclass(frozen=True)
@@ -171,10 +175,61 @@ def qemu_args(ctrls: tuple[Controller, ...], work: Path, share: Path, kernel: Pa
             "-kernel", str(kernel), "-initrd", str(initrd), "-append", append]
 
 
+def _build_helpers(out: Path) -> None:
+    """gpufio's compiled helpers (core/native.py) built here for any x86-64, for the guest:
+    building them in it, the compiler under TCG, took it minutes; built with -march=native
+    here they would carry instructions TCG does not have. tests/rig_batch.py installs them
+    under the names the guest's gpufio looks for; where they are missing it builds its own."""
+    from gpufio.core import native
+    from gpufio.io import loops
+
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        return
+    out.mkdir(exist_ok=True)
+    builds = [subprocess.Popen([cc, "-O3", "-fPIC", "-shared", "-o", str(out / f"{name}.so"),
+                                *map(str, sources)], stderr=subprocess.DEVNULL)
+              for name, sources in (("pattern_fill", (native.SOURCE,)),
+                                    ("loops", loops.SOURCES))]
+    for build in builds:
+        build.wait()
+
+
 def _die_with_parent() -> None:
     """In QEMU's child before exec: the kernel kills it when the test process dies, however
     that happens, so no guest outlives its pytest run."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass(frozen=True)
+class Sh:
+    """A step of ``Rig.batch``: a shell snippet (``sh -c CMD``)."""
+
+    cmd: str
+
+    def step(self) -> dict:
+        """The step as tests/rig_batch.py reads it."""
+        return {"sh": self.cmd}
+
+    def args(self) -> str:
+        """The step's CompletedProcess.args."""
+        return self.cmd
+
+
+@dataclass(frozen=True)
+class Py:
+    """A step of ``Rig.batch``: ``python3 PATH ARGS`` (PATH relative to the repository)."""
+
+    path: str
+    argv: tuple[str, ...] = ()
+
+    def step(self) -> dict:
+        """The step as tests/rig_batch.py reads it."""
+        return {"py": self.path, "args": list(self.argv)}
+
+    def args(self) -> list[str]:
+        """The step's CompletedProcess.args."""
+        return ["python3", self.path, *self.argv]
 
 
 class RigError(RuntimeError):
@@ -207,6 +262,20 @@ class Rig:
             wrapper = self._bin / name
             wrapper.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
             wrapper.chmod(0o755)
+        # the batch interpreter (tests/rig_batch.py) starts with the guest and imports
+        # gpufio while the controllers are bound; its FIFOs exist before the agent is ready.
+        # gpufio's bytecode, compiled here in a second, is copied into the guest's overlay
+        # (never the host's tree): compiling it under TCG took the guest far longer
+        pyc = work / "pyc"
+        for src in (REPO / "gpufio").rglob("*.py"):
+            cfile = Path(importlib.util.cache_from_source(str(src))).relative_to(REPO)
+            py_compile.compile(str(src), cfile=str(pyc / cfile), doraise=True)
+        _build_helpers(work / "native")
+        (share / "cmd" / "warm.sh").write_text(self._script(
+            f"echo \"rig_batch: [$(cut -d' ' -f1 /proc/uptime)] start\"\n"
+            f"cp -R {pyc}/. {shlex.quote(str(REPO))}/\n"
+            f"mkdir -p {SERVE} && mkfifo {SERVE}/req {SERVE}/rep || exit 1\n"
+            f"exec python3 tests/rig_batch.py {SERVE} {work / 'native'}"))
         sock = work / "ctl.sock"
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(sock))
@@ -262,13 +331,7 @@ class Rig:
             raise RigError(self._broken)
         self._seq += 1
         job = self.share / "cmd" / str(self._seq)
-        path = f"{self._bin}:{os.environ.get('PATH', '')}"
-        home = os.environ.get("HOME", "/root")
-        # PYTHONPATH: a script under tests/ imports the gpufio of the tree under test too
-        script = (f"export PATH={shlex.quote(path)} HOME={shlex.quote(home)} "
-                  f"PYTHONPATH={shlex.quote(str(REPO))}\n"
-                  f"cd {shlex.quote(str(REPO))} || exit 125\n{cmd}\n")
-        job.with_suffix(".sh").write_text(script)
+        job.with_suffix(".sh").write_text(self._script(cmd))
         self._conn.sendall(f"{self._seq} {max(1, int(timeout + 0.999))}\n".encode())
         answer = self._answer(timeout + ANSWER_GRACE_S).split()
         if answer[:2] != ["done", str(self._seq)]:
@@ -282,18 +345,43 @@ class Rig:
             raise subprocess.TimeoutExpired(cmd, timeout, out, err)
         return subprocess.CompletedProcess(cmd, rc, out, err)
 
+    def _script(self, cmd: str) -> str:
+        """The guest's shell script running ``cmd`` as ``run`` promises."""
+        path = f"{self._bin}:{os.environ.get('PATH', '')}"
+        home = os.environ.get("HOME", "/root")
+        # PYTHONPATH: a script under tests/ imports the gpufio of the tree under test too
+        return (f"export PATH={shlex.quote(path)} HOME={shlex.quote(home)} "
+                f"PYTHONPATH={shlex.quote(str(REPO))}\n"
+                f"cd {shlex.quote(str(REPO))} || exit 125\n{cmd}\n")
+
+    def batch(self, *steps: list[str] | Sh | Py, timeout: float = 600
+              ) -> list[subprocess.CompletedProcess[str]]:
+        """Run the steps one after another in the guest, each a process forked from the
+        batch interpreter that imported gpufio at boot (tests/rig_batch.py): a list is
+        ``python3 -m gpufio LIST``, ``Py`` a Python script, ``Sh`` a shell snippet; one
+        CompletedProcess (status, stdout, stderr) per step. A step still running after
+        ``timeout`` seconds (all steps together) is killed and the rest not started: status
+        124, as ``timeout`` gives it."""
+        self._seq += 1
+        ins, outs = (self.share / "cmd" / f"batch-{self._seq}.{x}.json" for x in ("in", "out"))
+        ins.write_text(json.dumps([s.step() if isinstance(s, (Sh, Py)) else list(s)
+                                   for s in steps]))
+        res = self.run(f"printf '%s %s %s\\n' {ins} {outs} {timeout} > {SERVE}/req && "
+                       f"read -r answer < {SERVE}/rep && [ \"$answer\" = done ]",
+                       timeout=timeout + ANSWER_GRACE_S)
+        if res.returncode != 0:
+            raise RigError(f"rig: the batch interpreter failed ({res.returncode}): "
+                           f"{res.stderr}; {self._tail(self.share / 'cmd' / 'warm.out')}")
+        return [subprocess.CompletedProcess(s.args() if isinstance(s, (Sh, Py))
+                                            else ["gpufio", *s], r["rc"], r["stdout"],
+                                            r["stderr"])
+                for s, r in zip(steps, json.loads(outs.read_text()))]
+
     def gpufio(self, *argvs: list[str], timeout: float = 600
                ) -> list[subprocess.CompletedProcess[str]]:
-        """Each ``gpufio ARGV`` in the guest, all in one interpreter (tests/rig_batch.py):
-        one (returncode, stdout, stderr) per command, as the CLI gives them."""
-        self._seq += 1
-        ins, outs = (self.work / f"batch-{self._seq}.{x}.json" for x in ("in", "out"))
-        ins.write_text(json.dumps([list(a) for a in argvs]))
-        res = self.run(f"python3 tests/rig_batch.py {ins} {outs}", timeout=timeout)
-        if res.returncode != 0:
-            raise RigError(f"rig: tests/rig_batch.py failed ({res.returncode}): {res.stderr}")
-        return [subprocess.CompletedProcess(["gpufio", *a], r["rc"], r["stdout"], r["stderr"])
-                for a, r in zip(argvs, json.loads(outs.read_text()))]
+        """Each ``gpufio ARGV`` in the guest (``batch``): one CompletedProcess per command,
+        as ``python3 -m gpufio ARGV`` gives it."""
+        return self.batch(*argvs, timeout=timeout)
 
     def _lookup(self, serial: str, nsid: int) -> tuple[str, str, list[str]]:
         try:

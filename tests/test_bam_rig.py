@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from rig import Py, Sh
+
 pytestmark = pytest.mark.nvme
 
 
@@ -17,9 +19,9 @@ def host_side(nvme_rig) -> dict:
     """What tests/bam_guest.py saw on rig-gen5 (512-byte blocks). Not rig-gen4: the nvme
     tests read its poll queues later in the same guest, and in the full run a controller
     handed back to nvme had none."""
-    res = nvme_rig.run("modprobe vfio-pci && PYTHONPATH=. python3 tests/bam_guest.py rig-gen5",
-                       timeout=900)
-    assert res.returncode == 0, res.stderr
+    modprobe, res = nvme_rig.batch(Sh("modprobe vfio-pci"), Py("tests/bam_guest.py", ("rig-gen5",)),
+                                   timeout=900)
+    assert modprobe.returncode == 0 and res.returncode == 0, modprobe.stderr + res.stderr
     return json.loads(res.stdout.splitlines()[-1])
 
 
@@ -59,9 +61,9 @@ def engine_runs(nvme_rig, tmp_path_factory) -> list:
     jobs verified against it, a write refused, a write behind the guard, doctor."""
     d = tmp_path_factory.mktemp("bam-jobs")
     ns = nvme_rig.namespace("rig-gen5", 1)
-    assert nvme_rig.run("modprobe vfio-pci").returncode == 0
     run = ["run", "-q", "-f", "json"]
-    return nvme_rig.gpufio(
+    modprobe, *runs = nvme_rig.batch(
+        Sh("modprobe vfio-pci"),
         [*run, _profile(d / "lay.toml", ns, name="lay", engine="psync", rw="write", bs="1m",
                         write_device=ns)],
         [*run, _profile(d / "rr.toml", ns, name="rr", engine="bam", rw="randread", bs="4k",
@@ -72,6 +74,8 @@ def engine_runs(nvme_rig, tmp_path_factory) -> list:
         [*run, _profile(d / "w1.toml", ns, name="w1", engine="bam", rw="randwrite", bs="8k",
                         iodepth=8, io_size="1m", verify=True, write_device=ns)],
         ["doctor"], timeout=1500)
+    assert modprobe.returncode == 0, modprobe.stderr
+    return runs
 
 
 def _job(res) -> dict:
@@ -101,44 +105,95 @@ def test_doctor_names_the_controllers(engine_runs: list) -> None:
     assert "vfio-pci" in out and "IOMMU groups" in out and "can be taken" in out
 
 
+# the runner is a process of its own, forked from this script (itself forked from the rig's
+# warm interpreter, so no Python start-up), as a user's `gpufio run` is one
 KILL = r"""
-set -e
-waitfor() {{  # a condition, checked for 120 s at most; what went on, when it fails
-  for _ in $(seq 600); do eval "$1" && return 0; sleep 0.2; done
-  echo "timed out: $1"; cat {d}/long.out; ps ax | grep -v grep | grep gpufio; exit 1
-}}
-bdf=$(basename "$(readlink -f /sys/block/$(basename {ns})/device/device)")
-driver() {{ basename "$(readlink /sys/bus/pci/devices/$bdf/driver)"; }}
-namespace() {{  # the controller's first namespace, once the nvme driver has it again
-  waitfor "ls /sys/bus/pci/devices/$bdf/nvme/*/ 2>/dev/null | grep -q '^nvme.*n1\$'"
-  dev=/dev/$(ls /sys/bus/pci/devices/$bdf/nvme/*/ | grep -m1 '^nvme.*n1$')
-  waitfor "[ -b $dev ]"
-}}
-start() {{  # a long bam job on it; returns once it holds the controller
-  namespace
-  printf '[[job]]\nname = "long"\nengine = "bam"\nrw = "randread"\nbs = "4k"\n' > {d}/long.toml
-  printf 'time_based = true\nruntime = "600s"\ntargets = ["%s"]\n' $dev >> {d}/long.toml
-  python3 -m gpufio run -q {d}/long.toml > {d}/long.out 2>&1 &
-  pid=$!
-  waitfor "kill -0 $pid && ls -l /proc/$pid/fd 2>/dev/null | grep -q /dev/vfio/"
-  [ "$(driver)" = vfio-pci ] && echo "taken"
-}}
-start
-kill -TERM $pid
-wait $pid || true
-[ "$(driver)" = nvme ] && echo "sigterm: given back"
-start
-kill -9 $pid
-waitfor '[ "$(driver)" = nvme ]'
-echo "kill -9: given back"
-namespace
-dd if=$dev of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null && echo "reads"
+import os, re, signal, subprocess, sys, time
+from pathlib import Path
+from gpufio import cli
+
+ns, d = sys.argv[1], Path(sys.argv[2])
+pci = Path(os.path.realpath(f"/sys/block/{os.path.basename(ns)}/device/device"))
+
+
+def waitfor(what, cond):  # a condition, checked for 120 s at most; what went on, when not
+    deadline = time.monotonic() + 120
+    while not cond():
+        if time.monotonic() > deadline:
+            log = d / "long.out"
+            sys.exit(f"timed out: {what}; {log.read_text() if log.exists() else ''}")
+        time.sleep(0.05)
+
+
+def driver():
+    return os.path.basename(os.readlink(pci / "driver")) if (pci / "driver").exists() else ""
+
+
+def first_namespace():
+    for c in sorted((pci / "nvme").glob("nvme*")):
+        for n in sorted(c.iterdir()):
+            if re.fullmatch(r"nvme\d+n1", n.name) and os.path.exists(f"/dev/{n.name}"):
+                return f"/dev/{n.name}"
+    return None
+
+
+def namespace():  # the controller's first namespace, once the nvme driver has it again
+    waitfor("a namespace from the nvme driver", first_namespace)
+    return first_namespace()
+
+
+def holds_vfio(pid):
+    try:
+        return any("/dev/vfio/" in os.readlink(f"/proc/{pid}/fd/{fd}")
+                   for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def start():  # a long bam job on it; returns once it holds the controller
+    (d / "long.toml").write_text(
+        '[[job]]\nname = "long"\nengine = "bam"\nrw = "randread"\nbs = "4k"\n'
+        f'time_based = true\nruntime = "600s"\ntargets = ["{namespace()}"]\n')
+    pid = os.fork()
+    if pid == 0:
+        log = os.open(d / "long.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(log, 1), os.dup2(log, 2)
+        sys.argv = ["gpufio", "run", "-q", str(d / "long.toml")]
+        code = 1
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(code)
+    waitfor("the runner holding /dev/vfio", lambda: holds_vfio(pid))
+    print("taken" if driver() == "vfio-pci" else f"not taken: {driver()}", flush=True)
+    return pid
+
+
+pid = start()
+os.kill(pid, signal.SIGTERM)
+os.waitpid(pid, 0)
+print("sigterm: given back" if driver() == "nvme" else f"sigterm: {driver()}", flush=True)
+pid = start()
+os.kill(pid, signal.SIGKILL)
+os.waitpid(pid, 0)
+waitfor("the nvme driver back", lambda: driver() == "nvme")
+print("kill -9: given back", flush=True)
+read = subprocess.run(["dd", f"if={namespace()}", "of=/dev/null", "bs=4096", "count=1",
+                       "iflag=direct"], capture_output=True)
+print("reads" if read.returncode == 0 else f"no read: {read.stderr}", flush=True)
 """
 
 
 def test_sigterm_and_kill_9_of_the_runner_give_the_controller_back(nvme_rig, tmp_path) -> None:
     ns = nvme_rig.namespace("rig-4k", 1)
-    res = nvme_rig.run(f"modprobe vfio-pci; {KILL.format(ns=ns, d=tmp_path)}", timeout=600)
+    (tmp_path / "kill.py").write_text(KILL)
+    modprobe, res = nvme_rig.batch(Sh("modprobe vfio-pci"),
+                                   Py(str(tmp_path / "kill.py"), (ns, str(tmp_path))), timeout=600)
+    assert modprobe.returncode == 0, modprobe.stderr
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.split("\n")[:4] == ["taken", "sigterm: given back", "taken",
                                           "kill -9: given back"]

@@ -3,8 +3,8 @@ documents carrying the NVMe facts, the shipped drive profiles, compare's header,
 guard on namespaces (real partition tables and filesystems, a multipath head), O_DIRECT
 alignment from the namespace and doctor's NVMe checks.
 
-Every gpufio command runs in one guest interpreter (``nvme_rig.gpufio``): starting Python
-under TCG costs more than the commands."""
+Every gpufio command runs in one batch (``nvme_rig.gpufio``), forked from the guest's warm
+interpreter: starting Python under TCG costs more than the commands."""
 
 import json
 import re

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rig import REPO
+from rig import REPO, Py, Sh
 
 pytestmark = pytest.mark.nvme
 
@@ -23,6 +23,19 @@ def test_run_gives_status_output_cwd_and_interpreter(nvme_rig, tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         nvme_rig.run("sleep 30", timeout=1)
     assert nvme_rig.run("true").returncode == 0  # the rig answers after a timeout
+
+
+def test_batch_runs_each_step_as_a_process_of_its_own(nvme_rig, tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint(sys.argv[1:])\nsys.exit(4)\n")
+    sh, py, cli = nvme_rig.batch(Sh("echo out; echo err >&2; exit 3"), Py(str(script), ("a",)),
+                                 ["--help"])
+    assert (sh.returncode, sh.stdout, sh.stderr) == (3, "out\n", "err\n")
+    assert (py.returncode, py.stdout, py.stderr) == (4, "['a']\n", "")
+    assert cli.returncode == 0 and "Usage" in cli.stdout
+    slow, later = nvme_rig.batch(Sh("sleep 30"), Sh("echo never"), timeout=1)
+    assert (slow.returncode, later.returncode, later.stdout) == (124, 124, "")
+    assert nvme_rig.batch(Sh("echo again"))[0].stdout == "again\n"  # it serves after that
 
 
 def test_controllers_and_namespaces(nvme_rig):

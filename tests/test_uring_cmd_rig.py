@@ -2,15 +2,19 @@
 tests/rig.py): verified reads from a 512-byte and a 4096-byte LBA namespace after writes
 behind the write guard, the bad inputs as one line with exit 2, a status from the drive
 named, fio's io_uring_cmd job files, and doctor's passthrough lines. Under TCG every Python
-start is slow, so one guest command runs every case, and each test reads its own section."""
+start is slow, so one batch (forked from the guest's warm interpreter) runs every case, and
+each test reads its own."""
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
+
+from rig import Py, Sh
 
 pytestmark = pytest.mark.nvme
 
@@ -50,71 +54,64 @@ def rig(request):
         pytest.skip("no nvme_rig fixture in this tree (tests/conftest.py, the rig's branch)")
 
 
-def _script(rig) -> str:
+def _steps(rig, d: Path) -> dict[str, list]:
+    """Each case's steps (``rig.batch``), with its files written into ``d``."""
     ng512, blk512 = rig.generic("rig-gen4", 1), rig.namespace("rig-gen4", 1)
     ng4k, blk4k = rig.generic("rig-4k", 1), rig.namespace("rig-4k", 1)
     ngmp, blkmp = rig.generic("rig-mp", 2), rig.namespace("rig-mp", 2)
-    files = {"w.toml": WRITE, "r.toml": READ, "r.fio": FIO.format(ng=ng512),
-             "past_end.py": PAST_END}
-    run = 'python3 -m gpufio run'
-    cases = {
-        "write512": f"{run} $D/w.toml -q -f json -s targets={ng512} -s write_device={ng512}",
-        "read512": f"{run} $D/r.toml -q -f json -s targets={blk512}",
-        "write4k": f"{run} $D/w.toml -q -f json -s targets={blk4k} -s write_device={blk4k}",
-        "read4k": f"{run} $D/r.toml -q -f json -s targets={ng4k}",
-        "no_consent": f"{run} $D/w.toml -q -s targets={ng512}",
+    for name, text in {"w.toml": WRITE, "r.toml": READ, "r.fio": FIO.format(ng=ng512),
+                       "past_end.py": PAST_END}.items():
+        (d / name).write_text(text)
+    w, r = ["run", str(d / "w.toml"), "-q"], ["run", str(d / "r.toml"), "-q"]
+    return {
+        "write512": [[*w, "-f", "json", "-s", f"targets={ng512}", "-s", f"write_device={ng512}"]],
+        "read512": [[*r, "-f", "json", "-s", f"targets={blk512}"]],
+        "write4k": [[*w, "-f", "json", "-s", f"targets={blk4k}", "-s", f"write_device={blk4k}"]],
+        "read4k": [[*r, "-f", "json", "-s", f"targets={ng4k}"]],
+        "no_consent": [[*w, "-s", f"targets={ng512}"]],
         # a real GPT (libblkid checks its header's checksum), wiped afterwards: the guest
         # serves the whole run
-        "signature": f"printf 'label: gpt\\n' | sfdisk -q {blkmp} && {run} $D/w.toml -q "
-                     f"-s targets={ngmp} -s write_device={ngmp}; rc=$?; "
-                     f"wipefs -q -a {blkmp} >/dev/null 2>&1; exit $rc",
-        "bs512_on_4k": f"{run} $D/r.toml -q -s targets={ng4k} -s bs=512",
-        "not_nvme": f"{run} $D/r.toml -q -s targets=/dev/null",
-        "generic_elsewhere": f"{run} $D/r.toml -q -s targets={ng512} -s engine=uring "
-                             "-s verify=false",
-        "hipri": f"cat /sys/block/{blk512.rsplit('/', 1)[1]}/queue/io_poll; "
-                 f"{run} $D/r.toml -q -f json -s targets={ng512} -s hipri=true",
-        "past_end": f"PYTHONPATH=$PWD python3 $D/past_end.py {ng512}",
-        "fio_file": f"{run} $D/r.fio -q -f json",
-        "doctor": "python3 -m gpufio doctor -f json",
+        "signature": [Sh(f"printf 'label: gpt\\n' | sfdisk -q {blkmp}"),
+                      [*w, "-s", f"targets={ngmp}", "-s", f"write_device={ngmp}"],
+                      Sh(f"wipefs -q -a {blkmp}")],
+        "bs512_on_4k": [[*r, "-s", f"targets={ng4k}", "-s", "bs=512"]],
+        "not_nvme": [[*r, "-s", "targets=/dev/null"]],
+        "generic_elsewhere": [[*r, "-s", f"targets={ng512}", "-s", "engine=uring",
+                               "-s", "verify=false"]],
+        "hipri": [Sh(f"cat /sys/block/{blk512.rsplit('/', 1)[1]}/queue/io_poll"),
+                  [*r, "-f", "json", "-s", f"targets={ng512}", "-s", "hipri=true"]],
+        "past_end": [Py(str(d / "past_end.py"), (ng512,))],
+        "fio_file": [["run", str(d / "r.fio"), "-q", "-f", "json"]],
+        "doctor": [["doctor", "-f", "json"]],
     }
-    lines = ["D=$(mktemp -d)"]
-    for name, text in files.items():
-        lines.append(f"printf %s {shlex.quote(text)} > $D/{name}")
-    for name, cmd in cases.items():
-        lines.append(f"echo '@@BEGIN {name}'; ( {cmd} ) 2>&1; echo \"@@END {name} rc=$?\"")
-    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
-def out(rig) -> dict[str, tuple[int, str]]:
-    """Every case's exit status and output, from one guest command."""
-    res = rig.run(_script(rig), timeout=1500)
-    found = {}
-    for m in re.finditer(r"@@BEGIN (\w+)\n(.*?)@@END \1 rc=(\d+)", res.stdout, re.S):
-        found[m.group(1)] = (int(m.group(3)), m.group(2))
-    assert found, res.stdout + res.stderr
-    return found
+def out(rig, tmp_path_factory) -> dict[str, list[subprocess.CompletedProcess[str]]]:
+    """Every case's steps' outcomes, from one batch in the guest."""
+    cases = _steps(rig, tmp_path_factory.mktemp("uring-cmd"))
+    done = iter(rig.batch(*(s for steps in cases.values() for s in steps), timeout=1500))
+    return {name: [next(done) for _ in steps] for name, steps in cases.items()}
 
 
-def _doc(out, name: str, ok: tuple[int, ...] = (0,)) -> dict:
-    rc, text = out[name]
-    assert rc in ok, text
-    return json.loads(text[text.index("{"):])
+def _doc(res: subprocess.CompletedProcess[str], ok: tuple[int, ...] = (0,)) -> dict:
+    assert res.returncode in ok, res.stdout + res.stderr
+    return json.loads(res.stdout)
 
 
-def _one_line(out, name: str) -> str:
-    rc, text = out[name]
+def _one_line(out, name: str, step: int = 0) -> str:
+    res = out[name][step]
+    text = res.stdout + res.stderr
     lines = text.strip().splitlines()
-    assert rc == 2 and len(lines) == 1 and "Traceback" not in text, text
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in text, text
     return lines[0]
 
 
 @pytest.mark.parametrize("lba", ["512", "4k"])
 def test_writes_then_verified_reads_on_each_namespace(out, lba):
-    (w,) = _doc(out, f"write{lba}")["jobs"]
+    (w,) = _doc(out[f"write{lba}"][0])["jobs"]
     assert w["engine"] == ENGINE and w["error"] == 0 and w["write"]["io_bytes"] == 4 << 20
-    (r,) = _doc(out, f"read{lba}")["jobs"]
+    (r,) = _doc(out[f"read{lba}"][0])["jobs"]
     assert r["error"] == 0 and not r["errors"] and r["verify"]["failures"] == 0
     assert r["read"]["io_bytes"] == 1 << 20 and r["verify"]["enabled"]
     t = r["targets"][0]
@@ -124,7 +121,9 @@ def test_writes_then_verified_reads_on_each_namespace(out, lba):
 
 def test_writes_need_the_guards_consent(out):
     assert "confirm with write_device" in _one_line(out, "no_consent")
-    assert 'holds a partition table (PTTYPE="gpt")' in _one_line(out, "signature")
+    gpt, _, wipe = out["signature"]
+    assert gpt.returncode == 0 and wipe.returncode == 0, gpt.stderr + wipe.stderr
+    assert 'holds a partition table (PTTYPE="gpt")' in _one_line(out, "signature", 1)
 
 
 def test_bad_inputs_are_one_line(out):
@@ -135,28 +134,28 @@ def test_bad_inputs_are_one_line(out):
 
 
 def test_hipri_polls_where_there_are_poll_queues_and_is_refused_elsewhere(out):
-    rc, text = out["hipri"]
-    poll, rest = text.split("\n", 1)
-    if poll.strip() == "1":
-        (r,) = json.loads(rest[rest.index("{"):])["jobs"]
-        assert rc == 0 and r["engine_facts"]["hipri"] and r["verify"]["failures"] == 0
+    poll, res = out["hipri"]
+    if poll.stdout.strip() == "1":
+        (r,) = _doc(res)["jobs"]
+        assert r["engine_facts"]["hipri"] and r["verify"]["failures"] == 0
     else:
-        assert rc == 2 and "hipri needs poll queues" in rest
+        assert res.returncode == 2 and "hipri needs poll queues" in res.stderr
 
 
 def test_a_status_from_the_drive_is_one_failed_io_named(out):
-    rc, text = out["past_end"]
-    assert rc == 0, text
+    (res,) = out["past_end"]
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text
     assert re.search(r"STATUS \d+ NVMe status 0x080: generic, LBA out of range", text), text
 
 
 def test_fio_io_uring_cmd_job_files_run(out):
-    (r,) = _doc(out, "fio_file")["jobs"]
+    (r,) = _doc(out["fio_file"][0])["jobs"]
     assert r["engine"] == ENGINE and r["error"] == 0 and r["read"]["io_bytes"] == 256 << 10
 
 
 def test_doctor_says_passthrough_can_run(out):
-    checks = {c["name"]: c for c in _doc(out, "doctor", ok=(0, 1))["checks"] if c["area"] == ENGINE}
+    checks = {c["name"]: c for c in _doc(out["doctor"][0], ok=(0, 1))["checks"] if c["area"] == ENGINE}
     assert checks["passthrough kernel"]["status"] == "ok"
     assert checks["generic devices"]["status"] == "ok" and "/dev/ng" in \
         checks["generic devices"]["found"]
