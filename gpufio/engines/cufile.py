@@ -83,16 +83,18 @@ def settled(future: Any, deadline_ns: int) -> bool:
     return True
 
 
-def _inflight(job: Job) -> int:
-    """The I/Os one process keeps in flight, iodepth for each of its workers: they share
-    one cuFile driver and one KvikIO pool."""
-    return job.iodepth * (1 if CuFile.settings(job).processes else job.numjobs)
+def _inflight(job: Job, depth: int | None = None) -> int:
+    """The I/Os one process keeps in flight, ``depth`` (the job's iodepth unless a loop asks
+    for another: a GNN job's rows pick theirs) for each of its workers: they share one
+    cuFile driver and one KvikIO pool."""
+    per = job.iodepth if depth is None else depth
+    return per * (1 if CuFile.settings(job).processes else job.numjobs)
 
 
-def _threads(job: Job) -> int:
+def _threads(job: Job, depth: int | None = None) -> int:
     """KvikIO's pool size (one pool per process): the option, or a thread for every read the
     process keeps queued."""
-    return CuFile.settings(job).threads or _inflight(job)
+    return CuFile.settings(job).threads or _inflight(job, depth)
 
 
 # filesystems cuFile moves data on by GPUDirect (with nvidia-fs); on others it falls back
@@ -274,7 +276,7 @@ class CuFile(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         s = cls.settings(job)
         pool = None
-        if s.api != "kvikio":
+        if s.api != "kvikio" and job.iodepth is not None:
             inflight = _inflight(job)
             cufile_api.binding(s.threads, job.bs, inflight)  # before KvikIO opens the driver
             pool = cufile_api.pool_facts()
@@ -291,8 +293,9 @@ class CuFile(Engine):
                  "register_buffers": s.register_buffers, "gpus": list(job.gpu_list),
                  "lands_in": "gpu memory", **({"cufile_posix_pool": pool} if pool else {})}
         if s.api == "kvikio":
-            facts["kvikio"] = {"threads": _threads(job), "task_size": max(job.bs, 4096),
-                               "gds_threshold": 0, "bounce_buffer_size": max(job.bs, 4096)}
+            if job.iodepth is not None:  # None: a GNN job's rows pick their depth
+                facts["kvikio"] = {"threads": _threads(job), "task_size": max(job.bs, 4096),
+                                   "gds_threshold": 0, "bounce_buffer_size": max(job.bs, 4096)}
         else:
             facts["cufile_io_threads"] = s.threads or "cufile.json's"
         return facts
@@ -304,7 +307,8 @@ class CuFile(Engine):
         (run/gpu_slots) keeps ``iodepth`` of them in flight, each in its own GPU slot."""
         s = cls.settings(job)
         if s.api == "kvikio":
-            return KvikioChannel(files, spec, _threads(job), job.direct, s.register_buffers)
+            return KvikioChannel(files, spec, _threads(job, spec.depth), job.direct,
+                                 s.register_buffers)
         return CuFileApiChannel(job, files, spec, s)
 
 
@@ -431,7 +435,7 @@ class CuFileApiChannel(PolledChannel):
     def __init__(self, job: Job, files: Sequence[File], spec: ChannelSpec, settings: Any) -> None:
         super().__init__(spec)
         self.api = settings.api
-        cf = cufile_api.binding(settings.threads, job.bs, _inflight(job))
+        cf = cufile_api.binding(settings.threads, spec.largest, _inflight(job, spec.depth))
         self._cf, self._fds = cf, [f.fd for f in files]
         self._handles = [cufile_api.register_handle(cf, f.fd, f.path) for f in files]
         base, nbytes = spec.region or (0, 0)

@@ -240,7 +240,12 @@ class PinnedBuffer:
             return
         unregister_host(self.addr)
         self.array = None
-        self._mem.close()
+        try:
+            self._mem.close()
+        except BufferError:
+            # a view is still held elsewhere (CuPy keeps the source of an asynchronous copy
+            # from page-locked memory until it completes): the mapping goes with that view
+            pass
 
 
 def gpu_facts() -> list[dict[str, Any]]:
