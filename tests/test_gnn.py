@@ -172,7 +172,7 @@ def _gnn(tmp_path, **extra):
     ({"fanout": []}, "key 'fanout': needs at least one layer"),
     ({"warmup": 6}, "key 'warmup': 6 leaves no timed iteration of 6"),
     ({"batch_size": 6000}, "key 'batch_size': 6000 is more than the 5000 nodes"),
-    ({"engine": "bam"}, "engine 'bam' does not aggregate GNN features yet"),
+    ({"engine": "uring-cmd"}, "engine 'uring-cmd' does not aggregate GNN features yet"),
     ({"learning_rate": "fast"}, "key 'learning_rate': expected a positive number"),
     ({"engine": "uring", "mmap_advice": "random"},
      "key 'mmap_advice': only engine 'mmap' maps the features, not 'uring'"),

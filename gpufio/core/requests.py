@@ -44,7 +44,9 @@ class Capability:
     submits each batch; "gpu" when GPU threads do, a batch a kernel launch (such an engine
     also keeps its own device loop for the block workload). ``synchronous``: ``submit``
     blocks while it moves each request in turn (pread), timing each itself (``times``): a
-    loop hands it a whole batch and overlaps its own work (a write's fill) on a thread."""
+    loop hands it a whole batch and overlaps its own work (a write's fill) on a thread.
+    ``namespaces``: its files must be NVMe namespaces (passthrough commands), so the
+    workloads' own files (feature tables, checkpoints) are not for it."""
 
     memory: tuple[str, ...] = (HOST,)
     writes: bool = True
@@ -52,6 +54,7 @@ class Capability:
     page_cache: bool = False
     submitter: str = "cpu"
     synchronous: bool = False
+    namespaces: bool = False
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,8 @@ class Engine(ABC):
         cap = cls.capability
         if cap is None or cap.submitter != "cpu":
             return cls.rows
+        if cap.namespaces:  # feature tables are files, not NVMe namespaces
+            return None
         return replace(cls.rows or RowSupport(), gpu_only=HOST not in cap.memory)
 
     @classmethod
@@ -193,6 +195,8 @@ class Engine(ABC):
         cap = cls.capability
         if cap is None or cap.submitter != "cpu":
             return cls.tensors
+        if cap.namespaces:  # checkpoints are files, not NVMe namespaces
+            return None
         host = HOST in cap.memory
         return TensorSupport(host=host, gpu=GPU in cap.memory or (host and cls.uses_gpu))
 

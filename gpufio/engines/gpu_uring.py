@@ -52,8 +52,10 @@ def default_sq_threads(job: Job, rings: int) -> int:
     """SQPOLL threads when the job does not say: one per ring where a target lives in memory
     (each thread copies its reads itself, so the rate grows with threads); one per target
     otherwise: a drive's rate is its own, one thread submits at it, and every further
-    thread would only spin on a core of its own."""
-    ram = any(ram_backing(p) for p in job.targets)
+    thread would only spin on a core of its own. A target file not laid out yet is judged
+    by its directory: the job's settings are resolved when the profile is read."""
+    ram = any(ram_backing(p if os.path.exists(p) else os.path.dirname(os.path.abspath(p)))
+              for p in job.targets)
     return rings if ram else min(max(len(job.targets), 1), rings)
 
 
@@ -63,7 +65,7 @@ def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
     slots per ring: the block benchmark's and the row fetcher's; ``nop``: its agents post
     IORING_OP_NOP for every request; ``namespaces``: they post NVMe commands
     (DeviceQueue's passthrough)."""
-    sq, cq = ring_sizes(depth, opts.ring_entries or None)
+    sq, cq = ring_sizes(depth, opts.ring_entries)
     return DeviceQueue(nrings=opts.rings, depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
                        cq_entries=cq, idle_ms=opts.sq_thread_idle // 1_000_000,
                        cpus=opts.sq_thread_cpu, sqe_async=opts.sqe_async, fds=fds,
@@ -92,15 +94,15 @@ class GpuUring(Engine):
     paced = False  # GPU threads post the reads: no host loop to space them
     worker_kind = "thread"
     options = (
-        Option("rings", "int", 0, "io_uring rings, one SQPOLL kernel thread each (0: half the "
-               "cores, at most 8, at least one per target)", minimum=0),
-        Option("ring_entries", "int", 0, "SQ entries per ring (0: iodepth); iodepth may not "
-               "exceed it, the CQ gets twice as many", minimum=0),
-        Option("threads", "int", 0, "GPU requester threads (0: rings x iodepth, one per request "
-               "slot); more than that share the slots", minimum=0),
-        Option("sq_threads", "int", 0, "SQPOLL kernel threads serving the rings (0: one per "
-               "ring on RAM-backed targets, one per target on drives); ring i shares ring "
-               "i % sq_threads's thread and io-wq (IORING_SETUP_ATTACH_WQ)", minimum=0),
+        Option("rings", "int", None, "io_uring rings, one SQPOLL kernel thread each (default: "
+               "half the cores, at most 8, at least one per target)", minimum=1),
+        Option("ring_entries", "int", None, "SQ entries per ring (default: iodepth); iodepth "
+               "may not exceed it, the CQ gets twice as many", minimum=1),
+        Option("threads", "int", None, "GPU requester threads (default: rings x iodepth, one "
+               "per request slot); more than that share the slots", minimum=1),
+        Option("sq_threads", "int", None, "SQPOLL kernel threads serving the rings (default: "
+               "one per ring on RAM-backed targets, one per target on drives); ring i shares "
+               "ring i % sq_threads's thread and io-wq (IORING_SETUP_ATTACH_WQ)", minimum=1),
         Option("sq_thread_cpu", "intlist", (), "CPUs the SQPOLL threads are pinned to, "
                "round-robin (default: not pinned)"),
         Option("sq_thread_idle", "time", 1_000_000_000, "how long an SQPOLL thread spins before "

@@ -44,7 +44,7 @@ class UringCmd(Engine):
                "(IORING_OP_URING_CMD) on the namespace's /dev/ngXnY, no block layer")
     peer = "fio io_uring_cmd (cmd_type=nvme)"
     fio_engines = {"io_uring_cmd": ""}  # cmd_type=nvme, its default (fio/jobfile.CMD_TYPES)
-    capability = Capability(memory=(HOST,))
+    capability = Capability(memory=(HOST,), namespaces=True)
     options = (
         Option("hipri", "bool", False, "poll for completions (IORING_SETUP_IOPOLL); needs "
                "poll queues on the namespace (nvme.poll_queues > 0)"),
