@@ -17,6 +17,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from gpufio.core.tensors import sync_files
+
 # where a request's buffer lives
 HOST = "host"  # host memory, page-aligned where the channel's targets are O_DIRECT
 GPU = "gpu"  # GPU memory: the address is a device pointer
@@ -145,10 +147,7 @@ class Channel(ABC):
 
     def sync(self, fds: Sequence[int]) -> None:
         """Make the written bytes durable (fsync of every file; a mapping flushes first)."""
-        import os
-
-        for fd in fds:
-            os.fsync(fd)
+        sync_files(fds)
 
     def close(self) -> None:
         """Release the channel; what is in flight lands first."""

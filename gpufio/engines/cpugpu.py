@@ -28,9 +28,6 @@ from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.requests import HOST, Capability, ChannelSpec, File
-from gpufio.core.rows import (
-    RowSupport,
-)
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import uring
@@ -47,7 +44,6 @@ class CpuGpu(Engine):
     """io_uring into registered host memory, then batched asynchronous H2D copies."""
 
     name = "cpu-gpu"
-    rows = RowSupport()
     summary = "io_uring into pinned host buffers, then batched asynchronous H2D copies"
     peer = "gdsio -x 2/3, fio libcufile cuda_io=posix (synchronous, pageable)"
     fio_engines = {"libcufile:posix": "cuda_io=posix runs as cpu-gpu: gpufio's path is "

@@ -26,7 +26,6 @@ from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.requests import GPU, Capability, Channel, ChannelSpec, File, drain
-from gpufio.core.rows import RowSupport
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io import cufile_api
@@ -71,16 +70,6 @@ def configure(threads: int, io_bytes: int, direct: bool) -> None:
         for key, value in wanted.items():
             if kvikio.defaults.get(key) != value:
                 kvikio.defaults.set(key, value)
-
-
-def settled(future: Any, deadline_ns: int) -> bool:
-    """Whether a KvikIO future is done by ``deadline_ns`` (perf_counter_ns), polled: a
-    wedged path must end in a diagnostic, never in a blocking get()."""
-    while not future.done():
-        if time.perf_counter_ns() > deadline_ns:
-            return False
-        time.sleep(POLL_S)
-    return True
 
 
 def _inflight(job: Job, depth: int | None = None) -> int:
@@ -170,7 +159,6 @@ class CuFile(Engine):
     """KvikIO futures reading straight into GPU memory; mode gds or compat, always labelled."""
 
     name = "cufile"
-    rows = RowSupport(gpu_only=True)
     summary = ("NVIDIA cuFile through KvikIO: GPUDirect Storage, or compat mode "
                "(POSIX reads through host memory) where the host has no GDS driver")
     peer = "gdsio -x 0, fio libcufile, KvikIO"
