@@ -136,6 +136,9 @@ class Gather:
         if self._mem is not None:
             self._mem.close()
         if self._pinned is not None:
+            # the last fetch's copy to the GPU may still read these rows: it must end
+            # before they are unregistered
+            self.xp.cuda.get_current_stream().synchronize()
             self._pinned.close()
         self._mem = self._pinned = None
 
