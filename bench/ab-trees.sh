@@ -1,8 +1,10 @@
 #!/bin/bash
-# A/B of gpu-uring and cpu-gpu on a tmpfs file: this tree against an older one (BASE, a
-# directory holding that commit's gpufio/, e.g. git archive COMMIT gpufio | tar -x -C BASE),
-# interleaved, 3 s verified runs, 3 rounds. Run as root on the GPU machine:
+# A/B of engines on a tmpfs file: this tree against an older one (BASE, a directory holding
+# that commit's gpufio/, e.g. git archive COMMIT gpufio | tar -x -C BASE), interleaved, 3 s
+# verified runs, 3 rounds. Each CASE is an engine and its --set keys; by default gpu-uring
+# and cpu-gpu, so run as root on the GPU machine; on a CPU-only machine name CPU cases:
 #   bench/ab-trees.sh BASE
+#   bench/ab-trees.sh BASE "uring iodepth=32" "psync iodepth=1"
 set -u
 export PYTHONUNBUFFERED=1
 HEAD=$PWD
@@ -14,7 +16,9 @@ targets = ["/mnt/gt/t.dat"]
 size = "2g"
 P
 PYTHONPATH=/tmp/site:$HEAD python3 -m gpufio prepare --yes /tmp/prep.toml
-for case in "gpu-uring rings=8 iodepth=128" "cpu-gpu segments=4 sqe_async=true iodepth=512"; do
+shift
+[ $# -gt 0 ] || set -- "gpu-uring rings=8 iodepth=128" "cpu-gpu segments=4 sqe_async=true iodepth=512"
+for case in "$@"; do
   set -- $case; eng=$1; shift
   sets=""; for kv in "$@"; do sets="$sets --set $kv"; done
   for r in 1 2 3; do
