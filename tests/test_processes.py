@@ -147,13 +147,17 @@ def test_sigterm_to_the_process_group_keeps_the_results_and_exits_130(write_prof
         _reap(proc, workers)
 
 
-def _child_takes_a_signal_sent_while_starting(conn) -> None:
+def _child_takes_a_signal_sent_while_starting(conn, sent) -> None:
     """A child started under processes.held: its stop signals arrive blocked; the SIGTERM
-    its parent sent meanwhile reaches the handler it installs."""
+    its parent sent meanwhile (the parent says when it has, so that the signal is surely
+    sent before the handlers go in, however the two are scheduled) waits pending and
+    reaches the handler it installs."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    sent.recv()
+    pending = signal.SIGTERM in signal.sigpending()
     got: list[bool] = []
     processes.take_stop_signals(lambda: got.append(True))
-    conn.send((sorted(int(s) for s in blocked), got))
+    conn.send((sorted(int(s) for s in blocked), pending, got))
 
 
 def test_a_stop_sent_while_a_helper_starts_waits_for_its_handlers():
@@ -162,20 +166,23 @@ def test_a_stop_sent_while_a_helper_starts_waits_for_its_handlers():
 
     ctx = multiprocessing.get_context("fork")
     mine, theirs = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_child_takes_a_signal_sent_while_starting, args=(theirs,))
+    waits, says = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child_takes_a_signal_sent_while_starting, args=(theirs, waits))
     previous = signal.signal(signal.SIGTERM, lambda *_: None)  # ours too, held meanwhile
     try:
         with processes.held():
             p.start()
             os.kill(p.pid, signal.SIGTERM)
+            says.send(True)
     finally:
         signal.signal(signal.SIGTERM, previous)
     theirs.close()
+    waits.close()
     assert mine.poll(60), f"the child said nothing (exit {p.exitcode})"
-    blocked, got = mine.recv()
+    blocked, pending, got = mine.recv()
     p.join()
     assert p.exitcode == 0
-    assert {signal.SIGINT, signal.SIGTERM} <= set(blocked) and got == [True]
+    assert {signal.SIGINT, signal.SIGTERM} <= set(blocked) and pending and got == [True]
 
 
 def test_a_helper_that_never_comes_up_is_named():
