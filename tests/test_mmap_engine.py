@@ -35,6 +35,7 @@ class HostStaging:
         self.host_addr = self.host.ctypes.data
         self._bad: dict[int, set[int]] = {}
         self.copies = []  # (segment, I/Os) of every copy to the GPU
+        self.log = []  # copies down and the channel's stores, in order
 
     def _slots(self, seg, k):
         lo = seg * self.per_segment * self.bs
@@ -46,6 +47,7 @@ class HostStaging:
             pattern.bad_ios_host(self._slots(seg, k), offs, seeds, self.bs).tolist())
 
     def stage_out(self, seg, k, offs, seeds):
+        self.log.append("copy down")
         pattern.fill_ios(self._slots(seg, k), offs, seeds)
 
     def done(self, seg):
@@ -132,8 +134,20 @@ def test_a_replayed_log_off_the_block_grid_lands_each_ios_bytes(host_mmap, patte
     assert r.ok and r.ios == len(offs) and r.verify_failures == 0
 
 
-def test_writes_store_the_pattern_count_fsyncs_and_read_back_verified(host_mmap, tmp_path):
+def test_writes_store_the_pattern_count_fsyncs_and_read_back_verified(host_mmap, tmp_path,
+                                                                      monkeypatch):
     out = tmp_path / "w.dat"
+    submit = MmapChannel.submit
+
+    def logged(self, *args):
+        host_mmap[-1].log.append("store")
+        return submit(self, *args)
+
+    monkeypatch.setattr(MmapChannel, "submit", logged)
+    r = _run(out, rw="write", bs="64k", size="1m", iodepth=4, verify=True)
+    # the next batch is copied down while this one is stored (double buffering)
+    assert host_mmap[0].log[:3] == ["copy down", "copy down", "store"]
+    assert r.ok and r.write.ios == 16 and r.verify_failures == 0
     r = _run(out, rw="write", bs="64k", size="1m", fsync=4, verify=True)
     assert r.ok and r.write.ios == 16 and r.syncs == 4 and r.verify_failures == 0
     data = out.read_bytes()

@@ -54,6 +54,10 @@ class StagedLoop:
         nseg, self._seg = staging_shape(engine, job)
         self._nseg = SPARE * nseg
         self._cap = nseg * self._seg  # requests in flight, at most
+        # a synchronous channel writes a segment inside submit: nothing stays in flight, so
+        # the segments copying down need no room kept for them and the next ones copy down
+        # while it writes
+        self._sync = engine.capability is not None and engine.capability.synchronous
         slots = self._nseg * self._seg
         self.landing = SegmentedStaging(job.gpu_of(ctx.worker), self._nseg, self._seg, job.bs,
                                         ctx.verifying, writes=job.writes)
@@ -143,7 +147,7 @@ class StagedLoop:
                 syncing = False
             for s in np.flatnonzero(state == FREE).tolist() if issuing and not syncing else ():
                 copying = int(seg_n[state == COPYING].sum())
-                if ch.inflight + copying + seg > self._cap:
+                if not self._sync and ch.inflight + copying + seg > self._cap:
                     break
                 tgt, offs = ctx.next_batch(min(seg, ctx.until_sync))
                 k = len(offs)
