@@ -5,8 +5,8 @@ io/nvme_model.py) brings the controller up and creates the I/O queue pairs; it h
 over here with its memory (``ControllerMemory``). ``NvmeQueues`` then owns what the GPU
 needs: a request queue (io/gio/queue.RequestQueue, the GioQueue of kernels/gio_queue.cuh,
 so every kernel of the request API runs on it unchanged), landing slots and their PRP
-lists in the controller's DMA-mapped host memory, one agent warp per pair (kernels/bam_agent.cu), the doorbell path
-and the stop-with-a-diagnostic path.
+lists in the controller's DMA-mapped host memory, one agent warp per pair
+(kernels/bam_agent.cu); the doorbell path and the stall report are its own.
 
 Doorbells go one of two ways, named in every result (``mode``):
 - ``direct``: agents store the SQ tail and CQ head into BAR0's doorbells, which the GPU
