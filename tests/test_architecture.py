@@ -88,6 +88,45 @@ def test_engines_never_import_each_other():
     assert crossed == []
 
 
+GIO_API = "gpufio.io.gio"
+GIO_BACKENDS = "gpufio.io.gio.backends"
+# each GPU-initiated transport's modules (rings.py is the io_uring backend's host side)
+GIO_TRANSPORTS = ({"uring", "rings"}, {"nvme"})
+
+
+def test_the_gpu_request_api_names_no_backend_and_backends_no_other():
+    """io/gio is the request API every GPU-initiated engine uses, whatever the transport
+    (contract, queue, bench, gather, cache); its transports live in io/gio/backends, which
+    import the API and never one another."""
+    api = [m for m in ALL if m.startswith(f"{GIO_API}.") and not m.startswith(GIO_BACKENDS)]
+    assert {"gpufio.io.gio.queue", "gpufio.io.gio.bench", "gpufio.io.gio.gather"} <= set(api)
+    reached = [f"{m} imports {target} (line {line})" for m in sorted(api)
+               for line, target in imports(ALL[m], m) if target.startswith(GIO_BACKENDS)]
+    crossed = []
+    for m in sorted(x for x in ALL if x.startswith(f"{GIO_BACKENDS}.")):
+        own = next(g for g in GIO_TRANSPORTS if m.rsplit(".", 1)[1] in g)
+        crossed += [f"{m} imports {target} (line {line})" for line, target in imports(ALL[m], m)
+                    if target.startswith(f"{GIO_BACKENDS}.")
+                    and target.rsplit(".", 1)[1] not in own]
+    assert reached == [] and crossed == []
+
+
+def test_gpu_initiated_engines_keep_no_queue_plumbing():
+    """What any GPU-initiated engine needs (making a queue, the namespace table, the
+    block benchmark's loop, the gather) is in io/gio; an engine module defines its engine
+    (and a thin row fetcher over io/gio's gather)."""
+    engines = [m for m in ALL if band_of(m) == "engines" and any(
+        t.startswith(GIO_API) for _, t in imports(ALL[m], m))]
+    assert engines
+    kept = []
+    for m in engines:
+        for node in ast.parse(ALL[m].read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name in (
+                    "make_queue", "namespace_table", "default_sq_threads", "gpu_price"):
+                kept.append(f"{m}:{node.lineno} {node.name}")
+    assert kept == []
+
+
 def test_plumbing_returns_data_instead_of_writing_the_engine_context():
     """io/ hands results back (mismatch indices, thread shares); engines record them."""
     writers = [f"{m} imports {target} (line {line})" for m in sorted(ALL) if band_of(m) == "io"

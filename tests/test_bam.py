@@ -238,7 +238,7 @@ def test_doctor_names_acs_on_the_path_to_the_root_complex(tmp_path: Path) -> Non
 
 
 def test_doctor_prices_the_relay_and_says_why_the_registration_was_not_probed() -> None:
-    from gpufio.io.gio import nvme
+    from gpufio.io.gio.backends import nvme
 
     out = nvme.gpu_doctor_checks("bam", [("a", 2), ("b", 8)], 4, "no NVIDIA GPU")
     assert [(c.name, c.status) for c in out] == [

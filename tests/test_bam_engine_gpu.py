@@ -103,7 +103,7 @@ def test_gnn_rows_through_the_gpu_cache(tmp_path):
 
 
 def test_doctor_probes_the_io_memory_registration_on_a_gpu():
-    from gpufio.io.gio import nvme
+    from gpufio.io.gio.backends import nvme
 
     (probe, relay) = nvme.gpu_doctor_checks("bam", [], 16, None)
     assert probe.name == "BAR as CUDA I/O memory" and probe.status in ("ok", "warn")

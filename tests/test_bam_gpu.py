@@ -1,4 +1,4 @@
-"""The GPU side of BaM's mechanism (io/gio/nvme.py, kernels/bam_*.cu) against the software
+"""The GPU side of BaM's mechanism (io/gio/backends/nvme.py, kernels/bam_*.cu) against the software
 NVMe controller (io/nvme_model.py in its own process), on a GPU: GPU-built commands equal
 the CPU builder's byte for byte; reads land verified in GPU memory with relay and direct
 doorbells over odd geometry (queue depths not powers of two, 4096-byte LBAs, transfers that
@@ -20,7 +20,7 @@ import pytest
 from gpufio.core import pattern, targets
 from gpufio.io import cuda, nvme_cmd, verify
 from gpufio.io import nvme_queue as nq
-from gpufio.io.gio.nvme import NvmeQueues, RegisteredModel
+from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 from gpufio.io.gio.queue import QueueStalled
 from gpufio.io.nvme_model import Fault, ModelProcess
 

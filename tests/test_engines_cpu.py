@@ -247,18 +247,19 @@ def test_spawned_workers_say_whether_mps_lets_them_share_the_gpu(tmp_path, monke
     assert facts["mps"] is True and facts["page_cache"] is True
 
 
-def test_map_rows_and_gather_rows_fault_in_each_row_from_its_target(tmp_path):
+def test_gather_rows_faults_in_each_row_from_its_target(tmp_path):
     import mmap as mm
 
-    from gpufio.engines.mmap import gather_rows, map_rows
+    from gpufio.engines.mmap import gather_rows
 
     maps, views = [], []
     for t in range(2):  # row r of target t holds bytes 10 * t + r, after a 100-byte header
         path = tmp_path / f"t{t}"
         path.write_bytes(bytes(100) + b"".join(bytes([10 * t + r]) * 8 for r in range(5)))
         fd = os.open(path, os.O_RDONLY)
-        m, view = map_rows(fd, os.fstat(fd).st_size, 100, 5, 8, mm.MADV_RANDOM)
+        m = mm.mmap(fd, os.fstat(fd).st_size, flags=mm.MAP_SHARED, prot=mm.PROT_READ)
         os.close(fd)
+        view = np.frombuffer(m, dtype=np.uint8)[100:].reshape(5, 8)
         maps.append(m)
         views.append(view)
     tgt, rows = np.array([1, 0, 1, 0]), np.array([4, 0, 2, 3])
@@ -306,31 +307,3 @@ def test_an_iodepth_above_io_urings_largest_ring_names_iodepth(engine):
                                        r"io_uring ring \(32768 entries\)"):
         from_dict({"global": {"engine": engine, "size": "1m", "iodepth": 40000},
                    "job": [{"name": "j"}]}, "p.toml", {})
-
-
-def test_mmap_writes_ask_for_each_batchs_pages_in_runs():
-    """The pages a write batch will fault are asked for ahead (MADV_WILLNEED): one range per
-    run of adjacent blocks of one target, a range per block otherwise."""
-    import mmap as mm
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from gpufio.engines.mmap import Mmap
-
-    class FakeMap:
-        def __init__(self):
-            self.calls = []
-
-        def madvise(self, advice, start, length):
-            self.calls.append((advice, start, length))
-
-    eng = object.__new__(Mmap)
-    eng.job = SimpleNamespace(bs=4096)
-    eng._maps = [FakeMap(), FakeMap()]
-    offs = np.array([0, 4096, 8192, 40960, 12288, 16384, 512 + 65536], np.uint64)
-    tgt = np.array([0, 0, 0, 0, 0, 1, 1])
-    eng._prefetch(tgt, offs)
-    w = mm.MADV_WILLNEED
-    assert eng._maps[0].calls == [(w, 0, 12288), (w, 40960, 4096), (w, 12288, 4096)]
-    assert eng._maps[1].calls == [(w, 16384, 4096), (w, 65536, 4608)]

@@ -13,7 +13,7 @@ from gpufio.core import pattern
 from gpufio.core.errors import BadInput
 from gpufio.core.targets import aligned_buffer
 from gpufio.io import uring
-from gpufio.io.gio.rings import RingState, default_rings, ring_sizes, stall_report
+from gpufio.io.gio.backends.rings import RingState, default_rings, ring_sizes, stall_report
 from gpufio.io.uring import busy_shares
 from gpufio.io.watchdog import Watchdog
 from gpufio.profile import from_dict
@@ -89,7 +89,7 @@ def _u32(addr: int) -> ctypes.c_uint32:
 @pytest.mark.parametrize("registered,attached", [(False, False), (True, False), (False, True)])
 def test_a_producer_ring_driven_through_memory_words_only(pattern_fd, registered, attached):
     """Tiny SQPOLL ring in caller memory, 2000 reads, wrap-around, the agent's arithmetic;
-    registered: the SQEs DeviceQueue writes for registered rings (READ_FIXED from buffer 0,
+    registered: the SQEs UringQueue writes for registered rings (READ_FIXED from buffer 0,
     the file by its index); attached: the ring shares another ring's SQPOLL thread
     (sq_threads below rings), which then runs its reads and reports its work."""
     sq_n, cq_n = ring_sizes(2, 2)
@@ -214,7 +214,7 @@ class _Rings:
     def __init__(self, step: int) -> None:
         self.count, self.step, self.woken = 0, step, 0
 
-    def wake(self) -> int:
+    def wake(self, check: bool = True) -> int:
         self.woken += 1
         return 0
 
@@ -224,9 +224,9 @@ class _Rings:
 
 
 def _queue(rings, agent_polls):
-    from gpufio.io.gio.queue import DeviceQueue
+    from gpufio.io.gio.backends.uring import UringQueue
 
-    q = object.__new__(DeviceQueue)  # the waiting logic only: no GPU behind it
+    q = object.__new__(UringQueue)  # the waiting logic only: no GPU behind it
     q.rings, q.agent_stream, q.kernels_done, q.stalled = rings, _Stream(agent_polls), False, None
 
     def stall(timeout_ns, streams):
@@ -271,9 +271,10 @@ def test_sq_threads_default_to_one_per_ring_and_never_exceed_the_rings(given, ra
                                                                         monkeypatch):
     """One per ring on RAM-backed targets, one per drive otherwise, never above the rings."""
     from gpufio.engines import gpu_uring
+    from gpufio.io.gio.backends import uring as backend
 
     monkeypatch.setattr(gpu_uring.os, "cpu_count", lambda: 2)  # default rings: 1
-    monkeypatch.setattr(gpu_uring, "ram_backing", lambda path: "tmpfs" if ram else None)
+    monkeypatch.setattr(backend, "ram_backing", lambda path: "tmpfs" if ram else None)
     job = from_dict({"global": {"engine": "gpu-uring", "targets": ["x"], **given}},
                     "t.toml", {}).jobs[0]
     assert job.engine_settings.sq_threads == threads

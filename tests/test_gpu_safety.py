@@ -11,8 +11,9 @@ import pytest
 
 from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu, uring
-from gpufio.io.gio import queue as gpuqueue
-from gpufio.io.gio import rings as gpuring
+from gpufio.io.gio import queue as gioqueue
+from gpufio.io.gio.backends import rings as gpuring
+from gpufio.io.gio.backends import uring as gpuqueue
 
 
 @pytest.mark.parametrize("env,reason", [
@@ -33,7 +34,7 @@ def test_tools_that_serialise_kernels_are_named(env, reason):
 def test_a_queue_refuses_to_start_under_launch_blocking(monkeypatch):
     monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
     with pytest.raises(BadInput, match="^GPU-initiated I/O cannot run here: CUDA_LAUNCH_BLOCKING"):
-        gpuqueue.DeviceQueue(nrings=1, depth=4, slot_bytes=4096, sq_entries=4, cq_entries=8,
+        gpuqueue.UringQueue(nrings=1, depth=4, slot_bytes=4096, sq_entries=4, cq_entries=8,
                              idle_ms=10, cpus=(), sqe_async=False, fds=[], registered=False)
 
 
@@ -150,7 +151,7 @@ class FakeSlots:
 
 
 def _queue(rings, kernels_done=True):
-    q = gpuqueue.DeviceQueue.__new__(gpuqueue.DeviceQueue)
+    q = gpuqueue.UringQueue.__new__(gpuqueue.UringQueue)
     q.rings, q.kernels_done, q._dev, q._kept, q._launch_kept = rings, kernels_done, {}, [], ()
     q._slots = FakeSlots(rings.log)
     q._cp = SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(id=0)))
@@ -158,30 +159,30 @@ def _queue(rings, kernels_done=True):
 
 
 def test_close_drains_then_closes_the_rings_before_freeing_the_slots(monkeypatch):
-    monkeypatch.setattr(gpuqueue, "WEDGED", [])
+    monkeypatch.setattr(gioqueue, "WEDGED", [])
     rings = FakeStates(inflight=3)
     _queue(rings).close()
-    assert rings.log == ["rings", "slots"] and gpuqueue.WEDGED == []
+    assert rings.log == ["rings", "slots"] and gioqueue.WEDGED == []
 
 
 def test_slots_a_read_may_still_land_in_are_never_freed(monkeypatch):
-    monkeypatch.setattr(gpuqueue, "WEDGED", [])
+    monkeypatch.setattr(gioqueue, "WEDGED", [])
     monkeypatch.setattr(gpuqueue, "DRAIN_S", 0.05)
     rings = FakeStates(inflight=3, floor=1)  # one read never completes
     q = _queue(rings)
     slots = q._slots
     q.close()
-    assert rings.log == ["rings"] and gpuqueue.WEDGED == [slots]  # mapped for good
+    assert rings.log == ["rings"] and gioqueue.WEDGED == [slots]  # mapped for good
 
 
 def test_a_queue_whose_kernels_never_stopped_keeps_everything(monkeypatch):
-    monkeypatch.setattr(gpuqueue, "WEDGED", [])
+    monkeypatch.setattr(gioqueue, "WEDGED", [])
     monkeypatch.setattr(gpu, "_WEDGED", {})
     rings = FakeStates(inflight=0)
     q = _queue(rings, kernels_done=False)
     q.keep_alive("bench arrays")
     q.close()
-    assert rings.log == [] and gpuqueue.WEDGED == [q] and q._kept == ["bench arrays"]
+    assert rings.log == [] and gioqueue.WEDGED == [q] and q._kept == ["bench arrays"]
     assert 0 in gpu._WEDGED
 
 
@@ -222,8 +223,8 @@ def test_a_queue_refuses_rings_whose_cq_is_smaller_than_its_sq(monkeypatch):
     monkeypatch.setattr(gpuqueue.cuda, "module",
                         lambda name: SimpleNamespace(get_function=lambda fn: None))
     with pytest.raises(BadInput, match="needs depth <= SQ entries <= CQ entries, got SQ 8, CQ 4"):
-        gpuqueue.DeviceQueue(nrings=1, depth=8, slot_bytes=4096, sq_entries=8, cq_entries=4,
+        gpuqueue.UringQueue(nrings=1, depth=8, slot_bytes=4096, sq_entries=8, cq_entries=4,
                              idle_ms=10, cpus=(), sqe_async=False, fds=[], registered=False)
     with pytest.raises(BadInput, match="got SQ 4, CQ 8"):  # fewer SQ entries than slots
-        gpuqueue.DeviceQueue(nrings=1, depth=8, slot_bytes=4096, sq_entries=4, cq_entries=8,
+        gpuqueue.UringQueue(nrings=1, depth=8, slot_bytes=4096, sq_entries=4, cq_entries=8,
                              idle_ms=10, cpus=(), sqe_async=False, fds=[], registered=False)

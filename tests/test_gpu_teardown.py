@@ -12,8 +12,9 @@ import pytest
 from gpufio.core import targets
 from gpufio.core.errors import BadInput
 from gpufio.io import uring
-from gpufio.io.gio import queue as gpuqueue
-from gpufio.io.gio.rings import GpuRings, ring_sizes
+from gpufio.io.gio import queue as gioqueue
+from gpufio.io.gio.backends import uring as gpuqueue
+from gpufio.io.gio.backends.rings import GpuRings, ring_sizes
 from gpufio.profile import from_dict
 from gpufio.run import runner
 
@@ -40,7 +41,7 @@ extern "C" __global__ void reader(const GioQueue* q, int fd, const u64* offs, in
 
 def _queue(fd, depth=16, nrings=2, registered=False):
     sq, cq = ring_sizes(depth, None)
-    return gpuqueue.DeviceQueue(nrings=nrings, depth=depth, slot_bytes=4096, sq_entries=sq,
+    return gpuqueue.UringQueue(nrings=nrings, depth=depth, slot_bytes=4096, sq_entries=sq,
                                 cq_entries=cq, idle_ms=1000, cpus=(), sqe_async=True, fds=[fd],
                                 registered=registered)
 
@@ -90,7 +91,7 @@ def test_abort_with_reads_in_flight_drains_then_restarts_without_stale_completio
     finally:
         q.close()
         fd.close()
-    assert q not in gpuqueue.WEDGED
+    assert q not in gioqueue.WEDGED
 
 
 def test_out_of_range_slots_abort_and_long_reads_fail_with_einval(pattern_file, pattern_fd,

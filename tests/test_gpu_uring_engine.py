@@ -9,7 +9,7 @@ import pytest
 
 from gpufio.core import targets
 from gpufio.facts.host import kernel_version
-from gpufio.io.gio.rings import GpuRings
+from gpufio.io.gio.backends.rings import GpuRings
 from gpufio.profile import from_dict
 from gpufio.run import runner
 
@@ -118,17 +118,17 @@ extern "C" __global__ void read_each(const GioQueue* q, int fd, const u64* offs,
 
 @pytest.mark.parametrize("registered", [True, False])
 def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd, registered):
-    """A kernel of its own (not the benchmark) uses the blocking gio_read on a DeviceQueue,
+    """A kernel of its own (not the benchmark) uses the blocking gio_read on a UringQueue,
     naming the file by its queue reference (registered index, or the descriptor)."""
     import cupy as cp
     import numpy as np
 
     from gpufio.io import cuda
-    from gpufio.io.gio.queue import DeviceQueue
-    from gpufio.io.gio.rings import ring_sizes
+    from gpufio.io.gio.backends.uring import UringQueue
+    from gpufio.io.gio.backends.rings import ring_sizes
 
     sq, cq = ring_sizes(16, None)
-    q = DeviceQueue(nrings=2, depth=16, slot_bytes=4096, sq_entries=sq, cq_entries=cq,
+    q = UringQueue(nrings=2, depth=16, slot_bytes=4096, sq_entries=sq, cq_entries=cq,
                     idle_ms=1000, cpus=(), sqe_async=True, fds=[pattern_fd], registered=registered)
     assert q.file_refs.tolist() == [0 if registered else pattern_fd]
     try:

@@ -11,7 +11,7 @@ import pytest
 
 from gpufio.core import iolog, targets
 from gpufio.core.errors import BadInput
-from gpufio.core.offsets import OffsetStream, ReplayStream
+from gpufio.core.offsets import ReplayStream
 from gpufio.profile import from_dict
 from gpufio.run import runner
 
@@ -113,11 +113,6 @@ def test_a_replay_hands_out_the_logs_ios_in_order(trace_log):
     assert len(got[-1][1]) == 0  # done after one replay
     loop = ReplayStream(iolog.read(str(path)), budget=None)
     assert loop.next(10)[1].tolist()[7:] == [8 * BS, 0, 0]  # a time-based job wraps around
-    assert s.block_aligned(BS, 0) and not ReplayStream(
-        iolog.read(str(path)), budget=1).block_aligned(8192, 0)
-    assert OffsetStream(random=True, bs=BS, regions=[(0, 4)], dist=from_dict(
-        {"global": {}}, "p", {}).jobs[0].random_distribution, file_service="roundrobin",
-        seed=(1,), budget=1).block_aligned(BS, 0)
 
 
 @pytest.mark.parametrize("engine", ["psync", "uring"])

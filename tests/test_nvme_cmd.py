@@ -261,15 +261,15 @@ def test_agents_post_passthrough_commands_and_take_each_completion(tmp_path):
     import cupy as cp
 
     from gpufio.core import targets
-    from gpufio.io.gio import queue as gpuqueue
-    from gpufio.io.gio.rings import ring_sizes
+    from gpufio.io.gio.backends import uring as gpuqueue
+    from gpufio.io.gio.backends.rings import ring_sizes
 
     path = tmp_path / "f.dat"
     targets.create_file(str(path), 1 << 20, 3)
     fd = targets.open_target(str(path), direct=False)
     sq, cq = ring_sizes(16, None)
     fn = cuda.raw_module(BUILDER).get_function("post")
-    q = gpuqueue.DeviceQueue(nrings=2, depth=16, slot_bytes=4096, sq_entries=sq, cq_entries=cq,
+    q = gpuqueue.UringQueue(nrings=2, depth=16, slot_bytes=4096, sq_entries=sq, cq_entries=cq,
                              idle_ms=1000, cpus=(), sqe_async=False, fds=[fd.fd],
                              registered=False, namespaces=np.array([1 | 9 << 32], np.uint64))
     try:

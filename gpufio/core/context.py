@@ -82,11 +82,6 @@ class WorkerContext:
         themselves (on the GPU)."""
         return self.stream.region_arrays()
 
-    def block_aligned(self, bs: int, base: int) -> bool:
-        """Whether every offset this worker will hand out is a whole number of ``bs`` blocks
-        after ``base`` (a replayed iolog need not be), for engines that map whole blocks."""
-        return self.stream.block_aligned(bs, base)
-
     @property
     def budget(self) -> int | None:
         """I/Os this worker may still issue (None: time-based, no budget)."""

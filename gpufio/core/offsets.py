@@ -181,10 +181,6 @@ class OffsetStream:
         engines whose offsets are generated elsewhere (GPU threads pick their own)."""
         return self._starts.copy(), np.array(self._nblocks, dtype=np.uint64)
 
-    def block_aligned(self, bs: int, base: int) -> bool:
-        """Whether every I/O starts a whole number of ``bs`` blocks after ``base``: always."""
-        return True
-
     def _generate(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         ntargets = len(self._subset)
         if self._file_random:
@@ -238,8 +234,3 @@ class ReplayStream:
         if self._mixed:
             return self._wr[self._idx]
         return bool(self._wr[0])
-
-    def block_aligned(self, bs: int, base: int) -> bool:
-        """Whether every I/O starts a whole number of ``bs`` blocks after ``base``."""
-        return bool(((self._offs.astype(np.int64) - base) % bs == 0).all()
-                    and (self._offs >= base).all())

@@ -69,7 +69,9 @@ class ChannelSpec:
     cuFileBufRegister); None: anywhere. ``stop_fd``: an eventfd
     that becomes readable when the loop must stop, for a channel whose waits it may wake
     (-1: none). ``ram_backed``: every file lives in memory (tmpfs, zram), for a channel
-    whose defaults depend on it."""
+    whose defaults depend on it. ``access``: how the loop walks the files, "sequential" or
+    "random" (None: not known), for a path that reads ahead by itself (a mapping's
+    madvise)."""
 
     depth: int
     memory: str = HOST
@@ -78,6 +80,7 @@ class ChannelSpec:
     region: tuple[int, int] | None = None
     stop_fd: int = -1
     ram_backed: bool = False
+    access: str | None = None
 
 
 class Channel(ABC):
@@ -144,6 +147,17 @@ class Channel(ABC):
         """The path's own measurements of the run (e.g. its kernel threads' shares), for
         the worker's result (core/context.WorkerContext.note), once at the end."""
         return {}
+
+    def expect(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray,
+               write: bool) -> None:
+        """Requests the loop will submit soon (its next batch), for a path that can start
+        on them early (a mapping asks for the pages a store would fault in); by default
+        nothing."""
+
+    def finish(self) -> None:
+        """The loop's last write completed: hand the files what the path still holds of
+        them (a mapping's dirty pages: msync), inside the job's time; by default nothing,
+        a completed write is in the file already."""
 
     def sync(self, fds: Sequence[int]) -> None:
         """Make the written bytes durable (fsync of every file; a mapping flushes first)."""

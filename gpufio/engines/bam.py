@@ -154,7 +154,7 @@ class _Shared(_Held):
     def gpu_memory(self, direct: bool) -> Any:
         """The controller's memory as the GPU side takes it (io/gio/nvme.RegisteredVfio,
         made by the first GPU worker, every pair's rings registered): call under ``lock``."""
-        from gpufio.io.gio.nvme import RegisteredVfio
+        from gpufio.io.gio.backends.nvme import RegisteredVfio
 
         if self.registered is None:
             self.registered = RegisteredVfio(self.session.device, direct)
@@ -183,7 +183,7 @@ class _Model(_Held):
 
     def __init__(self, path: str, lba_shift: int, dma_bytes: int) -> None:
         from gpufio.io import nvme_model
-        from gpufio.io.gio.nvme import RegisteredModel
+        from gpufio.io.gio.backends.nvme import RegisteredModel
 
         self.key = path
         self.served = nvme_model.ServedFile(path, lba_shift, dma_bytes)
@@ -333,7 +333,7 @@ class Bam(Engine):
     @classmethod
     def doctor(cls, host: Host, jobs: list[Job]) -> list[Check]:
         from gpufio.io import gpu
-        from gpufio.io.gio import nvme
+        from gpufio.io.gio.backends import nvme
 
         real = [j for j in jobs if cls.settings(j).controller == "vfio"]
         relays = [(j.name, j.numjobs) for j in jobs if doorbells(cls.settings(j)) == "relay"]
@@ -384,7 +384,7 @@ class Bam(Engine):
     def _gpu_setup(self, mem: Any, nsid: int, lba_shift: int) -> None:
         """GPU threads on this worker's pair: the NVMe queue agents and the block benchmark."""
         from gpufio.io.gio.bench import DeviceBench
-        from gpufio.io.gio.nvme import NvmeQueues
+        from gpufio.io.gio.backends.nvme import NvmeQueues
 
         job = self.job
         with _Shared.lock, _Model.lock:  # the memory's allocators serve every worker
@@ -578,7 +578,7 @@ class BamFetch(QueueGather):
 
     def __init__(self, job: Job, table: RowTable, xp: Any, request: RowRequest) -> None:
         from gpufio.io import nvme_model
-        from gpufio.io.gio.nvme import NvmeQueues, RegisteredModel
+        from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 
         o = Bam.settings(job)
         layout = table.layout

@@ -7,7 +7,7 @@ agents hand the completions back; the requesting warps copy the landed blocks in
 memory and bin their latencies on the GPU. No CPU user code runs per I/O: the host thread
 only sets flags, wakes SQPOLL threads that fell asleep, reads live counters every 100 ms,
 and stops the kernels with a diagnostic when completions stop (the watchdog). The kernels
-are in kernels/gio_agent.cu and gio_bench.cu; the ring plumbing in gpufio/io/gio/rings.py.
+are in kernels/gio_agent.cu and gio_bench.cu; the ring plumbing in gpufio/io/gio/backends/rings.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
@@ -33,12 +31,11 @@ from gpufio.core.rows import (
 from gpufio.core.shared import READ, WRITE
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
-from gpufio.facts.device import ram_backing
 from gpufio.io import gpu, nvme_cmd, uring
-from gpufio.io.gio.bench import TPB, DeviceBench, check_bench_job, gpu_price
+from gpufio.io.gio.backends.rings import default_rings, ring_sizes
+from gpufio.io.gio.backends.uring import default_sq_threads, make_queue, namespace_table
+from gpufio.io.gio.bench import DeviceBench, check_bench_job
 from gpufio.io.gio.gather import QueueGather
-from gpufio.io.gio.queue import DeviceQueue
-from gpufio.io.gio.rings import default_rings, ring_sizes
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -46,38 +43,6 @@ if TYPE_CHECKING:
     from gpufio.core.targets import Target
     from gpufio.facts.system import Host
 
-
-
-def default_sq_threads(job: Job, rings: int) -> int:
-    """SQPOLL threads when the job does not say: one per ring where a target lives in memory
-    (each thread copies its reads itself, so the rate grows with threads); one per target
-    otherwise: a drive's rate is its own, one thread submits at it, and every further
-    thread would only spin on a core of its own. A target file not laid out yet is judged
-    by its directory: the job's settings are resolved when the profile is read."""
-    ram = any(ram_backing(p if os.path.exists(p) else os.path.dirname(os.path.abspath(p)))
-              for p in job.targets)
-    return rings if ram else min(max(len(job.targets), 1), rings)
-
-
-def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
-               nop: bool = False, namespaces: np.ndarray | None = None) -> DeviceQueue:
-    """The request queue a job's resolved settings (GpuUring.resolve) describe, with ``depth``
-    slots per ring: the block benchmark's and the row fetcher's; ``nop``: its agents post
-    IORING_OP_NOP for every request; ``namespaces``: they post NVMe commands
-    (DeviceQueue's passthrough)."""
-    sq, cq = ring_sizes(depth, opts.ring_entries)
-    return DeviceQueue(nrings=opts.rings, depth=depth, slot_bytes=slot_bytes, sq_entries=sq,
-                       cq_entries=cq, idle_ms=opts.sq_thread_idle // 1_000_000,
-                       cpus=opts.sq_thread_cpu, sqe_async=opts.sqe_async, fds=fds,
-                       registered=opts.registered, sq_threads=opts.sq_threads, nop=nop,
-                       namespaces=namespaces)
-
-
-def namespace_table(targets: list[Target]) -> np.ndarray:
-    """Per target (opened for passthrough): nsid | lba_shift << 32, what the agents build
-    each NVMe command from (GioQueue.pt)."""
-    return np.array([t.facts["nsid"] | (t.lba.bit_length() - 1) << 32 for t in targets],
-                    np.uint64)
 
 
 @register
@@ -233,8 +198,7 @@ class GpuUring(Engine):
     def run(self) -> None:
         share = uring.SqThreadShare(self.queue.rings.rings)
         try:
-            self._bench.run(self._opts.stall_timeout, wake=self.queue.rings.wake,
-                            begin=share.begin, notes=share.facts)
+            self._bench.run(self._opts.stall_timeout, begin=share.begin, notes=share.facts)
         finally:
             if self._bench.totals is not None:
                 self.ctx.absorb(DeviceTotals(**self._bench.totals))
@@ -247,11 +211,10 @@ class GpuUring(Engine):
 
 
 class GpuUringFetch(QueueGather):
-    """The ``gpu-uring`` path for aggregation: GPU threads post the reads of the rows
-    themselves through the request queue (io/gio/queue.DeviceQueue, the gather of
-    io/gio/gather.py) and copy each landed row into the tensor, through a software cache in
-    GPU memory when ``cache_bytes`` is given (io/gio/cache.py); the host only starts the
-    kernels, wakes SQPOLL threads and watches for a stall. Needs a GPU (``device = "gpu"``)."""
+    """The ``gpu-uring`` path for aggregation: the row gather of io/gio/gather.py on an
+    io_uring request queue (io/gio/backends/uring.UringQueue) the job's settings describe,
+    through a software cache in GPU memory when ``cache_bytes`` is given (io/gio/cache.py).
+    Needs a GPU (``device = "gpu"``)."""
 
     page_cache = False
 
@@ -259,7 +222,6 @@ class GpuUringFetch(QueueGather):
                  direct: bool, cache_bytes: int = 0) -> None:
         # how the rows were fetched, for the result
         self.facts = {"iodepth": iodepth, "rings": opts.rings, "sqe_async": opts.sqe_async}
-        threads = opts.rings * iodepth
         self._fds = open_rows(table, direct)
         try:
             self.queue = make_queue(opts, depth=iodepth, slot_bytes=table.layout.row_bytes,
@@ -268,13 +230,12 @@ class GpuUringFetch(QueueGather):
             close_all(self._fds)
             raise
         try:
-            super().__init__(self.queue, table, xp, dim, threads, opts.stall_timeout,
-                             cache_bytes)
+            super().__init__(self.queue, table, xp, dim, opts.rings * iodepth,
+                             opts.stall_timeout, cache_bytes)
         except BaseException:
             self.close()
             raise
-        self.facts["gpu_price"] = gpu_price(opts.rings, -(-threads // TPB) * TPB,
-                                            gpu.sm_count(xp.cuda.Device().id))
+        self.facts["gpu_price"] = self.price
 
     def close(self) -> None:
         self.queue.close()

@@ -2,8 +2,8 @@
 // commands in the controller's SQ and its completions into results (bam_queue.cuh describes
 // the protocol). The pair's tail, head and phase carry over from one start to the next in
 // its progress words (word 3: head | the phase tag not expected next << 32, so zeroed words
-// are a fresh pair). Launched by gpufio/io/gio/nvme.py. A request of write with length 0 is a
-// Flush.
+// are a fresh pair). Launched by io/gio/backends/nvme.py. A request of write with length 0
+// is a Flush.
 #include "bam_queue.cuh"
 
 extern "C" __global__ void bam_agent(const GioQueue* q, const BamRing* rings)

@@ -3,7 +3,7 @@
 // are copied from the pinned landing slot into its row of data (GPU memory), where
 // io/verify.py checks them; a write sends its row; a Flush moves nothing. res[i] gets the
 // request API's result (untouched if the queue was aborted first). Launched by
-// gpufio/io/gio/nvme.py's users.
+// gpufio/io/gio/backends/nvme.py's users.
 #include "bam_queue.cuh"
 
 enum BamKind { BAM_READ = 0, BAM_WRITE = 1, BAM_FLUSH = 2 };

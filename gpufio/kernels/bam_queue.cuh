@@ -18,7 +18,7 @@
 // Doorbells: sq_db / cq_db are where the agent stores the new tail / head (32-bit,
 // st.release.sys). In direct mode they are BAR0's doorbell registers, mapped into the GPU
 // (the BAR registered with CUDA as I/O memory); in relay mode they are words in host memory
-// that one CPU thread copies into the doorbell registers (io/gio/nvme.py, Relay). The agent
+// that one CPU thread copies into the doorbell registers (backends/nvme.py, Relay). The agent
 // never reads a BAR register: it polls the CQ, which lives in host memory.
 #pragma once
 #include "gio_queue.cuh"

@@ -1,5 +1,5 @@
 // The request queue's agent: one warp per ring turns READY request slots into SQEs and CQEs
-// into results (gio_queue.cuh describes the protocol). Launched by gpufio/io/gio/queue.py.
+// into results (gio_queue.cuh describes the protocol). Launched by gpufio/io/gio/backends/uring.py.
 #include "gio_queue.cuh"
 
 // ---- 2. The agent: one warp per ring ----------------------------------------------------

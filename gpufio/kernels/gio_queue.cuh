@@ -4,7 +4,7 @@
 // Three layers, each usable alone:
 //  1. The request API (gio_try_post / gio_done / gio_result / gio_landing / gio_release, and
 //     the blocking gio_read): any GPU thread posts (file, offset, length) into a request slot
-//     in device memory (file: the queue's reference for a target, DeviceQueue.file_refs:
+//     in device memory (file: the queue's reference for a target, UringQueue.file_refs:
 //     its index among the rings' registered files, or the descriptor itself) and later
 //     polls or waits for its completion. Slots, tickets and states live in device memory
 //     only: atomics on host-mapped memory are not atomic here.
@@ -186,7 +186,7 @@ __device__ __forceinline__ u64 now_ns()
 
 // ---- The agents' common steps (gio_agent.cu, bam_agent.cu) ----------------------------
 
-// An agent warp tells the host it runs (DeviceQueue.start / NvmeQueues.start wait for all).
+// An agent warp tells the host it runs (RequestQueue.start waits for all).
 __device__ __forceinline__ void agent_started(const GioQueue* q)
 {
     if ((threadIdx.x & 31) == 0) atomicAdd(&q->control[C_AGENTS], 1);
@@ -225,7 +225,7 @@ __device__ __forceinline__ bool gio_try_claim(const GioQueue* q, u64 s)
     return true;
 }
 
-// Post the claimed slot s: a read of len bytes at off of file fd (a DeviceQueue.file_refs
+// Post the claimed slot s: a read of len bytes at off of file fd (a UringQueue.file_refs
 // entry) into its landing bytes, or with write, a write of its bytes there (the caller filled
 // gio_writable(q, s) and fenced at system scope, so the kernel sees them). A request longer
 // than a slot completes at once with -EINVAL instead of overrunning the neighbouring slots.

@@ -1,5 +1,5 @@
 """The software NVMe controller's rates (io/nvme_model.py): driven by its own CPU driver, and
-by GPU agent warps through io/gio/nvme.py, for bench/bam.py (BaM's mechanism's ceiling, as
+by GPU agent warps through io/gio/backends/nvme.py, for bench/bam.py (BaM's mechanism's ceiling, as
 bench/nop.py is io_uring's). The numbers are the model's, not a drive's."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int) -> float:
     import cupy as cp
 
     from gpufio.io import cuda
-    from gpufio.io.gio.nvme import NvmeQueues, RegisteredModel
+    from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 
     where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
     model = _model(where, size)

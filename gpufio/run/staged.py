@@ -37,8 +37,10 @@ POLL_NS = 20_000
 
 def staging_shape(engine: type["Engine"], job: "Job") -> tuple[int, int]:
     """(segments in flight, slots per segment): the engine's ``segments`` where it offers
-    the option (io/staging.SEGMENTS), else its default."""
-    segments = engine.settings(job).segments if SEGMENTS in engine.options else SEGMENTS.default
+    that option (io/staging.SEGMENTS, or one of its own with another default), else
+    SEGMENTS' default."""
+    offered = any(o.name == SEGMENTS.name for o in engine.options)
+    segments = engine.settings(job).segments if offered else SEGMENTS.default
     return segment_shape(segments, job.iodepth)
 
 
@@ -52,13 +54,18 @@ class StagedLoop:
         nseg, self._seg = staging_shape(engine, job)
         self._nseg = SPARE * nseg
         self._cap = nseg * self._seg  # requests in flight, at most
+        # a synchronous channel writes a segment inside submit: nothing stays in flight, so
+        # the segments copying down need no room kept for them and the next ones copy down
+        # while it writes
+        self._sync = engine.capability is not None and engine.capability.synchronous
         slots = self._nseg * self._seg
         self.landing = SegmentedStaging(job.gpu_of(ctx.worker), self._nseg, self._seg, job.bs,
                                         ctx.verifying, writes=job.writes)
         try:
             self.channel = engine.channel(job, targets, ChannelSpec(
                 depth=self._cap, memory=HOST, largest=job.bs, writes=job.writes,
-                region=(self.landing.host_addr, slots * job.bs)))
+                region=(self.landing.host_addr, slots * job.bs),
+                access="random" if job.random else "sequential"))
         except BaseException:
             self.landing.close()
             raise
@@ -123,8 +130,9 @@ class StagedLoop:
                 raise self._stalled("read", state)
 
     def _run_writes(self) -> None:
-        """Segments go FREE -> COPYING (pattern generated on the GPU, copied down) ->
-        WRITING (the channel writes from the host slots) -> FREE; fsync between segments."""
+        """Segments go FREE -> COPYING (pattern generated on the GPU, copied down; the
+        channel told what is coming) -> WRITING (the channel writes from the host slots) ->
+        FREE; fsync between segments; once all are written, the channel finishes."""
         ctx, ch, seg = self.ctx, self.channel, self._seg
         state = np.full(self._nseg, FREE, dtype=np.int8)
         seg_n = np.zeros(self._nseg, dtype=np.int64)
@@ -139,7 +147,7 @@ class StagedLoop:
                 syncing = False
             for s in np.flatnonzero(state == FREE).tolist() if issuing and not syncing else ():
                 copying = int(seg_n[state == COPYING].sum())
-                if ch.inflight + copying + seg > self._cap:
+                if not self._sync and ch.inflight + copying + seg > self._cap:
                     break
                 tgt, offs = ctx.next_batch(min(seg, ctx.until_sync))
                 k = len(offs)
@@ -148,6 +156,7 @@ class StagedLoop:
                     break
                 lo = s * seg
                 table.issue(slice(lo, lo + k), tgt, offs, time.perf_counter_ns())
+                ch.expect(tgt, offs, self._len[lo:lo + k], True)
                 self.landing.stage_out(s, k, offs, ctx.seeds(tgt))
                 seg_n[s], seg_done[s], state[s] = k, 0, COPYING
                 if ctx.sync_due(k):
@@ -161,6 +170,7 @@ class StagedLoop:
                     progress += 1
             moved = self._wait(state, slot_res, seg_done)
             if moved is None and not issuing and not syncing:
+                ch.finish()
                 return
             progress += moved or 0
             for s in np.flatnonzero((state == WRITING) & (seg_done == seg_n)).tolist():

@@ -1,2 +1,12 @@
-"""GPU-initiated I/O: rings the GPU drives, the request queue in front of them, and the
-software cache in GPU memory."""
+"""GPU-initiated I/O: GPU threads post their own requests, whatever carries them.
+
+The request API, what a GPU-initiated engine's kernels and host loops use on any transport:
+contract (the constants and descriptor structs shared with the kernels), queue (the request
+queue's host half, ``RequestQueue``: slots, control words, start, wait, abort), bench (the
+block benchmark's kernel and host loop), gather (the GNN row gather) and cache (the software
+cache in GPU memory). On the GPU the API is one header, kernels/gio_queue.cuh.
+
+The backends, under backends/, each a ``RequestQueue`` with the agent warps that carry its
+requests: uring (io_uring SQPOLL rings in CUDA-registered host memory, with rings.py) and
+nvme (NVMe queue pairs, BaM's mechanism). The API modules never import a backend.
+"""

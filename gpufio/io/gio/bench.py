@@ -3,10 +3,10 @@ threads post their own I/Os: gpu-uring's io_uring agents and bam's NVMe queue ag
 the same requester kernel, so its arrays, the host loop that follows it (live counts, the
 measurement's start, the stop, the watchdog) and the hand-over of its counts live here once.
 
-A queue is what io/gio/queue.DeviceQueue and io/gio/nvme.NvmeQueues both offer:
-``descriptor``, ``start(requesters, keep)``, ``set``, ``fetch``, ``agent_stream``,
-``kernels_done``, ``abort_quietly``, ``stall``, ``bad_slot``, ``keep_alive`` and
-``file_refs`` (what the kernel passes as each target's file).
+A queue is an io/gio/queue.RequestQueue of any backend (io/gio/backends: uring's
+UringQueue, nvme's NvmeQueues); the loop uses its ``descriptor``, ``start``, ``set``,
+``fetch``, ``agent_stream``, ``kernels_done``, ``abort_quietly``, ``stall``, ``bad_slot``,
+``keep_alive`` and ``file_refs`` (what the kernel passes as each target's file).
 """
 
 from __future__ import annotations
@@ -128,18 +128,17 @@ class DeviceBench:
     def _running(self) -> bool:
         return not (self.queue.agent_stream.done and self.stream.done)
 
-    def run(self, stall_ns: int, wake: Callable[[], None] | None = None,
-            begin: Callable[[], None] | None = None,
+    def run(self, stall_ns: int, begin: Callable[[], None] | None = None,
             notes: Callable[[], dict[str, Any]] | None = None) -> None:
         """Launch the agents and the bench kernel, follow them to the end and take the
-        GPU's counts (``totals``), even when it failed once the kernels stopped. ``wake()``
-        on every pass (SQPOLL threads that fell asleep), ``begin()`` when the measurement
-        starts, ``notes()`` the path's facts once it stops; QueueStalled once nothing
-        completes for ``stall_ns``."""
+        GPU's counts (``totals``), even when it failed once the kernels stopped; the
+        queue's ``wake`` on every pass (SQPOLL threads that fell asleep), ``begin()`` when
+        the measurement starts, ``notes()`` the path's facts once it stops; QueueStalled
+        once nothing completes for ``stall_ns``."""
         q = self.queue
         q.start(requesters=self.blocks * TPB)
         try:
-            self._drive(stall_ns, wake, begin, notes)
+            self._drive(stall_ns, begin, notes)
         except BaseException:
             # whatever failed (a launch, a wake-up, Ctrl-C), the agents must not spin on
             q.abort_quietly((self.stream,))
@@ -152,8 +151,7 @@ class DeviceBench:
             raise RuntimeError(f"a kernel posted an I/O to request slot {bad}, past the "
                                f"queue's {q.nrings * q.depth}")
 
-    def _drive(self, stall_ns: int, wake: Callable[[], None] | None,
-               begin: Callable[[], None] | None,
+    def _drive(self, stall_ns: int, begin: Callable[[], None] | None,
                notes: Callable[[], dict[str, Any]] | None) -> None:
         ctx, q = self.ctx, self.queue
         begun = False
@@ -176,8 +174,7 @@ class DeviceBench:
             if not stopping and ctx.done:
                 q.set(C_STOP, 1)
                 stopping = True
-            if wake is not None:
-                wake()
+            q.wake()
             running = self._running()
             if (stopping or not running) and notes is not None:
                 for key, values in notes().items():

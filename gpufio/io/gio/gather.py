@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from gpufio.core.rows import RowFetchError, RowTable, row_error
-from gpufio.io import cuda
-from gpufio.io.gio.bench import TPB
+from gpufio.io import cuda, gpu
+from gpufio.io.gio.bench import TPB, gpu_price
 from gpufio.io.gio.cache import GpuCache, cache_rows
 from gpufio.io.gio.queue import QueueStalled
 
@@ -21,10 +21,11 @@ GATHER_POLL_S = 0.0001
 
 
 class QueueGather:
-    """Rows of ``table`` fetched through ``queue`` (a DeviceQueue or NvmeQueues) by
+    """Rows of ``table`` fetched through ``queue`` (a RequestQueue of any backend) by
     ``threads`` GPU threads into ``xp`` arrays of ``dim`` float32 columns; ``cache_bytes``
-    of GPU memory in front of the reads (0: none); ``rows`` counts the rows fetched. An
-    engine's row fetcher is one, over the queue it made (and closes)."""
+    of GPU memory in front of the reads (0: none); ``rows`` counts the rows fetched,
+    ``price`` what the gather's kernels occupy of the GPU (bench.gpu_price). An engine's
+    row fetcher is one, over the queue it made (and closes)."""
 
     def __init__(self, queue: Any, table: RowTable, xp: Any, dim: int, threads: int,
                  stall_ns: int, cache_bytes: int = 0) -> None:
@@ -35,13 +36,15 @@ class QueueGather:
         if cache_bytes:
             rows = cache_rows(cache_bytes, table.layout.row_bytes, threads)
             self.cache = GpuCache(xp, rows, table.layout.row_bytes, table.rows)
-        # loaded now: never while the agents spin (see DeviceQueue.start)
+        # loaded now: never while the agents spin (see RequestQueue.start)
         self._gather = cuda.module("gnn_gather").get_function("gio_gather")
         self._d_fds = xp.asarray(queue.file_refs)
         # failed, node, result, hits, reads, coalesced, rows claimed (gnn_gather.cu)
         self._stats = xp.zeros(7, xp.uint64)
         self._stream = xp.cuda.Stream(non_blocking=True)
         queue.keep_alive(self._d_fds, self._stats, self._stream, self.cache)
+        self.price = gpu_price(queue.nrings, -(-threads // TPB) * TPB,
+                               gpu.sm_count(xp.cuda.Device().id))
 
     def counters(self) -> dict[str, int]:
         """Rows served since the start: from the cache, read from storage, and duplicates

@@ -1,12 +1,12 @@
-"""GPU threads driving NVMe queue pairs (BaM's mechanism): the host half of the GPU side.
+"""The NVMe backend of GPU-initiated I/O: GPU threads driving NVMe queue pairs (BaM's).
 
 A host driver (vfio-pci on a real controller, or the software controller of
 io/nvme_model.py) brings the controller up and creates the I/O queue pairs; it hands them
 over here with its memory (``ControllerMemory``). ``NvmeQueues`` then owns what the GPU
-needs: a request queue (the GioQueue of kernels/gio_queue.cuh, so every kernel of the
-request API runs on it unchanged), landing slots and their PRP lists in the controller's
-DMA-mapped host memory, one agent warp per pair (kernels/bam_agent.cu), the doorbell path
-and the stop-with-a-diagnostic path.
+needs: a request queue (io/gio/queue.RequestQueue, the GioQueue of kernels/gio_queue.cuh,
+so every kernel of the request API runs on it unchanged), landing slots and their PRP
+lists in the controller's DMA-mapped host memory, one agent warp per pair
+(kernels/bam_agent.cu); the doorbell path and the stall report are its own.
 
 Doorbells go one of two ways, named in every result (``mode``):
 - ``direct``: agents store the SQ tail and CQ head into BAR0's doorbells, which the GPU
@@ -30,17 +30,9 @@ from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu
 from gpufio.io import nvme_queue as nq
 from gpufio.io.gio import contract
-from gpufio.io.gio.queue import WEDGED, QueueStalled
-from gpufio.io.watchdog import Watchdog
+from gpufio.io.gio.queue import RequestQueue, refuse_serialised
 
-C_ABORT, C_REQUESTERS, C_AGENTS = (contract.index(w) for w in ("C_ABORT", "C_REQUESTERS",
-                                                                 "C_AGENTS"))
-C_GEN, C_BAD_SLOT = contract.index("C_GEN"), contract.index("C_BAD_SLOT")
-SLOT_STATES = tuple(s.lower() for s in contract.SLOT_STATES)
 MODES = ("direct", "relay")
-POLL_S = 0.001
-START_LIMIT_S = 10.0
-ABORT_WAIT_S = 5.0
 MAX_SLOT_BYTES = nq.PAGE * (nq.PRP_PER_PAGE + 1)  # one PRP list page per slot
 RELAY_IDLE_SPINS = 1000
 # cudaHostRegisterPortable | Mapped | IoMemory: BaM's cudaHostRegisterIoMemory of a BAR
@@ -114,18 +106,14 @@ class Relay:
         self._thread.join()
 
 
-class NvmeQueues:
+class NvmeQueues(RequestQueue):
     """``len(pairs)`` NVMe queue pairs driven by GPU agent warps, ``depth`` request slots of
     ``slot_bytes`` each per pair (depth < every pair's entries), for namespace ``nsid`` of
     1 << ``lba_shift`` byte blocks. ``mode``: "direct" or "relay" (MODES)."""
 
     def __init__(self, mem: ControllerMemory, pairs: Sequence[QueuePairMemory], *, depth: int,
                  slot_bytes: int, nsid: int, lba_shift: int, mode: str) -> None:
-        import cupy as cp
-
-        why = gpu.serialising_reason()
-        if why:
-            raise BadInput(f"GPU-driven NVMe queues cannot run here: {why}")
+        refuse_serialised("GPU-driven NVMe queues")
         if mode not in MODES:
             raise ValueError(f"doorbell mode {mode!r}: one of {', '.join(MODES)}")
         for p in pairs:
@@ -137,8 +125,9 @@ class NvmeQueues:
         bar = mem.bar_address() if mode == "direct" else None
         if mode == "direct" and bar is None:
             raise ValueError("direct doorbells: BAR0 is not registered with CUDA as I/O memory")
-        self._cp, self.mem, self.pairs, self.mode = cp, mem, list(pairs), mode
-        self.nrings, self.depth, self.slot_bytes = len(pairs), depth, slot_bytes
+        super().__init__(len(pairs), depth)
+        self.mem, self.pairs, self.mode = mem, list(pairs), mode
+        self.slot_bytes = slot_bytes
         slots = self.nrings * depth
         # landing slots and their PRP lists in one allocation: one bus-address offset
         block, iova = mem.alloc(slots * (slot_bytes + nq.PAGE))
@@ -162,101 +151,25 @@ class NvmeQueues:
                   "progress": self.progress.ctypes.data + 32 * r}
                  for r, p in enumerate(self.pairs)]
         self._agent = cuda.module("bam_agent").get_function("bam_agent")
-        self._gen = 0
-        self.kernels_done = True
-        self._kept: list[Any] = []
-        self._launch_kept: tuple[Any, ...] = ()
         # what the request kernels pass as a request's file: the agents send every request
         # to the one namespace of the queues (nsid)
         self.file_refs = np.zeros(1, np.int32)
         self.relay: Relay | None = None
-        d = self._dev = {
-            "rings": cp.asarray(np.concatenate([contract.build(contract.BAM_RING, r)
-                                                for r in rings])),
-            "state": cp.zeros(slots, cp.int32), "res": cp.zeros(slots, cp.int32),
-            "off": cp.zeros(slots, cp.uint64), "len_fd": cp.zeros(slots, cp.uint64),
-            "control": cp.zeros(contract.CONTROL_WORDS, cp.int32),
-            "ring_stats": cp.zeros(2 * self.nrings, cp.uint64)}
-        d["queue"] = cp.asarray(contract.build(contract.GIO_QUEUE, {
-            **{k: d[k].data.ptr for k in ("state", "res", "off", "len_fd", "control",
-                                          "ring_stats")},
-            "rings": 0, "nrings": self.nrings, "depth": depth, "landing": host,
-            "slot_bytes": slot_bytes, "sqe_head": 0, "pt": 0}))
-        self.agent_stream = cp.cuda.Stream(non_blocking=True)
-        self.control_stream = cp.cuda.Stream(non_blocking=True)
+        # the agents take their pairs as an argument: the GioQueue's rings stay 0
+        self._arrays(np.concatenate([contract.build(contract.BAM_RING, r) for r in rings]),
+                     slot_bytes, rings=0)
 
-    @property
-    def descriptor(self) -> Any:
-        """The GioQueue in GPU memory: pass it as ``const GioQueue*`` to request kernels."""
-        return self._dev["queue"]
+    def _launch(self) -> None:
+        self._agent((self.nrings,), (32,), (self.descriptor, self._dev["rings"]),
+                    stream=self.agent_stream)
+
+    def _before_start(self) -> None:
+        """Relayed doorbells: the CPU thread that rings them runs before the agents do."""
+        if self.mode == "relay" and self.relay is None:
+            self.relay = Relay(self.mem, self.pairs, self.relay_words)
 
     def completed(self) -> int:
         return int(self.progress[:, 1].sum())
-
-    def fetch(self, array: Any) -> np.ndarray:
-        """Copy a GPU array to the host while kernels run (on the queue's own stream)."""
-        out = array.get(stream=self.control_stream)
-        self.control_stream.synchronize()
-        return out
-
-    def _fetch(self, name: str) -> np.ndarray:
-        return self.fetch(self._dev[name])
-
-    def keep_alive(self, *objects: Any) -> None:
-        """Arrays of a kernel that uses this queue: kept with it if that kernel never stops."""
-        self._kept.extend(objects)
-
-    def bad_slot(self) -> int | None:
-        """The first out-of-range slot a kernel posted to (which aborted the queue), if any."""
-        word = int(self._fetch("control")[C_BAD_SLOT])
-        return word - 1 if word else None
-
-    def stall(self, stall_ns: int, streams: tuple[Any, ...] = ()) -> None:
-        """Abort with the full diagnostic (``report``)."""
-        self.abort(self.report(stall_ns), streams)
-
-    def set(self, word: int, value: int) -> None:
-        """Write a control word (C_STOP, C_MEASURING, ...) while kernels run."""
-        self._dev["control"][word:word + 1].set(np.array([value], np.int32),
-                                                stream=self.control_stream)
-        self.control_stream.synchronize()
-
-    def start(self, requesters: int, keep: tuple[Any, ...] = ()) -> None:
-        """Launch one agent warp per pair for ``requesters`` threads (each decrements
-        C_REQUESTERS when it ends); returns once every agent runs. Load the request kernels
-        (get_function) before this, as for DeviceQueue.start; ``keep``: the arrays this
-        launch's kernels write (kept alive if they never stop)."""
-        if not self.kernels_done:
-            raise RuntimeError("the queue's kernels still run: it cannot start again")
-        self._gen += 1
-        control = self._dev["control"]
-        control.fill(0)
-        control[C_REQUESTERS] = requesters
-        control[C_GEN] = self._gen
-        self._dev["state"].fill(0)
-        self._cp.cuda.Stream.null.synchronize()
-        self._launch_kept = keep
-        if self.mode == "relay" and self.relay is None:
-            self.relay = Relay(self.mem, self.pairs, self.relay_words)
-        self.kernels_done = False
-        self._agent((self.nrings,), (32,), (self.descriptor, self._dev["rings"]),
-                    stream=self.agent_stream)
-        deadline = time.monotonic() + START_LIMIT_S
-        while self._fetch("control")[C_AGENTS] < self.nrings:
-            if time.monotonic() > deadline:
-                self.abort(f"agent warps did not start within {START_LIMIT_S:g} s")
-            time.sleep(POLL_S)
-
-    def wait(self, streams: tuple[Any, ...], stall_ns: int, poll_s: float = POLL_S) -> None:
-        """Until the agents and ``streams`` are done; QueueStalled with the diagnostic once
-        no command has completed for ``stall_ns`` (everything stopped first)."""
-        dog = Watchdog(stall_ns, time.monotonic_ns())
-        everything = (self.agent_stream, *streams)
-        while not all(s.done for s in everything):
-            if dog.update(self.completed(), time.monotonic_ns()):
-                self.stall(stall_ns, streams)
-            time.sleep(poll_s)
-        self.kernels_done = True
 
     def report(self, stall_ns: int) -> str:
         """Where every pair stands, and which side holds its commands."""
@@ -274,13 +187,12 @@ class NvmeQueues:
                        f"{done} of {sub} commands")
             parts.append(f"queue {p.qid}: submitted {sub}, completed {done}, CQ head "
                          f"{cq & 0xFFFFFFFF}; {who}")
-        counts = np.bincount(self._fetch("state"), minlength=len(SLOT_STATES))
         csts = self.mem.reg(nq.REG_CSTS)
         fatal = "; the controller reports a fatal status (CSTS.CFS)" \
             if csts & nq.CSTS_CFS else ""
         return (f"NVMe queues ({self.mode} doorbells): no command completed for "
                 f"{stall_ns / 1e9:g} s; {'; '.join(parts)}{fatal}; slots "
-                f"{dict(zip(SLOT_STATES, counts.tolist()))}")
+                f"{self.slot_counts()}")
 
     def flush(self, stall_ns: int) -> int:
         """One NVMe Flush through the agents (a request of write with length 0, from one GPU
@@ -297,34 +209,13 @@ class NvmeQueues:
         self.wait((stream,), stall_ns)
         return int(res.get()[0])
 
-    def abort_quietly(self, streams: tuple[Any, ...] = ()) -> bool:
-        """Stop agents and requesters now; True once every kernel stopped. Commands the
-        controller still holds are abandoned: reset the controller before a restart."""
-        if self.kernels_done:
-            return True
-        self.set(C_ABORT, 1)
-        everything = (self.agent_stream, *streams)
-        deadline = time.monotonic() + ABORT_WAIT_S
-        while not all(s.done for s in everything) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-        self.kernels_done = all(s.done for s in everything)
-        return self.kernels_done
-
-    def abort(self, why: str, streams: tuple[Any, ...] = ()) -> None:
-        """abort_quietly, then QueueStalled(why)."""
-        if not self.abort_quietly(streams):
-            why += f"; the kernels did not stop within {ABORT_WAIT_S:g} s"
-        raise QueueStalled(why)
-
     def close(self) -> None:
         """Stop the relay; GPU memory goes unless a kernel never stopped (then it is kept
-        for good and the GPU marked unusable, as DeviceQueue does)."""
+        for good and the GPU marked unusable, as UringQueue does)."""
         if self.relay is not None:
             self.relay.close()
             self.relay = None
-        if not self.kernels_done:  # what it may still write into is never freed
-            WEDGED.append(self)
-            gpu.mark_wedged(self._cp.cuda.Device().id, "an NVMe queue agent never stopped")
+        if self.wedged("an NVMe queue agent never stopped"):  # what it may write into stays
             return
         self._dev, self._kept, self._launch_kept = {}, [], ()
 
