@@ -163,7 +163,7 @@ def test_code_below_the_cli_emits_events_instead_of_printing():
     """Only the CLI and the result renderers write to the terminal; other bands emit events
     (core/events.py), so a quiet run or a test decides where their lines go."""
     allowed = {"gpufio.cli", "gpufio.core.events", "gpufio.results.render",
-               "gpufio.results.document", "gpufio.results.live"}
+               "gpufio.workloads.block.document", "gpufio.workloads.block.live"}
     printing = []
     for module, path in ALL.items():
         if module in allowed:
@@ -226,7 +226,7 @@ def test_settings_are_read_typed_and_what_was_given_is_not_probed():
     at what the profile wrote (options_as_given) but the loader and the result document
     (its "job options"), and the workloads read their keys as typed attributes of
     job.workload_settings, never by string key from job.workload_options."""
-    allowed = {"gpufio.profile", "gpufio.results.document"}
+    allowed = {"gpufio.profile", "gpufio.workloads.block.document"}
     probes, keyed = [], []
     for module, path in ALL.items():
         for node in ast.walk(ast.parse(path.read_text())):

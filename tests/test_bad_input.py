@@ -86,7 +86,7 @@ def test_set_values_are_toml_lists_strings_numbers_and_booleans(write_profile, t
 
 
 def test_too_many_processes_for_the_kernel_is_one_line(write_profile, scratch, monkeypatch):
-    from gpufio.run import limits
+    from gpufio.workloads.block import limits
 
     monkeypatch.setattr(limits, "_process_room", lambda: 3)
     path = write_profile('[global]\nsize = "1m"\nnumjobs = 4\nruntime = "1s"\n')
@@ -96,7 +96,7 @@ def test_too_many_processes_for_the_kernel_is_one_line(write_profile, scratch, m
 
 
 def test_an_unforeseen_error_is_one_line_unless_debug(write_profile, scratch, monkeypatch):
-    from gpufio.run import runner
+    from gpufio.workloads.block import runner
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("division by zero\nsecond line")

@@ -15,7 +15,7 @@ from gpufio.io import uring
 from gpufio.io.gio import queue as gpuqueue
 from gpufio.io.gio.rings import GpuRings, ring_sizes
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.workloads.block import runner
 
 pytestmark = pytest.mark.gpu
 
