@@ -88,6 +88,22 @@ def test_engines_never_import_each_other():
     assert crossed == []
 
 
+def test_workloads_never_import_each_other():
+    """Each workload is its own module or package (block's runner, document, live view and
+    merge under workloads/block/); what two of them share sits in workloads/ itself
+    (documents, sequence) or in a lower band (results/live, results/render)."""
+    from gpufio.workloads import NAMES
+
+    def owner(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "workloads" and parts[2] in NAMES \
+            else None
+
+    crossed = [f"{m} imports {target} (line {line})" for m in sorted(ALL) if owner(m)
+               for line, target in imports(ALL[m], m) if owner(target) not in (None, owner(m))]
+    assert crossed == []
+
+
 def test_plumbing_returns_data_instead_of_writing_the_engine_context():
     """io/ hands results back (mismatch indices, thread shares); engines record them."""
     writers = [f"{m} imports {target} (line {line})" for m in sorted(ALL) if band_of(m) == "io"
