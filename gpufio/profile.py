@@ -1,8 +1,11 @@
 """Job profiles: TOML with [global] defaults, [[job]] entries and a [sweep] cross product.
 
-Key names and meanings follow fio wherever fio has the key. Every value is validated here,
-before any target is touched, and every error names the file, the job and the key, with a
-suggestion when the key looks like a typo of a real one.
+The keys every workload uses (``COMMON_OPTIONS``) are here; a job's I/O-run keys (rw,
+numjobs, runtime ...) and each workload's own keys come from the workload registry, an
+engine's from the engine registry. Key names and meanings follow fio wherever fio has the
+key. Every value is validated here or by the owner of its key, before any target is
+touched, and every error names the file, the job and the key, with a suggestion when the
+key looks like a typo of a real one.
 """
 
 from __future__ import annotations
@@ -15,12 +18,10 @@ from dataclasses import replace
 from typing import Any
 
 from gpufio.core.errors import BadInput, reading
-from gpufio.core.job import RW_MODES, Job, Profile
-from gpufio.core.offsets import Distribution
+from gpufio.core.job import Job, Profile
 from gpufio.core.options import Option
-from gpufio.core.stats import PERCENTILES
 from gpufio.engines import DEFAULT_ENGINE, all_engines, settle
-from gpufio.workloads import DEFAULT_WORKLOAD, all_workloads
+from gpufio.workloads import DEFAULT_WORKLOAD, all_workloads, run_keys
 from gpufio.workloads import NAMES as WORKLOADS
 
 # the keys every workload uses
@@ -44,72 +45,15 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option("allow_large_layout", "bool", False, "lay out files that take more than 10% of "
            "their filesystem's free space without asking (as --yes does)"),
 )
-# the keys of the I/O run of a job (its direction, phases, syncs, checks, reporting):
-# each workload names those it uses (Workload.job_keys; the block workload all of them),
-# and a job of another workload that gives one is refused, as an unknown key is
-JOB_OPTIONS: tuple[Option, ...] = (
-    Option("rw", "str", "randread", "read, randread, write, randwrite, readwrite (or rw) or "
-           "randrw, as fio's", choices=RW_MODES, aliases=(("rw", "readwrite"),)),
-    Option("rwmixread", "int", 50, "percent of a mixed job's I/Os that read", minimum=0),
-    Option("rwmixwrite", "int", None, "percent of a mixed job's I/Os that write (the rest "
-           "of rwmixread)", minimum=0),
-    Option("fsync", "int", 0, "fsync the target after every N writes (0: never)", minimum=0),
-    Option("fdatasync", "int", 0, "fdatasync the target after every N writes (0: never)",
-           minimum=0),
-    Option("end_fsync", "bool", False, "fsync every target when the writes are done, inside "
-           "the measured time"),
-    Option("overwrite", "bool", False, "allow writes to an existing file that does not carry "
-           "gpufio's pattern (its data is lost)"),
-    Option("write_device", "str", None, "the one block device this job may write to, named "
-           "again to confirm (its data is lost; gpufio refuses a device holding anything "
-           "libblkid recognises: a partition table, filesystem, LVM, RAID, LUKS, bcache, swap)"),
-    Option("precondition", "str", "none", "write the whole region sequentially before the "
-           "measured phase: once (seq) or twice (seq2)", choices=("none", "seq", "seq2")),
-    Option("steadystate", "str", None, "end the job once its IOPS or bandwidth settle, as "
-           "fio's: iops:LIMIT, iops_slope:LIMIT, bw:LIMIT or bw_slope:LIMIT (LIMIT absolute "
-           "or N% of the mean)"),
-    Option("steadystate_duration", "time", 0, "the window steadystate judges (fio's ss_dur)",
-           minimum=0),
-    Option("steadystate_ramp_time", "time", 0, "measured time before steadystate starts "
-           "collecting (fio's ss_ramp)", minimum=0),
-    Option("size", "size", None, "bytes of each target the job may touch, from offset "
-           "(default: the rest of the target); also the size of files gpufio creates"),
-    Option("offset", "size", 0, "first byte of each target the job may touch", minimum=0),
-    Option("io_size", "size", None, "bytes each worker reads before it is done (default: size "
-           "times the number of targets); ignored when time_based", minimum=1),
-    Option("numjobs", "int", 1, "worker threads for this job", minimum=1),
-    Option("runtime", "time", None, "measured time limit (e.g. 10s, 500ms, 2m)", minimum=1),
-    Option("ramp_time", "time", 0, "run this long before measuring", minimum=0),
-    Option("time_based", "bool", False, "run for the whole runtime, wrapping over the region"),
-    Option("file_service", "str", "roundrobin", "how I/Os spread over targets",
-           choices=("roundrobin", "random"), aliases=(("round-robin", "roundrobin"),)),
-    Option("random_distribution", "str", "random", "random, zipf:THETA, pareto:H, normal:SIGMA"),
-    Option("gpu_targets", "gpu_targets", "all", "which targets each GPU's workers read: "
-           "\"all\", \"nearest\" (the closest by PCIe topology) or {0 = [...], 1 = [...]}"),
-    Option("verify", "bool", False, "check every block read against the data pattern"),
-    Option("continue_on_error", "bool", False, "keep going after I/O errors (they are counted "
-           "either way)"),
-    Option("read_iolog", "str", None, "replay this fio iolog (version 2 or 3) instead of "
-           "generating offsets: its files are the targets, its one I/O length the block size, "
-           "its reads and writes the job's, in its order (fio's read_iolog)"),
-    Option("replay_no_stall", "bool", False, "replay an iolog as fast as possible, ignoring a "
-           "version 3 log's timestamps (fio's replay_no_stall; gpufio replays no other way)"),
-    Option("cpu_accounting", "str", "rusage", "how a block job's CPU is counted: 'rusage' "
-           "(gpufio's own processes, with their io_uring kernel threads) or 'cgroup' (a cgroup "
-           "of the job's own: every thread that works for it, counted as for any other tool)",
-           choices=("rusage", "cgroup")),
-    Option("sample_interval", "time", 500_000_000, "interval of the IOPS/bandwidth samples",
-           minimum=1_000_000),
-    Option("percentile_list", "percentiles", PERCENTILES, "latency percentiles to report, as "
-           "fio's (the tables' p50, p99 and p99.9 are always added)"),
-)
 GLOBAL_ONLY: tuple[Option, ...] = (
     Option("concurrent", "bool", False, "run all jobs at once and report a group total"),
 )
-_COMMON = {o.name: o for o in COMMON_OPTIONS + JOB_OPTIONS}
-_JOB = {o.name for o in JOB_OPTIONS}
+_COMMON = {o.name: o for o in COMMON_OPTIONS}
 
 
+def _run_options() -> dict[str, Option]:
+    """The keys of a job's I/O run (rw, numjobs, runtime ...): its default workload's."""
+    return {o.name: o for o in run_keys().options}
 
 
 def _workload_options() -> dict[str, dict[str, Option]]:
@@ -141,7 +85,7 @@ def _misplaced_key(key: str, where: str, engine_name: str) -> BadInput:
 
 def _known_keys() -> list[str]:
     """Every key a job of some workload and engine takes."""
-    return list(_COMMON) + list(_workload_keys()) + sorted(
+    return list(_COMMON) + list(_run_options()) + list(_workload_keys()) + sorted(
         {k for opts in _engine_options().values() for k in opts})
 
 
@@ -173,21 +117,25 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
     extra: dict[str, Any] = {}
     given: dict[str, Any] = {}
     used = workload.job_keys
+    run = run_keys()
+    run_opts = {o.name: o for o in run.options}
     for key, value in raw.items():
-        if key in _JOB and used is not None and key not in used:
+        if key in run_opts and used is not None and key not in used:
             users = [n for n, w in all_workloads().items()
                      if w.job_keys is None or key in w.job_keys]
             raise BadInput(f"{where}key '{key}' does nothing in a job of workload "
                            f"'{workload.name}' (it is a key of {' and '.join(users)} jobs)")
         if key in _COMMON:
             values[key] = _COMMON[key].convert(value, where)
+        elif key in run_opts:
+            values[key] = run_opts[key].convert(value, where)
         elif key in mine:  # two workloads may share a key name, each with its own meaning
             given[key] = mine[key].convert(value, where)
         elif key in own:
             extra[key] = own[key].convert(value, where)
         else:  # the other workloads and engines load only to say what is wrong
             raise _misplaced_key(key, where, engine_name)
-    for opt in COMMON_OPTIONS + JOB_OPTIONS:
+    for opt in COMMON_OPTIONS + run.options:
         values.setdefault(opt.name, workload.defaults.get(opt.name, opt.default))
     for opt in own.values():
         extra.setdefault(opt.name, opt.default)
@@ -195,103 +143,18 @@ def _build_job(raw: dict[str, Any], where: str) -> Job:
         given.setdefault(opt.name, opt.default)
     typed = workload.settings(**given)
     workload.check(where, engine_name, typed)
-    values["random_distribution"] = Distribution.parse(
-        values["random_distribution"], f"{where}key 'random_distribution'")
-    for key in ("size", "io_size"):
-        if values[key] is not None and values[key] <= 0:
-            raise BadInput(f"{where}key '{key}': must be greater than 0, got {raw[key]!r}")
-    if values["verify"] and values["offset"] % 8:
-        raise BadInput(f"{where}key 'offset': verify checks 8-byte pattern words, so the offset "
-                       f"must be a multiple of 8, got {values['offset']}")
-    if values["read_iolog"]:
-        _replay(values, raw, where)
-    elif values["bs"] % 512:
+    if values["bs"] % 512:  # a replayed iolog's own length may replace it (run.settle)
         raise BadInput(f"{where}key 'bs': {values['bs']} is not a multiple of 512")
     if any(g < 0 for g in values["gpus"]):
         raise BadInput(f"{where}key 'gpus': GPU indexes cannot be negative, got {raw['gpus']!r}")
-    if isinstance(values["gpu_targets"], tuple):
-        gpus = set(values["gpus"] or (values["gpu"],))
-        for gpu, paths in values["gpu_targets"]:
-            if gpu not in gpus:
-                raise BadInput(f"{where}key 'gpu_targets': GPU {gpu} is not one of the job's "
-                               f"GPUs ({', '.join(map(str, sorted(gpus)))})")
-            for p in paths:
-                if p not in values["targets"]:
-                    raise BadInput(f"{where}key 'gpu_targets': {p} (GPU {gpu}) is not one of "
-                                   "the job's targets")
-        missing = gpus - {g for g, _ in values["gpu_targets"]}
-        if missing:
-            raise BadInput(f"{where}key 'gpu_targets': GPU {min(missing)} reads no target")
     if "targets" in raw and not values["targets"]:
         raise BadInput(f"{where}key 'targets': the list is empty; name files or block devices, "
                        "or leave the key out for a scratch file")
-    if values["time_based"] and values["runtime"] is None:
-        raise BadInput(f"{where}key 'time_based': needs a runtime")
-    _check_writes(values, raw, where)
+    run.settle(values, raw, where)
     job = settle(Job(**values, engine_options=extra, workload_options=given,
                      workload_settings=typed, options_as_given=dict(raw)))
     engine.check_job(job)
     return job
-
-
-def _replay(values: dict[str, Any], raw: dict[str, Any], where: str) -> None:
-    """A replayed iolog decides the targets, the block size and the direction (keys that
-    say otherwise are refused)."""
-    from gpufio.core import iolog
-
-    trace = iolog.read(values["read_iolog"])
-    if trace.version == 3 and not values["replay_no_stall"]:
-        raise BadInput(f"{where}key 'read_iolog': gpufio does not replay a version 3 log's "
-                       "timing; set replay_no_stall = true")
-    lengths = sorted(set(trace.lens.tolist()))
-    if len(lengths) > 1:
-        raise BadInput(f"{where}key 'read_iolog': its I/Os have {len(lengths)} lengths "
-                       f"({', '.join(map(str, lengths[:4]))}...); gpufio replays one block size")
-    rw = ("write" if trace.writes.all() else "readwrite" if trace.writes.any() else "read")
-    mine = {"targets": tuple(trace.files), "bs": lengths[0], "rw": rw}
-    for key, value in mine.items():
-        if key in raw and values[key] != value:
-            raise BadInput(f"{where}key '{key}': the iolog {values['read_iolog']} gives "
-                           f"{value!r}; leave '{key}' out")
-    values.update(mine)
-    if rw == "readwrite":
-        share = float(trace.writes.mean())
-        values["rwmixread"] = round(100 * (1 - share))
-
-
-def _check_writes(values: dict[str, Any], raw: dict[str, Any], where: str) -> None:
-    """Validate the write keys together, folding rwmixwrite into rwmixread."""
-    mixwrite = values.pop("rwmixwrite")
-    for key, value in (("rwmixread", values["rwmixread"]), ("rwmixwrite", mixwrite)):
-        if value is not None and value > 100:
-            raise BadInput(f"{where}key '{key}': a percentage, at most 100, got {raw[key]!r}")
-    if mixwrite is not None:
-        if "rwmixread" in raw and values["rwmixread"] + mixwrite != 100:
-            raise BadInput(f"{where}keys 'rwmixread' ({values['rwmixread']}) and 'rwmixwrite' "
-                           f"({mixwrite}) must add up to 100")
-        values["rwmixread"] = 100 - mixwrite
-    if values["rw"] in ("read", "randread", "write", "randwrite"):
-        for key in ("rwmixread", "rwmixwrite"):
-            if key in raw:
-                raise BadInput(f"{where}key '{key}': needs a mixed job (rw = readwrite or "
-                               f"randrw), not rw = {values['rw']}")
-    writes = values["rw"] not in ("read", "randread")
-    for key in ("fsync", "fdatasync", "end_fsync"):
-        if values[key] and not writes:
-            raise BadInput(f"{where}key '{key}': the job does not write (rw = {values['rw']})")
-    if values["fsync"] and values["fdatasync"]:
-        raise BadInput(f"{where}keys 'fsync' and 'fdatasync': give one of them")
-    if values["steadystate"] is not None:
-        from gpufio.core.steady import Criterion
-
-        Criterion.parse(values["steadystate"], f"{where}key 'steadystate'")
-        if not values["steadystate_duration"]:
-            raise BadInput(f"{where}key 'steadystate': needs a steadystate_duration")
-        if values["runtime"] is None:
-            raise BadInput(f"{where}key 'steadystate': needs a runtime (the longest the job "
-                           "may take to settle)")
-    elif values["steadystate_duration"] or values["steadystate_ramp_time"]:
-        raise BadInput(f"{where}key 'steadystate_duration': needs a steadystate criterion")
 
 
 def _sweep_combinations(sweep: dict[str, Any], where: str,
@@ -330,7 +193,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def _is_str_key(key: str) -> bool:
-    owners = [_COMMON, _workload_keys(), *_engine_options().values()]
+    owners = [_COMMON, _run_options(), _workload_keys(), *_engine_options().values()]
     return any(key in opts and opts[key].kind == "str" for opts in owners)
 
 

@@ -127,6 +127,22 @@ def test_gpu_initiated_engines_keep_no_queue_plumbing():
     assert kept == []
 
 
+def test_workloads_never_import_each_other():
+    """Each workload is its own module or package (block's runner, document, live view and
+    merge under workloads/block/); what two of them share sits in workloads/ itself
+    (documents, sequence) or in a lower band (results/live, results/render)."""
+    from gpufio.workloads import NAMES
+
+    def owner(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "workloads" and parts[2] in NAMES \
+            else None
+
+    crossed = [f"{m} imports {target} (line {line})" for m in sorted(ALL) if owner(m)
+               for line, target in imports(ALL[m], m) if owner(target) not in (None, owner(m))]
+    assert crossed == []
+
+
 def test_plumbing_returns_data_instead_of_writing_the_engine_context():
     """io/ hands results back (mismatch indices, thread shares); engines record them."""
     writers = [f"{m} imports {target} (line {line})" for m in sorted(ALL) if band_of(m) == "io"
@@ -202,7 +218,7 @@ def test_code_below_the_cli_emits_events_instead_of_printing():
     """Only the CLI and the result renderers write to the terminal; other bands emit events
     (core/events.py), so a quiet run or a test decides where their lines go."""
     allowed = {"gpufio.cli", "gpufio.core.events", "gpufio.results.render",
-               "gpufio.results.document", "gpufio.results.live"}
+               "gpufio.workloads.block.document", "gpufio.workloads.block.live"}
     printing = []
     for module, path in ALL.items():
         if module in allowed:
@@ -265,7 +281,7 @@ def test_settings_are_read_typed_and_what_was_given_is_not_probed():
     at what the profile wrote (options_as_given) but the loader and the result document
     (its "job options"), and the workloads read their keys as typed attributes of
     job.workload_settings, never by string key from job.workload_options."""
-    allowed = {"gpufio.profile", "gpufio.results.document"}
+    allowed = {"gpufio.profile", "gpufio.workloads.block.document"}
     probes, keyed = [], []
     for module, path in ALL.items():
         for node in ast.walk(ast.parse(path.read_text())):

@@ -67,6 +67,40 @@ def test_bad_command_lines_are_one_line(write_profile, scratch, argv, fragment):
     _assert_one_line_bad_input(cli.invoke(app, argv), scratch, fragment)
 
 
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@pytest.mark.parametrize("shipped,job,workload", [
+    ("gnn-cpu-check.toml", "mmap", "gnn"),
+    ("checkpoint-cpu-check.toml", "checkpoint-cpu-check.0", "checkpoint")])
+@pytest.mark.parametrize("setting", ["rw=randwrite", "numjobs=4", "runtime=10s", "verify=true",
+                                     "fsync=1", "time_based=true", "ramp_time=1s"])
+def test_a_block_key_given_to_a_gnn_or_checkpoint_job_is_one_line(scratch, shipped, job,
+                                                                  workload, setting):
+    """A key of the block workload's I/O run does nothing in a GNN or checkpoint job: the
+    CLI refuses it naming the file, the job and the key, before anything is laid out."""
+    key = setting.split("=")[0]
+    res = cli.invoke(app, ["run", str(PROFILES / shipped), "--quiet", "--set", setting])
+    _assert_one_line_bad_input(
+        res, scratch, f"{PROFILES / shipped}: job '{job}': key '{key}' does nothing in a job "
+        f"of workload '{workload}' (it is a key of block jobs)")
+
+
+@pytest.mark.parametrize("workload,extra", [("gnn", 'device = "cpu"'),
+                                            ("checkpoint", 'device = "cpu"\nstate_size = "1m"')])
+@pytest.mark.parametrize("key,value", [("rw", '"write"'), ("numjobs", "2"),
+                                       ("runtime", '"5s"'), ("verify", "true")])
+def test_a_block_key_in_a_profiles_job_table_is_one_line(write_profile, scratch, workload,
+                                                         extra, key, value):
+    path = write_profile(f'[global]\nworkload = "{workload}"\n{extra}\n'
+                         f'[[job]]\nname = "j"\n{key} = {value}\n')
+    for command in ("run", "prepare", "info"):
+        argv = [command, str(path), "--quiet"] if command == "run" else [command, str(path)]
+        _assert_one_line_bad_input(cli.invoke(app, argv), scratch,
+                                   f"{path}: job 'j': key '{key}' does nothing in a job of "
+                                   f"workload '{workload}'")
+
+
 def test_set_values_are_toml_lists_strings_numbers_and_booleans(write_profile, tmp_path):
     from gpufio import profile
 
@@ -86,7 +120,7 @@ def test_set_values_are_toml_lists_strings_numbers_and_booleans(write_profile, t
 
 
 def test_too_many_processes_for_the_kernel_is_one_line(write_profile, scratch, monkeypatch):
-    from gpufio.run import limits
+    from gpufio.workloads.block import limits
 
     monkeypatch.setattr(limits, "_process_room", lambda: 3)
     path = write_profile('[global]\nsize = "1m"\nnumjobs = 4\nruntime = "1s"\n')
@@ -96,7 +130,7 @@ def test_too_many_processes_for_the_kernel_is_one_line(write_profile, scratch, m
 
 
 def test_an_unforeseen_error_is_one_line_unless_debug(write_profile, scratch, monkeypatch):
-    from gpufio.run import runner
+    from gpufio.workloads.block import runner
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("division by zero\nsecond line")

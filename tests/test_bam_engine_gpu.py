@@ -13,7 +13,7 @@ import pytest
 
 from gpufio.core import pattern, targets
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.workloads.block import runner
 
 pytestmark = pytest.mark.gpu
 

@@ -17,8 +17,8 @@ from gpufio.core.requests import Capability, Channel, ChannelSpec, File
 from gpufio.engines import all_engines, register
 from gpufio.engines.base import Engine
 from gpufio.profile import from_dict
-from gpufio.run import runner
 from gpufio.run.blockloop import uses_block_loop
+from gpufio.workloads.block import runner
 
 ENGINES = Path(__file__).resolve().parent.parent / "gpufio" / "engines"
 CHANNEL_ENGINES = ["uring", "psync", "null", "uring_cmd"]

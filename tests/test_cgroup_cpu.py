@@ -9,7 +9,7 @@ import pytest
 
 from gpufio.core import cgroups
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.workloads.block import runner
 
 
 def _group(name: str) -> cgroups.CpuGroup:

@@ -245,7 +245,7 @@ def test_live_display_redraws_a_table_on_a_terminal_and_prints_lines_elsewhere(
         monkeypatch, since_boot_s):
     import io
 
-    from gpufio.results.live import LiveDisplay
+    from gpufio.workloads.block.live import LiveDisplay
     from gpufio.run.records import Snapshot
 
     class Tty(io.StringIO):

@@ -155,7 +155,7 @@ def test_repeat_keeps_the_median_run_and_the_spread():
     assert j["repeat"]["max"]["lat_p99"] == 300.0
     assert j["error"] == 1  # a failure in any repetition fails the job
     assert results.job_metrics(j)["iops"] == 2000
-    from gpufio.results.document import render, summary_rows
+    from gpufio.workloads.block.document import render, summary_rows
 
     j.update(usr_cpu=1.0, sys_cpu=2.0, cpu_us_per_io=3.0)
     (row,) = summary_rows(out)

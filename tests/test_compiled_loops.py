@@ -21,8 +21,8 @@ from gpufio.engines import uring as uring_engine
 from gpufio.facts import device
 from gpufio.io import loops, uring
 from gpufio.profile import from_dict
-from gpufio.results.document import build_document
-from gpufio.run import runner
+from gpufio.workloads.block import runner
+from gpufio.workloads.block.document import build_document
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_cc = pytest.mark.skipif(not loops.available(), reason="no compiled loops (no C compiler)")
@@ -164,8 +164,9 @@ def test_help_imports_only_what_it_needs(argv):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True)
     loaded = set(out.stdout.splitlines()[-1].split())
-    heavy = {"numpy", "cupy", "rich.table", "tabulate", "gpufio.profile", "gpufio.run.runner",
-             "gpufio.workloads", "gpufio.engines", "gpufio.results.render"}
+    heavy = {"numpy", "cupy", "rich.table", "tabulate", "gpufio.profile",
+             "gpufio.workloads.block.runner", "gpufio.workloads", "gpufio.engines",
+             "gpufio.results.render"}
     assert loaded & heavy == set()
     assert "gpufio.cli" in loaded
 

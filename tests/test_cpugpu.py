@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from gpufio.cli import app
 from gpufio.core import targets
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.workloads.block import runner
 
 pytestmark = pytest.mark.gpu
 cli = CliRunner()

@@ -8,7 +8,7 @@ from gpufio.engines import all_engines
 from gpufio.engines.base import label
 from gpufio.io import gpu
 from gpufio.profile import from_dict
-from gpufio.results.document import summary_rows
+from gpufio.workloads.block.document import summary_rows
 
 
 def test_missing_kvikio_is_named_with_the_extra_to_install(monkeypatch):

@@ -277,7 +277,7 @@ def test_bar1_and_acs_of_the_bridges_above_a_gpu(tmp_path):
 
 def test_gpu_facts_carry_local_cpus_bar1_and_the_path_to_each_nvme(tmp_path, monkeypatch):
     from gpufio.facts.system import pci_place_facts
-    from gpufio.results import document
+    from gpufio.workloads.block import document
 
     root = tmp_path / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"
     gpu, nvme = root / "0000:02:00.0", root / "0000:02:04.0" / "0000:04:00.0"

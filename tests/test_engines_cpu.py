@@ -13,7 +13,7 @@ import pytest
 from gpufio.core import targets
 from gpufio.core.errors import BadInput
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.workloads.block import runner
 
 CPU_ENGINES = [
     {"engine": "psync"},

@@ -10,7 +10,7 @@ import pytest
 from gpufio.core import targets
 from gpufio.engines import all_engines
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.workloads.block import runner
 
 pytestmark = pytest.mark.gpu
 

@@ -26,7 +26,8 @@ from gpufio.core.requests import GPU, HOST, Capability, Channel, ChannelSpec, Fi
 from gpufio.engines import all_engines
 from gpufio.engines.base import Engine
 from gpufio.profile import from_dict
-from gpufio.run import gpu_slots, runner, staged
+from gpufio.run import gpu_slots, staged
+from gpufio.workloads.block import runner
 
 
 def _bad(rows: np.ndarray, seeds: np.ndarray, offs: np.ndarray, res: np.ndarray) -> list[int]:

@@ -16,7 +16,7 @@ from gpufio.io.gio import queue as gioqueue
 from gpufio.io.gio.backends import uring as gpuqueue
 from gpufio.io.gio.backends.rings import GpuRings, ring_sizes
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.workloads.block import runner
 
 pytestmark = pytest.mark.gpu
 

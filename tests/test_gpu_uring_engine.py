@@ -11,7 +11,7 @@ from gpufio.core import targets
 from gpufio.facts.host import kernel_version
 from gpufio.io.gio.backends.rings import GpuRings
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.workloads.block import runner
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ from gpufio.core import events, pattern
 from gpufio.core.errors import BadInput
 from gpufio.engines import all_engines
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.workloads.block import runner
 
 ENGINES = [
     {"engine": "cpu-gpu", "iodepth": 16},

@@ -13,7 +13,7 @@ from gpufio.core import iolog, targets
 from gpufio.core.errors import BadInput
 from gpufio.core.offsets import ReplayStream
 from gpufio.profile import from_dict
-from gpufio.run import runner
+from gpufio.workloads.block import runner
 
 BS = 4096
 

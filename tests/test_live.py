@@ -8,9 +8,8 @@ import pytest
 from rich.console import Console
 
 from gpufio.profile import from_dict
-from gpufio.results import document
-from gpufio.results.live import LiveDisplay
-from gpufio.run import runner
+from gpufio.workloads.block import document, runner
+from gpufio.workloads.block.live import LiveDisplay
 
 
 class Tty(io.StringIO):
@@ -64,12 +63,12 @@ def test_a_finished_jobs_live_row_shows_its_results_numbers(monkeypatch, pattern
 
 def test_each_run_of_a_repeat_says_on_its_live_table_that_the_result_is_the_median(
         monkeypatch, pattern_file):
-    from gpufio.workloads import block
+    from gpufio.workloads.block import driver
 
     monkeypatch.setenv("COLUMNS", "200")
     tty = Tty()
     monkeypatch.setattr("sys.stderr", tty)
     prof = from_dict({"global": {"targets": [str(pattern_file)], "size": "1m"}}, "r.toml", {})
-    block.run(prof, quiet=False, repeat=2)
+    driver.run(prof, quiet=False, repeat=2)
     title, _ = _last_table(tty.getvalue())
     assert title == "gpufio: finished (run 2 of 2; the result reports each job's median run)"

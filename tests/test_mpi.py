@@ -21,9 +21,9 @@ from gpufio.cli import app
 from gpufio.core.job import Profile
 from gpufio.core.stats import LatencyStats
 from gpufio.profile import from_dict
-from gpufio.results.document import hist_bins, rw_block
-from gpufio.results.merge import merge_ranks
 from gpufio.run.world import World
+from gpufio.workloads.block.document import hist_bins, rw_block
+from gpufio.workloads.block.merge import merge_ranks
 
 
 def _mpirun() -> str | None:

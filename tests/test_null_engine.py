@@ -9,7 +9,8 @@ import pytest
 from gpufio.core import targets
 from gpufio.core.errors import BadInput
 from gpufio.profile import from_dict, load
-from gpufio.run import jobrun, runner
+from gpufio.run import jobrun
+from gpufio.workloads.block import runner
 
 
 def _run(paths, **opts):

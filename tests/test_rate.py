@@ -218,7 +218,7 @@ def test_a_compiled_loop_reaps_what_is_in_flight_while_nothing_is_due(pattern_fi
 
 
 def test_the_passes_beside_a_job_are_not_capped():
-    from gpufio.run.phases import precondition_job
+    from gpufio.workloads.block.phases import precondition_job
 
     (job,) = profile.from_dict({"global": {"rw": "randwrite", "size": "1m", "rate_iops": 10,
                                            "precondition": "seq"}}, "p.toml", {}).jobs

@@ -68,7 +68,7 @@ def test_a_job_over_several_gpus_reports_a_row_per_gpu():
     from types import SimpleNamespace
 
     from gpufio.profile import from_dict
-    from gpufio.results.document import summary_rows
+    from gpufio.workloads.block.document import summary_rows
     from gpufio.run.jobrun import per_gpu
 
     job = from_dict({"global": {"gpus": [0, 1], "numjobs": 4}}, "p.toml", {}).jobs[0]

@@ -137,7 +137,7 @@ def test_an_sqpoll_run_reports_its_threads_working_share(pattern_file, sqpoll, n
     """One share per SQPOLL thread: each worker (a forked process) has its own ring and
     thread, and the result gathers every worker's."""
     from gpufio.facts.host import kernel_version
-    from gpufio.run import runner
+    from gpufio.workloads.block import runner
 
     profile = from_dict({"global": {"engine": "uring", "targets": [str(pattern_file)],
                                     "sqpoll": sqpoll, "iodepth": 8, "runtime": "500ms",
@@ -156,7 +156,7 @@ def test_an_sqpoll_run_reports_its_threads_working_share(pattern_file, sqpoll, n
 
 
 def test_nop_completes_every_request_without_touching_storage(tmp_path):
-    from gpufio.run import runner
+    from gpufio.workloads.block import runner
 
     target = tmp_path / "t.dat"
     prof = from_dict({"global": {"engine": "uring", "op": "nop", "iodepth": 16, "size": "1m",

@@ -13,9 +13,9 @@ from gpufio.core.steady import Criterion, SteadyState
 from gpufio.fio.json_out import to_fio
 from gpufio.profile import from_dict
 from gpufio.results.check import check
-from gpufio.results.document import build_document, summary_rows
 from gpufio.results.load import job_metrics
-from gpufio.run import runner
+from gpufio.workloads.block import runner
+from gpufio.workloads.block.document import build_document, summary_rows
 
 ENGINES = [
     {"engine": "psync"},

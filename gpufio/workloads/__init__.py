@@ -7,7 +7,9 @@ files and devices a job reads or writes, laying them out on request (``targets``
 ``gpufio prepare``, ``info PROFILE`` and ``doctor PROFILE`` ask), names what its jobs leave
 in a scratch directory (``scratch``: what ``gpufio clean`` removes) and the metrics its
 results offer compare and check (``metrics``), which keys of a job's I/O run its jobs
-use (``job_keys``) and its own defaults of common keys (``defaults``). The profile loader
+use (``job_keys``) and its own defaults of common keys (``defaults``). The keys of a job's
+I/O run (``run_keys``: rw, numjobs, runtime, verify ...) are the default workload's, block's,
+declared there and carried by every job (``run_keys()``). The profile loader
 and the CLI ask this registry and name no workload; adding one is a module (or package) here
 named as the workload, and its name in ``NAMES``. A lookup by name imports only that
 workload's module, so a run does not wait for the libraries of the workloads it does not use.
@@ -30,6 +32,18 @@ DEFAULT_WORKLOAD = "block"
 # the built-in workloads, each the module (or package) of this name here that registers it
 # (tests/test_registries.py checks that each does)
 NAMES = ("block", "checkpoint", "gnn")
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """The keys of a job's I/O run (its direction, phases, syncs, checks, reporting): the
+    fields of core/job.Job beyond the common keys, declared by the workload they describe."""
+
+    options: tuple[Option, ...]
+    # (the job's values, its keys as written, where) -> None: checks the values together
+    # and settles them in place (rwmixwrite folded into rwmixread, an iolog's targets ...),
+    # or BadInput
+    settle: Callable[[dict[str, Any], dict[str, Any], str], None]
 
 
 @dataclass(frozen=True)
@@ -62,9 +76,11 @@ class Workload:
     # common keys whose default suits this workload's work better than the block
     # benchmark's (a key the job gives still wins)
     defaults: Mapping[str, Any] = field(default_factory=dict)
-    # the keys of a job's I/O run (profile.JOB_OPTIONS: rw, numjobs, runtime, fsync, verify,
-    # the write guard's ...) its jobs use; any other is refused in one line. None: all
+    # the keys of a job's I/O run (run_keys(): rw, numjobs, runtime, fsync, verify, the
+    # write guard's ...) its jobs use; any other is refused in one line. None: all
     job_keys: frozenset[str] | None = frozenset()
+    # the keys of a job's I/O run, where this workload declares them (the default one)
+    run_keys: RunKeys | None = None
 
 
 _REGISTRY: dict[str, Workload] = {}
@@ -101,3 +117,12 @@ _WORKLOADS = _Workloads()
 def all_workloads() -> Mapping[str, Workload]:
     """Every workload by name: the built-in ones in ``NAMES`` order, then any other."""
     return _WORKLOADS
+
+
+def run_keys() -> RunKeys:
+    """The keys of a job's I/O run, which every job carries: the default workload's (a job
+    that names no workload is one of its jobs)."""
+    keys = all_workloads()[DEFAULT_WORKLOAD].run_keys
+    if keys is None:
+        raise TypeError(f"workload '{DEFAULT_WORKLOAD}' declares no run_keys")
+    return keys

@@ -1,5 +1,6 @@
 """What the workloads' own result documents share: the document rendered whole as JSON or as
-its table (with the problem lines under a terminal table), and those problem lines."""
+its table (with the problem lines under a terminal table), those problem lines, and the
+targets that live in memory."""
 
 from __future__ import annotations
 
@@ -30,3 +31,13 @@ def render_document(doc: dict[str, Any], fmt: str, console: Any, *, title: str,
         return json.dumps(doc, indent=2) + "\n"
     return render_rows(rows, fmt, title=title, left=tuple(left), columns=("job",),
                        console=console, problems=problems if fmt == "table" else ())
+
+
+def ram_backed_targets(doc: dict[str, Any]) -> list[str]:
+    """'path (why)' for each target of the document that lives in memory, not on a drive."""
+    seen: dict[str, str] = {}
+    for job in doc["jobs"]:
+        for t in job.get("targets", []):
+            if t.get("ram_backed"):
+                seen.setdefault(t["path"], f"{t['path']} ({t.get('ram_backing', 'RAM')})")
+    return list(seen.values())

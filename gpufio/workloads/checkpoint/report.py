@@ -12,9 +12,8 @@ from typing import Any
 
 from gpufio import __version__
 from gpufio.facts.host import host_facts
-from gpufio.results.document import ram_backed_targets
 from gpufio.results.load import Metric
-from gpufio.workloads.documents import problem_lines, render_document
+from gpufio.workloads.documents import problem_lines, ram_backed_targets, render_document
 
 FORMATS = ("table", "json", "markdown", "csv")
 

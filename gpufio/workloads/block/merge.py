@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from gpufio.core.stats import LatencyStats
-from gpufio.results.document import TABLE_PERCENTILES, hist_bins, lat_from_block, rw_block
+from gpufio.workloads.block.document import TABLE_PERCENTILES, hist_bins, lat_from_block, rw_block
 
 DIRECTIONS = ("read", "write")
 

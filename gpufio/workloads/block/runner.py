@@ -9,9 +9,9 @@ from gpufio.core import events
 from gpufio.core.errors import WorkerHung
 from gpufio.core.job import Profile
 from gpufio.run.jobrun import JobRun, drive, job_advice, stop_all
-from gpufio.run.limits import check_machine_limits
+from gpufio.workloads.block.limits import check_machine_limits
 from gpufio.run.opening import open_job
-from gpufio.run.phases import preconditions, read_back
+from gpufio.workloads.block.phases import preconditions, read_back
 from gpufio.run.records import JobResult, RunOutcome, Snapshot
 
 

@@ -1,23 +1,17 @@
-"""The block workload: fio's I/O benchmark over the engines (run/), with live progress and
-fio-shaped result documents (results/)."""
+"""The block workload's run of a profile: once, or repeated (each job's median run), or
+each MPI rank's share with the ranks' documents merged on rank 0; and a job's targets."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpufio.core import rate
-from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput, RunFailed
 from gpufio.core.job import Job, Profile
-from gpufio.core.options import settings_class
-from gpufio.engines import all_engines
-from gpufio.results import document
-from gpufio.results.live import LiveDisplay
-from gpufio.results.load import METRICS
-from gpufio.results.merge import merge_ranks
 from gpufio.results.repeat import combine
-from gpufio.run import opening, runner, world
-from gpufio.workloads import Workload, register
+from gpufio.run import opening, world
+from gpufio.workloads.block import document, runner
+from gpufio.workloads.block.live import LiveDisplay
+from gpufio.workloads.block.merge import merge_ranks
 
 
 def _once(prof: Profile, quiet: bool, gate: Any = None, note: str = "") -> dict[str, Any]:
@@ -101,25 +95,3 @@ def run(prof: Profile, quiet: bool, repeat: int) -> dict[str, Any]:
 def targets(job: Job, lay_out: bool) -> list[str]:
     """The job's targets; laid out: missing files created with gpufio's pattern."""
     return opening.job_targets(job, quiet=False) if lay_out else opening.job_target_paths(job)[0]
-
-
-# a block job's own keys, typed (its workload_settings)
-BlockSettings = settings_class("BlockSettings", rate.OPTIONS, __name__)
-
-
-def _check(where: str, engine: str, values: Any) -> None:
-    """A rate cap needs an engine whose host loop spaces the I/Os."""
-    if values.rate_iops and not all_engines()[engine].paced:
-        raise BadInput(f"{where}key 'rate_iops': engine '{engine}' issues its I/Os from the "
-                       "GPU, where no rate cap applies; use a host-driven engine")
-    if values.rate_process != "linear" and not values.rate_iops:
-        raise BadInput(f"{where}key 'rate_process': needs a rate_iops to space")
-
-
-BLOCK = register(Workload(
-    name="block", summary="the I/O benchmark", options=rate.OPTIONS, settings=BlockSettings,
-    check=_check,
-    formats=document.FORMATS, run=run, render=document.render,
-    problems=document.problems, targets=targets,
-    scratch=tg.SCRATCH_NAMES.pattern, metrics=tuple(METRICS.values()),
-    job_keys=None))  # the I/O run's keys are block's own

@@ -3,7 +3,7 @@ and, for a verified job that wrote, the read-back after it (fio's do_verify)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from gpufio.core import events
@@ -17,7 +17,7 @@ from gpufio.run.records import JobResult
 def _phase_job(job: Job, name: str, **changes: Any) -> Job:
     """A phase of ``job`` run beside it (preconditioning, read-back): a plain budgeted pass
     with none of the job's own phases, steady-state watch, syncs or rate cap, plus ``changes``."""
-    options = unpaced(job.workload_options)
+    options = unpaced(asdict(job.workload_settings))
     return replace(job, name=f"{job.name} ({name})", time_based=False, runtime=None,
                    workload_options=options,
                    workload_settings=type(job.workload_settings)(**options),

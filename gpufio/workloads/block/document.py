@@ -1,4 +1,4 @@
-"""Results as data (fio-style JSON) and as tables (Rich, CSV, Markdown).
+"""The block workload's results as data (fio-style JSON) and as tables (Rich, CSV, Markdown).
 
 The document is built once from the runner's results; every other format is rendered from
 that document, so a table can never disagree with the JSON, and later tools (compare, check)
@@ -22,6 +22,7 @@ from gpufio.facts.system import pci_relation
 from gpufio.io.nvme_cmd import error_name
 from gpufio.results.render import render as render_rows
 from gpufio.run.records import JobResult, RunOutcome
+from gpufio.workloads.documents import ram_backed_targets
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -255,16 +256,6 @@ def _row(name: str, engine: str, rw: str, j: dict[str, Any]) -> dict[str, Any]:
             row["IOPS min-max"] = (f"{rep['min'][key]:,.0f}-{rep['max'][key]:,.0f} "
                                    f"(n={rep['n']})")
     return row
-
-
-def ram_backed_targets(doc: dict[str, Any]) -> list[str]:
-    """'path (why)' for each target of the document that lives in memory, not on a drive."""
-    seen: dict[str, str] = {}
-    for job in doc["jobs"]:
-        for t in job.get("targets", []):
-            if t.get("ram_backed"):
-                seen.setdefault(t["path"], f"{t['path']} ({t.get('ram_backing', 'RAM')})")
-    return list(seen.values())
 
 
 def _title(doc: dict[str, Any]) -> str:
