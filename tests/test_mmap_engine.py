@@ -18,9 +18,10 @@ from gpufio.core.requests import ChannelSpec
 from gpufio.engines import all_engines, register
 from gpufio.engines.mmap import MmapChannel, Mmap, page_runs
 from gpufio.profile import from_dict
-from gpufio.run import runner, staged
+from gpufio.run import staged
 from gpufio.run.blockloop import uses_block_loop
 from gpufio.run.gpu_block import loop_class
+from gpufio.workloads.block import runner
 
 SEED = 1234  # conftest's pattern_file
 
