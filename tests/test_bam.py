@@ -162,8 +162,6 @@ def test_bam_results_name_the_doorbells_and_the_controller(opts: dict, mode: str
     assert label("bam", facts) == f"bam ({mode})"
     assert facts["submitter"] == "gpu" and facts["doorbells"] in mode
     assert engine.generic_targets(job) is (opts.get("controller") != "model")
-    if opts.get("controller") == "model":
-        assert engine.guardian(job, []) is None
 
 
 def test_a_cpu_stand_in_write_job_with_fsync_and_end_fsync_is_accepted() -> None:
@@ -182,17 +180,34 @@ def test_guardian_leaves_a_controller_that_is_not_on_vfio(tmp_path: Path) -> Non
     assert nvme_guardian.restore("0000:ff:00.0", None) is False
 
 
-def test_the_runner_starts_a_guardian_and_releases_it() -> None:
+def test_a_session_starts_a_guardian_and_releases_it() -> None:
     import sys
 
-    from gpufio.run.launch import Guardian
+    from gpufio.io.nvme_guardian import Guard
 
-    g = Guardian([sys.executable, "-c", "import sys; print('guarding', flush=True); "
-                  "sys.stdin.read(); sys.exit(3)"])
+    g = Guard("0000:01:00.0", [sys.executable, "-c", "import sys; print('guarding', "
+                               "flush=True); sys.stdin.read(); sys.exit(3)"])
     g.release()
     assert g.proc.returncode == 3
-    with pytest.raises(BadInput, match="did not start"):
-        Guardian([sys.executable, "-c", "pass"])
+    with pytest.raises(BadInput, match="^controller 0000:01:00.0: its guardian did not start"):
+        Guard("0000:01:00.0", [sys.executable, "-c", "pass"])
+
+
+def test_the_cpu_stand_in_asks_the_context_for_no_ios() -> None:
+    """The CPU stand-in is a channel: the block loop, the GNN gather and the other loops
+    over channels drive it; only the GPU threads' path keeps a loop (on the device)."""
+    import ast
+
+    import gpufio.engines.bam as bam
+
+    tree = ast.parse(Path(bam.__file__).read_text())
+    asks = [n.attr for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and n.attr in ("next_batch", "last_writes", "due")]
+    assert asks == []
+    cls = bam.Bam
+    assert cls.capability.submitter == "cpu" and cls.row_support() is not None
+    assert not cls.row_support().gpu_only and cls.tensor_support() is None
+    assert "rows" in cls.host_memory()
 
 
 def _config(*caps: tuple[int, bytes]) -> bytes:
@@ -248,7 +263,7 @@ def test_doctor_prices_the_relay_and_says_why_the_registration_was_not_probed() 
 
 
 @pytest.mark.parametrize("opts, layout, message", [
-    ({}, (1, 512, 0), "from the software controller only"),
+    ({"submitter": "gpu"}, (1, 512, 0), "from the software controller only"),
     ({"controller": "model"}, (2, 512, 0), "striped over 2 files"),
     ({"controller": "model", "model_lba": 4096}, (1, 512, 0), "not whole 4096-byte blocks"),
 ])
@@ -260,3 +275,19 @@ def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None
     with pytest.raises(BadInput, match=message):
         all_engines()["bam"].row_fetcher(_bam_job(**opts), table, None,
                                          RowRequest(dim=128, max_rows=10, direct=True))
+
+
+def test_the_cpu_stand_in_s_rows_go_through_the_gather_without_a_gpu_cache() -> None:
+    import numpy as np
+
+    from gpufio.core.rows import Layout, RowRequest, RowTable
+    from gpufio.engines import all_engines
+
+    bam, table = all_engines()["bam"], RowTable(("/dev/nvme0n1",), Layout(1, 512, 0), 1000)
+    request = RowRequest(dim=128, max_rows=10, direct=True)
+    assert bam.row_fetcher(_bam_job(), table, np, request) is None
+    with pytest.raises(BadInput, match="submitter = \"gpu\" for cache_size"):
+        bam.row_fetcher(_bam_job(), table, np, RowRequest(dim=128, max_rows=10, direct=True,
+                                                          cache_bytes=1 << 20))
+    with pytest.raises(BadInput, match="land rows in GPU memory"):
+        bam.row_fetcher(_bam_job(controller="model"), table, np, request)

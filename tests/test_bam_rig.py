@@ -1,7 +1,9 @@
 """The bam engine's host side in the NVMe rig (QEMU's emulated controllers, the emulated
 IOMMU on): bring-up over vfio-pci, identify, queue pairs, PRP lists, reads and writes from
-the CPU stand-in, teardown and the nvme driver's namespace afterwards. One guest script per
-controller, TCG being slow (tests/bam_guest.py)."""
+the CPU stand-in, teardown and the nvme driver's namespace afterwards (tests/bam_guest.py);
+then gpufio's own jobs on the CPU stand-in, the engine's channel: block jobs in the block
+loop and a GNN job whose feature rows the gather reads from a namespace. Each group is one
+batch of the rig's warm interpreter, TCG being slow."""
 
 from __future__ import annotations
 
@@ -55,13 +57,44 @@ def _profile(path, ns: str, **job) -> str:
     return str(path)
 
 
+# the GNN job's feature table: generated rows laid onto the namespace past the block jobs'
+# 16 MiB, read back through bam as feature_file (512-byte rows: whole logical blocks)
+GNN = {"nodes": 4096, "feature_dim": 128, "randseed": 7, "feature_offset": 32 << 20}
+LAY_FEATURES = r"""
+import os, sys
+import numpy as np
+from gpufio.workloads.gnn import features
+
+ns, nodes, dim, seed, at = sys.argv[1], *map(int, sys.argv[2:])
+rows = features.values(seed, np.arange(nodes), dim)
+fd = os.open(ns, os.O_WRONLY)
+os.pwrite(fd, rows.tobytes(), at)
+os.fsync(fd)
+os.close(fd)
+"""
+
+
+def _gnn_profile(path, ns: str, d) -> str:
+    """A GNN job on the CPU (device = "cpu") reading its rows from namespace ``ns``."""
+    g = GNN
+    path.write_text(
+        f'[[job]]\nname = "gnn"\nworkload = "gnn"\nengine = "bam"\ndevice = "cpu"\n'
+        f'feature_file = ["{ns}"]\nfeature_offset = {g["feature_offset"]}\n'
+        f'nodes = {g["nodes"]}\nfeature_dim = {g["feature_dim"]}\nrandseed = {g["randseed"]}\n'
+        f'avg_degree = 4\nbatch_size = 32\nfanout = [4, 2]\nhidden = 16\niterations = 3\n'
+        f'warmup = 1\nverify_rows = 64\ndirectory = "{d}"\n')
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def engine_runs(nvme_rig, tmp_path_factory) -> list:
     """gpufio's CLI in the guest, in one interpreter: a pattern laid out by psync, bam block
-    jobs verified against it, a write refused, a write behind the guard, doctor."""
+    jobs verified against it, a write refused, a write behind the guard (with fsync = N and
+    end_fsync: NVMe Flushes), doctor, and a GNN job whose rows come from the namespace."""
     d = tmp_path_factory.mktemp("bam-jobs")
     ns = nvme_rig.namespace("rig-gen5", 1)
     run = ["run", "-q", "-f", "json"]
+    (d / "lay_features.py").write_text(LAY_FEATURES)
     modprobe, *runs = nvme_rig.batch(
         Sh("modprobe vfio-pci"),
         [*run, _profile(d / "lay.toml", ns, name="lay", engine="psync", rw="write", bs="1m",
@@ -72,8 +105,13 @@ def engine_runs(nvme_rig, tmp_path_factory) -> list:
                         iodepth=4, io_size="2m", verify=True)],
         [*run, _profile(d / "w0.toml", ns, name="w0", engine="bam", rw="write", bs="8k")],
         [*run, _profile(d / "w1.toml", ns, name="w1", engine="bam", rw="randwrite", bs="8k",
-                        iodepth=8, io_size="1m", verify=True, write_device=ns)],
-        ["doctor"], timeout=1500)
+                        iodepth=8, io_size="1m", verify=True, write_device=ns, fsync=32,
+                        end_fsync=True)],
+        ["doctor"],
+        Py(str(d / "lay_features.py"), (ns, str(GNN["nodes"]), str(GNN["feature_dim"]),
+                                        str(GNN["randseed"]), str(GNN["feature_offset"]))),
+        [*run, _gnn_profile(d / "gnn.toml", ns, d)],
+        Sh(f"test -b {ns}"), timeout=2400)
     assert modprobe.returncode == 0, modprobe.stderr
     return runs
 
@@ -105,6 +143,24 @@ def test_doctor_names_the_controllers(engine_runs: list) -> None:
     assert "vfio-pci" in out and "IOMMU groups" in out and "can be taken" in out
 
 
+def test_bam_flushes_for_fsync_and_end_fsync(engine_runs: list) -> None:
+    # 128 writes, a Flush after every 32 (fio's fsync = 32) and one at the end
+    assert _job(engine_runs[4])["sync"]["total_ios"] == 128 // 32 + 1
+
+
+def test_gnn_rows_come_through_the_cpu_stand_in_and_verify(engine_runs: list) -> None:
+    lay, gnn, still = engine_runs[6:9]
+    assert lay.returncode == 0, lay.stderr
+    job = _job(gnn)
+    assert job["engine_mode"] == "cpu-stand-in" and job["fetch"]["submitter"] == "cpu-stand-in"
+    assert job["fetch"]["buffers"] == "bounced"  # the gather's landing rows are its own
+    assert job["iterations_done"] == 3 and job["aggregation"]["rows"] > 0
+    assert job["verify"] == {"rows_checked": 3 * 64, "mismatches": 0}
+    assert job["error"] == 0 and not job.get("failure")
+    # given back under the same name: the gather held no descriptor of the namespace
+    assert still.returncode == 0
+
+
 # the runner is a process of its own, forked from this script (itself forked from the rig's
 # warm interpreter, so no Python start-up), as a user's `gpufio run` is one
 KILL = r"""
@@ -125,8 +181,11 @@ def waitfor(what, cond):  # a condition, checked for 120 s at most; what went on
         time.sleep(0.05)
 
 
-def driver():
-    return os.path.basename(os.readlink(pci / "driver")) if (pci / "driver").exists() else ""
+def driver():  # the link goes and comes while the guardian rebinds: read it once
+    try:
+        return os.path.basename(os.readlink(pci / "driver"))
+    except OSError:
+        return ""
 
 
 def first_namespace():

@@ -38,9 +38,20 @@ def test_the_cpu_engines_define_a_channel_and_no_loop_over_batches(module):
     assert loops == [] and runs == [] and channels == ["channel"]
 
 
+def _job(engine: str, **opts):
+    return from_dict({"global": {"engine": engine, "size": "1m", **opts}}, "p.toml", {}).jobs[0]
+
+
 @pytest.mark.parametrize("name", ["uring", "psync", "null", "uring-cmd"])
 def test_their_block_jobs_run_in_the_block_loop(name):
-    assert uses_block_loop(all_engines()[name])
+    assert uses_block_loop(all_engines()[name], _job(name))
+
+
+@pytest.mark.parametrize("opts, loop", [({}, True), ({"submitter": "cpu"}, True),
+                                        ({"submitter": "gpu"}, False),
+                                        ({"controller": "model"}, False)])
+def test_bam_s_cpu_stand_in_runs_in_the_block_loop_and_gpu_threads_in_its_own(opts, loop):
+    assert uses_block_loop(all_engines()["bam"], _job("bam", **opts)) is loop
 
 
 class PreadChannel(Channel):
@@ -101,7 +112,7 @@ def _run(path, **opts):
 
 def test_a_new_engine_gets_block_jobs_by_implementing_only_its_channel(pread_engine,
                                                                        pattern_file, tmp_path):
-    assert uses_block_loop(pread_engine)
+    assert uses_block_loop(pread_engine, _job("test-pread"))
     r = _run(pattern_file, rw="randread", verify=True, numjobs=2, io_size="1m")
     assert r.ok and r.verify_failures == 0 and r.ios == 2 * 256 and r.bytes == r.ios * 4096
     assert r.lat.n == r.ios

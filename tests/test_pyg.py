@@ -66,7 +66,9 @@ def test_a_gpu_only_engine_on_the_cpu_and_an_engine_without_rows_are_refused(tab
     with pytest.raises(BadInput, match="fetches rows into GPU memory only"):
         _store(table, "gpu-uring", "cpu")
     with pytest.raises(BadInput, match="fetches no rows"):
-        _store(table, "bam", "cpu")
+        _store(table, "uring-cmd", "cpu")
+    with pytest.raises(BadInput, match="reads NVMe namespaces .* not files"):
+        _store(table, "bam", "cpu")  # its CPU stand-in reads a table laid out on a namespace
     with pytest.raises(BadInput, match="device 'cpus': use \"gpu\" or \"cpu\""):
         _store(table, "cpu-gpu", "cpus")
 

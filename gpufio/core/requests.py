@@ -47,8 +47,12 @@ class Capability:
     also keeps its own device loop for the block workload). ``synchronous``: ``submit``
     blocks while it moves each request in turn (pread), timing each itself (``times``): a
     loop hands it a whole batch and overlaps its own work (a write's fill) on a thread.
-    ``namespaces``: its files must be NVMe namespaces (passthrough commands), so the
-    workloads' own files (feature tables, checkpoints) are not for it."""
+    ``namespaces``: its files must be NVMe namespaces (passthrough commands, or a controller
+    driven from user space), so the workloads' own files (feature tables, checkpoints) are
+    not for it unless the engine declares otherwise. ``descriptors``: False for a channel
+    that takes the device behind its files from its kernel driver while it is open (the
+    files vanish meanwhile, and an open descriptor would pin the device's old instance):
+    whoever asks for it passes the files unopened (fd -1) and closes any it opened first."""
 
     memory: tuple[str, ...] = (HOST,)
     writes: bool = True
@@ -57,6 +61,7 @@ class Capability:
     submitter: str = "cpu"
     synchronous: bool = False
     namespaces: bool = False
+    descriptors: bool = True
 
 
 @dataclass(frozen=True)

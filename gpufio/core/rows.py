@@ -114,9 +114,10 @@ def open_rows(table: RowTable, direct: bool) -> list[int]:
 
 
 def close_all(fds: list[int]) -> None:
-    """Close every descriptor of ``fds``."""
+    """Close every descriptor of ``fds`` (-1: a file left unopened)."""
     for fd in fds:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def evict(paths: list[str] | tuple[str, ...]) -> None:

@@ -4,19 +4,22 @@ queues, over vfio-pci with the IOMMU on and no kernel module.
 A target is an NVMe namespace named by its block device /dev/nvmeXnY (or its char device
 /dev/ngXnY), as for uring-cmd: the job takes the controller behind it from the nvme driver
 for the job's length (its namespaces vanish from /dev meanwhile) and gives it back after.
-Every worker owns one polled I/O queue pair of ``iodepth`` entries (numjobs pairs; iodepth
-at most CAP.MQES + 1 less the one slot a ring keeps empty). Data lands in pinned host memory
-mapped for the controller's DMA; transfers over two pages go through per-slot PRP lists.
+Every worker (or the GNN gather's channel) owns one polled I/O queue pair of ``iodepth``
+entries (numjobs pairs; iodepth at most CAP.MQES + 1 less the one slot a ring keeps empty).
+Data lands in pinned host memory mapped for the controller's DMA; transfers over two pages
+go through per-slot PRP lists.
 
 Two submitters write the SQEs of io/nvme_queue.py, ring the doorbells, poll the CQ's phase
 tags and ring the CQ head doorbell, and every result names which (``submitter``):
-- ``gpu``: GPU threads, BaM's mechanism (io/gio/nvme.py's agent warps under the block
+- ``gpu``: GPU threads, BaM's mechanism (io/gio/backends/nvme.py's agent warps under the block
   benchmark of io/gio/bench.py, as gpu-uring's). Reads land in GPU memory and are verified
   there; doorbells are rung straight from the GPU (``direct``: BAR0 registered with CUDA as
   I/O memory) or by one CPU thread per worker (``relay``), named in the result.
 - ``cpu``: a CPU stand-in (``cpu-stand-in``) on the same queue pairs, for hosts without a
-  GPU (the NVMe rig).
-A guardian process (io/nvme_guardian.py) gives the controller back if the runner dies.
+  GPU (the NVMe rig): the engine's channel (``StandIn``, core/requests), so the block loop,
+  the GNN row gather and any loop written over channels run on it unchanged.
+A guardian process (io/nvme_guardian.py, started by io/nvme_driver.Session) gives the
+controller back if the process holding it dies.
 
 With ``controller = "model"`` the controller is gpufio's software NVMe controller
 (io/nvme_model.py) in a process of its own, serving the job's one target file as
@@ -26,12 +29,15 @@ namespace 1: the GPU side runs unchanged on a machine with no NVMe (results say
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import multiprocessing
+import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -39,11 +45,11 @@ from gpufio.core.checks import Check
 from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.requests import GPU, Capability
+from gpufio.core.requests import HOST, Capability, Channel, ChannelSpec, File, drain
 from gpufio.core.rows import RowRequest, RowSupport, RowTable, row_depth
-from gpufio.core.slots import SlotTable
 from gpufio.engines import register
 from gpufio.engines.base import Engine
+from gpufio.facts.device import path_facts
 from gpufio.io import nvme_cmd, nvme_driver, vfio
 from gpufio.io import nvme_queue as nq
 from gpufio.io.gio.bench import check_bench_job
@@ -82,19 +88,25 @@ def slot_bytes(bs: int) -> int:
     return -(-bs // nq.PAGE) * nq.PAGE
 
 
-def _controller(job: Job, targets: list[Target]) -> str:
-    """The one controller behind every target of the job (BadInput otherwise), from the
-    facts gathered when the targets were opened: while gpufio holds the controller, and
-    after, when the nvme driver may have named it anew, sysfs no longer leads there."""
-    found = {t.facts.get("pci_address") for t in targets}
+def _namespaces(job: Job, files: Sequence[Any]) -> tuple[str, np.ndarray]:
+    """(the one controller, each file's namespace id) behind ``files``: targets carry the
+    facts gathered when they were opened (while gpufio holds the controller, and after,
+    when the nvme driver may have named it anew, sysfs no longer leads there); any other
+    file (a feature table on a namespace) is looked up now, before the controller is
+    taken. BadInput for a file that is no NVMe namespace on PCIe, or for two controllers."""
+    facts = [getattr(f, "facts", None) or path_facts(f.path) for f in files]
+    paths = ", ".join(f.path for f in files)
+    if any(f.get("kind") != "block" or "nsid" not in f for f in facts):
+        raise BadInput(f"job '{job.name}': engine 'bam' reads NVMe namespaces (/dev/nvmeXnY), "
+                       f"not files: {paths}")
+    found = {f.get("pci_address") for f in facts}
     if None in found:
         raise BadInput(f"job '{job.name}': engine 'bam' finds no PCIe controller behind "
-                       f"{', '.join(t.path for t in targets)} (NVMe over fabrics or a "
-                       "virtual namespace)")
+                       f"{paths} (NVMe over fabrics or a virtual namespace)")
     if len(found) > 1:
         raise BadInput(f"job '{job.name}': engine 'bam' drives one controller per job; its "
                        f"targets are on {', '.join(sorted(found))}")  # type: ignore[arg-type]
-    return found.pop()  # type: ignore[return-value]
+    return found.pop(), np.array([f["nsid"] for f in facts], np.uint32)  # type: ignore[return-value]
 
 
 class _Held:
@@ -117,19 +129,15 @@ class _Held:
 
 
 class _Shared(_Held):
-    """A job's controller, brought up once for all its workers (threads), each taking one
-    queue pair; the last worker to close shuts it down and gives it back."""
+    """A job's controller, brought up once for all its channels and workers (threads),
+    each taking one of its queue pairs; the last to let go shuts it down and gives it
+    back."""
 
     lock = threading.Lock()
     open: dict[str, _Shared] = {}
 
-    def __init__(self, bdf: str, writes: bool, pairs: int, depth: int,
-                 targets: list[Target]) -> None:
+    def __init__(self, bdf: str, writes: bool, pairs: int, depth: int) -> None:
         self.bdf = self.key = bdf
-        # the engine reads no target descriptor; open ones would pin the old controller
-        # instance, and the nvme driver would give the controller a new name on return
-        for t in targets:
-            t.close()
         self.session = nvme_driver.Session(bdf, writes=writes)
         try:
             assert self.session.controller is not None
@@ -137,22 +145,43 @@ class _Shared(_Held):
         except BaseException:
             self.session.close()
             raise
+        self.free = list(self.pairs)
         self.users = 0
         self.registered: Any = None
 
     @classmethod
-    def acquire(cls, bdf: str, writes: bool, pairs: int, depth: int, worker: int,
-                targets: list[Target]) -> tuple[_Shared, nvme_driver.QueuePair]:
-        """The job's controller (brought up by the first worker) and worker's own pair."""
+    def acquire(cls, bdf: str, writes: bool, pairs: int, depth: int
+                ) -> tuple[_Shared, nvme_driver.QueuePair]:
+        """The job's controller (brought up with ``pairs`` queue pairs of ``depth`` entries
+        by the first taker) and a queue pair of its own."""
         with cls.lock:
             shared = cls.open.get(bdf)
             if shared is None:
-                shared = cls.open[bdf] = cls(bdf, writes, pairs, depth, targets)
+                shared = cls.open[bdf] = cls(bdf, writes, pairs, depth)
+            if not shared.free:
+                raise BadInput(f"controller {bdf}: its {len(shared.pairs)} I/O queue pairs "
+                               "are all in use")
             shared.users += 1
-            return shared, shared.pairs[worker]
+            return shared, shared.free.pop(0)
+
+    def give(self, pair: nvme_driver.QueuePair) -> None:
+        """``pair`` is free again (nothing of it in flight), then ``release``."""
+        with self.lock:
+            self.free.append(pair)
+        self.release()
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.session.info  # type: ignore[return-value]
+
+    def lba_shifts(self, nsids: np.ndarray) -> np.ndarray:
+        """log2 of each namespace's block size, from Identify."""
+        spaces = self.info["ns"]
+        return np.array([spaces[int(n)]["lba_bytes"].bit_length() - 1 for n in nsids],
+                        np.uint64)
 
     def gpu_memory(self, direct: bool) -> Any:
-        """The controller's memory as the GPU side takes it (io/gio/nvme.RegisteredVfio,
+        """The controller's memory as the GPU side takes it (io/gio/backends/nvme.RegisteredVfio,
         made by the first GPU worker, every pair's rings registered): call under ``lock``."""
         from gpufio.io.gio.backends.nvme import RegisteredVfio
 
@@ -165,7 +194,7 @@ class _Shared(_Held):
     def release(self) -> None:
         if not self._last():
             return
-        self.pairs = []
+        self.pairs = self.free = []
         try:
             if self.registered is not None:
                 self.registered.close()
@@ -233,10 +262,14 @@ class Bam(Engine):
     iodepth_means = "commands in flight on each worker's own NVMe queue pair"
     worker_kind = "thread"  # one process holds the controller; workers share it
     flushes_itself = True  # a taken controller's namespaces have no file to fsync
-    # GPU threads submit; the block workload runs on the engine's own device loop
-    capability = Capability(memory=(GPU,), submitter="gpu")
-    # rows in whole 512-byte blocks: an NVMe read moves whole logical blocks
-    rows = RowSupport(gpu_only=True, cache=True, dim_multiple=128)
+    # the CPU stand-in's channel: host buffers, NVMe namespaces (a feature table laid out
+    # on one is read as feature_file = ["/dev/nvmeXnY"]); it takes the controller from the
+    # nvme driver, so its files are handed over unopened. GPU threads (submitter = "gpu")
+    # run the engine's own loop and row fetcher instead (own_loop, row_fetcher).
+    capability = Capability(memory=(HOST,), namespaces=True, descriptors=False)
+    # rows in whole 512-byte blocks (an NVMe read moves whole logical blocks); the GPU
+    # cache in front of the GPU threads' reads
+    rows = RowSupport(cache=True, dim_multiple=128)
     options = (
         Option("controller", "str", "vfio", "'vfio': the NVMe controller behind the targets, "
                "taken from the nvme driver over vfio-pci; 'model': gpufio's software NVMe "
@@ -262,8 +295,24 @@ class Bam(Engine):
         return cls.settings(job).controller == "vfio"
 
     @classmethod
+    def own_loop(cls, job: Job) -> bool:
+        return submitter(cls.settings(job)) == "gpu"
+
+    @classmethod
+    def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> Channel:
+        return StandIn(job, files, spec)
+
+    @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-        return BamFetch(job, table, xp, request)
+        if submitter(cls.settings(job)) == "gpu":
+            if xp is np:
+                raise BadInput(f"job '{job.name}': engine 'bam''s GPU threads land rows in "
+                               "GPU memory: device = \"gpu\" (or submitter = \"cpu\")")
+            return BamFetch(job, table, xp, request)
+        if request.cache_bytes:
+            raise BadInput(f"job '{job.name}': the GPU cache sits in front of GPU threads' "
+                           "reads: engine 'bam' needs submitter = \"gpu\" for cache_size")
+        return None  # the gather through the CPU stand-in's channel
 
     @classmethod
     def gpu_memory(cls) -> tuple[str, ...]:
@@ -309,12 +358,6 @@ class Bam(Engine):
                            "threads; the CPU stand-in rings them itself")
 
     @classmethod
-    def guardian(cls, job: Job, targets: list[Target]) -> list[str] | None:
-        if cls.settings(job).controller == "model":
-            return None
-        return [sys.executable, "-m", "gpufio.io.nvme_guardian", _controller(job, targets)]
-
-    @classmethod
     def describe(cls, job: Job) -> dict[str, Any]:
         o = cls.settings(job)
         who, bells = submitter(o), doorbells(o)
@@ -343,22 +386,21 @@ class Bam(Engine):
         return out + nvme.gpu_doctor_checks(cls.name, relays, host.cpus(), gpu.probe()[1])
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
+        """GPU threads' block job (submitter = "gpu"; the CPU stand-in is ``StandIn``)."""
         super().__init__(job, targets, ctx)
         o = self._opts = self.settings(job)
-        self._gpu = submitter(o) == "gpu"
         self._model: _Model | None = None
         self._shared: _Shared | None = None
         self.queues: Any = None
         self._bench: Any = None
         if job.iodepth + 1 > 65536:
             raise BadInput(f"job '{job.name}': iodepth {job.iodepth} is past NVMe's queues")
-        if self._gpu:
-            from gpufio.io import gpu
+        from gpufio.io import gpu
 
-            why = gpu.probe()[1]
-            if why:
-                raise BadInput(f"engine 'bam' with submitter = \"gpu\" needs a GPU: {why}")
-            gpu.use(job.gpu_of(ctx.worker))  # before any registration: this worker's GPU
+        why = gpu.probe()[1]
+        if why:
+            raise BadInput(f"engine 'bam' with submitter = \"gpu\" needs a GPU: {why}")
+        gpu.use(job.gpu_of(ctx.worker))  # before any registration: this worker's GPU
         if o.controller == "model":
             shift = o.model_lba.bit_length() - 1
             self._model, self.pair = _Model.acquire(job, targets[0].path, shift, ctx.worker)
@@ -368,15 +410,18 @@ class Bam(Engine):
                 self._model.release()
                 raise
             return
-        bdf = _controller(job, targets)
+        bdf, nsids = _namespaces(job, targets)
+        # open descriptors would pin the controller's old instance: the nvme driver would
+        # give it a new name on return
+        for t in targets:
+            t.close()
         self._shared, self.pair = _Shared.acquire(bdf, job.writes, job.numjobs,
-                                                  job.iodepth + 1, ctx.worker, targets)
+                                                  job.iodepth + 1)
         try:
-            self._setup(job, targets)
-            if self._gpu:
-                with _Shared.lock:
-                    mem = self._shared.gpu_memory(doorbells(o) == "direct")
-                self._gpu_setup(mem, int(self._nsid[0]), int(self._shift[0]))
+            _check_transfer(job, self._shared, job.bs)
+            with _Shared.lock:
+                mem = self._shared.gpu_memory(doorbells(o) == "direct")
+            self._gpu_setup(mem, int(nsids[0]), int(self._shared.lba_shifts(nsids)[0]))
         except BaseException:
             self._shared.release()
             raise
@@ -400,123 +445,7 @@ class Bam(Engine):
             self.queues = None
             raise
 
-    def _setup(self, job: Job, targets: list[Target]) -> None:
-        session = self._shared.session
-        assert session.device is not None
-        info = session.info
-        spaces: dict[int, dict[str, int]] = info["ns"]  # type: ignore[assignment]
-        self._nsid = np.array([t.facts["nsid"] for t in targets], np.uint32)
-        self._shift = np.array([spaces[int(n)]["lba_bytes"].bit_length() - 1
-                                for n in self._nsid], np.uint64)
-        most = int(info["max_transfer"])  # type: ignore[call-overload]
-        if most and job.bs > most:
-            raise BadInput(f"job '{job.name}': bs {job.bs} is over the controller's largest "
-                           f"transfer (MDTS: {most} bytes)")
-        if self._gpu:  # the GPU side lays out its own slots and PRP lists
-            return
-        depth = job.iodepth
-        self._data = session.device.memory(depth * job.bs)
-        self._slots = np.frombuffer(self._data.map, np.uint8)[:depth * job.bs].reshape(
-            depth, job.bs)
-        pages = nq.prp_count(0, job.bs)
-        self._lists = session.device.memory(depth * nq.PAGE) if pages > 2 else None
-        prp1 = np.zeros(depth, np.uint64)
-        prp2 = np.zeros(depth, np.uint64)
-        for s in range(depth):
-            list_iova = self._lists.iova + s * nq.PAGE if self._lists else 0
-            p1, p2, entries = nq.prp_pointers(self._data.iova + s * job.bs, job.bs, list_iova)
-            prp1[s], prp2[s] = p1, p2
-            if len(entries):
-                assert self._lists is not None
-                np.frombuffer(self._lists.map, "<u8", len(entries),
-                              s * nq.PAGE)[:] = entries
-        self._prp = (prp1, prp2)
-
     def run(self) -> None:
-        if self._gpu:
-            self._run_gpu()
-            return
-        ctx, job, pair = self.ctx, self.job, self.pair
-        depth = job.iodepth
-        table = SlotTable(depth, targets=len(self.targets) > 1, offsets=ctx.verifying)
-        slot_writes = np.full(depth, job.writes)
-        free = np.arange(depth, dtype=np.int64)
-        clock = time.perf_counter_ns
-        issuing, syncing, inflight = True, False, 0
-        dog, completed = Watchdog(STALL_LIMIT_NS, clock()), 0
-        while True:
-            if syncing and inflight == 0:  # fsync = N: the writes before the Flush landed
-                self._flush()
-                syncing = False
-            want = min(len(free), pair.space()) if issuing and not syncing else 0
-            if want and inflight:
-                want, _ = ctx.due(want)
-            if want and job.writes:
-                want = min(want, ctx.until_sync)
-            if want:
-                tgt, offs = ctx.next_batch(want)
-                k = len(offs)
-                if k:
-                    slots, free = free[:k], free[k:]
-                    writes = ctx.last_writes()
-                    if writes is not False:
-                        ctx.fill(self._slots, tgt, offs, slots)
-                    w = writes if job.mixed else job.writes
-                    slot_writes[slots] = w
-                    pair.submit(nq.io_commands(
-                        write=w, nsid=self._nsid[tgt], lba_shift=self._shift[tgt],
-                        off=offs, length=job.bs, cid=slots, prp1=self._prp[0][slots],
-                        prp2=self._prp[1][slots]))
-                    table.issue(slots, tgt, offs, clock())
-                    inflight += k
-                    nwrites = int(np.count_nonzero(w)) if job.mixed else k * bool(w)
-                    syncing = bool(nwrites) and ctx.sync_due(nwrites)
-                else:
-                    issuing = False
-            if inflight == 0:
-                if not issuing:
-                    if job.end_fsync and job.writes:
-                        self._flush()
-                    return
-                continue
-            cids, status = pair.reap()
-            now, completed = clock(), completed + len(cids)
-            if dog.update(completed, now):
-                raise Stalled(self._stalled(inflight))
-            if not len(cids):
-                continue
-            inflight -= len(cids)
-            res = nq.result(status, job.bs)
-            bad = self._bad(cids, res) if ctx.verifying else None
-            table.complete(ctx, cids, res, now, bad, slot_writes[cids] if job.mixed
-                           else job.writes)
-            free = np.concatenate((free, cids)) if len(free) else cids
-
-    def _flush(self) -> None:
-        """An NVMe Flush of every namespace of the job on this worker's pair, one at a time,
-        with nothing else in flight (so the pair's next completion is the Flush's); counted
-        as fio counts an fsync. A Flush that fails ends the job (RuntimeError naming it)."""
-        pair, clock = self.pair, time.perf_counter_ns
-        t0 = clock()
-        nsids = sorted({int(n) for n in self._nsid})
-        for nsid in nsids:
-            pair.submit(nq.flush_command(nsid, self.job.iodepth))  # a cid no data slot has
-            dog = Watchdog(STALL_LIMIT_NS, clock())
-            while True:
-                cids, status = pair.reap()
-                if len(cids):
-                    break
-                if dog.update(0, clock()):
-                    raise Stalled(f"NVMe Flush of namespace {nsid} on queue {pair.qid} of "
-                                  f"{self._where()}: no completion for "
-                                  f"{STALL_LIMIT_NS / 1e9:g} s")
-            res = int(nq.result(status, 0)[0])
-            if res:
-                raise RuntimeError(f"NVMe Flush of namespace {nsid} on {self._where()}: "
-                                   f"{nvme_cmd.error_name(-res)}")
-        self.ctx.synced(len(nsids), clock() - t0)
-
-    def _run_gpu(self) -> None:
         """GPU threads run the block benchmark through the NVMe queue agents; end_fsync is
         one NVMe Flush from a GPU thread once the writes are done."""
         o = self._opts
@@ -534,24 +463,13 @@ class Bam(Engine):
             t0 = time.perf_counter_ns()
             res = self.queues.flush(o.stall_timeout)
             if res:
-                raise RuntimeError(f"NVMe Flush from a GPU thread on {self._where()}: "
+                where = self._shared.bdf if self._shared is not None else \
+                    "the software controller"
+                raise RuntimeError(f"NVMe Flush from a GPU thread on {where}: "
                                    f"{nvme_cmd.error_name(-res)}")
             self.ctx.synced(1, time.perf_counter_ns() - t0)
 
-    def _where(self) -> str:
-        return self._shared.bdf if self._shared is not None else "the software controller"
-
-    def _stalled(self, inflight: int) -> str:
-        return (f"{inflight} NVMe commands in flight on queue {self.pair.qid} of "
-                f"{self._where()} and none completed for {STALL_LIMIT_NS / 1e9:g} s")
-
-    def _bad(self, done: np.ndarray, res: np.ndarray) -> Callable[[np.ndarray, np.ndarray],
-                                                                   list[int]]:
-        """The CPU check of the slots ``done`` landed in (DMA-mapped host memory)."""
-        return lambda tgt, offs: self.ctx.mismatches(self._slots[done], tgt, offs, res)
-
     def close(self) -> None:
-        self._slots = None
         try:
             if self._bench is not None:
                 self._bench.close()
@@ -567,9 +485,208 @@ class Bam(Engine):
                 owner.release()
 
 
+def _check_transfer(job: Job, shared: _Shared, largest: int) -> None:
+    """BadInput where ``largest`` bytes are past the controller's largest transfer (MDTS)."""
+    most = int(shared.info["max_transfer"])
+    if most and largest > most:
+        raise BadInput(f"job '{job.name}': transfers of {largest} bytes are over controller "
+                       f"{shared.bdf}'s largest (MDTS: {most} bytes)")
+
+
+class StandIn(Channel):
+    """The CPU stand-in: requests as the 64-byte SQEs of io/nvme_queue.py written into a
+    queue pair of the controller over vfio-pci (io/nvme_driver.QueuePair: SQ at the tail,
+    one SQ doorbell per batch; completions by phase tag, one CQ head doorbell per reap),
+    PRP lists for transfers over two pages, an NVMe Flush of each namespace for ``sync``.
+
+    Data lands only in memory the IOMMU maps for the controller. A loop that hands its one
+    buffer region (``spec.region``: the block loop's slots) has it mapped once, so the
+    controller moves the bytes in place, as io_uring's fixed buffers. Any other buffer (the
+    GNN gather's landing rows, which move as they grow; a mover's pieces of shards) goes
+    through slots of the channel's own mapped memory, copied on submit (writes) and on
+    reap (reads): mapping each batch's buffers would cost a map and an unmap ioctl, with
+    their IOTLB flushes, per batch."""
+
+    def __init__(self, job: Job, files: Sequence[File], spec: ChannelSpec) -> None:
+        super().__init__(spec)
+        if spec.memory != HOST:
+            raise BadInput(f"job '{job.name}': engine 'bam''s CPU stand-in moves host memory "
+                           "only")
+        bdf, self._nsid = _namespaces(job, files)
+        for f in files:  # an open one would pin the controller's old instance (see Bam)
+            if hasattr(f, "close"):
+                f.close()
+        depth = spec.depth
+        self._shared, self.pair = _Shared.acquire(bdf, spec.writes, max(job.numjobs, 1),
+                                                  depth + 1)
+        self._mapped: vfio.Memory | None = None
+        self._bounce: vfio.Memory | None = None
+        self._lists: vfio.Memory | None = None
+        try:
+            _check_transfer(job, self._shared, spec.largest)
+            if spec.largest > nq.PAGE * nq.PRP_PER_PAGE:
+                raise BadInput(f"job '{job.name}': transfers of {spec.largest} bytes need a "
+                               "chained PRP list, which engine 'bam' does not build")
+            self._shift = self._shared.lba_shifts(self._nsid)
+            device = self._shared.session.device
+            assert device is not None
+            self._device = device
+            self._slot = -(-spec.largest // nq.PAGE) * nq.PAGE
+            if spec.region is not None:
+                lo = spec.region[0] - spec.region[0] % nq.PAGE
+                self._mapped = device.memory(sum(spec.region) - lo, lo)
+            else:
+                self._bounce = device.memory(depth * self._slot)
+            if spec.largest > nq.PAGE:  # more than two pages: a PRP list page per slot
+                self._lists = device.memory(depth * nq.PAGE)
+        except BaseException:
+            self.close()
+            raise
+        self._free = np.arange(depth, dtype=np.int64)
+        self._tag = np.zeros(depth, np.int64)
+        self._len = np.zeros(depth, np.int64)
+        self._addr = np.zeros(depth, np.uint64)
+        self._write = np.zeros(depth, bool)
+        self._refused: list[tuple[np.ndarray, np.ndarray]] = []  # completions never sent
+        self.facts = {"iodepth": depth, "submitter": SUBMITTER, "mode": SUBMITTER,
+                      "controller": "real", "queue": self.pair.qid,
+                      "buffers": "mapped" if self._mapped is not None else "bounced"}
+
+    @property
+    def inflight(self) -> int:
+        return self.spec.depth - len(self._free) + sum(len(t) for t, _ in self._refused)
+
+    def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
+               write: np.ndarray | bool, tag: np.ndarray) -> int:
+        k = min(len(off), self.room())
+        if k <= 0:
+            return 0
+        tgt = np.asarray(tgt[:k], np.int64)
+        off = np.asarray(off[:k], np.int64)
+        length = np.asarray(length[:k], np.int64)
+        addr = np.asarray(addr[:k], np.uint64)
+        tag = np.asarray(tag[:k], np.int64)
+        wr = np.asarray(write, bool)
+        wr = np.full(k, bool(wr)) if wr.ndim == 0 else wr[:k]
+        lba = np.int64(1) << self._shift[tgt].astype(np.int64)
+        bad = ((off | length) & (lba - 1)).astype(bool) | (length <= 0)
+        if bad.any():  # not whole logical blocks: the controller cannot move them
+            self._refused.append((tag[bad], np.full(int(bad.sum()), -errno.EINVAL, np.int64)))
+            ok = ~bad
+            tgt, off, length, addr, tag, wr = tgt[ok], off[ok], length[ok], addr[ok], tag[ok], wr[ok]
+        n = len(off)
+        if n:
+            slots, self._free = self._free[:n], self._free[n:]
+            dma = self._dma(slots, addr, length, wr)
+            prp1, prp2 = self._prps(slots, dma, length)
+            self._tag[slots], self._len[slots] = tag, length
+            self._addr[slots], self._write[slots] = addr, wr
+            self.pair.submit(nq.io_commands(
+                write=wr, nsid=self._nsid[tgt], lba_shift=self._shift[tgt], off=off,
+                length=length, cid=slots, prp1=prp1, prp2=prp2))
+        return k
+
+    def _dma(self, slots: np.ndarray, addr: np.ndarray, length: np.ndarray,
+             write: np.ndarray) -> np.ndarray:
+        """The bus addresses the requests' data is at: in the mapped region, or in the
+        bounce slots (a write's bytes copied there first)."""
+        if self._mapped is not None:
+            lo, hi = self._mapped.addr, self._mapped.addr + self._mapped.size
+            if ((addr < lo) | (addr + length.astype(np.uint64) > hi)).any():
+                raise ValueError("a request's buffer lies outside the channel's region")
+            return addr - np.uint64(lo) + np.uint64(self._mapped.iova)
+        assert self._bounce is not None
+        at = slots.astype(np.uint64) * np.uint64(self._slot)
+        for i in np.flatnonzero(write):
+            ctypes.memmove(self._bounce.addr + int(at[i]), int(addr[i]), int(length[i]))
+        return at + np.uint64(self._bounce.iova)
+
+    def _prps(self, slots: np.ndarray, dma: np.ndarray, length: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """PRP1 and PRP2 of each request: the second page, or the slot's PRP list page
+        (written here) for a transfer over two pages (io/nvme_queue.prp_pointers)."""
+        prp2 = np.zeros(len(dma), np.uint64)
+        for i in range(len(dma)):
+            list_iova = self._lists.iova + int(slots[i]) * nq.PAGE if self._lists else 0
+            _, prp2[i], entries = nq.prp_pointers(int(dma[i]), int(length[i]), list_iova)
+            if len(entries):
+                assert self._lists is not None and self._lists.map is not None
+                np.frombuffer(self._lists.map, "<u8", len(entries),
+                              int(slots[i]) * nq.PAGE)[:] = entries
+        return dma, prp2
+
+    def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
+        if self._refused:
+            tags, res = (np.concatenate(x) for x in zip(*self._refused))
+            self._refused = []
+            return tags, res
+        clock = time.perf_counter_ns
+        deadline = None if wait_ns is None else clock() + wait_ns
+        while True:  # polled: the CPU reads the CQ's phase tags, as a GPU thread would
+            cids, status = self.pair.reap()
+            if len(cids) or deadline is None or clock() >= deadline or not self.inflight:
+                break
+            os.sched_yield()
+        res = nq.result(status, self._len[cids]).astype(np.int64)
+        if self._bounce is not None:  # reads land in the slots: hand them on
+            for i in np.flatnonzero(~self._write[cids] & (res > 0)):
+                ctypes.memmove(int(self._addr[cids[i]]),
+                               self._bounce.addr + int(cids[i]) * self._slot, int(res[i]))
+        self._free = np.concatenate((self._free, cids))
+        return self._tag[cids], res
+
+    def state(self) -> str:
+        p = self.pair
+        csts = p.bar.r32(nq.REG_CSTS)
+        return (f"{self.inflight} NVMe commands in flight on queue {p.qid} of "
+                f"{self._shared.bdf} (SQ tail {p.tail}, CQ head {p.head}, phase {p.phase}, "
+                f"CSTS {csts:#x}{': fatal' if csts & nq.CSTS_CFS else ''})")
+
+    def sync(self, fds: Sequence[int]) -> None:
+        """An NVMe Flush of each namespace of the channel, one at a time with nothing else
+        in flight (the loops sync once their writes are reaped; the Flush's cid is one no
+        request slot has). A Flush that fails ends the job (RuntimeError naming it)."""
+        pair, clock = self.pair, time.perf_counter_ns
+        for nsid in sorted({int(n) for n in self._nsid}):
+            pair.submit(nq.flush_command(nsid, self.spec.depth))
+            dog = Watchdog(STALL_LIMIT_NS, clock())
+            while True:
+                cids, status = pair.reap()
+                if len(cids):
+                    break
+                if dog.update(0, clock()):
+                    raise Stalled(f"NVMe Flush of namespace {nsid} on queue {pair.qid} of "
+                                  f"{self._shared.bdf}: no completion for "
+                                  f"{STALL_LIMIT_NS / 1e9:g} s")
+            res = int(nq.result(status, 0)[0])
+            if res:
+                raise RuntimeError(f"NVMe Flush of namespace {nsid} on {self._shared.bdf}: "
+                                   f"{nvme_cmd.error_name(-res)}")
+
+    def close(self) -> None:
+        """What is in flight lands (bounded), the memory is unmapped (the loop frees its
+        region next), the pair goes back; the last user shuts the controller down."""
+        shared = getattr(self, "_shared", None)
+        if shared is None:
+            return
+        try:
+            if hasattr(self, "_free"):
+                self._refused = []
+                drain(self, STALL_LIMIT_NS)
+        finally:
+            try:
+                for mem in (self._mapped, self._bounce, self._lists):
+                    if mem is not None:
+                        self._device.forget(mem)
+                self._mapped = self._bounce = self._lists = None
+            finally:
+                self._shared = None  # type: ignore[assignment]
+                shared.give(self.pair)
+
+
 class BamFetch(QueueGather):
     """The ``bam`` path for the GNN workload's aggregation: GPU threads read the rows through
-    NVMe queue agents (io/gio/nvme.py) with the gather of io/gio/gather.py, as gpu-uring's
+    NVMe queue agents (io/gio/backends/nvme.py) with the gather of io/gio/gather.py, as gpu-uring's
     do through io_uring, through the GPU cache when one is asked. The feature file is served
     by a software controller of its own (controller = "model"): a real controller's
     namespace holds no feature file gpufio could lay out and find again."""

@@ -182,8 +182,8 @@ class Engine(ABC):
         cap = cls.capability
         if cap is None or cap.submitter != "cpu":
             return cls.rows
-        if cap.namespaces:  # feature tables are files, not NVMe namespaces
-            return None
+        if cap.namespaces:  # feature tables are files: rows only where the engine reads
+            return cls.rows  # one laid out on a namespace (feature_file naming the device)
         return replace(cls.rows or RowSupport(), gpu_only=HOST not in cap.memory)
 
     @classmethod
@@ -199,14 +199,6 @@ class Engine(ABC):
             return None
         host = HOST in cap.memory
         return TensorSupport(host=host, gpu=GPU in cap.memory or (host and cls.uses_gpu))
-
-    @classmethod
-    def guardian(cls, job: "Job", targets: list["Target"]) -> list[str] | None:
-        """The command of a process that must outlive this job's runner (the runner starts
-        it before the workers, closes its standard input when the job is over, and the
-        kernel closes it when the runner dies): an engine that takes a device from its
-        kernel driver gives it back there. None: no such process."""
-        return None
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -280,6 +272,13 @@ class Engine(ABC):
         self.job = job
         self.targets = targets
         self.ctx = ctx
+
+    @classmethod
+    def own_loop(cls, job: "Job") -> bool:
+        """Whether ``job``'s block I/O runs in this engine's own ``run`` rather than in a
+        loop over its channel: where it defines one; an engine with both (GPU threads
+        beside a CPU-submitted channel) says per job."""
+        return cls.run is not Engine.run
 
     def run(self) -> None:
         """Issue I/O until ``ctx`` hands out no more work; record every completion. An engine

@@ -22,6 +22,7 @@ from gpufio.core.errors import BadInput
 from gpufio.core.guard import check_not_in_use
 from gpufio.io import nvme_queue as nq
 from gpufio.io import vfio
+from gpufio.io.nvme_guardian import Guard
 
 if TYPE_CHECKING:
     from gpufio.facts.system import Host
@@ -275,11 +276,17 @@ class Controller:
 
 
 class Session:
-    """A controller gpufio drives: taken from its driver, opened over vfio, enabled; and on
-    ``close`` (every exit path) shut down, unmapped and given back to its driver."""
+    """A controller gpufio drives: guarded (io/nvme_guardian: given back if this process
+    dies, kill -9 included), taken from its driver, opened over vfio, enabled; and on
+    ``close`` (every other exit path) shut down, unmapped and given back to its driver."""
 
     def __init__(self, bdf: str, *, writes: bool, sys_pci: Path = vfio.SYS_PCI) -> None:
-        self.taken = take(bdf, writes=writes, sys_pci=sys_pci)
+        self.guard = Guard(bdf)
+        try:
+            self.taken = take(bdf, writes=writes, sys_pci=sys_pci)
+        except BaseException:
+            self.guard.release()
+            raise
         self.sys_pci = sys_pci
         self.device: vfio.Device | None = None
         self.controller: Controller | None = None
@@ -301,8 +308,11 @@ class Session:
             if self.device is not None:
                 self.device.close()
                 self.device = None
-            if self.taken.driver != "vfio-pci":
-                self.taken.give_back(self.sys_pci)
+            try:
+                if self.taken.driver != "vfio-pci":
+                    self.taken.give_back(self.sys_pci)
+            finally:
+                self.guard.release()
 
 
 NVME_CLASS = "0x010802"

@@ -1,9 +1,11 @@
 """The guardian of a controller gpufio took over vfio-pci: a separate process that gives it
-back to its driver when the runner dies, however it dies (kill -9 included).
+back to its driver when the process that took it dies, however it dies (kill -9 included).
 
-It is started with the controller's PCI address before the job takes the controller, and
-reads its standard input until end of file: the runner closes it when the job is over, and
-the kernel closes it when the runner dies. If the controller is then still on vfio-pci but
+``Guard`` starts it with the controller's PCI address before the controller is taken
+(io/nvme_driver.Session, so every path that takes one, a block job, a GNN row gather or a
+GPU submitter's, is guarded alike). It reads its standard input until end of file: the
+session closes it once the controller is given back, and the kernel closes it when the
+process dies. If the controller is then still on vfio-pci but
 was on another driver when the guardian started, the guardian disables it (CC.EN = 0, bus
 mastering off, through its own vfio descriptors, free once the runner's are closed) and
 binds it to that driver again. After a clean job it finds the controller given back and
@@ -13,9 +15,11 @@ does nothing.
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 
+from gpufio.core.errors import BadInput
 from gpufio.io import nvme_queue as nq
 from gpufio.io import vfio
 
@@ -49,6 +53,30 @@ def restore(bdf: str, driver: str | None) -> bool:
             device.close()
     vfio.bind(bdf, driver)
     return True
+
+
+class Guard:
+    """The guardian of controller ``bdf`` (``argv``: another command, for tests), started
+    in a session of its own, so Ctrl-C and SIGTERM sent to the runner's group do not reach
+    it; ready once it has read the driver it must give the controller back to."""
+
+    def __init__(self, bdf: str, argv: list[str] | None = None) -> None:
+        argv = argv or [sys.executable, "-m", "gpufio.io.nvme_guardian", bdf]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     start_new_session=True)
+        assert self.proc.stdout is not None
+        if not self.proc.stdout.readline():
+            self.proc.wait()
+            raise BadInput(f"controller {bdf}: its guardian did not start "
+                           f"(exit {self.proc.returncode})")
+
+    def release(self) -> None:
+        """The controller is given back: let the guardian check it and end; wait for it."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 def main(argv: list[str]) -> int:

@@ -123,13 +123,18 @@ class Bar:
 
 
 class Memory:
-    """Pinned, page-aligned host memory mapped for the device's DMA at ``iova``."""
+    """Pinned, page-aligned host memory mapped for the device's DMA at ``iova``: new memory
+    of its own, or the whole pages of someone else's at ``addr`` (``map`` is then None; the
+    owner must keep them until ``close``)."""
 
-    def __init__(self, device: Device, size: int, iova: int) -> None:
+    def __init__(self, device: Device, size: int, iova: int, addr: int | None = None) -> None:
         self.size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.map = mmap.mmap(-1, self.size, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
-                             mmap.PROT_READ | mmap.PROT_WRITE)
-        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self.map: mmap.mmap | None = None
+        if addr is None:
+            self.map = mmap.mmap(-1, self.size, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
+                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self.addr = addr
         self.iova = iova
         self._device = device
         # type1 pins the pages while they are mapped
@@ -143,7 +148,8 @@ class Memory:
                struct.pack("IIQQ", 24, 0, self.iova, self.size))
         self._device = None
         try:
-            self.map.close()
+            if self.map is not None:
+                self.map.close()
         except BufferError:
             pass  # arrays over it still live: the mapping goes when they do
 
@@ -208,13 +214,20 @@ class Device:
         bits = PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER
         self.command(set_bits=bits) if on else self.command(clear_bits=PCI_COMMAND_MASTER)
 
-    def memory(self, size: int) -> Memory:
-        """New pinned host memory of at least ``size`` bytes, mapped for the device's DMA."""
+    def memory(self, size: int, addr: int | None = None) -> Memory:
+        """New pinned host memory of at least ``size`` bytes, mapped for the device's DMA;
+        with ``addr`` (page-aligned), the caller's memory there instead."""
         with self._lock:
-            mem = Memory(self, size, self._next_iova)
+            mem = Memory(self, size, self._next_iova, addr)
             self._next_iova += mem.size + mmap.PAGESIZE  # a guard page between mappings
             self._memory.append(mem)
         return mem
+
+    def forget(self, mem: Memory) -> None:
+        """Unmap ``mem`` now (before its owner frees memory it did not allocate here)."""
+        with self._lock:
+            self._memory.remove(mem)
+        mem.close()
 
     def close(self) -> None:
         """Unmap every DMA mapping and the BAR, close the descriptors (idempotent)."""

@@ -17,6 +17,7 @@ channel's own for a synchronous one (each pread timed around the call).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
@@ -41,13 +42,16 @@ COMPILED_BATCH = 4096
 SYNC_BATCH = 64
 # how long a wait for completions lasts where no stop can end it (the watchdog's turn then)
 WAIT_NS = 200_000_000
+# a job's worker threads share its targets: one at a time closes them
+_CLOSING = threading.Lock()
 
 
-def uses_block_loop(engine_cls: type[Engine]) -> bool:
+def uses_block_loop(engine_cls: type[Engine], job: "Job") -> bool:
     """Whether the engine's block jobs run in a loop above it (this one for host memory,
-    run/gpu_block's for GPU memory): a CPU-submitted channel and no ``run`` of its own."""
+    run/gpu_block's for GPU memory): a CPU-submitted channel, and ``job`` not on a loop
+    of the engine's own (``Engine.own_loop``)."""
     cap = engine_cls.capability
-    return cap is not None and cap.submitter == "cpu" and engine_cls.run is Engine.run
+    return cap is not None and cap.submitter == "cpu" and not engine_cls.own_loop(job)
 
 
 def run_compiled(ctx: "WorkerContext", loop: Any, on_batch: Callable[[], None] | None = None,
@@ -104,6 +108,12 @@ class BlockLoop:
         assert cap is not None
         self.job, self.targets, self.ctx = job, targets, ctx
         self._data, self._sync = cap.moves_data, cap.synchronous
+        # an NVMe Flush where the controller was taken from its driver: no file to fsync
+        self._flushes = engine_cls.flushes_itself
+        if not cap.descriptors:  # the channel takes the device behind them
+            with _CLOSING:
+                for t in targets:
+                    t.close()
         depth = SYNC_BATCH if cap.synchronous else job.iodepth
         # a synchronous channel writes one batch while the next is filled on a thread
         # (a fill between its writes would leave the drive idle, as fio's psync never does)
@@ -142,9 +152,21 @@ class BlockLoop:
                 self._run_writes()
             else:
                 self._run()
+            if self._flushes and self.job.end_fsync and self.job.writes:
+                self._sync_files([t.fd for t in self.targets])
         finally:
             for key, values in ch.notes().items():
                 ctx.note(key, values)
+
+    def _sync_files(self, fds: list[int]) -> None:
+        """fsync = N (end_fsync too where the engine flushes itself): the files' fsync, or
+        the channel's own sync (an NVMe Flush), counted and timed as fio's sync block."""
+        if not self._flushes:
+            self.ctx.sync(fds)
+            return
+        t0 = time.perf_counter_ns()
+        self.channel.sync(fds)
+        self.ctx.synced(len(fds), time.perf_counter_ns() - t0)
 
     def _note_measuring(self) -> None:
         """Tell the channel once the measured phase has begun (what it measures of itself
@@ -168,7 +190,7 @@ class BlockLoop:
         dog, completed = Watchdog(STALL_LIMIT_NS, clock()), 0
         while True:
             if syncing and ch.inflight == 0:
-                ctx.sync(fds)
+                self._sync_files(fds)
                 syncing = False
             want = min(len(free), ch.room()) if issuing and not syncing else 0
             if want and job.writes and not job.mixed:

@@ -29,7 +29,7 @@ from gpufio.core.steady import SAMPLE_NS, Criterion, SteadyState
 from gpufio.engines.base import Engine, label
 from gpufio.io.gpu import gpu_facts
 from gpufio.run import placement
-from gpufio.run.launch import Guardian, ProcessWorker, SpawnWorker, ThreadWorker
+from gpufio.run.launch import ProcessWorker, SpawnWorker, ThreadWorker
 from gpufio.run.opening import fill_threads
 from gpufio.run.records import DONE, DONE_BOTH, DirResult, JobResult, Snapshot
 
@@ -141,7 +141,6 @@ class JobRun:
         self.t_start = self.t_measure = 0
         self.cpu0 = self._cpu_end = CpuTimes.now()
         self._group: cgroups.CpuGroup | None = None
-        self._guardian: Guardian | None = None
         self._window = (0.0, 0.0)
         self.samples: list[dict[str, float]] = []
         self._sampled_at = 0
@@ -167,8 +166,6 @@ class JobRun:
                     self._group.close()
                 raise BadInput(f"job '{self.job.name}': cpu_accounting = \"cgroup\": cannot "
                                f"make a cgroup here: {e.strerror or e}") from None
-        argv = self.engine.guardian(self.job, self.targets)
-        self._guardian = Guardian(argv) if argv else None
         for w in self.workers:
             w.start()
 
@@ -302,9 +299,6 @@ class JobRun:
                           else None):
                 raise self._hung(i)
         self._mark_end()
-        if self._guardian is not None:
-            self._guardian.release()
-            self._guardian = None
         if self._group is not None:
             self._group.close()
         self.shared.close_source()

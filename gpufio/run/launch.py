@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -52,7 +51,7 @@ def _data_path(engine_cls: type[Engine], job, targets, ctx: WorkerContext) -> An
     """What moves a worker's data: the engine itself where it runs its own loop, else the
     block loop that fits its channel: into GPU memory (run/gpu_block), or host memory
     (run/blockloop)."""
-    if not uses_block_loop(engine_cls):
+    if not uses_block_loop(engine_cls, job):
         return engine_cls(job, targets, ctx)
     if engine_cls.uses_gpu:
         from gpufio.run.gpu_block import gpu_block_loop  # the GPU plumbing, only where used
@@ -276,28 +275,3 @@ class SpawnWorker(ProcessWorker):
         return _spawned_main, (engine_cls.name, job, [t.path for t in targets],
                                ctx.spawn_args(), shared.source, len(shared.blocks), conn, go,
                                self._cpus)
-
-
-class Guardian:
-    """A process an engine asked for (Engine.guardian) that outlives the runner: started in
-    a session of its own, so Ctrl-C and SIGTERM sent to the runner's group do not reach it;
-    it acts when its standard input closes (``release``, or the runner's death)."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     start_new_session=True)
-        assert self.proc.stdout is not None
-        # ready once it has read the state it guards, before the workers change it
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait()
-            raise BadInput(f"the guardian {' '.join(argv[-2:])} did not start "
-                           f"(exit {self.proc.returncode})")
-
-    def release(self) -> None:
-        """The job is over: let it check the device and end; wait for it."""
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()

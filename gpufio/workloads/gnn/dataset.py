@@ -101,7 +101,11 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
         layout = features.Layout(len(paths), dim * 4, header)
         for t, path in enumerate(paths):
             features.check_file(path, layout, t, nodes)
-        return Dataset(gr, paths, layout, generated=False)
+        # gpufio's generated table copied there (onto a device, say) is checked against the
+        # generator: an engine that takes the device away leaves no file to read rows from
+        ours = all(features.holds_generated(path, t, layout, dim, job.randseed)
+                   for t, path in enumerate(paths))
+        return Dataset(gr, paths, layout, generated=ours)
     paths = _feature_paths(job)
     layout = features.Layout(len(paths), dim * 4)
     space.check_layouts([(path, layout.bytes_needed(t, nodes)) for t, path in enumerate(paths)

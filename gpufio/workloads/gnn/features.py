@@ -50,8 +50,12 @@ def npy_header(path: str) -> tuple[int, tuple[int, ...], np.dtype]:
 def check_file(path: str, layout: Layout, target: int, nodes: int) -> None:
     """BadInput unless ``path`` holds every row the layout puts on it."""
     need = layout.bytes_needed(target, nodes)
-    try:
-        size = os.stat(path).st_size
+    try:  # its end, not st_size: a device's (a namespace the table is laid out on) is 0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise BadInput(f"feature file {path}: {e.strerror}") from None
     if size < need:

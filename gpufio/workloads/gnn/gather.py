@@ -62,7 +62,8 @@ class Gather:
         self._on_gpu = xp is not np and GPU in cap.memory
         # a mapping reads through the page cache whatever O_DIRECT says: its files open plain
         direct = request.direct and not cap.page_cache
-        self._fds = open_rows(table, direct)
+        # a channel that takes the device behind the files gets them unopened
+        self._fds = open_rows(table, direct) if cap.descriptors else [-1] * len(table.paths)
         self.page_cache = cap.page_cache or not (direct and direct_fits(table.layout))
         self._length = self.dim * 4 if self._on_gpu else table.layout.row_bytes
         # a file row of just the dim columns lands where it is handed on: no copy between
