@@ -100,7 +100,9 @@ def test_mmap_defines_a_channel_and_no_loop_over_batches():
              if isinstance(n, ast.Attribute) and n.attr in ("next_batch", "last_writes", "due")]
     runs = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "run"]
     assert loops == [] and runs == []
-    assert uses_block_loop(Mmap) and loop_class(Mmap) is staged.StagedLoop
+    job = from_dict({"global": {"engine": "mmap", "targets": ["/x"], "size": "1m"}},
+                    "t.toml", {}).jobs[0]
+    assert uses_block_loop(Mmap, job) and loop_class(Mmap) is staged.StagedLoop
 
 
 def test_every_block_read_lands_the_bytes_at_its_offset(host_mmap, pattern_file):
