@@ -48,9 +48,10 @@ class Uring(Engine):
         Option("hipri", "bool", False, "polled completions (IORING_SETUP_IOPOLL, fio's hipri): "
                "O_DIRECT on targets whose queue polls (queue/io_poll = 1)"),
         Option("iodepth_batch_submit", "int", 1,
-               "the most I/Os one io_uring_enter submits, as fio's (0: every free slot's at "
-               "once, fewer calls; 1: each I/O its own call, the thread reaping between them "
-               "instead of sleeping for each completion)", minimum=0),
+               "the most I/Os one io_uring_enter of the compiled loop submits, as fio's "
+               "(0: every free slot's at once, fewer calls; 1: each I/O its own call, the "
+               "thread reaping between them instead of sleeping for each completion)",
+               minimum=0),
         Option("defer_taskrun", "bool", True,
                "IORING_SETUP_SINGLE_ISSUER|DEFER_TASKRUN, as fio (ignored with sqpoll)"),
         NOP_OP,

@@ -27,8 +27,10 @@ class RingOptions:
     ``sqpoll`` with its thread's idle time; ``single_issuer`` (SINGLE_ISSUER|DEFER_TASKRUN);
     ``iopoll`` (polled completions); ``registerfiles``; ``fixedbufs`` (the spec's region
     registered, READ_FIXED / WRITE_FIXED); ``nop``: every request an IORING_OP_NOP, which
-    counts as the spec's ``largest`` bytes moved; ``batch_submit``: the most requests one
-    io_uring_enter submits (fio's iodepth_batch_submit; 0: all that are queued)."""
+    counts as the spec's ``largest`` bytes moved; ``batch_submit``: the most I/Os one
+    io_uring_enter of the compiled block loop submits (fio's iodepth_batch_submit; 0: every
+    free slot's). Requests through ``submit`` go in with the next enter, all at once: a
+    call per request would cost the Python loop more than the waits it saves."""
 
     entries: int = 0
     sqpoll: bool = False
@@ -103,19 +105,6 @@ class UringChannel(Channel):
     def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
                write: np.ndarray | bool, tag: np.ndarray) -> int:
         k = min(self.room(), len(off))
-        step = self.options.batch_submit or k
-        for at in range(0, k, step or 1):
-            self._push(tgt[at:at + step], off[at:at + step], length[at:at + step],
-                       addr[at:at + step], write if np.ndim(write) == 0 else
-                       np.asarray(write)[at:at + step], tag[at:at + step])
-            if self.options.batch_submit:  # as fio: each batch goes in with its own call
-                self._enter(0, None)
-        return k
-
-    def _push(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
-              write: np.ndarray | bool, tag: np.ndarray) -> None:
-        """Put the requests' SQEs in the ring (submitted by the next enter)."""
-        k = len(off)
         if k:
             w = np.asarray(write, bool)
             read_op, write_op = self._ops
@@ -135,6 +124,7 @@ class UringChannel(Channel):
             else:
                 self.ring.push(words)
                 self._unsent.append(tags)
+        return k
 
     def _room_for(self, tags: np.ndarray) -> None:
         """Make the submission stamps' array hold every tag of ``tags``."""
