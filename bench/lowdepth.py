@@ -3,9 +3,12 @@
 
 4 KiB random reads, O_DIRECT, on a tmpfs file and a root-disk file: uring at iodepth 1, 4,
 32 and 128, psync at numjobs 1 and 2, and the null engine at iodepth 1. gpufio and fio run
-interleaved (the order swapped every round), ``--rounds`` times; the table has the medians,
-the IOPS ratio, p50/p99 latency against fio's ``lat`` (submission to completion, as
-gpufio's), and CPU per I/O counted the same way for both: each run starts in a cpuacct
+interleaved, ``--rounds`` short rounds (each case's pair back to back, the order swapped
+every round: A B, B A, ...), so that a VM whose speed drifts from minute to minute moves
+both tools of a pair alike; the IOPS ratio is the median of the rounds' own ratios (each
+gpufio run against the fio run beside it), the other columns are medians: p50/p99
+latency against fio's ``lat`` (from just before the submitting call to just after the
+reaping one, as gpufio's), and CPU per I/O counted the same way for both: each run starts in a cpuacct
 cgroup of its own, sampled every few ms, and the CPU charged during the tool's measured
 window (gpufio's window_unix_ms; fio's last runtime ms before its timestamp_ms), io_uring's
 io-wq threads included, is divided by its I/Os. Without a cgroup (not root) each tool's own
@@ -13,7 +16,7 @@ figure stands in (fio's counts its job thread only) and the table says "self".
 ``--check`` exits 1 if a goal (``GOALS``) is missed; ``--quick`` runs every case once for a
 second, to prove the bench works, and its numbers are no measurement.
 
-    python3 -m bench.lowdepth --check                 # the full matrix, 3 rounds of 5 s
+    python3 -m bench.lowdepth --check                 # the full matrix, 7 rounds of 2 s
     python3 -m bench.lowdepth --quick                 # a smoke run
     python3 -m bench.lowdepth --root-dir /mnt/x --json out.json
 
@@ -179,10 +182,16 @@ def medians(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in ("iops", "p50", "p99", "cpu_us")}
 
 
-def verdict(case: str, g: dict, f: dict) -> list[str]:
-    """The goals this case misses (empty: none)."""
+def paired_ratio(gpufio: list[dict], fio: list[dict]) -> float:
+    """The median of each round's gpufio IOPS over the fio IOPS of the same round: a pair
+    ran back to back, so drift between rounds cancels out of its ratio."""
+    return statistics.median(g["iops"] / f["iops"] if f["iops"] else 0.0
+                             for g, f in zip(gpufio, fio))
+
+
+def verdict(case: str, g: dict, f: dict, ratio: float) -> list[str]:
+    """The goals this case misses (empty: none); ``ratio``: its IOPS ratio."""
     miss = []
-    ratio = g["iops"] / f["iops"] if f["iops"] else 0.0
     floor = NULL_RATIO if case.startswith("null") else IOPS_RATIO
     if ratio < floor:
         miss.append(f"IOPS {ratio:.2f}x < {floor}x")
@@ -199,9 +208,10 @@ def verdict(case: str, g: dict, f: dict) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fio", default=shutil.which("fio"), help="fio binary (default: on PATH)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
-    ap.add_argument("--runtime", type=float, default=5.0, help="measured seconds per run")
-    ap.add_argument("--ramp", type=float, default=1.0, help="ramp seconds per run")
+    ap.add_argument("--rounds", type=int, default=7,
+                    help="interleaved rounds (at least 3); medians reported")
+    ap.add_argument("--runtime", type=float, default=2.0, help="measured seconds per run")
+    ap.add_argument("--ramp", type=float, default=0.5, help="ramp seconds per run")
     ap.add_argument("--size-mb", type=int, default=1024, help="size of each target file")
     ap.add_argument("--tmpfs-dir", default="/dev/shm")
     ap.add_argument("--root-dir", default=str(Path.home()), help="where the root-disk file goes")
@@ -216,6 +226,9 @@ def main() -> int:
         raise SystemExit("bench: fio not found (apt-get install fio, or pass --fio PATH)")
     if args.quick:
         args.rounds, args.runtime, args.ramp, args.size_mb = 1, 1.0, 0.2, 64
+    elif args.rounds < 3:
+        raise SystemExit("bench: --rounds must be at least 3 (the goals are medians of 3 or "
+                         "more); --quick is the smoke run")
     files = {"tmpfs": Path(args.tmpfs_dir) / f"gpufio-lowdepth-{os.getpid()}.dat",
              "root disk": Path(args.root_dir) / f"gpufio-lowdepth-{os.getpid()}.dat"}
     runs: dict[tuple[str, str], dict[str, list[dict]]] = {}
@@ -243,17 +256,19 @@ def main() -> int:
     missed = []
     for (target, case), by in runs.items():
         g, f = medians(by["gpufio"]), medians(by["fio"])
-        miss = verdict(case, g, f)
+        ratio = paired_ratio(by["gpufio"], by["fio"])
+        miss = verdict(case, g, f, ratio)
         missed += [f"{target} {case}: {m}" for m in miss]
         print(f"{target:10} {case:12} {g['iops']:9.0f} {f['iops']:9.0f} "
-              f"{g['iops'] / f['iops']:6.2f} {g['p50'] / 1e3:5.1f}/{f['p50'] / 1e3:<6.1f} "
+              f"{ratio:6.2f} {g['p50'] / 1e3:5.1f}/{f['p50'] / 1e3:<6.1f} "
               f"{g['p99'] / 1e3:5.1f}/{f['p99'] / 1e3:<6.1f} "
               f"{g['cpu_us']:6.2f}/{f['cpu_us']:<7.2f} {by['fio'][0]['cpu']:6} "
               f"{'; '.join(miss) or 'ok'}")
     fio_version = subprocess.run([args.fio, "--version"], capture_output=True,
                                  text=True).stdout.strip()
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
-          f"{fio_version}, {args.rounds} round(s) of {args.runtime:g} s, medians"
+          f"{fio_version}, {args.rounds} round(s) of {args.runtime:g} s, medians (ratio: of "
+          "the rounds' own ratios)"
           + (" (--quick: not a measurement)" if args.quick else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(

@@ -117,6 +117,17 @@ def test_without_a_compiler_the_python_loop_runs(tmp_path):
     assert not list(tmp_path.glob("gpufio/native/*.so"))
 
 
+def test_a_fio_files_hipri_reaches_the_uring_engine_with_fios_submit_batch(tmp_path):
+    """fio's hipri (polled completions) on an io_uring job; the submit batch is fio's
+    default (1), as fio's own run of the file would have it."""
+    path = tmp_path / "p.fio"
+    path.write_text("[global]\nioengine=io_uring\nhipri\ndirect=1\n"
+                    "[r]\nfilename=/dev/nvme0n1\nrw=randread\nbs=4k\niodepth=8\n")
+    (j,) = profile.load(str(path)).jobs
+    assert j.engine == "uring" and j.engine_options["hipri"]
+    assert uring_engine.Uring.settings(j).iodepth_batch_submit == 1
+
+
 def test_hipri_is_refused_where_the_target_cannot_poll(shm_pattern_file):
     """A tmpfs file sits on no block device: polled I/O is refused, naming the target."""
     j = from_dict({"global": {"engine": "uring", "targets": [str(shm_pattern_file)],

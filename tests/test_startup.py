@@ -45,6 +45,24 @@ def test_a_help_imports_neither_typer_nor_the_commands():
     assert _heavy(modules) == []
 
 
+def test_a_run_parses_its_options_without_pydantic(tmp_path):
+    """typer 0.29 coerces each option through pydantic, which costs a run's start more than
+    the rest of gpufio's imports: pyproject keeps typer below it."""
+    import typer
+
+    if tuple(int(p) for p in typer.__version__.split(".")[:2]) >= (0, 29):
+        pytest.skip(f"typer {typer.__version__} is outside pyproject's bound (<0.29); "
+                    "pip install . installs one within it")
+    prof = tmp_path / "p.toml"
+    prof.write_text('[global]\nengine = "null"\nsize = "1m"\nio_size = "4k"\n'
+                    '[[job]]\nname = "j"\n')
+    modules = _modules_after(
+        "import sys\nfrom gpufio.__main__ import main\n"
+        f"sys.argv = ['gpufio', 'run', {str(prof)!r}, '-q', '-f', 'json']"
+        "\ntry:\n    main()\nexcept SystemExit:\n    pass")
+    assert "typer" in modules and "pydantic" not in modules
+
+
 def test_a_block_profile_loads_only_its_engine_and_workload(tmp_path):
     prof = tmp_path / "p.toml"
     prof.write_text('[global]\nengine = "psync"\nsize = "1m"\n[[job]]\nname = "j"\n')

@@ -4,8 +4,8 @@ One ring per worker thread keeps ``iodepth`` reads (or writes, WRITE / WRITE_FIX
 flight: the engine's channel (io/uring_channel.py), set up as the job's keys say and as fio
 sets up its own ring (SINGLE_ISSUER|DEFER_TASKRUN where the kernel has them). The block loop
 (run/blockloop.py) drives it: compiled where it can (io/loops.py: one call per batch of
-offsets, one io_uring_enter a round that submits and waits, latencies stamped around the
-submitting and reaping calls only), else in Python with numpy batch operations, so Python
+offsets; as fio, ``iodepth_batch_submit`` I/Os per io_uring_enter, one by default;
+latencies stamped around the submitting and reaping calls only), else in Python with numpy batch operations, so Python
 cost is per batch, not per I/O. A poll of the job's stop eventfd stays in flight, so a stop
 wakes any wait.
 """
@@ -47,6 +47,11 @@ class Uring(Engine):
                minimum=0),
         Option("hipri", "bool", False, "polled completions (IORING_SETUP_IOPOLL, fio's hipri): "
                "O_DIRECT on targets whose queue polls (queue/io_poll = 1)"),
+        Option("iodepth_batch_submit", "int", 1,
+               "the most I/Os one io_uring_enter of the compiled loop submits, as fio's "
+               "(0: every free slot's at once, fewer calls; 1: each I/O its own call, the "
+               "thread reaping between them instead of sleeping for each completion)",
+               minimum=0),
         Option("defer_taskrun", "bool", True,
                "IORING_SETUP_SINGLE_ISSUER|DEFER_TASKRUN, as fio (ignored with sqpoll)"),
         NOP_OP,
@@ -69,7 +74,7 @@ class Uring(Engine):
             entries=o.ring_entries, sqpoll=o.sqpoll,
             sq_thread_idle_ms=max(o.sq_thread_idle // 1_000_000, 1),
             single_issuer=o.defer_taskrun, iopoll=o.hipri, registerfiles=o.registerfiles,
-            fixedbufs=o.fixedbufs, nop=o.op == "nop"))
+            fixedbufs=o.fixedbufs, nop=o.op == "nop", batch_submit=o.iodepth_batch_submit))
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -91,6 +96,6 @@ class Uring(Engine):
         o = cls.settings(job)
         return {**super().describe(job), "sqpoll": o.sqpoll, "fixedbufs": o.fixedbufs,
                 "registerfiles": o.registerfiles, "hipri": o.hipri,
-                "defer_taskrun": o.defer_taskrun,
+                "defer_taskrun": o.defer_taskrun, "iodepth_batch_submit": o.iodepth_batch_submit,
                 **nop_facts(o.op), **loop_facts(job)}
 

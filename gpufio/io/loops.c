@@ -63,6 +63,7 @@ struct gf_loop {
     uint64_t word0[2];              /* first SQE word without its descriptor: read, write */
     uint64_t stop_ud;               /* user_data of the stop poll's completion */
     int64_t wait_ns;                /* a wait's limit once the stop was seen (0: none) */
+    int64_t batch_submit;           /* I/Os one io_uring_enter submits at most (0: all free) */
     /* state kept across calls */
     int64_t sq_tail_local, cq_head_local, inflight, nfree, status, unsubmitted;
     int64_t *free_slots;            /* depth */
@@ -266,8 +267,14 @@ static int64_t reap(struct gf_loop *L, int64_t now, struct gf_out *o, int64_t k)
     return k;
 }
 
-/* io_uring, `depth` in flight: the batch's I/Os go into free slots, and one io_uring_enter
- * per round submits them and waits for a completion (at depth 1: one call per I/O). Once
+/* io_uring, `depth` in flight. With batch_submit (fio's iodepth_batch_submit), as fio's
+ * io_uring engine: each round puts at most that many I/Os in free slots and submits them
+ * with a call that does not wait (it reaps what is there); only with every slot in flight
+ * and nothing reaped does a call wait for a completion (at depth 1: two calls per I/O, as
+ * fio). With batch_submit 0, every free slot is filled and one call per round submits them
+ * and waits (at depth 1: one call per I/O): fewer calls, but the thread sleeps for nearly
+ * every completion, and on a small VM each wake-up lands on the CPU of the io-wq worker
+ * doing the reads. Once
  * the batch is all issued the last ones are submitted and the call returns with them in
  * flight; a call with n = 0 waits until nothing is in flight. With `due`, an I/O goes into
  * a slot only once its time has come; until then the call reaps (or, with nothing in flight,
@@ -287,7 +294,8 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
         uint32_t tail = first;
         const int64_t round = due ? now_ns() : 0;
         int64_t next_due = 0;  /* > 0: the next I/O is not due before then */
-        while (L->nfree && i < n && !stop) {
+        while (L->nfree && i < n && !stop
+               && (!L->batch_submit || (int64_t)(uint32_t)(tail - first) < L->batch_submit)) {
             if ((uint32_t)(tail - __atomic_load_n(L->sq_head, __ATOMIC_ACQUIRE))
                 >= (uint32_t)L->sq_entries)
                 break;  /* SQPOLL has not moved the SQ head past finished SQEs yet */
@@ -335,6 +343,18 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                 return rc;
             k = reap(L, now_ns(), o, k);
             break;
+        }
+        if (L->batch_submit && issued == L->batch_submit && !next_due) {
+            rc = enter(L, 0, 0);  /* as fio: a call that submits, and reaps what is there */
+            if (rc < 0)
+                return rc;
+            const int64_t now = now_ns(), before = k;
+            k = reap(L, now, o, k);
+            if (now > deadline)
+                break;
+            if (L->nfree || k > before)
+                continue;  /* fill again */
+            /* every slot in flight and none back: wait (the call below submits nothing) */
         }
         rc = enter(L, 1, next_due ? (next_due > t0 ? next_due - t0 : 1) : 0);
         if (rc < 0)

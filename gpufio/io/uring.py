@@ -479,7 +479,9 @@ class Ring:
             return
         n, self._unsubmitted = self._unsubmitted, 0
         if n or wait:
-            self.enter(n, wait, ENTER_GETEVENTS if wait else 0, timeout_ns)
+            # a DEFER_TASKRUN ring posts completions only when its submitter asks for events
+            events = wait or self.flags & SETUP_DEFER_TASKRUN
+            self.enter(n, wait, ENTER_GETEVENTS if events else 0, timeout_ns)
 
     def reap(self) -> tuple[np.ndarray, np.ndarray]:
         """All available completions as (user_data u64, res int32) arrays; frees their CQ slots."""

@@ -6,6 +6,7 @@ the compiled loop (io/loops.py), the same ring driven from C."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -26,7 +27,10 @@ class RingOptions:
     ``sqpoll`` with its thread's idle time; ``single_issuer`` (SINGLE_ISSUER|DEFER_TASKRUN);
     ``iopoll`` (polled completions); ``registerfiles``; ``fixedbufs`` (the spec's region
     registered, READ_FIXED / WRITE_FIXED); ``nop``: every request an IORING_OP_NOP, which
-    counts as the spec's ``largest`` bytes moved."""
+    counts as the spec's ``largest`` bytes moved; ``batch_submit``: the most I/Os one
+    io_uring_enter of the compiled block loop submits (fio's iodepth_batch_submit; 0: every
+    free slot's). Requests through ``submit`` go in with the next enter, all at once: a
+    call per request would cost the Python loop more than the waits it saves."""
 
     entries: int = 0
     sqpoll: bool = False
@@ -36,6 +40,7 @@ class RingOptions:
     registerfiles: bool = False
     fixedbufs: bool = False
     nop: bool = False
+    batch_submit: int = 0
 
 
 class UringChannel(Channel):
@@ -43,7 +48,12 @@ class UringChannel(Channel):
     descriptor, address and length; ``sqe_flags`` on every entry (e.g. SQE_ASYNC, so io-wq
     workers run them in parallel). With ``spec.stop_fd`` the ring keeps a poll of it in
     flight, so a stop ends any wait (an IOPOLL ring takes none: its waits return with each
-    completion)."""
+    completion).
+
+    The channel times each request itself (``times``) where fio's ``lat`` does: from just
+    before the io_uring_enter that submits it (with SQPOLL: before its SQE is published)
+    to just after the call that returned its completion, so none of the loop's own work
+    (building SQEs, reaping into arrays) is in a latency."""
 
     def __init__(self, files: Sequence[File], spec: ChannelSpec, sqe_flags: int = 0,
                  options: RingOptions = RingOptions()) -> None:
@@ -56,6 +66,9 @@ class UringChannel(Channel):
                                single_issuer=o.single_issuer, iopoll=o.iopoll)
         self._share = uring.SqThreadShare([self.ring]) if o.sqpoll else None
         self._native: Any = None
+        self._unsent: list[np.ndarray] = []  # tags pushed, not yet submitted by an enter
+        self._t_sub = np.zeros(spec.depth, np.int64)  # by tag: when it was submitted
+        self._took: np.ndarray | None = None
         try:
             if o.registerfiles:
                 self.ring.register_files(self._report_fds)
@@ -97,24 +110,56 @@ class UringChannel(Channel):
             read_op, write_op = self._ops
             opcode = (np.where(w[:k], write_op, read_op) if w.ndim
                       else (write_op if w else read_op))
-            self.ring.push(uring.sqe_words(
+            tags = np.asarray(tag[:k], dtype=np.int64)
+            words = uring.sqe_words(
                 opcode=opcode, sqe_flags=self._sqe_flags, fd=self._fds[np.asarray(tgt[:k])],
                 off=np.asarray(off[:k], dtype=np.uint64),
                 addr=np.asarray(addr[:k], dtype=np.uint64),
-                length=np.asarray(length[:k], dtype=np.int64),
-                user_data=np.asarray(tag[:k]).astype(np.uint64)))
+                length=np.asarray(length[:k], dtype=np.int64), user_data=tags.astype(np.uint64))
+            self._room_for(tags)
+            if self.ring.sqpoll:  # the kernel's thread takes an SQE once it is published
+                t = time.perf_counter_ns()
+                self.ring.push(words)
+                self._t_sub[tags] = t
+            else:
+                self.ring.push(words)
+                self._unsent.append(tags)
         return k
+
+    def _room_for(self, tags: np.ndarray) -> None:
+        """Make the submission stamps' array hold every tag of ``tags``."""
+        top = int(tags.max()) + 1
+        if top > len(self._t_sub):
+            self._t_sub = np.concatenate((self._t_sub, np.zeros(top - len(self._t_sub),
+                                                                np.int64)))
+
+    def _enter(self, wait: int, timeout_ns: int | None) -> int:
+        """One io_uring_enter that submits what is pushed and waits for ``wait``
+        completions; the requests it submits stamped just before it, and its return
+        stamped just after it (returned, for the completions it brought)."""
+        t = time.perf_counter_ns()
+        self.ring.submit(wait=wait, timeout_ns=timeout_ns)
+        done = time.perf_counter_ns()
+        if self._unsent:
+            for tags in self._unsent:
+                self._t_sub[tags] = t
+            self._unsent = []
+        return done
 
     def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
         wait = wait_ns is not None and self.ring.inflight > 0
         # an IOPOLL ring finds completions only by waiting, and each wait returns with one
-        self.ring.submit(wait=int(wait), timeout_ns=wait_ns if wait and not self.ring.iopoll
-                         else None)
+        done = self._enter(int(wait), wait_ns if wait and not self.ring.iopoll else None)
         ud, res = self.ring.reap()
+        tags = ud.astype(np.int64)
+        self._took = done - self._t_sub[tags]
         res = res.astype(np.int64)
         if self.options.nop:  # a NOP completes with 0: it did all a NOP does
             res[res == 0] = self.spec.largest
-        return ud.astype(np.int64), res
+        return tags, res
+
+    def times(self) -> np.ndarray | None:
+        return self._took
 
     def state(self) -> str:
         if self._native is not None:  # the ring's own count is the compiled loop's
@@ -140,7 +185,7 @@ class UringChannel(Channel):
             writes=bool(job.writes), nop=self.options.nop, ring=self.ring,
             word0=tuple(op | self._sqe_flags << 8 for op in self._ops),
             stop_ud=uring.WAKE_UD if self._armed else 0,
-            wait_ns=0 if self.ring.iopoll else wait_ns)
+            wait_ns=0 if self.ring.iopoll else wait_ns, batch_submit=self.options.batch_submit)
         return self._native
 
     def measured(self) -> None:

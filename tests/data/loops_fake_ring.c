@@ -1,0 +1,61 @@
+/* A stand-in kernel for tests/test_loop_stamps.py: io/loops.c is compiled with its
+ * clock_gettime and syscall renamed to these, so a test sees each clock read and each
+ * io_uring_enter in the order the loop makes them. The clock ticks once per read; an enter
+ * takes the SQEs it submits and completes what it has taken (res = the SQE's length): at
+ * once, or (`lazy`) only in an enter that waits, as a device slower than the loop. */
+#include <stdarg.h>
+#include <stdint.h>
+#include <time.h>
+
+static volatile uint32_t *sq_head, *sq_tail, *sq_array, *cq_tail;
+static const uint64_t *sqes;
+static uint64_t *cqes;
+static uint32_t sq_mask, cq_mask;
+static int64_t ticks, nlog;
+static char *events;  /* 'C' a clock read, 'S' an enter that submits, 'W' one that waits */
+static int64_t events_cap, lazy, taken, slots[4096];
+
+void fake_ring(uint32_t *sh, uint32_t *st, uint32_t *sa, uint32_t *ct, const uint64_t *s,
+               uint64_t *c, uint32_t smask, uint32_t cmask, char *log, int64_t cap,
+               int64_t slow)
+{
+    sq_head = sh; sq_tail = st; sq_array = sa; cq_tail = ct; sqes = s; cqes = c;
+    sq_mask = smask; cq_mask = cmask; events = log; events_cap = cap; ticks = 0; nlog = 0;
+    lazy = slow; taken = 0;
+}
+
+int64_t fake_events(void) { return nlog; }
+
+static void note(char e) { if (nlog < events_cap) events[nlog++] = e; }
+
+int clock_gettime(clockid_t clock, struct timespec *ts)
+{
+    (void)clock;
+    ts->tv_sec = 0;
+    ts->tv_nsec = ++ticks;
+    note('C');
+    return 0;
+}
+
+long syscall(long nr, ...)
+{
+    va_list ap;
+    va_start(ap, nr);
+    (void)va_arg(ap, int);
+    unsigned submit = va_arg(ap, unsigned), wait = va_arg(ap, unsigned);
+    va_end(ap);
+    note(submit ? 'S' : 'W');
+    for (unsigned i = 0; i < submit; i++)
+        slots[taken++] = sq_array[(*sq_head)++ & sq_mask];
+    if (lazy && !wait)
+        return submit;
+    for (int64_t i = 0; i < taken; i++) {
+        const uint64_t *sqe = sqes + 8 * slots[i];
+        uint64_t *cqe = cqes + 2 * (*cq_tail & cq_mask);
+        cqe[0] = sqe[4];
+        cqe[1] = (uint32_t)sqe[3];
+        __atomic_store_n(cq_tail, *cq_tail + 1, __ATOMIC_RELEASE);
+    }
+    taken = 0;
+    return submit;
+}

@@ -1,0 +1,156 @@
+"""Where the uring loops take their latency stamps, counted, never timed: as fio's ``lat``,
+from just before the io_uring_enter that submits an I/O to just after the call that brought
+its completion back, with none of the loop's own work between; and as fio's
+iodepth_batch_submit, how many I/Os each call of the compiled loop submits.
+
+The compiled loop (io/loops.c) is built here against a stand-in kernel
+(tests/data/loops_fake_ring.c) whose clock ticks once per read and which logs each clock
+read and each enter; the Python loop's channel (io/uring_channel.py) is run on a real ring
+with a ticking clock and its ring's calls logged."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from gpufio.core.requests import ChannelSpec
+from gpufio.io import loops, uring, uring_channel
+from gpufio.io.uring_channel import RingOptions, UringChannel
+
+FAKE = Path(__file__).with_name("data") / "loops_fake_ring.c"
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+needs_uring = pytest.mark.skipif(not uring.probe()["available"], reason="io_uring unavailable")
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory) -> ctypes.CDLL:
+    """io/loops.c with its clock and system calls those of the stand-in kernel."""
+    lib = tmp_path_factory.mktemp("loops") / "loops-fake.so"
+    subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-Dsyscall=gf_fake_syscall",
+                    "-Dclock_gettime=gf_fake_clock_gettime", "-o", str(lib),
+                    *map(str, loops.SOURCES), str(FAKE)], check=True, capture_output=True)
+    return ctypes.CDLL(str(lib))
+
+
+def fake_loop(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, depth: int,
+              batch_submit: int, lazy: bool) -> tuple[loops.NativeLoop, np.ndarray, list]:
+    """A compiled URING loop of ``depth`` slots on an in-memory ring the stand-in serves;
+    (loop, its event log, what keeps the ring's memory alive)."""
+    entries = 1 << (depth - 1).bit_length()
+    words = np.zeros(8, np.uint32)  # sq head, sq tail, sq flags, cq head, cq tail
+    sq_array = np.zeros(entries, np.uint32)
+    sqes = np.zeros((entries, 8), np.uint64)
+    sqes[:depth, 3] = 4096                       # each slot's length
+    sqes[:depth, 4] = np.arange(depth)           # and user_data: its slot
+    cqes = np.zeros((2 * entries, 2), np.uint64)
+    log = np.zeros(1 << 16, np.uint8)
+    at = [words.ctypes.data + 4 * i for i in range(5)]
+    lib.fake_ring(*[ctypes.c_void_p(a) for a in (at[0], at[1], sq_array.ctypes.data, at[4],
+                                                  sqes.ctypes.data, cqes.ctypes.data)],
+                  ctypes.c_uint32(entries - 1), ctypes.c_uint32(2 * entries - 1),
+                  ctypes.c_void_p(log.ctypes.data), ctypes.c_int64(len(log)),
+                  ctypes.c_int64(int(lazy)))
+    ring = SimpleNamespace(
+        fd=-1, sqpoll=False, sq_entries=entries, cq_entries=2 * entries,
+        ring_words={"sq_head": at[0], "sq_tail": at[1], "sq_flags": at[2], "cq_head": at[3],
+                    "cq_tail": at[4], "sqes": sqes.ctypes.data, "cqes": cqes.ctypes.data,
+                    "sq_array": sq_array.ctypes.data},
+        local_heads=lambda: (0, 0))
+    stop = np.zeros(1, np.int64)
+    bufs = np.zeros(depth * 4096, np.uint8)
+    monkeypatch.setattr(loops.native, "library", lambda name, sources: lib)
+    loop = loops.NativeLoop(loops.URING, depth=depth, bs=4096, bufs=bufs.ctypes.data,
+                            stop=stop.ctypes.data, fds=np.zeros(1, np.int64), seeds=None,
+                            magic=0, halt_on_error=True, batch=64, writes=False, ring=ring,
+                            word0=(uring.OP_READ, uring.OP_WRITE), batch_submit=batch_submit)
+    return loop, log, [words, sq_array, sqes, cqes, stop, bufs]
+
+
+def events(lib: ctypes.CDLL, log: np.ndarray) -> str:
+    return log[:lib.fake_events()].tobytes().decode()
+
+
+@needs_cc
+@pytest.mark.parametrize("lazy", [False, True], ids=["completes-at-submit", "completes-on-wait"])
+def test_compiled_loop_stamps_enclose_the_enter_calls_and_nothing_else(fake_lib, monkeypatch,
+                                                                        lazy):
+    loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=1, batch_submit=1, lazy=lazy)
+    used, k = loop.run(np.zeros(5, np.int32), np.arange(5, dtype=np.uint64) * 4096, None,
+                       1 << 62)
+    assert used == 5 and k + loop.inflight == 5
+    assert (loop.res[:k] == 4096).all()
+    ev = events(fake_lib, log)
+    # at depth 1, as fio: one call submits, and one waits only if that brought nothing back
+    per_io = "CSCWC" if lazy else "CSC"
+    assert ev.startswith(per_io * k), ev
+    # each latency is the ticks from the stamp before the submitting call to the stamp
+    # after the call that brought it back (the clock reads between are the loop's own
+    # stamps of those calls): the enters, and none of the loop's bookkeeping
+    assert loop.lat[:k].tolist() == [per_io.count("C") - 1] * k
+
+
+@needs_cc
+@pytest.mark.parametrize("batch_submit,calls", [(1, 8), (4, 2), (0, 2)])
+def test_compiled_loop_submits_batch_submit_ios_per_call(fake_lib, monkeypatch,
+                                                         batch_submit, calls):
+    loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=4, batch_submit=batch_submit,
+                                 lazy=False)
+    used, k = loop.run(np.zeros(8, np.int32), np.arange(8, dtype=np.uint64) * 4096, None,
+                       1 << 62)
+    assert used == 8 and k == 8
+    ev = events(fake_lib, log)
+    assert ev.count("S") == calls and "W" not in ev, ev
+    assert (loop.lat[:k] == 1).all()  # one call between the two stamps of every I/O
+
+
+@needs_uring
+def test_python_channel_times_each_request_around_its_enter_calls(tmp_path, monkeypatch):
+    path = tmp_path / "f.dat"
+    path.write_bytes(bytes(range(256)) * 64)
+    buf = np.zeros((4, 4096), np.uint8)
+    with open(path, "rb") as f:
+        ch = UringChannel([SimpleNamespace(path=str(path), fd=f.fileno())],
+                          ChannelSpec(4, region=(buf.ctypes.data, buf.nbytes)),
+                          options=RingOptions(batch_submit=1))
+        log: list[str] = []
+        ticks = iter(range(1, 1 << 20))
+
+        def clock() -> int:
+            log.append("C")
+            return next(ticks)
+        monkeypatch.setattr(uring_channel, "time", SimpleNamespace(perf_counter_ns=clock))
+        enter = ch.ring.submit
+
+        def logged_enter(*a, **kw) -> None:
+            log.append("E")
+            enter(*a, **kw)
+        monkeypatch.setattr(ch.ring, "submit", logged_enter)
+        try:
+            slots = np.arange(3)
+            assert ch.submit(np.zeros(3, np.int64), slots * 4096, np.full(3, 4096),
+                             np.uint64(buf.ctypes.data) + slots.astype(np.uint64) * 4096,
+                             False, slots) == 3
+            submitted = "".join(log).count("E")
+            got: dict[int, int] = {}
+            while len(got) < 3:
+                done, res = ch.reap(1_000_000_000)
+                assert (res == 4096).all()
+                got.update(zip(done.tolist(), ch.times().tolist()))
+        finally:
+            ch.close()
+    text = "".join(log)
+    # every enter is bracketed by two clock reads, and nothing else reads the clock
+    assert text.replace("CEC", "") == "", text
+    # the requests went in together with the first enter (the submit batch is the compiled
+    # loop's: a call per request would cost Python more than it saves), stamped tick 1;
+    # each one's time ends at the second stamp (an even tick) of the enter that brought
+    # it back
+    assert submitted == 0
+    for i, took in got.items():
+        assert took > 0 and (1 + took) % 2 == 0, (i, took, text)
