@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufio import profile
+from gpufio.engines import all_engines
 from gpufio.cli import app
 from gpufio.core.errors import BadInput
 from gpufio.fio.jobfile import parse
@@ -53,8 +54,8 @@ def test_unsupported_keys_are_listed_in_one_error():
     assert str(err.value) == (
         f"{DATA / 'unsupported.fio'}: fio job file gpufio cannot run as written: "
         "line 3 [global]: thinktime is not supported (none); "
-        "line 6 [job1]: iodepth_batch_submit is not supported (engines submit what is free "
-        "in one call)")
+        "line 6 [job1]: iodepth_batch_complete_min is not supported (engines reap what has "
+        "completed)")
 
 
 def test_every_problem_of_a_job_file_comes_in_one_error(monkeypatch):
@@ -66,7 +67,7 @@ def test_every_problem_of_a_job_file_comes_in_one_error(monkeypatch):
     for part in ("line 2 [global]: ioengine=posixaio has no gpufio engine (supported: ",
                  "psync -> psync", "libaio -> uring", "libcufile cuda_io=posix -> cpu-gpu",
                  "line 3 [global]: thinktime is not supported (none)",
-                 "line 6 [job1]: iodepth_batch_submit is not supported",
+                 "line 6 [job1]: iodepth_batch_complete_min is not supported",
                  "line 7 [job1]: nrfiles is not supported (list the files in filename=a:b)",
                  "line 8 [job1]: ${GPUFIO_SURELY_UNSET_VAR} is not set in the environment",
                  "line 9 [job1]: zonemode is not supported (no gpufio equivalent)"):
@@ -324,3 +325,13 @@ def test_reporting_only_options_are_accepted_with_a_note(key):
     data, notes = parse(f"[j]\n{key}\nrw=read\n", "x.fio")
     assert data["job"][0] == {"name": "j", "rw": "read"}
     assert len(notes) == 1 and notes[0].startswith(key if "=" in key else f"{key}=1")
+
+
+@pytest.mark.parametrize("key", ["iodepth_batch_submit", "iodepth_batch"])
+def test_iodepth_batch_submit_reaches_the_uring_engine(tmp_path, key):
+    """fio's I/Os per submitting call (iodepth_batch is its alias) is the uring engine's
+    own key of that name."""
+    f = tmp_path / "b.fio"
+    f.write_text(f"[j]\nioengine=io_uring\nfilename={tmp_path / 't'}\nsize=1m\n{key}=4\n")
+    (job,) = profile.load(str(f)).jobs
+    assert job.engine == "uring" and all_engines()["uring"].settings(job).iodepth_batch_submit == 4

@@ -36,6 +36,7 @@ KEYS = {
     "steadystate_duration", "ss_dur": "steadystate_duration", "steadystate_ramp_time":
     "steadystate_ramp_time", "ss_ramp": "steadystate_ramp_time",
     "rate_iops": "rate_iops", "rate_process": "rate_process",
+    "iodepth_batch_submit": "iodepth_batch_submit", "iodepth_batch": "iodepth_batch_submit",
 }
 # accepted as they are: gpufio already behaves so (random offsets never repeat within a pass,
 # jobs run one after another, results are reported per job, workers may be threads) or they
@@ -63,9 +64,7 @@ CMD_TYPES = {"nvme"}
 # what a user can do instead, for fio keys gpufio cannot honour
 EQUIVALENTS = {
     "nrfiles": "list the files in filename=a:b", "openfiles": "list the files in filename",
-    "iodepth_batch_submit": "engines submit what is free in one call",
     "iodepth_batch_complete_min": "engines reap what has completed",
-    "iodepth_batch": "engines submit what is free in one call",
     "cmd_type": "only cmd_type=nvme", "loops": "use runtime with time_based",
     "startdelay": "none", "thinktime": "none", "rate": "rate_iops: rate divided by bs",
     "cpus_allowed": "none (use taskset)", "numa_cpu_nodes": "none (use numactl)",
