@@ -86,13 +86,13 @@ class RequestQueue:
         self._dev: dict[str, Any] = {}
         self.kernels_done = True
 
-    def _arrays(self, rings: np.ndarray, slot_bytes: int, **fields: int) -> None:
-        """The slot and control arrays in GPU memory, ``rings`` (the backend's ring
+    def _arrays(self, ring_table: np.ndarray, slot_bytes: int, /, **fields: int) -> None:
+        """The slot and control arrays in GPU memory, ``ring_table`` (the backend's ring
         descriptors) beside them, and the GioQueue descriptor; ``fields``: the descriptor's
         backend words (sqe_head, pt; rings 0 where the agents take theirs as an argument)."""
         cp, slots = self._cp, self.nrings * self.depth
         d = self._dev
-        d.update(rings=cp.asarray(rings), state=cp.zeros(slots, cp.int32),
+        d.update(rings=cp.asarray(ring_table), state=cp.zeros(slots, cp.int32),
                  res=cp.zeros(slots, cp.int32), off=cp.zeros(slots, cp.uint64),
                  len_fd=cp.zeros(slots, cp.uint64),
                  control=cp.zeros(contract.CONTROL_WORDS, cp.int32),
