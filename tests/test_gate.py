@@ -342,22 +342,25 @@ def test_paired_pairs_that_disagree_pass_as_noise():
 
 
 def test_paired_identical_runs_rarely_fail_when_runs_move_more_than_their_samples():
-    """Calibration without timing: 300 tries of five interleaved pairs of identical runs;
+    """Calibration without timing: 200 tries of five interleaved pairs of identical runs;
     the runner drifts 20% between pairs, each run's level moves 4% on its own (which its ten
     sample intervals, 3% apart, cannot see), so a test counting intervals as replicates
-    would fail often. At 99% with a 5% limit, at most 1% may fail."""
+    would fail often. At 99% with a 5% limit, at most 1% may fail; check's own path
+    (median intervals, their resampled variance, the pairs combined) is followed here."""
     rng = np.random.default_rng(2026)
     failures = 0
-    for _ in range(300):
-        drift = 1000 * np.exp(rng.normal(0, 0.2, 5))
-        base, cand = [], []
-        for i, d in enumerate(drift):
-            for t, out in ((10 * i, base), (10 * i + 3, cand)):
-                level = d * math.exp(rng.normal(0, 0.04))
-                samples = list(level * np.exp(rng.normal(0, 0.03, 10)))
-                out.append(timed(float(np.mean(samples)), t, samples))
-        failures += not gate.check(cand, base, {"iops": 0.05})[0].passed
-    assert failures <= 3
+    for n in range(200):
+        logs, variances = [], []
+        for i, d in enumerate(1000 * np.exp(rng.normal(0, 0.2, 5))):
+            b, c = (list(d * math.exp(rng.normal(0, 0.04)) * np.exp(rng.normal(0, 0.03, 10)))
+                    for _ in range(2))
+            logs.append(math.log(np.median(c) / np.median(b)))
+            variances.append(spread.median_log_variance(b, c, seed=n * 5 + i))
+        got = spread.paired_interval(logs, variances, 0.99)
+        failures += got.change < -0.05 and got.high < 0
+    assert failures <= 2
+    # pairs that agree, a steady 5% apart, are a shift all the same
+    assert spread.paired_interval([0.05, 0.06, 0.04, 0.05, 0.07], [1e-4] * 5, 0.99).low > 0
 
 
 def test_paired_limits_are_proposed_from_the_pairs(tmp_path):

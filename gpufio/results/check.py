@@ -43,9 +43,9 @@ from gpufio.results.spread import (
     Spread,
     detectable,
     hist_bootstrap,
+    hist_log_variance,
     hist_percentile,
     histogram,
-    hist_log_variance,
     interval_bootstrap,
     median_log_variance,
     paired_interval,
@@ -211,6 +211,8 @@ class Mode:
 def mode_of(base: JobRuns, result: JobRuns, paired: bool | None = None) -> Mode:
     """Pair the runs when they were interleaved in time (or ``paired`` says so: then by
     their order in the files), unless ``paired`` is False; two pairs at least."""
+    if base.n == 1 and result.n == 1:
+        return Mode(None, "one run a side: no noise estimate between runs")
     found, why = pairs(base, result)
     if paired is False:
         return Mode(None, "told --unpaired")
@@ -220,8 +222,6 @@ def mode_of(base: JobRuns, result: JobRuns, paired: bool | None = None) -> Mode:
                            f"{result.n} result runs; pairing needs as many a side")
         found, why = ([(i, i) for i in range(base.n)],
                       f"told --paired, so the runs pair in file order ({why})")
-    if base.n == 1 and result.n == 1:
-        return Mode(None, "one run a side: no noise estimate between runs")
     if found is None or len(found) < 2:
         return Mode(None, f"{why}: two sets of runs; drift since the baseline was made is "
                     "in its spread only if it folds runs of several sittings")
@@ -242,7 +242,7 @@ def judge(name: str, metric: str, base: JobRuns, result: JobRuns, limit: float,
           mode: Mode | None = None) -> Finding:
     """One metric of one job: past the limit, and (with runs enough) beyond the noise;
     paired when ``mode`` pairs the runs."""
-    mode = mode or mode_of(base, result, paired=False)
+    mode = mode or mode_of(base, result)
     if mode.pairs:
         found = _judge_paired(name, metric, base, result, limit, better_higher, confidence,
                               mode)
