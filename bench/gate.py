@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
-"""Does ``gpufio check`` tell noise from a regression? Pairs of runs of one short uring job.
+"""Does ``gpufio check`` tell noise from a regression? Interleaved runs of one short uring job.
 
-For each pair: a baseline (``--repeat 5``), then three candidates of the same job, each
-``--repeat 5``: identical (a failure is a false alarm), slowed 10% and slowed 25% (rate_iops
-at 0.9x and 0.75x the baseline's median IOPS: a pass is a missed regression), each checked
-against the baseline with the issue's limits. Then the 1-run case: a 1-run baseline and a
-1-run candidate, whose verdict must say it has no noise estimate. ``--check`` exits 1 when
-a goal is missed: no false alarm, at least 19 of 20 10% slowdowns caught (the same share of
-fewer pairs), every 25% slowdown caught, the 1-run note.
+Each try (the issue's "pair") is five rounds on one runner, the way a CI job on a shared
+runner should gate: a baseline run and one run of each candidate, every run ``--repeat 1``
+with its own result file. The candidates are identical (a failure is a false alarm), slowed
+10% and slowed 25% (``rate_iops`` at 0.9x and 0.75x the IOPS of the latest baseline run
+before it: a pass is a missed regression). Rounds alternate the baseline's place, first in
+even rounds and last in odd ones, so for each candidate the runs go B C C B B C C B B C: drift
+hits both sides of a pair alike, and an order effect (a run that follows another being
+slower) cancels too; the candidates' order rotates from round to round. Each candidate's
+five runs are then checked against the five baseline runs (``gpufio check C... -b B...``),
+which pairs them by their start times, with the issue's limits. Then the 1-run case: a 1-run
+baseline and a 1-run candidate, whose verdict must say it has no noise estimate. ``--check``
+exits 1 when a goal is missed: no false alarm, at least 19 of 20 10% slowdowns caught (the
+same share of fewer tries), every 25% slowdown caught, the 1-run note.
 
-Each candidate's achieved median IOPS and the slowdown it really had against its baseline's
-median are recorded: a slowed candidate more than ``TOLERANCE`` (3 points) off its target
-(10%: 7..13%) is "invalid", not counted for or against the gate (the cap did not slow the job
-as asked, so its verdict proves nothing), and ``--check`` fails while any case is invalid.
+Each candidate's achieved slowdown is the median over its pairs of 1 - candidate / baseline
+IOPS; a slowed candidate more than ``TOLERANCE`` (3 points) off its target (10%: 7..13%) is
+"invalid", not counted for or against the gate (the cap did not slow the job as asked, so
+its verdict proves nothing), and ``--check`` fails while any case is invalid.
 
-    python3 -m bench.gate --check            # 20 pairs: run it on an idle machine
-    python3 -m bench.gate --quick --check    # 2 pairs: proves the bench works end to end
+    python3 -m bench.gate --check            # 20 tries
+    python3 -m bench.gate --quick --check    # 2 tries: proves the bench works end to end
 
 gpufio is driven through its command line only (``python3 -m gpufio`` from this checkout).
 """
@@ -76,17 +82,63 @@ def run(profile: Path, out: Path, repeat: int, *sets: str) -> dict:
     return json.loads(out.read_text())
 
 
-def check(result: Path, baseline: Path) -> tuple[int, str]:
-    """``gpufio check``'s exit code and output."""
-    res = gpufio("check", str(result), "--baseline", str(baseline), *LIMITS)
+def check(results: list[Path], baselines: list[Path]) -> tuple[int, str]:
+    """``gpufio check``'s exit code and output: the result files against the baseline's."""
+    res = gpufio("check", *map(str, results), *[a for b in baselines for a in ("-b", str(b))],
+                 *LIMITS)
     if res.returncode not in (0, 1):
         raise SystemExit(f"bench: gpufio check failed ({res.returncode}): {res.stderr.strip()}")
     return res.returncode, res.stdout + res.stderr
 
 
-def median_iops(doc: dict) -> float:
-    job = doc["jobs"][0]
-    return job["repeat"]["median"]["iops"] if "repeat" in job else job["read"]["iops"]
+def iops(doc: dict) -> float:
+    """A one-run result's IOPS."""
+    return doc["jobs"][0]["read"]["iops"]
+
+
+def rounds(n: int) -> list[list[str]]:
+    """Each round's order of runs: "base" and the cases; the baseline first in even rounds
+    and last in odd ones, the cases rotated by one each round."""
+    out = []
+    for j in range(n):
+        cases = CASES[j % len(CASES):] + CASES[:j % len(CASES)]
+        out.append(["base", *cases] if j % 2 == 0 else [*cases, "base"])
+    return out
+
+
+def one_try(profile: Path, work: Path, t: int, repeat: int) -> list[dict]:
+    """One try: ``repeat`` interleaved rounds, then each case checked against the baseline
+    runs; a verdict per case."""
+    files: dict[str, list[Path]] = {name: [] for name in ["base", *CASES]}
+    measured: dict[str, list[float]] = {name: [] for name in ["base", *CASES]}
+    targets = dict(zip(CASES, (0.0, *SLOWDOWNS)))
+    latest = None  # the IOPS of the latest baseline run
+    for j, order in enumerate(rounds(repeat)):
+        for name in order:
+            out = work / f"t{t}-r{j}-{name.replace(' ', '').replace('%', '')}.json"
+            target = targets.get(name, 0.0)
+            if target and latest is None:
+                raise SystemExit("bench: a slowed run before any baseline run")
+            sets = [f"rate_iops={math.floor((1 - target) * latest)}"] if target else []
+            got = iops(run(profile, out, 1, *sets))
+            files[name].append(out)
+            measured[name].append(got)
+            if name == "base":
+                latest = got
+    verdicts = []
+    for name, target in targets.items():
+        # the runs of a round are a pair; the achieved slowdown is the pairs' median
+        ratios = [c / b for c, b in zip(measured[name], measured["base"])]
+        slowdown, valid = achieved(target, 1.0, statistics.median(ratios))
+        rc, text = check(files[name], files["base"])
+        verdicts.append({"pair": t, "case": name, "target": target,
+                         "baseline_iops": measured["base"], "achieved_iops": measured[name],
+                         "slowdown": slowdown, "valid": valid, "failed": rc == 1,
+                         "output": text})
+        verdict = ("FAIL" if rc else "pass") if valid else f"invalid (asked {100 * target:.0f}%)"
+        print(f"try {t + 1} {name}: {verdict}; slowdown {100 * slowdown:+.1f}% "
+              f"(pairs {', '.join(f'{100 * (1 - r):+.0f}' for r in ratios)})", flush=True)
+    return verdicts
 
 
 def achieved(target: float, base_iops: float, cand_iops: float) -> tuple[float, bool]:
@@ -133,9 +185,9 @@ def goals(counts: dict[str, dict[str, int]], pairs: int, one_run_note: bool) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=20)
-    ap.add_argument("--quick", action="store_true", help="2 pairs, 1 s runs")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=20, help="tries")
+    ap.add_argument("--quick", action="store_true", help="2 tries")
+    ap.add_argument("--repeat", type=int, default=5, help="rounds (runs a side) per try")
     ap.add_argument("--runtime", default="1s")
     ap.add_argument("--directory", help="where the target file goes (default: a fresh "
                     "directory on /dev/shm, else the system's temporary directory)")
@@ -153,26 +205,11 @@ def main() -> int:
         profile.write_text(PROFILE.format(runtime=args.runtime, directory=directory))
         verdicts = []
         for i in range(pairs):
-            base = work / f"base-{i}.json"
-            rate = median_iops(run(profile, base, args.repeat))
-            for name, target in zip(CASES, (0.0, *SLOWDOWNS)):
-                sets = [f"rate_iops={math.floor((1 - target) * rate)}"] if target else []
-                cand = work / f"cand-{i}-{name.replace(' ', '').replace('%', '')}.json"
-                got = median_iops(run(profile, cand, args.repeat, *sets))
-                slowdown, valid = achieved(target, rate, got)
-                rc, text = check(cand, base)
-                verdicts.append({"pair": i, "case": name, "target": target,
-                                 "baseline_iops": rate, "achieved_iops": got,
-                                 "slowdown": slowdown, "valid": valid, "failed": rc == 1,
-                                 "output": text})
-                verdict = ("FAIL" if rc else "pass") if valid else \
-                    f"invalid (asked {100 * target:.0f}%)"
-                print(f"pair {i + 1}/{pairs} {name}: {verdict}; median {rate / 1e3:.1f} K -> "
-                      f"{got / 1e3:.1f} K IOPS, slowdown {100 * slowdown:+.1f}%", flush=True)
+            verdicts += one_try(profile, work, i, args.repeat)
         one_base, one_cand = work / "one-base.json", work / "one-cand.json"
         run(profile, one_base, 1)
         run(profile, one_cand, 1)
-        rc, text = check(one_cand, one_base)
+        rc, text = check([one_cand], [one_base])
         one_run_note = "no noise estimate" in text
         print(f"1-run baseline and candidate: rc {rc}, "
               f"{'says' if one_run_note else 'does NOT say'} it has no noise estimate")
@@ -183,8 +220,8 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     counts = tally(verdicts, CASES)
     met = goals(counts, pairs, one_run_note)
-    print(f"\ngpufio check on {pairs} pairs of {args.runtime} uring runs, --repeat "
-          f"{args.repeat}, limits {' '.join(LIMITS)}; {os.cpu_count()} CPUs, {started}")
+    print(f"\ngpufio check on {pairs} tries of {args.repeat} interleaved rounds of "
+          f"{args.runtime} uring runs, limits {' '.join(LIMITS)}; {os.cpu_count()} CPUs, {started}")
     for goal, (got, want, ok) in met.items():
         print(f"  {'ok  ' if ok else 'MISS'} {goal}: {got} (goal {want})")
     for name, target in zip(CASES[1:], SLOWDOWNS):

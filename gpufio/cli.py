@@ -248,10 +248,15 @@ def check(
                                             "pull-request comment)"),
     suggest: bool = typer.Option(False, "--suggest-limits",
                                  help="also print the tightest limit per metric that the "
-                                 "baseline's spread lets the gate detect"),
+                                 "runs let the gate detect"),
+    paired: Optional[bool] = typer.Option(None, "--paired/--unpaired",
+                                          help="compare each result run with its baseline "
+                                          "run in file order / as two sets (default: paired "
+                                          "when the runs alternate in time)"),
 ) -> None:
     """Exit 1 if a metric moved the wrong way past its limit (the profile's [check] by
-    default) and, given runs enough to tell, beyond the baseline's run-to-run noise."""
+    default) and, given runs enough to tell, beyond the noise: the pairs' when baseline and
+    result runs were interleaved, else the baseline's run-to-run spread."""
     from gpufio.results import baseline as base_file
     from gpufio.results import check as gate
     from gpufio.results import load as results
@@ -263,8 +268,8 @@ def check(
         limits = {**gate.parse_limits(max_drop, "--max-drop", rising=False, known=known),
                   **gate.parse_limits(max_rise, "--max-rise", rising=True, known=known)}
         if suggest:
-            render.render(base_file.rows(baseline, confidence), "table",
-                          title="limits the baseline's spread supports",
+            render.render(base_file.rows(baseline, confidence, found, paired), "table",
+                          title="limits the runs support",
                           left=("job", "metric"), console=_stdout_console())
         if not limits:
             limits = found[0].get("check") or {}
@@ -276,7 +281,9 @@ def check(
         warnings = gate.warnings(found, baseline)
         for warning in warnings:
             typer.echo(f"gpufio: WARNING: {warning}", err=True)
-        findings = gate.check(found, baseline, limits, confidence)
+        for name, mode in gate.modes(found, baseline, paired).items():
+            typer.echo(f"job '{name}': {mode}")
+        findings = gate.check(found, baseline, limits, confidence, paired)
         for f in findings:
             typer.echo(report.line(f))
         if os.environ.get("GITHUB_ACTIONS") == "true":

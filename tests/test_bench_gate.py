@@ -34,3 +34,15 @@ def test_goals_count_the_valid_cases_and_miss_on_an_invalid_one():
     met = gate.goals(gate.tally(verdicts, gate.CASES), pairs, one_run_note=True)
     assert not met["slowed 10% caught"][2] and met["slowdowns as asked (within 3 points)"][2]
     assert met["false failures (identical)"][2]
+
+
+def test_rounds_interleave_the_baseline_abba_and_rotate_the_cases():
+    """Each candidate's runs and the baseline's go B C C B B C: one of each side in every
+    consecutive two, so check pairs them by time and an order effect cancels."""
+    order = gate.rounds(5)
+    assert order[0] == ["base", *gate.CASES] and order[1][-1] == "base"
+    assert [r[0] if i % 2 == 0 else r[-1] for i, r in enumerate(order)] == ["base"] * 5
+    assert [r[1] for r in order[::2]] == [gate.CASES[0], gate.CASES[2], gate.CASES[1]]
+    for case in gate.CASES:
+        seq = [name for r in order for name in r if name in ("base", case)]
+        assert seq == ["base", case, case, "base", "base", case, case, "base", "base", case]

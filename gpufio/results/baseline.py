@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from gpufio.core.errors import BadInput
-from gpufio.results.check import DEFAULT_CONFIDENCE, suggest_limits
+from gpufio.results.check import DEFAULT_CONFIDENCE, mode_of, suggest_limits, suggest_paired
 from gpufio.results.load import metrics_of
 from gpufio.results.repeat import combine
 from gpufio.results.runs import side
@@ -27,23 +27,36 @@ def make(docs: list[dict[str, Any]], paths: list[str]) -> dict[str, Any]:
             raise BadInput(f"{path}: its jobs ({', '.join(mine)}) are not {paths[0]}'s "
                            f"({', '.join(names)}); a baseline holds runs of one profile")
     out = combine(docs)
+    # each run's measured window, so check can tell runs interleaved with a result's
+    for job, runs in zip(out["jobs"], side(docs).values()):
+        job["repeat"]["windows"] = [list(w) if w else None for w in runs.windows]
     out["baseline"] = {"files": list(paths), "runs": {j["jobname"]: j["repeat"]["n"]
                                                       for j in out["jobs"]}}
     return out
 
 
 def rows(docs: list[dict[str, Any]], confidence: float = DEFAULT_CONFIDENCE,
+         result: list[dict[str, Any]] | None = None, paired: bool | None = None,
          ) -> list[dict[str, Any]]:
-    """Per job and metric: the runs, their spread and the tightest limit worth setting."""
+    """Per job and metric: the runs, their spread and the tightest limit worth setting;
+    from the interleaved pairs where ``result``'s runs pair with the baseline's (check
+    then judges by them), else from the baseline's own spread."""
     known = metrics_of(docs[0])
-    limits = suggest_limits(docs, confidence)
+    base_side = side(docs)
+    cand_side = side(result) if result else {}
     out = []
-    for name, runs in side(docs).items():
-        for metric, limit in limits.get(name, {}).items():
+    for name, runs in base_side.items():
+        mode = mode_of(runs, cand_side[name], paired) if name in cand_side else None
+        if mode is not None and mode.pairs:
+            limits, source = (suggest_paired(runs, cand_side[name], mode, confidence),
+                              f"{len(mode.pairs)} interleaved pairs")
+        else:
+            limits, source = suggest_limits(docs, confidence).get(name, {}), "baseline's runs"
+        for metric, limit in limits.items():
             values = [m[metric] for m in runs.metrics]
             flag = "--max-drop" if known[metric].higher_is_better else "--max-rise"
             out.append({"job": name, "metric": metric, "runs": runs.n,
-                        "spread": str(spread(values)),
+                        "spread": str(spread(values)), "from": source,
                         f"limit at {100 * confidence:g}%":
                         f"{flag} {metric}={_ceil_pct(limit)}" if limit is not None else
                         f"needs {runs_needed(confidence)} runs"})

@@ -1,18 +1,33 @@
-"""``gpufio check``: fail CI when a path got slower than its stored baseline, not on noise.
+"""``gpufio check``: fail CI when a path got slower than its baseline, not on noise.
 
 Thresholds say how far each metric may move the wrong way (``--max-drop iops=5%``,
 ``--max-rise lat_p99=10%``, or the profile's ``[check]`` table, which runs embed in their
-results). With several runs a side (``--repeat``, several files, a ``gpufio baseline``
-file) a metric fails only when its change is past the limit and its rank-based interval
-(results/spread.py) lies wholly on the worse side: a change the baseline's own
-run-to-run spread does not explain. With fewer runs the limit alone decides, and the
-finding says there was no noise estimate. Latency percentiles compare the runs' merged
-histograms where the files keep them.
+results). A metric fails only when its change is past the limit and its interval lies
+wholly on the worse side: a change the noise does not explain. Which noise depends on how
+the runs were made (``Mode``), and every finding says which:
+
+- **paired**: baseline and result runs alternated on one runner (A B A B, or A B B A;
+  seen from the runs' start times, or ``--paired``). Each result run is compared with its
+  neighbouring baseline run, so the runner's drift, which hits both alike, cancels; the
+  pairs' log ratios are combined by a random-effects mean whose interval (Hartung-Knapp,
+  results/spread.py) comes from the pairs' own scatter, with each pair weighted by its
+  runs' within-run samples. This is the mode for a shared, drifting runner.
+- **unpaired**: a stored baseline (``--repeat``, several files, a ``gpufio baseline`` file)
+  against the result's runs, by the rank-based interval of the two sets of runs: the
+  baseline's run-to-run spread, which covers drift between sittings only if the baseline
+  folds runs of several sittings.
+- **one run a side**: there is no noise estimate between runs; the runs' own interval
+  samples (or latency histograms) give the interval, which sees noise within a run only,
+  and the finding says so. Without samples the limit alone decides.
+
+Latency percentiles compare histograms where the files keep them (merged over the runs
+when unpaired, each run's own when paired).
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -23,14 +38,17 @@ from gpufio.core.errors import BadInput
 from gpufio.core.job import directions
 from gpufio.results import DEFAULT_CONFIDENCE, trend
 from gpufio.results.load import METRICS, Metric, jobs_by_name, metrics_of, setup_facts
-from gpufio.results.runs import JobRuns, side
+from gpufio.results.runs import JobRuns, pairs, side
 from gpufio.results.spread import (
     Spread,
     detectable,
     hist_bootstrap,
+    hist_log_variance,
     hist_percentile,
     histogram,
     interval_bootstrap,
+    median_log_variance,
+    paired_interval,
     rank_interval,
     runs_needed,
     seed_of,
@@ -60,6 +78,8 @@ class Finding:
     runs: tuple[int, int] = (0, 0)  # baseline runs, result runs
     note: str = ""
     basis: str = ""  # where the values come from when not the runs' own figures
+    mode: str = ""  # paired / unpaired / one run a side, and why
+    pair_ratios: tuple[float, ...] = ()  # paired: each pair's result / baseline - 1
 
     @property
     def verdict(self) -> str:
@@ -176,9 +196,58 @@ def _pct(bounds: tuple[float, float] | None) -> tuple[float, float] | None:
     return None if bounds is None else (100 * bounds[0], 100 * bounds[1])
 
 
+@dataclass(frozen=True)
+class Mode:
+    """How one job's runs are compared: in pairs (baseline run index, result run index),
+    or not (None), and why."""
+
+    pairs: list[tuple[int, int]] | None
+    why: str
+
+    def __str__(self) -> str:
+        return f"{'paired' if self.pairs else 'unpaired'}: {self.why}"
+
+
+def mode_of(base: JobRuns, result: JobRuns, paired: bool | None = None) -> Mode:
+    """Pair the runs when they were interleaved in time (or ``paired`` says so: then by
+    their order in the files), unless ``paired`` is False; two pairs at least."""
+    if base.n == 1 and result.n == 1:
+        return Mode(None, "one run a side: no noise estimate between runs")
+    found, why = pairs(base, result)
+    if paired is False:
+        return Mode(None, "told --unpaired")
+    if paired and found is None:
+        if base.n != result.n:
+            raise BadInput(f"--paired: job '{base.name}' has {base.n} baseline and "
+                           f"{result.n} result runs; pairing needs as many a side")
+        found, why = ([(i, i) for i in range(base.n)],
+                      f"told --paired, so the runs pair in file order ({why})")
+    if found is None or len(found) < 2:
+        return Mode(None, f"{why}: two sets of runs; drift since the baseline was made is "
+                    "in its spread only if it folds runs of several sittings")
+    return Mode(found, why)
+
+
+def _no_estimate(b: list[float], r: list[float], confidence: float, positive: bool) -> str:
+    """Why the runs give no noise estimate between runs."""
+    need = runs_needed(confidence)
+    return ("values not all positive" if not positive else
+            f"{len(b)} baseline run{'s' * (len(b) != 1)} and {len(r)} result "
+            f"run{'s' * (len(r) != 1)}; {100 * confidence:g}% needs {need} a side or "
+            "2 interleaved pairs")
+
+
 def judge(name: str, metric: str, base: JobRuns, result: JobRuns, limit: float,
-          better_higher: bool, confidence: float = DEFAULT_CONFIDENCE) -> Finding:
-    """One metric of one job: past the limit, and (with runs enough) beyond the noise."""
+          better_higher: bool, confidence: float = DEFAULT_CONFIDENCE,
+          mode: Mode | None = None) -> Finding:
+    """One metric of one job: past the limit, and (with runs enough) beyond the noise;
+    paired when ``mode`` pairs the runs."""
+    mode = mode or mode_of(base, result)
+    if mode.pairs:
+        found = _judge_paired(name, metric, base, result, limit, better_higher, confidence,
+                              mode)
+        if found is not None:
+            return found
     got = _values(base, result, metric, confidence)
     b, r, bv, rv = got.base, got.result, got.base_value, got.value
     change = (rv / bv - 1) if bv else 0.0
@@ -188,18 +257,26 @@ def judge(name: str, metric: str, base: JobRuns, result: JobRuns, limit: float,
             f"(limit {100 * limit:g}%)")
     common = dict(limit_pct=100 * limit, change_pct=100 * change, confidence=confidence,
                   spread=spread(b) if len(b) > 1 else None, runs=(len(b), len(r)),
-                  basis=got.basis)
+                  basis=got.basis, mode=str(mode))
     positive = all(v > 0 for v in b + r)
     interval = rank_interval(b, r, confidence) if positive else None
     if interval is None:
-        need = runs_needed(confidence)
-        why = ("values not all positive" if not positive else
-               f"{len(b)} baseline run{'s' * (len(b) != 1)} and {len(r)} result "
-               f"run{'s' * (len(r) != 1)}; {100 * confidence:g}% needs {need} a side")
-        note = f"no noise estimate ({why}): decided by the limit alone"
-        return Finding(name, metric, bv, rv, passed=not past, why=said if past else "",
-                       interval=_pct(_within_run(got.within, confidence, seed_of(name, metric))),
-                       note=note, **common)
+        why = _no_estimate(b, r, confidence, positive)
+        within = _within_run(got.within, confidence, seed_of(name, metric))
+        if within is None or len(b) != 1 or len(r) != 1:
+            return Finding(name, metric, bv, rv, passed=not past, why=said if past else "",
+                           interval=_pct(within), note=f"no noise estimate ({why}): "
+                           "decided by the limit alone", **common)
+        # one run a side: the runs' own samples are the only noise there is to go by; they
+        # see noise within a run, not drift between runs, so the note says so
+        beyond = within[1] < 0 if better_higher else within[0] > 0
+        note = (f"no noise estimate between runs ({why}): judged by the runs' own interval "
+                "samples, which do not see drift between runs")
+        if past and not beyond:
+            note = f"past the limit but within the runs' own samples; {note}"
+        return Finding(name, metric, bv, rv, passed=not (past and beyond),
+                       why=f"{said}, beyond the runs' own samples" if past and beyond else "",
+                       interval=_pct(within), note=note, **common)
     beyond = interval[1] < 0 if better_higher else interval[0] > 0
     note = ""
     if past and not beyond:
@@ -210,11 +287,76 @@ def judge(name: str, metric: str, base: JobRuns, result: JobRuns, limit: float,
                    interval=_pct(interval), noise=True, note=note, **common)
 
 
+def _run_values(runs: JobRuns, metric: str) -> tuple[list[float], str, str]:
+    """Each run's own value of ``metric``, what it comes from (a basis for the finding)
+    and which within-run samples back it: "intervals" (an IOPS metric's median interval),
+    "hist" (a latency percentile from the run's histogram) or "" (the run's figure)."""
+    pct = _percentile_of(metric)
+    if pct is not None and runs.bins and all(b.get(pct[0]) for b in runs.bins):
+        hists = [histogram(b[pct[0]]) for b in runs.bins]
+        if all(h.sum() for h in hists):
+            return [hist_percentile(h, pct[1]) / 1e3 for h in hists], "runs' histograms", "hist"
+    medians = _interval_medians(runs, metric)
+    if medians:
+        return medians, "runs' median intervals", "intervals"
+    return [m[metric] for m in runs.metrics], "", ""
+
+
+def _pair_variance(base: JobRuns, result: JobRuns, metric: str, kind: str, i: int, j: int,
+                   seed: int) -> float | None:
+    """The within-run variance of one pair's log ratio, from its two runs' samples."""
+    if kind == "intervals":
+        return median_log_variance(base.intervals[i], result.intervals[j], seed)
+    if kind == "hist":
+        d, p = _percentile_of(metric)  # type: ignore[misc]
+        return hist_log_variance(histogram(base.bins[i][d]), histogram(result.bins[j][d]), p,
+                                 seed)
+    return None
+
+
+def _judge_paired(name: str, metric: str, base: JobRuns, result: JobRuns, limit: float,
+                  better_higher: bool, confidence: float, mode: Mode) -> Finding | None:
+    """One metric over interleaved pairs (spread.paired_interval); None where a value is
+    not positive (the unpaired test then decides)."""
+    bvals, basis, kind = _run_values(base, metric)
+    rvals, rbasis, rkind = _run_values(result, metric)
+    if kind != rkind:  # one side kept samples the other did not: compare the runs' figures
+        bvals, rvals = ([m[metric] for m in base.metrics], [m[metric] for m in result.metrics])
+        basis, kind = "", ""
+    if not all(v > 0 for v in bvals + rvals):
+        return None
+    assert mode.pairs is not None
+    logs = [math.log(rvals[j] / bvals[i]) for i, j in mode.pairs]
+    variances = [_pair_variance(base, result, metric, kind, i, j, seed_of(name, metric, str(n)))
+                 for n, (i, j) in enumerate(mode.pairs)]
+    got = paired_interval(logs, None if None in variances else variances, confidence)
+    if got is None:
+        return None
+    change = got.change
+    worse = -change if better_higher else change
+    past = worse > limit
+    beyond = got.high < 0 if better_higher else got.low > 0
+    note = ""
+    if past and not beyond:
+        note = (f"past the limit but within the noise: the {100 * confidence:g}% interval "
+                "over the pairs includes no change")
+    said = (f"{metric} {'fell' if change < 0 else 'rose'} {abs(100 * change):.1f}% "
+            f"(limit {100 * limit:g}%), beyond the pairs' noise")
+    return Finding(name, metric, statistics.median(bvals), statistics.median(rvals),
+                   limit_pct=100 * limit, change_pct=100 * change,
+                   passed=not (past and beyond), why=said if past and beyond else "",
+                   interval=(100 * got.low, 100 * got.high), noise=True,
+                   confidence=confidence, spread=spread(bvals), runs=(base.n, result.n),
+                   note=note, basis=basis, mode=str(mode),
+                   pair_ratios=tuple(math.expm1(x) for x in logs))
+
+
 def check(result: dict[str, Any] | list[dict[str, Any]],
           baseline: dict[str, Any] | list[dict[str, Any]], limits: dict[str, float],
-          confidence: float = DEFAULT_CONFIDENCE) -> list[Finding]:
+          confidence: float = DEFAULT_CONFIDENCE, paired: bool | None = None) -> list[Finding]:
     """Every (job, metric) with a limit, judged against the baseline; each side is one
-    result document or several (their runs together)."""
+    result document or several (their runs together). ``paired``: None pairs the runs
+    when they interleave in time, True pairs them in file order, False never."""
     results_ = result if isinstance(result, list) else [result]
     baselines = baseline if isinstance(baseline, list) else [baseline]
     base_jobs, jobs = side(baselines), side(results_)
@@ -222,6 +364,7 @@ def check(result: dict[str, Any] | list[dict[str, Any]],
     findings = []
     for name in dict.fromkeys(list(base_jobs) + list(jobs)):
         b, r = base_jobs.get(name), jobs.get(name)
+        mode = mode_of(b, r, paired) if b is not None and r is not None else None
         for metric, limit in limits.items():
             if b is None or r is None:
                 where = "baseline" if b is None else "result"
@@ -239,8 +382,16 @@ def check(result: dict[str, Any] | list[dict[str, Any]],
                                         "(the job's rw differs)"))
                 continue
             findings.append(judge(name, metric, b, r, limit, known[metric].higher_is_better,
-                                  confidence))
+                                  confidence, mode))
     return findings
+
+
+def modes(result: list[dict[str, Any]], baseline: list[dict[str, Any]],
+          paired: bool | None = None) -> dict[str, Mode]:
+    """How each job present on both sides is compared, for the line check prints first."""
+    base_jobs, jobs = side(baseline), side(result)
+    return {name: mode_of(base_jobs[name], runs, paired)
+            for name, runs in jobs.items() if name in base_jobs}
 
 
 def suggest_limits(baseline: list[dict[str, Any]],
@@ -261,6 +412,27 @@ def suggest_limits(baseline: list[dict[str, Any]],
                 rise = 1 - 1 / (1 + rise)  # the same shift, as a fall
             mine[metric] = rise
         out[name] = mine
+    return out
+
+
+def suggest_paired(base: JobRuns, result: JobRuns, mode: Mode,
+                   confidence: float = DEFAULT_CONFIDENCE) -> dict[str, float | None]:
+    """Each metric's smallest change these interleaved pairs could show at ``confidence``
+    (a fraction, a fall for metrics better higher): their interval's half width, the
+    tightest limit worth setting for runs made this way."""
+    known = metrics_of({"jobs": [base.job]})
+    out: dict[str, float | None] = {}
+    assert mode.pairs is not None
+    for metric, m in known.items():
+        if not all(metric in x for x in base.metrics + result.metrics):
+            continue
+        found = _judge_paired(base.name, metric, base, result, 0.0, m.higher_is_better,
+                              confidence, mode)
+        if found is None or found.interval is None:
+            continue
+        low, high = (math.log1p(x / 100) for x in found.interval)
+        half = (high - low) / 2
+        out[metric] = -math.expm1(-half) if m.higher_is_better else math.expm1(half)
     return out
 
 

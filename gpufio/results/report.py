@@ -23,14 +23,27 @@ def interval_text(f: Finding) -> str:
             f"{_pct(f.interval[0])}..{_pct(f.interval[1])}")
 
 
+def noise_text(f: Finding) -> str:
+    """What noise the interval is against: the pairs' ratios, or the baseline's spread."""
+    if f.pair_ratios:
+        lo, hi = min(f.pair_ratios), max(f.pair_ratios)
+        return f"{len(f.pair_ratios)} interleaved pairs, ratios {_pct(100 * lo)}..{_pct(100 * hi)}"
+    if f.spread:
+        return f"baseline spread {f.spread}"
+    return f"{f.runs[0]} baseline run{'s' * (f.runs[0] != 1)}"
+
+
 def _reason(f: Finding) -> str:
     if f.change_pct is None:
         return f.why
     said = ""
     if not f.passed:
         moved = "fell" if f.change_pct < 0 else "rose"
-        said = (f"{f.metric} {moved} {abs(f.change_pct):.1f}%, past the limit"
-                + (", beyond the baseline's noise" if f.noise else ""))
+        beyond = (", beyond the pairs' noise" if f.pair_ratios else
+                  ", beyond the baseline's noise" if f.noise else
+                  ", beyond the runs' own samples"
+                  if f.note.startswith("no noise estimate between") else "")
+        said = f"{f.metric} {moved} {abs(f.change_pct):.1f}%, past the limit{beyond}"
     return "; ".join(p for p in (said, f.note) if p)
 
 
@@ -40,8 +53,7 @@ def line(f: Finding) -> str:
     head = f"{f.verdict:<4} {f.job} {f.metric}: "
     if f.change_pct is None:
         return head + f.why
-    runs = (f"baseline spread {f.spread}" if f.spread else
-            f"{f.runs[0]} baseline run{'s' * (f.runs[0] != 1)}")
+    runs = noise_text(f)
     basis = f"; from the {f.basis}" if f.basis else ""
     reason = _reason(f)
     return (head + f"{_pct(f.change_pct)}, {interval_text(f)} (limit {f.limit_pct:g}%; "
@@ -99,10 +111,12 @@ def markdown(findings: list[Finding], warnings: list[str]) -> str:
             f"{_pct(f.interval[0])}..{_pct(f.interval[1])}"
             + ("" if f.noise else " (within one run)"),
             "limit": f"{f.limit_pct:g}%",
-            "baseline spread": str(f.spread) if f.spread else f"{f.runs[0]} run",
+            "noise": noise_text(f),
             "from": f.basis or "runs",
             "note": _reason(f)})
-    text = head + "\n\n" + render_rows(rows, "markdown")
+    modes = {f.job: f.mode for f in findings if f.mode}
+    said = "".join(f"- job `{job}`: {mode}\n" for job, mode in modes.items())
+    text = head + "\n\n" + (said + "\n" if said else "") + render_rows(rows, "markdown")
     if warnings:
         text += "\n" + "".join(f"- {w}\n" for w in warnings)
     return text
