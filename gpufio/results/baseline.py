@@ -27,9 +27,6 @@ def make(docs: list[dict[str, Any]], paths: list[str]) -> dict[str, Any]:
             raise BadInput(f"{path}: its jobs ({', '.join(mine)}) are not {paths[0]}'s "
                            f"({', '.join(names)}); a baseline holds runs of one profile")
     out = combine(docs)
-    # each run's measured window, so check can tell runs interleaved with a result's
-    for job, runs in zip(out["jobs"], side(docs).values()):
-        job["repeat"]["windows"] = [list(w) if w else None for w in runs.windows]
     out["baseline"] = {"files": list(paths), "runs": {j["jobname"]: j["repeat"]["n"]
                                                       for j in out["jobs"]}}
     return out

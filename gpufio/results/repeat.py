@@ -36,6 +36,8 @@ def combine(docs: list[dict[str, Any]]) -> dict[str, Any]:
             "min": {k: min(m[k] for m in metrics) for k in keys},
             "max": {k: max(m[k] for m in metrics) for k in keys},
             "lat_bins": every.bins, "intervals": every.intervals,
+            # each run's measured window, so check can pair runs interleaved with others
+            "windows": [list(w) if w else None for w in every.windows],
         }
         chosen["error"] = max(r["error"] for r in runs)
         jobs.append(chosen)
