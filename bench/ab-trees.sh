@@ -10,6 +10,7 @@ export PYTHONUNBUFFERED=1
 HEAD=$PWD
 BASE=$(cd "${1:?usage: bench/ab-trees.sh BASE}" && pwd)
 mkdir -p /mnt/gt && mount -t tmpfs -o size=3g tmpfs /mnt/gt
+trap "umount /mnt/gt" EXIT  # the file is 2 GiB of RAM: give it back
 cat > /tmp/prep.toml <<P
 [global]
 targets = ["/mnt/gt/t.dat"]
