@@ -136,16 +136,27 @@ def _percentile_band(ratios: np.ndarray, confidence: float) -> tuple[float, floa
     return float(lo) - 1, float(hi) - 1
 
 
-def interval_bootstrap(base: Sequence[float], cand: Sequence[float], confidence: float,
-                       seed: int) -> tuple[float, float] | None:
-    """Within-run interval of mean(cand) / mean(base) - 1 from the runs' per-interval rates,
-    each side resampled with replacement; None without a few intervals a side."""
+def _redrawn(base: Sequence[float], cand: Sequence[float],
+             seed: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each run's per-interval rates redrawn with replacement, BOOTSTRAP_REPS rows a side
+    (the baseline's drawn first, from a generator seeded by ``seed``); None without a few
+    intervals a side."""
     if len(base) < 4 or len(cand) < 4:
         return None
     rng = np.random.default_rng(seed)
     b, c = np.asarray(base, dtype=np.float64), np.asarray(cand, dtype=np.float64)
-    bm = b[rng.integers(0, len(b), (BOOTSTRAP_REPS, len(b)))].mean(axis=1)
-    cm = c[rng.integers(0, len(c), (BOOTSTRAP_REPS, len(c)))].mean(axis=1)
+    return (b[rng.integers(0, len(b), (BOOTSTRAP_REPS, len(b)))],
+            c[rng.integers(0, len(c), (BOOTSTRAP_REPS, len(c)))])
+
+
+def interval_bootstrap(base: Sequence[float], cand: Sequence[float], confidence: float,
+                       seed: int) -> tuple[float, float] | None:
+    """Within-run interval of mean(cand) / mean(base) - 1 from the runs' per-interval rates,
+    each side resampled with replacement; None without a few intervals a side."""
+    redrawn = _redrawn(base, cand, seed)
+    if redrawn is None:
+        return None
+    bm, cm = (x.mean(axis=1) for x in redrawn)
     keep = bm > 0
     return _percentile_band(cm[keep] / bm[keep], confidence) if keep.any() else None
 
@@ -232,14 +243,12 @@ def paired_interval(logs: Sequence[float], variances: Sequence[float] | None,
 def median_log_variance(base: Sequence[float], cand: Sequence[float], seed: int) -> float | None:
     """The within-run variance of log(median(cand) / median(base)) of two runs' interval
     rates, each run's intervals resampled with replacement; None without a few a side."""
-    if len(base) < 4 or len(cand) < 4:
+    if min(base, default=0) <= 0 or min(cand, default=0) <= 0:
         return None
-    rng = np.random.default_rng(seed)
-    b, c = np.asarray(base, dtype=np.float64), np.asarray(cand, dtype=np.float64)
-    if (b <= 0).any() or (c <= 0).any():
+    redrawn = _redrawn(base, cand, seed)
+    if redrawn is None:
         return None
-    bm = np.median(b[rng.integers(0, len(b), (BOOTSTRAP_REPS, len(b)))], axis=1)
-    cm = np.median(c[rng.integers(0, len(c), (BOOTSTRAP_REPS, len(c)))], axis=1)
+    bm, cm = (np.median(x, axis=1) for x in redrawn)
     return float(np.var(np.log(cm) - np.log(bm)))
 
 
