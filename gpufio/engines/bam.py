@@ -512,10 +512,9 @@ class StandIn(Channel):
         if spec.memory != HOST:
             raise BadInput(f"job '{job.name}': engine 'bam''s CPU stand-in moves host memory "
                            "only")
+        # the files come unopened or closed (Capability.descriptors: the block loop closes
+        # its targets, the gather opens none)
         bdf, self._nsid = _namespaces(job, files)
-        for f in files:  # an open one would pin the controller's old instance (see Bam)
-            if hasattr(f, "close"):
-                f.close()
         depth = spec.depth
         self._shared, self.pair = _Shared.acquire(bdf, spec.writes, max(job.numjobs, 1),
                                                   depth + 1)
