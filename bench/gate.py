@@ -15,6 +15,14 @@ baseline and a 1-run candidate, whose verdict must say it has no noise estimate.
 exits 1 when a goal is missed: no false alarm, at least 19 of 20 10% slowdowns caught (the
 same share of fewer tries), every 25% slowdown caught, the 1-run note.
 
+The machine's own noise sets what any gate can do, so the bench measures it beside the goals:
+after each round fio runs the same job twice on the same file (when fio is on PATH or given),
+and the spread of those consecutive pairs' log ratios, and of gpufio's identical pairs', gives
+the smallest slowdown that ``repeat`` pairs could catch 19 times in 20 at ``check``'s default
+confidence with no false alarm, for a test that knew the noise exactly (``floor``): no
+statistic on those runs does better. ``--noise-only`` measures just that (identical pairs and
+fio's), e.g. to see whether longer runs would help (``--runtime 5s``).
+
 Each candidate's achieved slowdown is the median over its pairs of 1 - candidate / baseline
 IOPS; a slowed candidate more than ``TOLERANCE`` (3 points) off its target (10%: 7..13%) is
 "invalid", not counted for or against the gate (the cap did not slow the job as asked, so
@@ -22,6 +30,7 @@ its verdict proves nothing), and ``--check`` fails while any case is invalid.
 
     python3 -m bench.gate --check            # 20 tries
     python3 -m bench.gate --quick --check    # 2 tries: proves the bench works end to end
+    python3 -m bench.gate --noise-only --runtime 5s   # the noise floor of 5 s runs
 
 gpufio is driven through its command line only (``python3 -m gpufio`` from this checkout).
 """
@@ -39,8 +48,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import NormalDist
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from gpufio.results.check import DEFAULT_CONFIDENCE  # noqa: E402  (after the path above)
+
 LIMITS = ["--max-drop", "iops=5%", "--max-rise", "lat_p99=10%"]
 SLOWDOWNS = (0.10, 0.25)
 # how far a slowed candidate's achieved slowdown may be from its target (in fractions)
@@ -82,6 +95,41 @@ def run(profile: Path, out: Path, repeat: int, *sets: str) -> dict:
     return json.loads(out.read_text())
 
 
+def run_fio(fio: str, target: Path, runtime: str) -> float:
+    """fio running the gate's job on gpufio's laid-out file; its IOPS."""
+    res = subprocess.run([fio, "--name=gate", "--ioengine=io_uring", f"--filename={target}",
+                          "--direct=1", "--rw=randread", "--bs=4k", "--iodepth=8",
+                          f"--runtime={runtime}", "--ramp_time=200ms", "--time_based",
+                          "--output-format=json"], text=True, capture_output=True)
+    if res.returncode != 0:
+        raise SystemExit(f"bench: fio failed ({res.returncode}): {res.stderr.strip()}")
+    return json.loads(res.stdout)["jobs"][0]["read"]["iops"]
+
+
+def noise(pairs: list[tuple[float, float]]) -> float | None:
+    """The spread (sample standard deviation) of log(second / first) over pairs of identical
+    runs: what one pair's log ratio scatters by on this machine."""
+    logs = [math.log(b / a) for a, b in pairs]
+    return statistics.stdev(logs) if len(logs) > 1 else None
+
+
+def floor(sigma: float, pairs: int, confidence: float = DEFAULT_CONFIDENCE,
+          power: float = 0.95) -> float:
+    """The smallest slowdown (a fraction) that the mean of ``pairs`` log ratios, each
+    scattering by ``sigma``, shows past a two-sided ``confidence`` bound with probability
+    ``power``, the noise being known exactly: (z_conf + z_power) sigma / sqrt(pairs). A test
+    that must estimate the noise from the same pairs (check's t interval) needs more."""
+    z = NormalDist().inv_cdf
+    return -math.expm1(-(z((1 + confidence) / 2) + z(power)) * sigma / math.sqrt(pairs))
+
+
+def sigma_for(slowdown: float, pairs: int, confidence: float = DEFAULT_CONFIDENCE,
+              power: float = 0.95) -> float:
+    """The largest pair spread at which ``floor`` still reaches ``slowdown``."""
+    z = NormalDist().inv_cdf
+    return -math.log1p(-slowdown) * math.sqrt(pairs) / (z((1 + confidence) / 2) + z(power))
+
+
 def check(results: list[Path], baselines: list[Path]) -> tuple[int, str]:
     """``gpufio check``'s exit code and output: the result files against the baseline's."""
     res = gpufio("check", *map(str, results), *[a for b in baselines for a in ("-b", str(b))],
@@ -96,24 +144,28 @@ def iops(doc: dict) -> float:
     return doc["jobs"][0]["read"]["iops"]
 
 
-def rounds(n: int) -> list[list[str]]:
+def rounds(n: int, cases: list[str] = CASES) -> list[list[str]]:
     """Each round's order of runs: "base" and the cases; the baseline first in even rounds
     and last in odd ones, the cases rotated by one each round."""
     out = []
+    every = cases
     for j in range(n):
-        cases = CASES[j % len(CASES):] + CASES[:j % len(CASES)]
+        cases = every[j % len(every):] + every[:j % len(every)]
         out.append(["base", *cases] if j % 2 == 0 else [*cases, "base"])
     return out
 
 
-def one_try(profile: Path, work: Path, t: int, repeat: int) -> list[dict]:
-    """One try: ``repeat`` interleaved rounds, then each case checked against the baseline
+def one_try(profile: Path, work: Path, t: int, repeat: int, cases: list[str],
+            fio: str | None, fio_pairs: list[tuple[float, float]],
+            runtime: str) -> list[dict]:
+    """One try: ``repeat`` interleaved rounds, each followed by fio's pair of identical runs
+    (into ``fio_pairs``) when ``fio`` is given, then each case checked against the baseline
     runs; a verdict per case."""
-    files: dict[str, list[Path]] = {name: [] for name in ["base", *CASES]}
-    measured: dict[str, list[float]] = {name: [] for name in ["base", *CASES]}
-    targets = dict(zip(CASES, (0.0, *SLOWDOWNS)))
+    files: dict[str, list[Path]] = {name: [] for name in ["base", *cases]}
+    measured: dict[str, list[float]] = {name: [] for name in ["base", *cases]}
+    targets = dict(zip(cases, (0.0, *SLOWDOWNS)))
     latest = None  # the IOPS of the latest baseline run
-    for j, order in enumerate(rounds(repeat)):
+    for j, order in enumerate(rounds(repeat, cases)):
         for name in order:
             out = work / f"t{t}-r{j}-{name.replace(' ', '').replace('%', '')}.json"
             target = targets.get(name, 0.0)
@@ -125,6 +177,9 @@ def one_try(profile: Path, work: Path, t: int, repeat: int) -> list[dict]:
             measured[name].append(got)
             if name == "base":
                 latest = got
+        if fio:
+            target = laid_out(json.loads(files["base"][-1].read_text()))
+            fio_pairs.append((run_fio(fio, target, runtime), run_fio(fio, target, runtime)))
     verdicts = []
     for name, target in targets.items():
         # the runs of a round are a pair; the achieved slowdown is the pairs' median
@@ -139,6 +194,11 @@ def one_try(profile: Path, work: Path, t: int, repeat: int) -> list[dict]:
         print(f"try {t + 1} {name}: {verdict}; slowdown {100 * slowdown:+.1f}% "
               f"(pairs {', '.join(f'{100 * (1 - r):+.0f}' for r in ratios)})", flush=True)
     return verdicts
+
+
+def laid_out(doc: dict) -> Path:
+    """The file gpufio laid out for the gate's job (fio reads the same one)."""
+    return Path(doc["jobs"][0]["targets"][0]["path"])
 
 
 def achieved(target: float, base_iops: float, cand_iops: float) -> tuple[float, bool]:
@@ -183,6 +243,23 @@ def goals(counts: dict[str, dict[str, int]], pairs: int, one_run_note: bool) -> 
 
 
 
+def noise_floor(sigmas: dict[str, float | None], repeat: int) -> dict:
+    """Each tool's pair spread and the floor it sets for ``repeat`` pairs, against the
+    spread each slowdown goal needs; the lines to print and the numbers to keep."""
+    need = {f"{int(100 * s)}%": sigma_for(s, repeat) for s in SLOWDOWNS}
+    lines = [f"noise floor (a test knowing the noise exactly, {repeat} pairs, "
+             f"{100 * DEFAULT_CONFIDENCE:g}% two-sided, caught 19 of 20): "
+             + ", ".join(f"{k} needs a pair spread <= {v:.3f}" for k, v in need.items())]
+    for tool, sigma in sigmas.items():
+        if sigma is None:
+            continue
+        lines.append(f"{tool} identical pairs: log-ratio spread {sigma:.3f}; smallest "
+                     f"slowdown catchable {100 * floor(sigma, repeat):.0f}%")
+    return {"lines": lines, "noise": {"sigma": sigmas, "sigma_needed": need,
+                                      "floor": {t: floor(s, repeat) for t, s in
+                                                sigmas.items() if s is not None}}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=20, help="tries")
@@ -193,8 +270,15 @@ def main() -> int:
                     "directory on /dev/shm, else the system's temporary directory)")
     ap.add_argument("--output", help="write the tallies and every verdict as JSON here")
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    ap.add_argument("--fio", default=shutil.which("fio"),
+                    help="fio binary for the noise floor (default: on PATH; none: gpufio's "
+                    "identical pairs alone)")
+    ap.add_argument("--noise-only", action="store_true",
+                    help="only identical pairs (gpufio's and fio's) and the noise floor; "
+                    "no goals")
     args = ap.parse_args()
     pairs = 2 if args.quick else args.pairs
+    cases = CASES[:1] if args.noise_only else CASES
     own = args.directory is None
     base_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
     directory = Path(args.directory or tempfile.mkdtemp(prefix="gpufio-gate-", dir=base_dir))
@@ -203,25 +287,42 @@ def main() -> int:
     try:
         profile = work / "gate.toml"
         profile.write_text(PROFILE.format(runtime=args.runtime, directory=directory))
-        verdicts = []
+        verdicts: list[dict] = []
+        fio_pairs: list[tuple[float, float]] = []
         for i in range(pairs):
-            verdicts += one_try(profile, work, i, args.repeat)
-        one_base, one_cand = work / "one-base.json", work / "one-cand.json"
-        run(profile, one_base, 1)
-        run(profile, one_cand, 1)
-        rc, text = check([one_cand], [one_base])
-        one_run_note = "no noise estimate" in text
-        print(f"1-run baseline and candidate: rc {rc}, "
-              f"{'says' if one_run_note else 'does NOT say'} it has no noise estimate")
+            verdicts += one_try(profile, work, i, args.repeat, cases, args.fio, fio_pairs,
+                                args.runtime)
+        one_run_note = False
+        if not args.noise_only:
+            one_base, one_cand = work / "one-base.json", work / "one-cand.json"
+            run(profile, one_base, 1)
+            run(profile, one_cand, 1)
+            rc, text = check([one_cand], [one_base])
+            one_run_note = "no noise estimate" in text
+            print(f"1-run baseline and candidate: rc {rc}, "
+                  f"{'says' if one_run_note else 'does NOT say'} it has no noise estimate")
     finally:
         if own:
             shutil.rmtree(directory, ignore_errors=True)
         if not args.output:
             shutil.rmtree(work, ignore_errors=True)
-    counts = tally(verdicts, CASES)
-    met = goals(counts, pairs, one_run_note)
+    identical = [(b, c) for v in verdicts if v["case"] == "identical"
+                 for b, c in zip(v["baseline_iops"], v["achieved_iops"])]
+    floors = noise_floor({"gpufio": noise(identical), "fio": noise(fio_pairs)}, args.repeat)
     print(f"\ngpufio check on {pairs} tries of {args.repeat} interleaved rounds of "
           f"{args.runtime} uring runs, limits {' '.join(LIMITS)}; {os.cpu_count()} CPUs, {started}")
+    for line in floors["lines"]:
+        print(f"  {line}")
+    if args.noise_only:
+        if args.output:
+            Path(args.output).write_text(json.dumps(
+                {"pairs": pairs, "repeat": args.repeat, "runtime": args.runtime,
+                 "started": started, "noise": floors["noise"], "fio_pairs": fio_pairs,
+                 "identical_pairs": identical}, indent=2))
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
+    counts = tally(verdicts, CASES)
+    met = goals(counts, pairs, one_run_note)
     for goal, (got, want, ok) in met.items():
         print(f"  {'ok  ' if ok else 'MISS'} {goal}: {got} (goal {want})")
     for name, target in zip(CASES[1:], SLOWDOWNS):
@@ -232,7 +333,8 @@ def main() -> int:
     if args.output:
         Path(args.output).write_text(json.dumps(
             {"pairs": pairs, "repeat": args.repeat, "runtime": args.runtime, "started": started,
-             "tally": counts, "one_run_note": one_run_note, "verdicts": verdicts}, indent=2))
+             "tally": counts, "one_run_note": one_run_note, "noise": floors["noise"],
+             "fio_pairs": fio_pairs, "verdicts": verdicts}, indent=2))
         shutil.rmtree(work, ignore_errors=True)
     return 1 if args.check and not all(ok for _, _, ok in met.values()) else 0
 

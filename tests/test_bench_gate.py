@@ -46,3 +46,32 @@ def test_rounds_interleave_the_baseline_abba_and_rotate_the_cases():
     for case in gate.CASES:
         seq = [name for r in order for name in r if name in ("base", case)]
         assert seq == ["base", case, case, "base", "base", case, case, "base", "base", case]
+
+
+def test_the_noise_floor_is_the_known_noise_bound_and_its_inverse():
+    """(z_0.995 + z_0.95) sigma / sqrt(n): with sigma 0.1 and 5 pairs the mean of the log
+    ratios must fall by 0.1887 to clear the bound 19 times in 20; sigma_for inverts it."""
+    drop = gate.floor(0.1, 5)
+    assert drop == pytest.approx(1 - 2.718281828 ** -((2.5758293 + 1.6448536) * 0.1 / 5 ** 0.5),
+                                 rel=1e-6)
+    assert gate.floor(0.1, 20) < drop  # more pairs, a smaller floor
+    assert gate.floor(gate.sigma_for(0.10, 5), 5) == pytest.approx(0.10)
+    assert gate.sigma_for(0.25, 5) > gate.sigma_for(0.10, 5)
+
+
+def test_noise_is_the_spread_of_identical_pairs_log_ratios():
+    assert gate.noise([(100.0, 100.0)]) is None  # one pair has no spread
+    assert gate.noise([(100.0, 100.0), (100.0, 100.0)]) == 0.0
+    pairs = [(100.0, 110.0), (100.0, 90.0), (200.0, 200.0)]
+    logs = [0.0953102, -0.1053605, 0.0]
+    mean = sum(logs) / 3
+    sd = (sum((x - mean) ** 2 for x in logs) / 2) ** 0.5
+    assert gate.noise(pairs) == pytest.approx(sd, rel=1e-5)
+
+
+def test_the_noise_floor_lines_name_each_tool_and_skip_a_missing_one():
+    out = gate.noise_floor({"gpufio": 0.12, "fio": None}, 5)
+    assert set(out["noise"]["floor"]) == {"gpufio"}
+    assert out["noise"]["sigma_needed"]["10%"] == pytest.approx(gate.sigma_for(0.10, 5))
+    assert len(out["lines"]) == 2 and out["lines"][1].startswith("gpufio identical pairs")
+    assert f"{100 * gate.floor(0.12, 5):.0f}%" in out["lines"][1]
