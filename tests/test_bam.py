@@ -291,3 +291,25 @@ def test_the_cpu_stand_in_s_rows_go_through_the_gather_without_a_gpu_cache() -> 
                                                           cache_bytes=1 << 20))
     with pytest.raises(BadInput, match="land rows in GPU memory"):
         bam.row_fetcher(_bam_job(controller="model"), table, np, request)
+
+
+def test_a_bam_job_lays_nothing_out_where_a_namespace_belongs(tmp_path: Path) -> None:
+    """A job sending NVMe commands names namespaces: a missing path, or no targets at all,
+    is refused before anything is created (its size lays out no file), and a plain file is
+    refused by the namespace check without being rewritten."""
+    from gpufio.run import opening
+
+    missing = tmp_path / "ns.dat"
+    with pytest.raises(BadInput, match=rf"^target {missing}: does not exist; engine 'bam' "
+                       "sends NVMe commands"):
+        opening.job_targets(_bam_job(targets=[str(missing)]), quiet=True)
+    with pytest.raises(BadInput, match="^job '[^']+': engine 'bam' sends NVMe commands: name"):
+        opening.job_targets(_bam_job(directory=str(tmp_path)), quiet=True)
+    assert list(tmp_path.iterdir()) == []
+    plain = tmp_path / "plain.dat"
+    plain.write_bytes(b"x" * 8192)
+    assert opening.job_targets(_bam_job(targets=[str(plain)]), quiet=True) == [str(plain)]
+    with pytest.raises(BadInput, match="is not an NVMe namespace"):
+        from gpufio.core import targets as tg
+        tg.open_target(str(plain), True, None, generic=True)
+    assert plain.read_bytes() == b"x" * 8192

@@ -34,7 +34,10 @@ def fill_threads(job: Job) -> int:
 def job_target_paths(job: Job) -> tuple[list[str], int | None]:
     """The job's target paths and the size gpufio creates missing ones with (None: never).
     None at all for a job naming none whose engine touches no storage (null): it runs on an
-    offset space of its size, and nothing is laid out."""
+    offset space of its size, and nothing is laid out. A job sending NVMe commands names
+    namespaces, which gpufio never creates: nothing is laid out for it either."""
+    if all_engines()[job.engine].generic_targets(job):
+        return namespace_paths(job), None
     if job.targets:
         return tg.resolve(job.targets), None if job.size is None else job.offset + job.size
     if job.size is None:
@@ -43,6 +46,21 @@ def job_target_paths(job: Job) -> tuple[list[str], int | None]:
     if not all_engines()[job.engine].touches_storage:
         return [], None
     return [tg.scratch_path(job.directory, job.randseed)], job.offset + job.size
+
+
+def namespace_paths(job: Job) -> list[str]:
+    """The namespaces a job sending NVMe commands names; BadInput for none, or for a path
+    that does not exist (the job's size never creates one)."""
+    if not job.targets:
+        raise BadInput(f"job '{job.name}': engine '{job.engine}' sends NVMe commands: name "
+                       "its namespaces (/dev/nvmeXnY or /dev/ngXnY) in targets")
+    paths = tg.resolve(job.targets)
+    for path in paths:
+        if not os.path.lexists(path):
+            raise BadInput(f"target {path}: does not exist; engine '{job.engine}' sends NVMe "
+                           "commands to namespaces (/dev/nvmeXnY or /dev/ngXnY), and gpufio "
+                           "creates none")
+    return paths
 
 
 def job_targets(job: Job, quiet: bool) -> list[str]:
