@@ -75,3 +75,9 @@ def test_the_noise_floor_lines_name_each_tool_and_skip_a_missing_one():
     assert out["noise"]["sigma_needed"]["10%"] == pytest.approx(gate.sigma_for(0.10, 5))
     assert len(out["lines"]) == 2 and out["lines"][1].startswith("gpufio identical pairs")
     assert f"{100 * gate.floor(0.12, 5):.0f}%" in out["lines"][1]
+
+
+def test_the_floor_uses_checks_default_confidence():
+    from gpufio.results.check import DEFAULT_CONFIDENCE
+
+    assert gate.DEFAULT_CONFIDENCE == DEFAULT_CONFIDENCE
