@@ -297,3 +297,62 @@ def test_repeat_over_ranks_keeps_each_jobs_median_merged_run(tmp_path):
     assert job["repeat"]["n"] == 3 and len(job["repeat"]["runs"]) == 3
     assert job["mpi"]["ranks"][1]["rank"] == 1  # each run is the ranks' merge
     assert job["read"]["iops"] in [r["iops"] for r in job["repeat"]["runs"]]
+
+
+# rank 1 reaches MPI_Init while rank 0 holds back, so rank 1 waits inside MPI's C code
+HELD_RANKS = """
+import os, sys, time
+from pathlib import Path
+from gpufio.core.signals import sigterm_as_sigint, take_stop_signals
+take_stop_signals(); sigterm_as_sigint()  # the handlers `gpufio run` sets
+rank = int(os.environ["PMI_RANK"])
+(Path(sys.argv[1]) / f"rank{rank}").write_text(str(os.getpid()))
+if rank == 0:
+    time.sleep(120)
+from gpufio.run import world
+world.detect()
+"""
+
+
+def _sigterm_caught(pid: int) -> bool | None:
+    """Whether ``pid`` has a handler for SIGTERM (None once it is gone)."""
+    try:
+        caught = next(line for line in open(f"/proc/{pid}/status") if line.startswith("SigCgt"))
+    except OSError:
+        return None
+    return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+@needs_mpi
+def test_a_rank_waiting_in_mpi_init_ends_on_sigterm(tmp_path):
+    """A rank whose peers never arrive waits inside MPI_Init (C code, where Python's handlers
+    never run): SIGTERM there takes its default action, the rank ends, and the launcher ends
+    the rest, instead of a rank spinning on, deaf to SIGTERM."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root))
+    p = subprocess.Popen([MPIRUN, "-n", "2", sys.executable, "-c", HELD_RANKS, str(tmp_path)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "rank1").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = int((tmp_path / "rank1").read_text())
+        # readiness: rank 1 has let go of its SIGTERM handler, i.e. it is at MPI_Init
+        while _sigterm_caught(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sigterm_caught(pid) is False, "rank 1 kept its handler into MPI_Init"
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        p.communicate(timeout=60)
+        assert p.returncode != 0 and time.monotonic() - t0 < 30
+        rank0 = int((tmp_path / "rank0").read_text())
+        gone = time.monotonic() + 10  # the launcher ends the held rank too; reaping takes a moment
+        while (_sigterm_caught(pid), _sigterm_caught(rank0)) != (None, None) \
+                and time.monotonic() < gone:
+            time.sleep(0.05)
+        assert (_sigterm_caught(pid), _sigterm_caught(rank0)) == (None, None)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
