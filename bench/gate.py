@@ -61,16 +61,15 @@ SLOWDOWNS = (0.10, 0.25)
 TOLERANCE = 0.03
 # the candidates of a pair: identical (target 0), then each slowdown
 CASES = ["identical", *(f"slowed {int(100 * s)}%" for s in SLOWDOWNS)]
+# the gate's job, as gpufio's profile keys and fio's options alike (fio runs it beside)
+JOB = {"rw": "randread", "bs": "4k", "iodepth": 8, "ramp_time": "200ms"}
 PROFILE = """\
 [global]
 engine = "uring"
-rw = "randread"
-bs = "4k"
-iodepth = 8
+""" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in JOB.items()) + """\
 numjobs = 1
 size = "64m"
 runtime = "{runtime}"
-ramp_time = "200ms"
 time_based = true
 sample_interval = "100ms"
 directory = "{directory}"
@@ -99,9 +98,9 @@ def run(profile: Path, out: Path, repeat: int, *sets: str) -> dict:
 def run_fio(fio: str, target: Path, runtime: str) -> float:
     """fio running the gate's job on gpufio's laid-out file; its IOPS."""
     res = subprocess.run([fio, "--name=gate", "--ioengine=io_uring", f"--filename={target}",
-                          "--direct=1", "--rw=randread", "--bs=4k", "--iodepth=8",
-                          f"--runtime={runtime}", "--ramp_time=200ms", "--time_based",
-                          "--output-format=json"], text=True, capture_output=True)
+                          "--direct=1", *(f"--{k}={v}" for k, v in JOB.items()),
+                          f"--runtime={runtime}", "--time_based", "--output-format=json"],
+                         text=True, capture_output=True)
     if res.returncode != 0:
         raise SystemExit(f"bench: fio failed ({res.returncode}): {res.stderr.strip()}")
     return json.loads(res.stdout)["jobs"][0]["read"]["iops"]
@@ -120,15 +119,20 @@ def floor(sigma: float, pairs: int, confidence: float = DEFAULT_CONFIDENCE,
     scattering by ``sigma``, shows past a two-sided ``confidence`` bound with probability
     ``power``, the noise being known exactly: (z_conf + z_power) sigma / sqrt(pairs). A test
     that must estimate the noise from the same pairs (check's t interval) needs more."""
-    z = NormalDist().inv_cdf
-    return -math.expm1(-(z((1 + confidence) / 2) + z(power)) * sigma / math.sqrt(pairs))
+    return -math.expm1(-_z_sum(confidence, power) * sigma / math.sqrt(pairs))
 
 
 def sigma_for(slowdown: float, pairs: int, confidence: float = DEFAULT_CONFIDENCE,
               power: float = 0.95) -> float:
     """The largest pair spread at which ``floor`` still reaches ``slowdown``."""
+    return -math.log1p(-slowdown) * math.sqrt(pairs) / _z_sum(confidence, power)
+
+
+def _z_sum(confidence: float, power: float) -> float:
+    """z of a two-sided ``confidence`` bound plus z of ``power``: how many spreads of the
+    mean a change must be to clear the bound that often."""
     z = NormalDist().inv_cdf
-    return -math.log1p(-slowdown) * math.sqrt(pairs) / (z((1 + confidence) / 2) + z(power))
+    return z((1 + confidence) / 2) + z(power)
 
 
 def check(results: list[Path], baselines: list[Path]) -> tuple[int, str]:
@@ -149,10 +153,9 @@ def rounds(n: int, cases: list[str] = CASES) -> list[list[str]]:
     """Each round's order of runs: "base" and the cases; the baseline first in even rounds
     and last in odd ones, the cases rotated by one each round."""
     out = []
-    every = cases
     for j in range(n):
-        cases = every[j % len(every):] + every[:j % len(every)]
-        out.append(["base", *cases] if j % 2 == 0 else [*cases, "base"])
+        turned = cases[j % len(cases):] + cases[:j % len(cases)]
+        out.append(["base", *turned] if j % 2 == 0 else [*turned, "base"])
     return out
 
 
