@@ -41,6 +41,7 @@ def rows(docs: list[dict[str, Any]], confidence: float = DEFAULT_CONFIDENCE,
     known = metrics_of(docs[0])
     base_side = side(docs)
     cand_side = side(result) if result else {}
+    own: dict[str, dict[str, float | None]] | None = None  # every job's, from its own runs
     out = []
     for name, runs in base_side.items():
         mode = mode_of(runs, cand_side[name], paired) if name in cand_side else None
@@ -48,7 +49,8 @@ def rows(docs: list[dict[str, Any]], confidence: float = DEFAULT_CONFIDENCE,
             limits, source = (suggest_paired(runs, cand_side[name], mode, confidence),
                               f"{len(mode.pairs)} interleaved pairs")
         else:
-            limits, source = suggest_limits(docs, confidence).get(name, {}), "baseline's runs"
+            own = suggest_limits(docs, confidence) if own is None else own
+            limits, source = own.get(name, {}), "baseline's runs"
         for metric, limit in limits.items():
             values = [m[metric] for m in runs.metrics]
             flag = "--max-drop" if known[metric].higher_is_better else "--max-rise"
