@@ -14,17 +14,15 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import signal
 import socket
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any
 
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job, Profile
+from gpufio.core.signals import stop_signals_end_the_process
 from gpufio.engines import settle
 
 # what a rank waits for another before naming it (a job's setup happens inside the gate's
@@ -239,27 +237,6 @@ def launched() -> bool:
     return any(v in os.environ for v in LAUNCHER_VARS)
 
 
-@contextmanager
-def _killable() -> Iterator[None]:
-    """SIGTERM and SIGINT at their default action (the rank ends) for the duration: MPI_Init
-    and a collective wait inside MPI's C code, where Python's handlers never run, so a
-    rank waiting there for one that never comes would ignore both. The rank holds no
-    worker, ring or GPU context yet. Outside the main thread, where handlers cannot be
-    set, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    for s in saved:
-        signal.signal(s, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        for s, handler in saved.items():
-            if handler is not None:  # None: a handler not set from Python, left as it was
-                signal.signal(s, handler)
-
-
 def detect() -> World | None:
     """The MPI world when launched as one of several ranks with mpi4py installed, else None.
     BadInput when a launcher started several ranks but mpi4py is missing: each would run
@@ -269,7 +246,8 @@ def detect() -> World | None:
     size = int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
                or os.environ.get("SLURM_NTASKS") or 1)
     try:
-        with _killable():
+        # MPI_Init waits for every rank: a rank whose peers never come must still end
+        with stop_signals_end_the_process():
             from mpi4py import MPI
     except ImportError:
         if size > 1:
@@ -285,7 +263,7 @@ def detect() -> World | None:
                        "load the launcher's MPI (MPI4PY_LIBMPI names its libmpi)")
     if comm.Get_size() == 1:
         return None
-    with _killable():
+    with stop_signals_end_the_process():  # a collective: the same wait
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     return World(comm, comm.Get_rank(), comm.Get_size(), local.Get_rank(), local.Get_size(),
                  MPI.Get_processor_name() or socket.gethostname())
