@@ -282,6 +282,8 @@ def main() -> int:
                     "no goals")
     args = ap.parse_args()
     pairs = 2 if args.quick else args.pairs
+    if pairs < 1 or args.repeat < 1:
+        ap.error("--pairs and --repeat must be at least 1")
     cases = CASES[:1] if args.noise_only else CASES
     own = args.directory is None
     base_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
