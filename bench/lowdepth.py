@@ -14,11 +14,16 @@ window (gpufio's window_unix_ms; fio's last runtime ms before its timestamp_ms),
 io-wq threads included, is divided by its I/Os. Without a cgroup (not root) each tool's own
 figure stands in (fio's counts its job thread only) and the table says "self".
 ``--check`` exits 1 if a goal (``GOALS``) is missed; ``--quick`` runs every case once for a
-second, to prove the bench works, and its numbers are no measurement.
+second, to prove the bench works, and its numbers are no measurement. The ``sleeps/IO``
+column counts, over the same window, the voluntary context switches of each tool's own
+threads (io-wq and SQPOLL kernel threads left out) per I/O: how often the submitting thread
+waited for a completion. ``--fio-args`` and ``--set`` vary either side (say fio with
+``--gtod_reduce=1``, or gpufio with ``iodepth_batch_submit=0``), to see what moves a cell.
 
     python3 -m bench.lowdepth --check                 # the full matrix, 7 rounds of 2 s
     python3 -m bench.lowdepth --quick                 # a smoke run
     python3 -m bench.lowdepth --root-dir /mnt/x --json out.json
+    python3 -m bench.lowdepth --cases "uring qd4" --fio-args=--gtod_reduce=1
 
 Self-contained: it drives ``python3 -m gpufio`` (from this checkout) and fio as commands.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -62,6 +68,7 @@ def make_file(path: Path, size: int) -> None:
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/cpuacct"), Path("/sys/fs/cgroup/unified"),
                 Path("/sys/fs/cgroup"))
 SAMPLE_S = 0.005
+SLEEPS_EVERY = 10
 _serial = iter(range(1 << 30))
 
 
@@ -82,22 +89,46 @@ def _group() -> tuple[Path, callable] | None:
     return None
 
 
-def run_counted(cmd: list[str], **kw) -> tuple[str, list[tuple[float, float]] | None]:
-    """Run ``cmd`` in a cgroup of its own; its stdout and the group's CPU seconds sampled
-    every SAMPLE_S as (Unix ms, seconds), or None where no group can be made."""
+def own_sleeps(group: Path, seen: dict[str, int]) -> int:
+    """Voluntary context switches so far of the group's threads, io_uring's kernel threads
+    (io-wq workers, SQPOLL) left out: each is a wait of the tool's own (for a completion,
+    mostly). ``seen`` keeps each thread's last count, so a thread that has exited still
+    counts and the total never falls."""
+    listing = group / ("tasks" if (group / "tasks").exists() else "cgroup.threads")
+    for tid in listing.read_text().split():
+        try:
+            if Path(f"/proc/{tid}/comm").read_text().startswith("iou-"):
+                continue
+            for line in Path(f"/proc/{tid}/status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    seen[tid] = int(line.split()[1])
+        except OSError:
+            continue  # the thread ended between the listing and its files
+    return sum(seen.values())
+
+
+def run_counted(cmd: list[str], **kw) -> tuple[str, list[tuple[float, float, int]] | None]:
+    """Run ``cmd`` in a cgroup of its own; its stdout and samples of (Unix ms, the group's CPU
+    seconds, its threads' own sleeps (``own_sleeps``)): CPU every SAMPLE_S, sleeps every
+    SLEEPS_EVERY samples (reading /proc for each thread costs more); None where no group
+    can be made."""
     made = _group()
     if made is None:
         return subprocess.run(cmd, capture_output=True, text=True, check=True, **kw).stdout, None
     group, cpu = made
     procs = group / "cgroup.procs"
-    samples: list[tuple[float, float]] = []
+    samples: list[tuple[float, float, int]] = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: procs.write_text(str(os.getpid())), **kw)
     done = threading.Event()
 
     def sample() -> None:
+        sleeps, n, seen = 0, 0, {}
         while not done.wait(SAMPLE_S):
-            samples.append((time.time() * 1e3, cpu()))
+            if n % SLEEPS_EVERY == 0:
+                sleeps = own_sleeps(group, seen)
+            n += 1
+            samples.append((time.time() * 1e3, cpu(), sleeps))
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
@@ -116,26 +147,39 @@ def run_counted(cmd: list[str], **kw) -> tuple[str, list[tuple[float, float]] | 
     return out, samples
 
 
-def window_cpu(samples: list[tuple[float, float]] | None, start_ms: float,
-               end_ms: float) -> float | None:
-    """CPU seconds charged between two wall-clock instants, interpolated between samples."""
+def window(samples: list[tuple[float, ...]] | None, start_ms: float, end_ms: float,
+           column: int = 1) -> float | None:
+    """How much a sampled counter (``column`` of the samples: 1 CPU seconds, 2 sleeps) grew
+    between two wall-clock instants, interpolated between samples."""
     if not samples or len(samples) < 2:
         return None
 
     def at(t: float) -> float:
-        for (t0, c0), (t1, c1) in zip(samples, samples[1:]):
-            if t0 <= t <= t1:
-                return c0 + (c1 - c0) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0)
-        return samples[0][1] if t < samples[0][0] else samples[-1][1]
+        for a, b in zip(samples, samples[1:]):
+            if a[0] <= t <= b[0]:
+                return a[column] + (b[column] - a[column]) * (
+                    (t - a[0]) / (b[0] - a[0]) if b[0] > a[0] else 0.0)
+        return samples[0][column] if t < samples[0][0] else samples[-1][column]
     return at(end_ms) - at(start_ms)
 
 
+def per_io(samples: list[tuple[float, ...]] | None, start_ms: float, end_ms: float,
+           ios: int) -> tuple[float | None, float | None]:
+    """CPU us per I/O and own sleeps per I/O over the measured window (None: not counted)."""
+    if not ios:
+        return None, None
+    cpu_s, sleeps = (window(samples, start_ms, end_ms, c) for c in (1, 2))
+    return (None if cpu_s is None else 1e6 * cpu_s / ios,
+            None if sleeps is None else sleeps / ios)
+
+
 def run_gpufio(engine: str, target: str, qd: int, numjobs: int, runtime: float,
-               ramp: float) -> dict:
-    """One gpufio run (``python3 -m gpufio run -f json``) of a case; its headline numbers."""
+               ramp: float, extra: dict | None = None) -> dict:
+    """One gpufio run (``python3 -m gpufio run -f json``) of a case; its headline numbers.
+    ``extra``: more profile keys (``--set``)."""
     prof = {"engine": engine, "targets": [target], "rw": "randread", "bs": "4k",
             "iodepth": qd, "numjobs": numjobs, "runtime": f"{runtime}s", "time_based": True,
-            "ramp_time": f"{ramp}s", "direct": True}
+            "ramp_time": f"{ramp}s", "direct": True, **(extra or {})}
     text = "[global]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in prof.items()) \
         + '[[job]]\nname = "case"\n'
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
@@ -147,39 +191,59 @@ def run_gpufio(engine: str, target: str, qd: int, numjobs: int, runtime: float,
         os.unlink(f.name)
     job = json.loads(out)["jobs"][0]
     rd, pct = job["read"], job["read"]["lat_ns"]["percentile"]
-    cpu_s = window_cpu(samples, *job["window_unix_ms"])
-    cpu_us = 1e6 * cpu_s / rd["total_ios"] if cpu_s is not None and rd["total_ios"] else None
+    cpu_us, sleeps = per_io(samples, *job["window_unix_ms"], rd["total_ios"])
     return {"iops": rd["iops"], "p50": pct["50.000000"], "p99": pct["99.000000"],
             "cpu_us": job["cpu_us_per_io"] if cpu_us is None else cpu_us,
-            "cpu": "self" if cpu_us is None else "cgroup",
+            "cpu": "self" if cpu_us is None else "cgroup", "sleeps": sleeps,
             "loop": job["engine_facts"].get("loop", "")}
 
 
 def run_fio(fio: str, engine: str, target: str, qd: int, numjobs: int, runtime: float,
-            ramp: float) -> dict:
-    """The same case through fio; ``lat`` percentiles (submission to completion)."""
+            ramp: float, extra: list[str] | None = None) -> dict:
+    """The same case through fio; ``lat`` percentiles (submission to completion).
+    ``extra``: more fio options (``--fio-args``), after the case's own."""
     where = ["--size=1g"] if engine == "null" else [f"--filename={target}", "--direct=1"]
     cmd = [fio, "--name=case", f"--ioengine={FIO_ENGINE[engine]}", *where, "--rw=randread",
            "--bs=4k", f"--iodepth={qd}", f"--numjobs={numjobs}", f"--runtime={runtime}",
            "--time_based", f"--ramp_time={ramp}", "--group_reporting", "--lat_percentiles=1",
-           "--output-format=json"]
+           "--output-format=json", *(extra or [])]
     out, samples = run_counted(cmd)
     doc = json.loads(out)
     job = doc["jobs"][0]
     rd = job["read"]
-    pct = rd["lat_ns"]["percentile"]
-    cpu_s = window_cpu(samples, doc["timestamp_ms"] - rd["runtime"], doc["timestamp_ms"])
+    # no percentiles where the fio options turn latency off (gtod_reduce, disable_lat)
+    pct = rd["lat_ns"].get("percentile", {})
+    cpu_us, sleeps = per_io(samples, doc["timestamp_ms"] - rd["runtime"], doc["timestamp_ms"],
+                            rd["total_ios"])
     how = "cgroup"
-    if cpu_s is None:
+    if cpu_us is None:
         # with group_reporting fio's usr_cpu/sys_cpu are the average of the group's jobs
         cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * rd["runtime"] / 1000 * numjobs
+        cpu_us = 1e6 * cpu_s / rd["total_ios"] if rd["total_ios"] else 0.0
         how = "self"
-    return {"iops": rd["iops"], "p50": pct["50.000000"], "p99": pct["99.000000"],
-            "cpu_us": 1e6 * cpu_s / rd["total_ios"] if rd["total_ios"] else 0.0, "cpu": how}
+    return {"iops": rd["iops"], "p50": pct.get("50.000000"), "p99": pct.get("99.000000"),
+            "cpu_us": cpu_us, "cpu": how, "sleeps": sleeps}
 
 
 def medians(runs: list[dict]) -> dict:
-    return {k: statistics.median(r[k] for r in runs) for k in ("iops", "p50", "p99", "cpu_us")}
+    """Each column's median over the rounds that have it (None: none has)."""
+    out = {}
+    for k in ("iops", "p50", "p99", "cpu_us", "sleeps"):
+        have = [r[k] for r in runs if r.get(k) is not None]
+        out[k] = statistics.median(have) if have else None
+    return out
+
+
+def setting(text: str) -> tuple[str, object]:
+    """A ``--set`` argument, KEY=VALUE, with VALUE read as a TOML scalar would be (a number,
+    true/false, else a string)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
 
 
 def paired_ratio(gpufio: list[dict], fio: list[dict]) -> float:
@@ -187,6 +251,13 @@ def paired_ratio(gpufio: list[dict], fio: list[dict]) -> float:
     ran back to back, so drift between rounds cancels out of its ratio."""
     return statistics.median(g["iops"] / f["iops"] if f["iops"] else 0.0
                              for g, f in zip(gpufio, fio))
+
+
+def pair(g: dict, f: dict, key: str, fmt: str, scale: float = 1.0) -> str:
+    """A "gpufio/fio" column of medians, or "-" where either tool has none."""
+    if g[key] is None or f[key] is None:
+        return "-"
+    return f"{format(g[key] / scale, fmt)}/{format(f[key] / scale, fmt)}"
 
 
 def verdict(case: str, g: dict, f: dict, ratio: float) -> list[str]:
@@ -200,6 +271,8 @@ def verdict(case: str, g: dict, f: dict, ratio: float) -> list[str]:
             miss.append(f"CPU/IO {g['cpu_us']:.2f} > {CPU_RATIO}x {f['cpu_us']:.2f} us")
         if not case.startswith("null"):
             for p in ("p50", "p99"):
+                if g[p] is None or f[p] is None:
+                    continue  # fio's options turned its latency off (--fio-args)
                 if abs(g[p] - f[p]) > max(LAT_ABS_NS, LAT_REL * f[p]):
                     miss.append(f"{p} {g[p] / 1e3:.1f} vs {f[p] / 1e3:.1f} us")
     return miss
@@ -221,7 +294,14 @@ def main() -> int:
                     help="run only the cases whose name contains one of these (e.g. qd1 nj1)")
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    ap.add_argument("--fio-args", default="", metavar="ARGS",
+                    help="more fio options for every fio run, as one string "
+                         "(e.g. --fio-args=--gtod_reduce=1)")
+    ap.add_argument("--set", type=setting, action="append", default=[], metavar="KEY=VALUE",
+                    help="one more profile key for every gpufio run (repeatable; e.g. "
+                         "--set iodepth_batch_submit=0)")
     args = ap.parse_args()
+    fio_extra, gpufio_extra = shlex.split(args.fio_args), dict(args.set)
     if not args.fio:
         raise SystemExit("bench: fio not found (apt-get install fio, or pass --fio PATH)")
     if args.quick:
@@ -240,9 +320,9 @@ def main() -> int:
         for rnd in range(args.rounds):
             for target, (case, engine, qd, nj) in matrix:
                 tools = [("gpufio", lambda: run_gpufio(engine, str(files[target]), qd, nj,
-                                                       args.runtime, args.ramp)),
+                                                       args.runtime, args.ramp, gpufio_extra)),
                          ("fio", lambda: run_fio(args.fio, engine, str(files[target]), qd, nj,
-                                                 args.runtime, args.ramp))]
+                                                 args.runtime, args.ramp, fio_extra))]
                 for name, go in tools if rnd % 2 == 0 else tools[::-1]:
                     runs.setdefault((target, case), {}).setdefault(name, []).append(go())
                 print(f"bench: round {rnd + 1}/{args.rounds} {target} {case}", file=sys.stderr,
@@ -251,7 +331,8 @@ def main() -> int:
         for path in files.values():
             path.unlink(missing_ok=True)
     head = (f"{'target':10} {'case':12} {'gpufio':>9} {'fio':>9} {'ratio':>6} "
-            f"{'p50 us g/f':>12} {'p99 us g/f':>12} {'CPU us/IO g/f':>14} {'cpu':6} goals")
+            f"{'p50 us g/f':>12} {'p99 us g/f':>12} {'CPU us/IO g/f':>14} {'cpu':6} "
+            f"{'sleeps/IO g/f':>13} goals")
     print(head)
     missed = []
     for (target, case), by in runs.items():
@@ -260,9 +341,9 @@ def main() -> int:
         miss = verdict(case, g, f, ratio)
         missed += [f"{target} {case}: {m}" for m in miss]
         print(f"{target:10} {case:12} {g['iops']:9.0f} {f['iops']:9.0f} "
-              f"{ratio:6.2f} {g['p50'] / 1e3:5.1f}/{f['p50'] / 1e3:<6.1f} "
-              f"{g['p99'] / 1e3:5.1f}/{f['p99'] / 1e3:<6.1f} "
-              f"{g['cpu_us']:6.2f}/{f['cpu_us']:<7.2f} {by['fio'][0]['cpu']:6} "
+              f"{ratio:6.2f} {pair(g, f, 'p50', '.1f', 1e3):>12} "
+              f"{pair(g, f, 'p99', '.1f', 1e3):>12} {pair(g, f, 'cpu_us', '.2f'):>14} "
+              f"{by['fio'][0]['cpu']:6} {pair(g, f, 'sleeps', '.3f'):>13} "
               f"{'; '.join(miss) or 'ok'}")
     fio_version = subprocess.run([args.fio, "--version"], capture_output=True,
                                  text=True).stdout.strip()
@@ -270,9 +351,13 @@ def main() -> int:
           f"{fio_version}, {args.rounds} round(s) of {args.runtime:g} s, medians (ratio: of "
           "the rounds' own ratios)"
           + (" (--quick: not a measurement)" if args.quick else ""))
+    if fio_extra or gpufio_extra:
+        print(f"varied: fio {' '.join(fio_extra) or '(as the case)'}; gpufio "
+              f"{', '.join(f'{k} = {v!r}' for k, v in gpufio_extra.items()) or '(as the case)'}")
     if args.json:
         Path(args.json).write_text(json.dumps(
-            [{"target": t, "case": c, **by} for (t, c), by in runs.items()], indent=1))
+            [{"target": t, "case": c, "fio_args": fio_extra, "gpufio_set": gpufio_extra, **by}
+             for (t, c), by in runs.items()], indent=1))
     if args.check and missed:
         print("bench: goals missed:\n  " + "\n  ".join(missed), file=sys.stderr)
         return 1

@@ -3,7 +3,10 @@ issue's (>= 0.95x fio, null >= 0.5x, qd-1 CPU <= 1.2x, qd-1 latency within max(1
 
 from __future__ import annotations
 
+import argparse
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +43,42 @@ def test_fewer_than_three_rounds_is_refused(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["lowdepth", "--rounds", "2", "--fio", "/bin/true"])
     with pytest.raises(SystemExit, match="at least 3"):
         lowdepth.main()
+
+
+def test_set_reads_values_as_toml_scalars():
+    assert lowdepth.setting("iodepth_batch_submit=0") == ("iodepth_batch_submit", 0)
+    assert lowdepth.setting("defer_taskrun=false") == ("defer_taskrun", False)
+    assert lowdepth.setting("op=read") == ("op", "read")
+    for bad in ("defer_taskrun", "=1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+            lowdepth.setting(bad)
+
+
+def test_fio_without_latency_leaves_the_latency_goals_unjudged():
+    # --fio-args=--gtod_reduce=1: fio reports no percentiles; the other goals still hold
+    f = {**run(100, cpu=10.0), "p50": None, "p99": None}
+    assert lowdepth.verdict("uring qd1", run(1, 1, 1, 12.0), f, 1.0) == []
+    assert lowdepth.verdict("uring qd1", run(1, 1, 1, 12.1), f, 0.9) == [
+        "IOPS 0.90x < 0.95x", "CPU/IO 12.10 > 1.2x 10.00 us"]
+    m = lowdepth.medians([f, {**f, "iops": 300}, {**f, "iops": 200, "sleeps": 0.5}])
+    assert (m["iops"], m["p50"], m["sleeps"]) == (200, None, 0.5)
+    assert lowdepth.pair(run(1), m, "p50", ".1f", 1e3) == "-"
+    assert lowdepth.pair(run(1, 12_340), run(1, 5_000), "p50", ".1f", 1e3) == "12.3/5.0"
+
+
+def test_sleeps_count_the_tools_own_threads_and_keep_exited_ones(tmp_path):
+    me = str(threading.get_native_id())
+    (tmp_path / "cgroup.threads").write_text(f"{me}\n")
+    mine = int(next(line.split()[1] for line in Path(f"/proc/{me}/status").read_text()
+                    .splitlines() if line.startswith("voluntary_ctxt_switches:")))
+    seen = {"gone": 7}  # a thread that has exited since the last look
+    total = lowdepth.own_sleeps(tmp_path, seen)
+    assert mine <= seen[me] and total == seen[me] + 7
+
+
+def test_window_interpolates_any_sampled_counter():
+    samples = [(0.0, 1.0, 100), (10.0, 2.0, 200), (20.0, 4.0, 200)]
+    assert lowdepth.window(samples, 5.0, 15.0) == pytest.approx(1.5)
+    assert lowdepth.window(samples, 5.0, 15.0, column=2) == pytest.approx(50)
+    assert lowdepth.per_io(samples, 0.0, 20.0, 100) == (pytest.approx(30_000.0), 1.0)  # 3 CPU s over 100 I/Os
+    assert lowdepth.per_io(None, 0.0, 20.0, 100) == (None, None)
