@@ -93,3 +93,23 @@ def test_a_job_over_several_gpus_reports_a_row_per_gpu():
                      "verify": {"failures": 0},
                      "per_gpu": [{"gpu": 0, "read": block}, {"gpu": 1, "read": block}]}]}
     assert [r["job"] for r in summary_rows(doc)] == ["j", "j · gpu 0", "j · gpu 1"]
+
+
+def test_compiled_binning_matches_numpys_bucket_for_bucket(monkeypatch):
+    from gpufio.core import native
+    if native.lat_function() is None:
+        pytest.skip("no C compiler here: the NumPy path is the only one")
+    rng = np.random.default_rng(7)
+    v = np.concatenate([np.arange(0, 300), rng.integers(0, 1 << 50, 50_000),
+                        [127, 128, 129, 255, 256, 2 ** 62, 2 ** 63 - 1]]).astype(np.int64)
+    compiled = LatencyStats()
+    compiled.add(v[::2])  # a strided view is binned as its values, not its memory
+    compiled.add(v[1::2])
+    monkeypatch.setattr(native, "lat_function", lambda: None)
+    reference = LatencyStats()
+    reference.add(v[::2])
+    reference.add(v[1::2])
+    assert np.array_equal(compiled.hist, reference.hist)
+    assert (compiled.n, compiled.min, compiled.max) == (reference.n, reference.min, reference.max)
+    assert compiled.mean == pytest.approx(reference.mean, rel=1e-12)
+    assert compiled.m2 == pytest.approx(reference.m2, rel=1e-9)

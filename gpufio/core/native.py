@@ -1,10 +1,12 @@
 """C helpers compiled with the host's C compiler: the pattern fill (core/pattern_fill.c), for
 writes from host memory, where NumPy makes about 1 GB/s per core, which bounds a worker's
-large writes below what a drive takes; and the CPU engines' per-I/O loops (io/loops.c, bound
-by io/loops.py). Each is built once per machine into gpufio's cache directory and loaded
+large writes below what a drive takes; the latency histogram's binning (core/lat_bins.c),
+which every recorded I/O passes through; and the CPU engines' per-I/O loops (io/loops.c,
+bound by io/loops.py). Each is built once per machine into gpufio's cache directory and loaded
 through ctypes, which lets go of the interpreter lock during the call, so fill threads run in
 parallel. Where there is no compiler (or GPUFIO_NATIVE=0) there is no native code: the
-pattern is filled with NumPy and the loops run in Python, the same bytes and results, slower.
+pattern is filled and latencies binned with NumPy and the loops run in Python, the same bytes
+and results, slower.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("pattern_fill.c")
+LAT_SOURCE = Path(__file__).with_name("lat_bins.c")
 _U64P = ctypes.POINTER(ctypes.c_uint64)
 
 
@@ -90,5 +93,19 @@ def fill_function() -> ctypes._CFuncPtr | None:
     fn = lib.gpufio_fill
     fn.argtypes = [_U64P, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, _U64P, _U64P,
                    ctypes.c_uint64]
+    fn.restype = None
+    return fn
+
+
+@lru_cache(maxsize=1)
+def lat_function() -> ctypes._CFuncPtr | None:
+    """gpufio_lat_add(lat, n, hist, moments, extremes), or None (see the module); the
+    arrays go as their addresses."""
+    lib = library("lat_bins", (LAT_SOURCE,))
+    if lib is None:
+        return None
+    fn = lib.gpufio_lat_add
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p]
     fn.restype = None
     return fn
