@@ -26,6 +26,23 @@ def test_random_offsets_are_aligned_in_range_and_reproducible():
     assert not np.array_equal(c.next(50_000)[1], offs)
 
 
+def test_one_target_offsets_are_its_start_plus_its_blocks(monkeypatch):
+    # one target takes a shorter way through the arrays than several: its offsets are
+    # still the region's start plus each drawn block times bs, its targets all 0
+    for random, dist in ((True, "random"), (True, "zipf:1.2"), (False, "random")):
+        s = stream(random=random, dist=dist, regions=[(8192, 1000)])
+        drawn = []
+        blocks_for = s._blocks_for
+        monkeypatch.setattr(s, "_blocks_for",
+                            lambda t, k: drawn.append(blocks_for(t, k).copy()) or drawn[-1].copy())
+        tgt, offs = zip(*(s.next(n) for n in (7, 20_000, 4096)))
+        tgt, offs = np.concatenate(tgt), np.concatenate(offs)
+        blocks = np.concatenate(drawn)[:len(offs)]
+        assert tgt.dtype == np.int32 and not tgt.any()
+        assert offs.dtype == np.uint64
+        assert np.array_equal(offs, np.uint64(8192) + blocks * np.uint64(4096))
+
+
 def test_workers_get_different_streams():
     assert not np.array_equal(stream(seed=(1, 0)).next(100)[1], stream(seed=(1, 1)).next(100)[1])
 

@@ -162,7 +162,9 @@ class OffsetStream:
             tail_t, tail_o = self._tgt[self._pos:], self._offs[self._pos:]
             k = max(CHUNK, n)
             new_t, new_o = self._generate(k)
-            self._tgt, self._offs = np.concatenate((tail_t, new_t)), np.concatenate((tail_o, new_o))
+            if len(tail_o):
+                new_t, new_o = np.concatenate((tail_t, new_t)), np.concatenate((tail_o, new_o))
+            self._tgt, self._offs = new_t, new_o
             if self._mixed:
                 self._wr = np.concatenate((self._wr[self._pos:],
                                            self._dir_rng.random(k) < self._write_fraction))
@@ -183,6 +185,14 @@ class OffsetStream:
 
     def _generate(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         ntargets = len(self._subset)
+        if ntargets == 1 and not self._file_random:
+            # the common job, one target: the same offsets as below in fewer array passes
+            # (a worker's ring is drained while Python makes them)
+            t = int(self._subset[0])
+            offs = self._blocks_for(t, n)
+            offs *= np.uint64(self._bs)
+            offs += self._starts[t]
+            return np.full(n, t, dtype=np.int32), offs
         if self._file_random:
             tgt = self._subset[self._rng.integers(0, ntargets, n)]
         else:
