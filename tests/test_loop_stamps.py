@@ -62,7 +62,7 @@ def fake_loop(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, depth: int,
                     "cq_tail": at[4], "sqes": sqes.ctypes.data, "cqes": cqes.ctypes.data,
                     "sq_array": sq_array.ctypes.data},
         local_heads=lambda: (0, 0))
-    stop = np.zeros(1, np.int64)
+    stop = np.zeros(2, np.int64)  # the control words: stop, measuring
     bufs = np.zeros(depth * 4096, np.uint8)
     monkeypatch.setattr(loops.native, "library", lambda name, sources: lib)
     loop = loops.NativeLoop(loops.URING, depth=depth, bs=4096, bufs=bufs.ctypes.data,

@@ -5,6 +5,7 @@ loops, reach it; a compiled loop reaps while no I/O is due."""
 import ctypes
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -170,7 +171,7 @@ def test_a_compiled_loop_issues_at_the_cap(write_profile, tmp_path, engine, proc
     assert 3000 <= job["read"]["total_ios"] <= 4400
 
 
-def _uring_loop(fd: int, stop: ctypes.c_int64, depth: int, bs: int) -> tuple:
+def _uring_loop(fd: int, stop: ctypes.Array, depth: int, bs: int) -> tuple:
     """A compiled io_uring loop reading ``fd`` into ``depth`` slots, as the uring engine sets
     one up, with no stop poll (so every wait has a limit); (loop, ring, buffer)."""
     ring = uring.Ring(depth)
@@ -191,7 +192,7 @@ def _uring_loop(fd: int, stop: ctypes.c_int64, depth: int, bs: int) -> tuple:
 def test_a_compiled_loop_reaps_what_is_in_flight_while_nothing_is_due(pattern_file, kind):
     if kind == loops.URING and not uring.probe()["available"]:
         pytest.skip("io_uring unavailable")
-    bs, stop = 4096, ctypes.c_int64(0)
+    bs, stop = 4096, (ctypes.c_int64 * 2)(0, 1)  # the control words: stop, measuring
     fd = os.open(pattern_file, os.O_RDONLY)
     ring = None
     try:
@@ -211,6 +212,46 @@ def test_a_compiled_loop_reaps_what_is_in_flight_while_nothing_is_due(pattern_fi
         used, k = loop.run(tgt, offs, None, time.perf_counter_ns() + 20_000_000, due)
         assert (used, k, loop.inflight) == (1, 1, 0)
         assert loop.res[0] == bs and not loop.timed_out
+    finally:
+        if ring is not None:
+            ring.close()
+        os.close(fd)
+
+
+@needs_cc
+@pytest.mark.parametrize("kind", [loops.NULL, loops.PSYNC, loops.URING])
+def test_a_compiled_call_begun_in_the_ramp_returns_when_the_window_begins(pattern_file, kind):
+    # its completions are all the ramp's: a call that ran on into the window (a batch spans
+    # tens of ms at a slow rate) would have its ramp completions counted as measured
+    if kind == loops.URING and not uring.probe()["available"]:
+        pytest.skip("io_uring unavailable")
+    bs, words = 4096, (ctypes.c_int64 * 2)(0, 0)  # stop, measuring: still in the ramp
+    fd = os.open(pattern_file, os.O_RDONLY)
+    ring = None
+    try:
+        if kind == loops.URING:
+            loop, ring, buf = _uring_loop(fd, words, 4, bs)
+        else:
+            buf = np.zeros(bs, np.uint8)
+            loop = loops.NativeLoop(kind, depth=1, bs=bs, bufs=buf.ctypes.data,
+                                    stop=ctypes.addressof(words), fds=np.array([fd]),
+                                    seeds=None, magic=0, halt_on_error=True, batch=8,
+                                    writes=False)
+        now = time.monotonic_ns()
+        due = np.array([now, now + 3600 * SECOND, now + 3600 * SECOND], np.int64)
+        tgt, offs = np.zeros(3, np.int32), np.array([0, bs, 2 * bs], np.uint64)
+
+        def begin_window() -> None:
+            while loop.res[0] != bs:  # I/O 0 is done: the call is waiting for the next
+                time.sleep(0.001)
+            words[1] = 1
+        opener = threading.Thread(target=begin_window)
+        opener.start()
+        deadline = time.perf_counter_ns() + 60 * SECOND
+        used, k = loop.run(tgt, offs, None, deadline, due)
+        opener.join()
+        assert (used, k) == (1, 1)
+        assert time.perf_counter_ns() < deadline  # it did not wait for the deadline
     finally:
         if ring is not None:
             ring.close()

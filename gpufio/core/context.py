@@ -62,8 +62,8 @@ class WorkerContext:
 
     @property
     def stop_address(self) -> int:
-        """The address of the job's stop word (nonzero: issue nothing more), for a compiled
-        loop that reads it per I/O."""
+        """The address of the job's control words (stop: nonzero, issue nothing more; then
+        measuring), for a compiled loop that reads them per I/O."""
         return self.control.stop_address
 
     @property
@@ -166,18 +166,21 @@ class WorkerContext:
         rec.bad_offsets.extend(t.bad_offsets[:MAX_BAD_OFFSETS - len(rec.bad_offsets)])
 
     def complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray,
-                 write: np.ndarray | bool = False) -> None:
+                 write: np.ndarray | bool = False, ramp: bool = False) -> None:
         """Record finished I/Os: latency (ns), target index, result (int32 bytes, or -errno),
-        and whether each wrote (a bool for all of them, or a bool array for a mixed batch)."""
+        and whether each wrote (a bool for all of them, or a bool array for a mixed batch).
+        ``ramp``: they finished before the measured window (a compiled loop's call that
+        began in ramp_time ends when the window begins): checked for failures, not counted."""
         if isinstance(write, np.ndarray):
             for d in (READ, WRITE):
                 mask = write if d else ~write
                 if mask.any():
-                    self._complete(np.asarray(lat_ns)[mask], tgt[mask], res[mask], d)
+                    self._complete(np.asarray(lat_ns)[mask], tgt[mask], res[mask], d, ramp)
             return
-        self._complete(lat_ns, tgt, res, WRITE if write else READ)
+        self._complete(lat_ns, tgt, res, WRITE if write else READ, ramp)
 
-    def _complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray, d: int) -> None:
+    def _complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray, d: int,
+                  ramp: bool = False) -> None:
         rec = self.rec
         live = rec.live
         n = len(res)
@@ -186,6 +189,8 @@ class WorkerContext:
         all_ok = n <= PENDING and res.tobytes() == self._all_ok[:4 * n]
         if not all_ok:
             self._record_failures(tgt, np.asarray(res, dtype=np.int64))
+        if ramp:
+            return
         if not self._measuring:  # once on, measuring never turns off: skip the shared read
             if not self.control.measuring:
                 return

@@ -85,7 +85,8 @@ class JobControl:
 
     @property
     def stop_address(self) -> int:
-        """The address of the stop word, for a compiled loop that reads it per I/O."""
+        """The address of the control words (stop, then measuring), for a compiled loop
+        that reads them per I/O."""
         return ctypes.addressof(self._w)
 
     @property

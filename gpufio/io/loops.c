@@ -9,6 +9,10 @@
  * pread/pwrite one at a time, and io_uring with `depth` I/Os in flight. A loop returns when
  * its batch is all issued (io_uring: submitted, the I/Os in flight stay in flight), when its
  * deadline passes, or, once the job's stop word is set, when nothing is in flight any more.
+ * A call that begins in ramp_time also returns once the job's measuring word is set, I/Os
+ * still in flight, so that its completions are all the ramp's and the next call's all the
+ * measured window's: the caller counts a call's completions by when the call began (a batch
+ * of 4096 at a slow rate spans tens of ms, which would otherwise all count).
  *
  * A rate-capped job (rate_iops) hands each I/O's due time with it (`due`, ns on
  * CLOCK_MONOTONIC, which is Python's monotonic_ns; NULL: no cap): no I/O is issued before
@@ -47,7 +51,8 @@ struct gf_loop {
     /* set once by the caller */
     int64_t depth;                  /* slots (I/Os in flight at most) */
     int64_t bs;
-    volatile int64_t *stop;         /* the job's stop word: nonzero, issue nothing more */
+    volatile int64_t *stop;         /* the job's control words: [0] stop (nonzero: issue
+                                     * nothing more), [1] measuring (nonzero: ramp over) */
     const int64_t *fds;             /* per target: descriptor (or registered index) */
     uint8_t *bufs;                  /* depth slots of bs bytes */
     const uint64_t *seeds;          /* per target: the pattern seed a write writes */
@@ -107,7 +112,13 @@ static int pause_until(int64_t due, int64_t deadline)
 
 static inline int stopping(const struct gf_loop *L)
 {
-    return (L->status & GF_STOPPED) || *L->stop;
+    return (L->status & GF_STOPPED) || L->stop[0];
+}
+
+/* Whether this call, begun in ramp_time (`ramp`), must return: the measured window began. */
+static inline int ramp_ended(const struct gf_loop *L, int ramp)
+{
+    return ramp && L->stop[1];
 }
 
 static inline void fill_slot(struct gf_loop *L, int64_t slot, int64_t tgt, uint64_t off)
@@ -138,8 +149,9 @@ int64_t gf_null(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                 struct gf_out *o, int64_t *consumed)
 {
     int64_t i = 0;
+    const int ramp = !L->stop[1];
     (void)offs;
-    while (i < n && !*L->stop) {
+    while (i < n && !L->stop[0] && !ramp_ended(L, ramp)) {
         if (due && due[i] > now_ns()) {
             if (pause_until(due[i], deadline))
                 break;
@@ -161,7 +173,8 @@ int64_t gf_psync(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                  struct gf_out *o, int64_t *consumed)
 {
     int64_t i = 0;
-    while (i < n && !stopping(L)) {
+    const int ramp = !L->stop[1];
+    while (i < n && !stopping(L) && !ramp_ended(L, ramp)) {
         if (due && due[i] > now_ns()) {
             if (pause_until(due[i], deadline))
                 break;
@@ -287,6 +300,7 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
 {
     const uint32_t mask = (uint32_t)(L->sq_entries - 1);
     int64_t i = 0, k = 0, rc;
+    const int ramp = !L->stop[1];
     L->status &= ~GF_TIMED_OUT;
     for (;;) {
         const int stop = stopping(L);
@@ -321,7 +335,7 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
             if (i == n || stop)
                 break;  /* the batch is done (or the job stopped) and nothing is in flight */
             if (next_due) {  /* nothing to reap: sleep until the next I/O is due */
-                if (pause_until(next_due, deadline))
+                if (pause_until(next_due, deadline) || ramp_ended(L, ramp))
                     break;
                 continue;
             }
@@ -350,7 +364,7 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                 return rc;
             const int64_t now = now_ns(), before = k;
             k = reap(L, now, o, k);
-            if (now > deadline)
+            if (now > deadline || ramp_ended(L, ramp))
                 break;
             if (L->nfree || k > before)
                 continue;  /* fill again */
@@ -361,7 +375,7 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
             return rc;
         const int64_t now = now_ns();
         k = reap(L, now, o, k);
-        if (L->status & GF_TIMED_OUT || now > deadline)
+        if (L->status & GF_TIMED_OUT || now > deadline || ramp_ended(L, ramp))
             break;
     }
     *consumed = i;

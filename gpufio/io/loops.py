@@ -76,7 +76,8 @@ def _addr(a: np.ndarray | None) -> int | None:
 class NativeLoop:
     """One worker's compiled loop of kind ``kind`` (NULL, PSYNC or URING) over ``depth``
     slots of ``bs`` bytes at ``bufs`` (an address). ``stop``: the address of the job's
-    stop word; ``fds``: each target's descriptor (uring: or registered index); ``seeds``:
+    control words (int64 stop, then measuring: a call begun before measuring returns once
+    it is set); ``fds``: each target's descriptor (uring: or registered index); ``seeds``:
     each target's pattern seed, for writes (None: the job does not write); ``batch``: the
     most I/Os one ``run`` is given. ``ring`` (io/uring.Ring) and ``word0`` (each direction's
     first SQE word, without the descriptor) for URING, whose SQE rows hold each slot's
