@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import shutil
@@ -107,26 +108,25 @@ def own_sleeps(group: Path, seen: dict[str, int]) -> int:
     return sum(seen.values())
 
 
-def run_counted(cmd: list[str], **kw) -> tuple[str, list[tuple[float, float, int]] | None]:
+def run_counted(cmd: list[str], **kw) -> tuple[str, list[tuple[float, float, int | None]] | None]:
     """Run ``cmd`` in a cgroup of its own; its stdout and samples of (Unix ms, the group's CPU
     seconds, its threads' own sleeps (``own_sleeps``)): CPU every SAMPLE_S, sleeps every
-    SLEEPS_EVERY samples (reading /proc for each thread costs more); None where no group
-    can be made."""
+    SLEEPS_EVERY samples (reading /proc for each thread costs more; None in the others);
+    None where no group can be made."""
     made = _group()
     if made is None:
         return subprocess.run(cmd, capture_output=True, text=True, check=True, **kw).stdout, None
     group, cpu = made
     procs = group / "cgroup.procs"
-    samples: list[tuple[float, float, int]] = []
+    samples: list[tuple[float, float, int | None]] = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: procs.write_text(str(os.getpid())), **kw)
     done = threading.Event()
 
     def sample() -> None:
-        sleeps, n, seen = 0, 0, {}
+        n, seen = 0, {}
         while not done.wait(SAMPLE_S):
-            if n % SLEEPS_EVERY == 0:
-                sleeps = own_sleeps(group, seen)
+            sleeps = own_sleeps(group, seen) if n % SLEEPS_EVERY == 0 else None
             n += 1
             samples.append((time.time() * 1e3, cpu(), sleeps))
     sampler = threading.Thread(target=sample, daemon=True)
@@ -150,8 +150,10 @@ def run_counted(cmd: list[str], **kw) -> tuple[str, list[tuple[float, float, int
 def window(samples: list[tuple[float, ...]] | None, start_ms: float, end_ms: float,
            column: int = 1) -> float | None:
     """How much a sampled counter (``column`` of the samples: 1 CPU seconds, 2 sleeps) grew
-    between two wall-clock instants, interpolated between samples."""
-    if not samples or len(samples) < 2:
+    between two wall-clock instants, interpolated between the samples that read it (None
+    in a sample: not read then)."""
+    samples = [s for s in samples or () if s[column] is not None]
+    if len(samples) < 2:
         return None
 
     def at(t: float) -> float:
@@ -235,15 +237,18 @@ def medians(runs: list[dict]) -> dict:
 
 
 def setting(text: str) -> tuple[str, object]:
-    """A ``--set`` argument, KEY=VALUE, with VALUE read as a TOML scalar would be (a number,
-    true/false, else a string)."""
+    """A ``--set`` argument, KEY=VALUE, with VALUE read as a TOML scalar would be: true or
+    false, a finite number, else a string."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
     try:
-        return key, json.loads(value)
+        scalar = json.loads(value)
     except ValueError:
         return key, value
+    if isinstance(scalar, (bool, int)) or (isinstance(scalar, float) and math.isfinite(scalar)):
+        return key, scalar
+    return key, value
 
 
 def paired_ratio(gpufio: list[dict], fio: list[dict]) -> float:

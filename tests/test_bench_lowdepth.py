@@ -49,6 +49,9 @@ def test_set_reads_values_as_toml_scalars():
     assert lowdepth.setting("iodepth_batch_submit=0") == ("iodepth_batch_submit", 0)
     assert lowdepth.setting("defer_taskrun=false") == ("defer_taskrun", False)
     assert lowdepth.setting("op=read") == ("op", "read")
+    assert lowdepth.setting("ramp_time=0.5") == ("ramp_time", 0.5)
+    for text in ("null", "NaN", "[1]", '{"a": 1}'):  # not TOML scalars: strings
+        assert lowdepth.setting(f"x={text}") == ("x", text)
     for bad in ("defer_taskrun", "=1"):
         with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
             lowdepth.setting(bad)
@@ -80,5 +83,9 @@ def test_window_interpolates_any_sampled_counter():
     samples = [(0.0, 1.0, 100), (10.0, 2.0, 200), (20.0, 4.0, 200)]
     assert lowdepth.window(samples, 5.0, 15.0) == pytest.approx(1.5)
     assert lowdepth.window(samples, 5.0, 15.0, column=2) == pytest.approx(50)
-    assert lowdepth.per_io(samples, 0.0, 20.0, 100) == (pytest.approx(30_000.0), 1.0)  # 3 CPU s over 100 I/Os
+    # sleeps read in every other sample only: the others do not hold the last value
+    sparse = [(0.0, 0.0, 0), (5.0, 0.0, None), (10.0, 0.0, 100), (15.0, 0.0, None)]
+    assert lowdepth.window(sparse, 5.0, 10.0, column=2) == pytest.approx(50)
+    # 3 CPU seconds and 100 sleeps over 100 I/Os
+    assert lowdepth.per_io(samples, 0.0, 20.0, 100) == (pytest.approx(30_000.0), 1.0)
     assert lowdepth.per_io(None, 0.0, 20.0, 100) == (None, None)

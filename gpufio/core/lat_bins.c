@@ -10,7 +10,8 @@
 #define PLAT_VAL (1 << PLAT_BITS)
 #define PLAT_NR (29 * PLAT_VAL)
 
-/* fio's plat_val_to_idx: values below 2 * PLAT_VAL are their own bucket. */
+/* fio's plat_val_to_idx: values below 2 * PLAT_VAL are their own bucket (a negative one,
+ * which a monotonic clock never gives, goes in bucket 0 rather than out of the array). */
 static inline int64_t bucket(int64_t v)
 {
     if (v < 2 * PLAT_VAL)

@@ -28,7 +28,8 @@ class Recorder:
     per direction (READ, WRITE): a mixed job reports reads and writes apart, as fio does.
 
     Latencies are buffered and binned PENDING at a time (or every FLUSH_NS): binning costs
-    a dozen numpy calls, which per small batch would dominate a fast engine's loop. The
+    a call into C (or a dozen numpy calls), which per small batch would dominate a fast
+    engine's loop. The
     counters and the histograms live in the worker's shared block, where the runner reads them.
     """
 

@@ -63,11 +63,13 @@ class LatencyStats:
             return
         lat = np.ascontiguousarray(lat_ns, dtype=np.int64)
         fn = native.lat_function()
-        if fn is not None and self.hist.flags.c_contiguous and self.hist.dtype == np.int64:
+        h = self.hist
+        if (fn is not None and h.dtype == np.int64 and h.size == PLAT_NR
+                and h.flags.c_contiguous and h.flags.writeable):
             # compiled: every recorded I/O is binned here, and NumPy's passes over the
             # batch are time the worker's ring spends drained
             moments, extremes = np.empty(2), np.empty(2, np.int64)
-            fn(lat.ctypes.data, len(lat), self.hist.ctypes.data, moments.ctypes.data,
+            fn(lat.ctypes.data, len(lat), h.ctypes.data, moments.ctypes.data,
                extremes.ctypes.data)
             batch = LatencyStats(n=len(lat), mean=float(moments[0]), m2=float(moments[1]),
                                  min=int(extremes[0]), max=int(extremes[1]))

@@ -11,8 +11,9 @@
  * deadline passes, or, once the job's stop word is set, when nothing is in flight any more.
  * A call that begins in ramp_time also returns once the job's measuring word is set, I/Os
  * still in flight, so that its completions are all the ramp's and the next call's all the
- * measured window's: the caller counts a call's completions by when the call began (a batch
- * of 4096 at a slow rate spans tens of ms, which would otherwise all count).
+ * measured window's: the caller counts a call's completions by when the call began, which
+ * the call says itself (GF_RAMP: one read of the word, the loop's), a batch of 4096 at a
+ * slow rate spanning tens of ms that would otherwise all count.
  *
  * A rate-capped job (rate_iops) hands each I/O's due time with it (`due`, ns on
  * CLOCK_MONOTONIC, which is Python's monotonic_ns; NULL: no cap): no I/O is issued before
@@ -42,6 +43,7 @@
 /* what a call reports beside its completions (struct gf_loop.status) */
 #define GF_TIMED_OUT 1 /* a timed wait (after the stop) saw no completion */
 #define GF_STOPPED 2   /* the job's stop was seen: nothing more is issued */
+#define GF_RAMP 4      /* the call began in ramp_time: its completions are the ramp's */
 
 void gpufio_fill(uint64_t *out, size_t stride, size_t n, size_t words,
                  const uint64_t *offsets, const uint64_t *seeds, uint64_t magic);
@@ -115,6 +117,14 @@ static inline int stopping(const struct gf_loop *L)
     return (L->status & GF_STOPPED) || L->stop[0];
 }
 
+/* Whether the call begins in ramp_time, noted in the status for the caller. */
+static inline int ramp_begins(struct gf_loop *L)
+{
+    const int ramp = !L->stop[1];
+    L->status = ramp ? L->status | GF_RAMP : L->status & ~GF_RAMP;
+    return ramp;
+}
+
 /* Whether this call, begun in ramp_time (`ramp`), must return: the measured window began. */
 static inline int ramp_ended(const struct gf_loop *L, int ramp)
 {
@@ -149,7 +159,7 @@ int64_t gf_null(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                 struct gf_out *o, int64_t *consumed)
 {
     int64_t i = 0;
-    const int ramp = !L->stop[1];
+    const int ramp = ramp_begins(L);
     (void)offs;
     while (i < n && !L->stop[0] && !ramp_ended(L, ramp)) {
         if (due && due[i] > now_ns()) {
@@ -173,7 +183,7 @@ int64_t gf_psync(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                  struct gf_out *o, int64_t *consumed)
 {
     int64_t i = 0;
-    const int ramp = !L->stop[1];
+    const int ramp = ramp_begins(L);
     while (i < n && !stopping(L) && !ramp_ended(L, ramp)) {
         if (due && due[i] > now_ns()) {
             if (pause_until(due[i], deadline))
@@ -300,7 +310,7 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
 {
     const uint32_t mask = (uint32_t)(L->sq_entries - 1);
     int64_t i = 0, k = 0, rc;
-    const int ramp = !L->stop[1];
+    const int ramp = ramp_begins(L);
     L->status &= ~GF_TIMED_OUT;
     for (;;) {
         const int stop = stopping(L);

@@ -24,7 +24,7 @@ from gpufio.core import native
 SOURCES = (Path(__file__).with_name("loops.c"),
            Path(__file__).resolve().parent.parent / "core" / "pattern_fill.c")
 NULL, PSYNC, URING = "gf_null", "gf_psync", "gf_uring"
-TIMED_OUT, STOPPED = 1, 2  # struct gf_loop.status bits
+TIMED_OUT, STOPPED, RAMP = 1, 2, 4  # struct gf_loop.status bits
 # how long one call may run before it hands its completions back: the live counters and
 # the latency bins move at least this often
 CALL_NS = 50_000_000
@@ -136,6 +136,12 @@ class NativeLoop:
     def stopped(self) -> bool:
         """True once the loop saw the job's stop (or halted on a failed I/O)."""
         return bool(self._loop.status & STOPPED)
+
+    @property
+    def began_in_ramp(self) -> bool:
+        """True when the last call began before the measured window (and so ended when it
+        began): its completions are the ramp's."""
+        return bool(self._loop.status & RAMP)
 
     @property
     def timed_out(self) -> bool:

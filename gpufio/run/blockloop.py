@@ -70,14 +70,14 @@ def run_compiled(ctx: "WorkerContext", loop: Any, on_batch: Callable[[], None] |
     mixed = isinstance(writes, np.ndarray)
     draining = len(offs) == 0
     while True:
-        # a call begun in the ramp returns when the window begins: its completions are the
-        # ramp's, the I/Os it left in flight the window's
-        ramp = not ctx.measuring
         used, k = loop.run(tgt, offs, writes if mixed else None, clock() + CALL_NS, due)
         if k:
             completed += k
+            # a call begun in the ramp returns when the window begins: its completions are
+            # the ramp's, the I/Os it left in flight the window's
             ctx.complete(loop.lat[:k], loop.tgt[:k], loop.res[:k],
-                         loop.write[:k].view(bool) if mixed else writes, ramp=ramp)
+                         loop.write[:k].view(bool) if mixed else writes,
+                         ramp=loop.began_in_ramp)
         if on_batch is not None:
             on_batch()
         if loop.timed_out and dog.update(completed, clock()):
