@@ -2,6 +2,7 @@
 their distribution, real runs whose I/O counts stay at or under the cap and, in the compiled
 loops, reach it; a compiled loop reaps while no I/O is due."""
 
+import contextlib
 import ctypes
 import json
 import os
@@ -187,45 +188,14 @@ def _uring_loop(fd: int, stop: ctypes.Array, depth: int, bs: int) -> tuple:
     return loop, ring, buf
 
 
-@needs_cc
-@pytest.mark.parametrize("kind", [loops.NULL, loops.PSYNC, loops.URING])
-def test_a_compiled_loop_reaps_what_is_in_flight_while_nothing_is_due(pattern_file, kind):
+@contextlib.contextmanager
+def _one_due(pattern_file: str, kind: str, words: ctypes.Array):
+    """A compiled loop of ``kind`` reading ``pattern_file`` with ``words`` as its control
+    words, and a batch of 3 I/Os of which only the first is due (the others in an hour):
+    yields (loop, (tgt, offs, due))."""
     if kind == loops.URING and not uring.probe()["available"]:
         pytest.skip("io_uring unavailable")
-    bs, stop = 4096, (ctypes.c_int64 * 2)(0, 1)  # the control words: stop, measuring
-    fd = os.open(pattern_file, os.O_RDONLY)
-    ring = None
-    try:
-        if kind == loops.URING:
-            loop, ring, buf = _uring_loop(fd, stop, 4, bs)
-        else:
-            buf = np.zeros(bs, np.uint8)
-            loop = loops.NativeLoop(kind, depth=1, bs=bs, bufs=buf.ctypes.data,
-                                    stop=ctypes.addressof(stop), fds=np.array([fd]),
-                                    seeds=None, magic=0, halt_on_error=True, batch=8,
-                                    writes=False)
-        now = time.monotonic_ns()
-        due = np.array([now, now + 3600 * SECOND, now + 3600 * SECOND], np.int64)
-        tgt, offs = np.zeros(3, np.int32), np.array([0, bs, 2 * bs], np.uint64)
-        # I/O 0 is due, the others not for an hour: the call issues one, reaps it (it does
-        # not keep it in flight waiting for the next), and hands it back at the deadline
-        used, k = loop.run(tgt, offs, None, time.perf_counter_ns() + 20_000_000, due)
-        assert (used, k, loop.inflight) == (1, 1, 0)
-        assert loop.res[0] == bs and not loop.timed_out and not loop.began_in_ramp
-    finally:
-        if ring is not None:
-            ring.close()
-        os.close(fd)
-
-
-@needs_cc
-@pytest.mark.parametrize("kind", [loops.NULL, loops.PSYNC, loops.URING])
-def test_a_compiled_call_begun_in_the_ramp_returns_when_the_window_begins(pattern_file, kind):
-    # its completions are all the ramp's: a call that ran on into the window (a batch spans
-    # tens of ms at a slow rate) would have its ramp completions counted as measured
-    if kind == loops.URING and not uring.probe()["available"]:
-        pytest.skip("io_uring unavailable")
-    bs, words = 4096, (ctypes.c_int64 * 2)(0, 0)  # stop, measuring: still in the ramp
+    bs = 4096
     fd = os.open(pattern_file, os.O_RDONLY)
     ring = None
     try:
@@ -239,10 +209,34 @@ def test_a_compiled_call_begun_in_the_ramp_returns_when_the_window_begins(patter
                                     writes=False)
         now = time.monotonic_ns()
         due = np.array([now, now + 3600 * SECOND, now + 3600 * SECOND], np.int64)
-        tgt, offs = np.zeros(3, np.int32), np.array([0, bs, 2 * bs], np.uint64)
+        yield loop, (np.zeros(3, np.int32), np.array([0, bs, 2 * bs], np.uint64), due)
+    finally:
+        if ring is not None:
+            ring.close()
+        os.close(fd)
 
+
+@needs_cc
+@pytest.mark.parametrize("kind", [loops.NULL, loops.PSYNC, loops.URING])
+def test_a_compiled_loop_reaps_what_is_in_flight_while_nothing_is_due(pattern_file, kind):
+    words = (ctypes.c_int64 * 2)(0, 1)  # the control words: stop, measuring
+    with _one_due(pattern_file, kind, words) as (loop, (tgt, offs, due)):
+        # I/O 0 is due, the others not for an hour: the call issues one, reaps it (it does
+        # not keep it in flight waiting for the next), and hands it back at the deadline
+        used, k = loop.run(tgt, offs, None, time.perf_counter_ns() + 20_000_000, due)
+        assert (used, k, loop.inflight) == (1, 1, 0)
+        assert loop.res[0] == 4096 and not loop.timed_out and not loop.began_in_ramp
+
+
+@needs_cc
+@pytest.mark.parametrize("kind", [loops.NULL, loops.PSYNC, loops.URING])
+def test_a_compiled_call_begun_in_the_ramp_returns_when_the_window_begins(pattern_file, kind):
+    # its completions are all the ramp's: a call that ran on into the window (a batch spans
+    # tens of ms at a slow rate) would have its ramp completions counted as measured
+    words = (ctypes.c_int64 * 2)(0, 0)  # stop, measuring: still in the ramp
+    with _one_due(pattern_file, kind, words) as (loop, (tgt, offs, due)):
         def begin_window() -> None:
-            while loop.res[0] != bs:  # I/O 0 is done: the call is waiting for the next
+            while loop.res[0] != 4096:  # I/O 0 is done: the call is waiting for the next
                 time.sleep(0.001)
             words[1] = 1
         opener = threading.Thread(target=begin_window)
@@ -252,10 +246,6 @@ def test_a_compiled_call_begun_in_the_ramp_returns_when_the_window_begins(patter
         opener.join()
         assert (used, k) == (1, 1) and loop.began_in_ramp  # its one completion: the ramp's
         assert time.perf_counter_ns() < deadline  # it did not wait for the deadline
-    finally:
-        if ring is not None:
-            ring.close()
-        os.close(fd)
 
 
 def test_the_passes_beside_a_job_are_not_capped():
