@@ -235,13 +235,15 @@ def test_a_compiled_call_begun_in_the_ramp_returns_when_the_window_begins(patter
     # tens of ms at a slow rate) would have its ramp completions counted as measured
     words = (ctypes.c_int64 * 2)(0, 0)  # stop, measuring: still in the ramp
     with _one_due(pattern_file, kind, words) as (loop, (tgt, offs, due)):
+        deadline = time.perf_counter_ns() + 60 * SECOND
+
         def begin_window() -> None:
-            while loop.res[0] != 4096:  # I/O 0 is done: the call is waiting for the next
+            # I/O 0 is done: the call is waiting for the next (or, broken, never issued it)
+            while loop.res[0] != 4096 and time.perf_counter_ns() < deadline:
                 time.sleep(0.001)
             words[1] = 1
         opener = threading.Thread(target=begin_window)
         opener.start()
-        deadline = time.perf_counter_ns() + 60 * SECOND
         used, k = loop.run(tgt, offs, None, deadline, due)
         opener.join()
         assert (used, k) == (1, 1) and loop.began_in_ramp  # its one completion: the ramp's

@@ -180,7 +180,7 @@ class WorkerContext:
         self._complete(lat_ns, tgt, res, WRITE if write else READ, ramp)
 
     def _complete(self, lat_ns: np.ndarray, tgt: np.ndarray, res: np.ndarray, d: int,
-                  ramp: bool = False) -> None:
+                  ramp: bool) -> None:
         rec = self.rec
         live = rec.live
         n = len(res)

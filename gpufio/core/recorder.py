@@ -29,8 +29,8 @@ class Recorder:
 
     Latencies are buffered and binned PENDING at a time (or every FLUSH_NS): binning costs
     a call into C (or a dozen numpy calls), which per small batch would dominate a fast
-    engine's loop. The
-    counters and the histograms live in the worker's shared block, where the runner reads them.
+    engine's loop. The counters and the histograms live in the worker's shared block, where
+    the runner reads them.
     """
 
     ntargets: int

@@ -11,9 +11,9 @@
  * deadline passes, or, once the job's stop word is set, when nothing is in flight any more.
  * A call that begins in ramp_time also returns once the job's measuring word is set, I/Os
  * still in flight, so that its completions are all the ramp's and the next call's all the
- * measured window's: the caller counts a call's completions by when the call began, which
- * the call says itself (GF_RAMP: one read of the word, the loop's), a batch of 4096 at a
- * slow rate spanning tens of ms that would otherwise all count.
+ * measured window's (a batch of 4096 at a slow rate spans tens of ms, which would otherwise
+ * all count). The call reports whether it began in the ramp (GF_RAMP), and the caller
+ * counts by that: one reading of the word, the loop's.
  *
  * A rate-capped job (rate_iops) hands each I/O's due time with it (`due`, ns on
  * CLOCK_MONOTONIC, which is Python's monotonic_ns; NULL: no cap): no I/O is issued before
