@@ -306,7 +306,11 @@ def main() -> int:
                     help="one more profile key for every gpufio run (repeatable; e.g. "
                          "--set iodepth_batch_submit=0)")
     args = ap.parse_args()
-    fio_extra, gpufio_extra = shlex.split(args.fio_args), dict(args.set)
+    try:
+        fio_extra = shlex.split(args.fio_args)
+    except ValueError as e:  # an unclosed quote: a usage error, not a traceback
+        ap.error(f"argument --fio-args: {e}")
+    gpufio_extra = dict(args.set)
     if not args.fio:
         raise SystemExit("bench: fio not found (apt-get install fio, or pass --fio PATH)")
     if args.quick:

@@ -39,6 +39,14 @@ def test_verdict_holds_the_issues_goals():
     assert lowdepth.verdict("psync nj1", run(1, 10_900, 9_100), small, 1.0) == []
 
 
+def test_an_unclosed_quote_in_fio_args_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["lowdepth", "--fio", "/bin/true", "--fio-args", '"x'])
+    with pytest.raises(SystemExit) as e:
+        lowdepth.main()
+    assert e.value.code == 2
+    assert "argument --fio-args: No closing quotation" in capsys.readouterr().err
+
+
 def test_fewer_than_three_rounds_is_refused(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["lowdepth", "--rounds", "2", "--fio", "/bin/true"])
     with pytest.raises(SystemExit, match="at least 3"):
