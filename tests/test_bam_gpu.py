@@ -187,6 +187,21 @@ def test_an_injected_status_is_one_failed_io(controller):
 
 
 @pytest.mark.gpu
+def test_a_stall_names_a_software_controller_that_has_ended(controller):
+    m, host, reg = controller(9)
+    q = queues(host, reg, pairs=1, entries=9, depth=4, slot=4096, shift=9, mode="relay")
+    m._proc.kill()
+    m._proc.join()
+    try:
+        with pytest.raises(QueueStalled, match=r"the software controller's process has "
+                                               r"ended \(killed by signal 9\)"):
+            run(q, [0, 4096], [4096] * 2, [READ] * 2, stall_ns=500_000_000)
+        assert q.kernels_done
+    finally:
+        q.close()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["relay", "direct"])
 def test_a_dropped_completion_is_named_and_a_reset_restarts(controller, mode):
     _, host, reg = controller(9, [Fault(slba=8 * 3, drop=True)])

@@ -147,3 +147,33 @@ def test_a_served_file_reads_through_its_own_controller_and_leaves_nothing(tmp_p
     finally:
         served.close()
     assert not os.path.exists(served.where)
+
+
+def test_a_controller_started_by_a_thread_outlives_that_thread(model):
+    """A job's first worker thread starts the controller that every worker shares; the
+    thread's end (its job done first) must not end the controller (PR_SET_PDEATHSIG follows
+    the starting thread, not the process)."""
+    import threading
+
+    made = []
+    starter = threading.Thread(target=lambda: made.append(model()))
+    starter.start()
+    starter.join()
+    m, host = made[0]
+    pair = host.create_pair(1, 5)
+    for off in (0, 4096, 8192):  # several round trips: the thread's exit has come by now
+        e, (buf,) = reads(m.mem, [off], [4096], 9)
+        assert nq.status_of(pair.run(e, 5 * 10**9)["status"]).tolist() == [0]
+        assert buf.tobytes() == pattern.fill(SEED, off, 4096)
+    assert m._proc.exitcode is None
+
+
+def test_a_stall_names_a_controller_whose_process_has_ended(model):
+    m, host = model()
+    pair = host.create_pair(1, 5)
+    m._proc.kill()
+    m._proc.join()
+    e, _ = reads(m.mem, [0], [4096], 9)
+    with pytest.raises(Stalled, match=r"the software controller's process has ended "
+                                      r"\(killed by signal 9\)"):
+        pair.run(e, 3 * 10**8)

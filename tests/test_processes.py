@@ -199,3 +199,40 @@ def test_a_helper_that_never_comes_up_is_named():
         processes.await_ready("the trainer on GPU 0", lambda t: time.sleep(t) or False,
                               lambda: p.exitcode)
     p.join()
+
+
+# a thread of a parent starts a software NVMe controller and waits until it serves; once the
+# thread has ended, the parent prints the controller's pid and waits to be killed
+THREAD_STARTS = """
+import sys, threading, time
+from gpufio.core import targets
+from gpufio.io.nvme_model import ModelProcess
+targets.create_file(sys.argv[1] + "/ns.dat", 1 << 20, 1)
+made = []
+def start():
+    made.append(ModelProcess(sys.argv[1], sys.argv[1] + "/ns.dat"))
+    made[0].host()  # it serves, its parent-death arrangements made
+t = threading.Thread(target=start)
+t.start()
+t.join()
+print(made[0]._proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_helper_a_thread_started_outlives_the_thread_but_not_the_process(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", THREAD_STARTS, str(tmp_path)],
+                            stdout=subprocess.PIPE)
+    child = 0
+    try:
+        assert select.select([proc.stdout], [], [], 120)[0], "the controller never came up"
+        child = int(proc.stdout.readline())
+        assert _alive(child)  # its starting thread has ended
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60  # the sentinel's watch alone
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        _reap(proc, [child] if child else [])

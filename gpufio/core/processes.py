@@ -85,11 +85,15 @@ _PR_SET_PDEATHSIG = 1
 def die_with_parent() -> None:
     """End this child the moment its parent dies, however it dies (kill -9, the OOM
     killer, a CI timeout): a child left alone would keep reading, holding its rings, pinned
-    memory and GPU context. The kernel sends SIGKILL on the parent's death (prctl), and a
-    thread watching the parent's sentinel covers a parent that died before the prctl and
-    any parent thread exiting early."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    memory and GPU context. The kernel sends SIGKILL on the parent's death (prctl) for a
+    child the main thread started, and a thread watching the parent's sentinel covers a
+    parent that died before the prctl and a child another thread started (``start``)."""
+    # the kernel's parent is the thread that started this child: where that was not the
+    # main thread (a job's first worker starting the controller its workers share), the
+    # signal would come when that thread ends, and the sentinel alone watches the process
+    if not getattr(multiprocessing.current_process(), "started_by_thread", False):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     parent = multiprocessing.parent_process()
     if parent is None or parent.sentinel is None:
         return
@@ -104,6 +108,9 @@ def die_with_parent() -> None:
 
 
 def start(process: Any) -> None:
-    """``process.start()`` (a multiprocessing Process) under ``held``."""
+    """``process.start()`` (a multiprocessing Process) under ``held``, the child told
+    whether a thread other than the main one started it (``die_with_parent``: the Process
+    object travels to the child, pickled where it is spawned)."""
+    process.started_by_thread = threading.current_thread() is not threading.main_thread()
     with held():
         process.start()

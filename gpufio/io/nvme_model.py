@@ -65,6 +65,17 @@ class Memory:
         self.bar32 = self.all[:BAR_BYTES].view("<u4")
         self.dma = self.all[BAR_BYTES:]
         self._next = 0
+        # the controller's process, in the driver's process (ModelProcess): its end is what
+        # a stall report names first
+        self.server: multiprocessing.process.BaseProcess | None = None
+
+    def ended(self) -> str:
+        """Why the controller cannot answer, where its process has ended; else ""."""
+        code = None if self.server is None else self.server.exitcode
+        if code is None:
+            return ""
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return f"; the software controller's process has ended ({how})"
 
     def reg(self, off: int) -> int:
         return int(self.bar32[off // 4])
@@ -440,7 +451,7 @@ class QueuePair:
                               f"{missing[:8]}); SQ tail {self.tail}, CQ head {self.head}, "
                               f"controller fetched {self.mem.reg64(M_FETCHED)} and completed "
                               f"{self.mem.reg64(M_COMPLETED)} commands: held by the "
-                              "controller (consumed, never completed)")
+                              f"controller (consumed, never completed){self.mem.ended()}")
             if not done or len(done) < len(entries):
                 time.sleep(0)
         return np.array([done[int(c)] for c in entries["cid"]], nq.CQE_DTYPE)
@@ -520,6 +531,7 @@ class ModelProcess:
         self._proc = ctx.Process(target=_main, daemon=True, name="nvme-model",
                                  args=(self.path, str(backing), lba_shift, list(faults)))
         processes.start(self._proc)
+        self.mem.server = self._proc
 
     def host(self, admin_entries: int = 32) -> Host:
         """The CPU driver, once the controller is up (it waits for it), enabled."""

@@ -58,6 +58,10 @@ class ControllerMemory(Protocol):
         """BAR0 mapped into this process and registered with CUDA as I/O memory, so GPU
         threads may store to its doorbells; None where it could not be registered."""
 
+    def ended(self) -> str:
+        """Why the controller cannot answer at all, where that is known (a software
+        controller's process has ended), as a clause the stall report appends; else ""."""
+
 
 class QueuePairMemory(Protocol):
     """An I/O queue pair the host driver created: its id, depth, SQ/CQ memory and the BAR0
@@ -191,7 +195,7 @@ class NvmeQueues(RequestQueue):
         fatal = "; the controller reports a fatal status (CSTS.CFS)" \
             if csts & nq.CSTS_CFS else ""
         return (f"NVMe queues ({self.mode} doorbells): no command completed for "
-                f"{stall_ns / 1e9:g} s; {'; '.join(parts)}{fatal}; slots "
+                f"{stall_ns / 1e9:g} s; {'; '.join(parts)}{fatal}{self.mem.ended()}; slots "
                 f"{self.slot_counts()}")
 
     def flush(self, stall_ns: int) -> int:
@@ -228,7 +232,8 @@ class RegisteredModel:
     def __init__(self, mem: Any) -> None:
         self._mem = mem
         gpu.register_host(mem.addr, mem.size, mapped=True)
-        self.alloc, self.set_reg, self.reg = mem.alloc, mem.set_reg, mem.reg
+        self.alloc, self.set_reg, self.reg, self.ended = mem.alloc, mem.set_reg, mem.reg, \
+            mem.ended
 
     def bar_address(self) -> int | None:
         return self._mem.addr
@@ -291,6 +296,9 @@ class RegisteredVfio:
 
     def bar_address(self) -> int | None:
         return self._bar.base if self._bar_ok else None
+
+    def ended(self) -> str:
+        return ""  # a drive that stops answering shows in CSTS, which the report reads
 
     def close(self) -> None:
         """Unregister everything (before the device unmaps it)."""
