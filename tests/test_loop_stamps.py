@@ -39,9 +39,11 @@ def fake_lib(tmp_path_factory) -> ctypes.CDLL:
 
 
 def fake_loop(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, depth: int,
-              batch_submit: int, lazy: bool) -> tuple[loops.NativeLoop, np.ndarray, list]:
-    """A compiled URING loop of ``depth`` slots on an in-memory ring the stand-in serves;
-    (loop, its event log, what keeps the ring's memory alive)."""
+              batch_submit: int, lazy: int, spin_ns: int = 0
+              ) -> tuple[loops.NativeLoop, np.ndarray, list]:
+    """A compiled URING loop of ``depth`` slots on an in-memory ring the stand-in serves
+    (``lazy``: as its fake_ring's); (loop, its event log, what keeps the ring's memory
+    alive)."""
     entries = 1 << (depth - 1).bit_length()
     words = np.zeros(8, np.uint32)  # sq head, sq tail, sq flags, cq head, cq tail
     sq_array = np.zeros(entries, np.uint32)
@@ -51,8 +53,8 @@ def fake_loop(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, depth: int,
     cqes = np.zeros((2 * entries, 2), np.uint64)
     log = np.zeros(1 << 16, np.uint8)
     at = [words.ctypes.data + 4 * i for i in range(5)]
-    lib.fake_ring(*[ctypes.c_void_p(a) for a in (at[0], at[1], sq_array.ctypes.data, at[4],
-                                                  sqes.ctypes.data, cqes.ctypes.data)],
+    lib.fake_ring(*[ctypes.c_void_p(a) for a in (at[0], at[1], sq_array.ctypes.data, at[2],
+                                                  at[4], sqes.ctypes.data, cqes.ctypes.data)],
                   ctypes.c_uint32(entries - 1), ctypes.c_uint32(2 * entries - 1),
                   ctypes.c_void_p(log.ctypes.data), ctypes.c_int64(len(log)),
                   ctypes.c_int64(int(lazy)))
@@ -68,7 +70,8 @@ def fake_loop(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, depth: int,
     loop = loops.NativeLoop(loops.URING, depth=depth, bs=4096, bufs=bufs.ctypes.data,
                             stop=stop.ctypes.data, fds=np.zeros(1, np.int64), seeds=None,
                             magic=0, halt_on_error=True, batch=64, writes=False, ring=ring,
-                            word0=(uring.OP_READ, uring.OP_WRITE), batch_submit=batch_submit)
+                            word0=(uring.OP_READ, uring.OP_WRITE), batch_submit=batch_submit,
+                            spin_ns=spin_ns)
     return loop, log, [words, sq_array, sqes, cqes, stop, bufs]
 
 
@@ -80,7 +83,8 @@ def events(lib: ctypes.CDLL, log: np.ndarray) -> str:
 @pytest.mark.parametrize("lazy", [False, True], ids=["completes-at-submit", "completes-on-wait"])
 def test_compiled_loop_stamps_enclose_the_enter_calls_and_nothing_else(fake_lib, monkeypatch,
                                                                         lazy):
-    loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=1, batch_submit=1, lazy=lazy)
+    loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=1, batch_submit=1,
+                                 lazy=int(lazy))
     used, k = loop.run(np.zeros(5, np.int32), np.arange(5, dtype=np.uint64) * 4096, None,
                        1 << 62)
     assert used == 5 and k + loop.inflight == 5
@@ -100,13 +104,46 @@ def test_compiled_loop_stamps_enclose_the_enter_calls_and_nothing_else(fake_lib,
 def test_compiled_loop_submits_batch_submit_ios_per_call(fake_lib, monkeypatch,
                                                          batch_submit, calls):
     loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=4, batch_submit=batch_submit,
-                                 lazy=False)
+                                 lazy=0)
     used, k = loop.run(np.zeros(8, np.int32), np.arange(8, dtype=np.uint64) * 4096, None,
                        1 << 62)
     assert used == 8 and k == 8
     ev = events(fake_lib, log)
     assert ev.count("S") == calls and "W" not in ev, ev
     assert (loop.lat[:k] == 1).all()  # one call between the two stamps of every I/O
+
+
+@needs_cc
+def test_a_wait_that_sees_a_completion_pending_does_not_look_again(fake_lib, monkeypatch):
+    # as a DEFER_TASKRUN ring: the completion is the kernel's from the submitting call on,
+    # flagged in the SQ ring, and posted by the waiting call
+    loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=1, batch_submit=1, lazy=2,
+                                 spin_ns=1000)
+    used, k = loop.run(np.zeros(5, np.int32), np.arange(5, dtype=np.uint64) * 4096, None,
+                       1 << 62)
+    assert used == 5 and k + loop.inflight == 5 and (loop.res[:k] == 4096).all()
+    # stamp, submit, reap; the look's one clock read (its end), which finds the flag at
+    # once; the wait, which does not sleep for it; the stamp after it
+    assert events(fake_lib, log).startswith("CSCCWC" * k)
+    assert loop._loop.spin_misses == 0
+
+
+@needs_cc
+def test_looks_that_find_nothing_come_ever_more_rarely(fake_lib, monkeypatch):
+    # a device slower than the look: every look runs out (its clock reads: its end, then
+    # one a turn until that end), and each miss doubles the waits that sleep at once
+    loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=1, batch_submit=1, lazy=1,
+                                 spin_ns=2)
+    for first in range(0, 200, 50):
+        used, k = loop.run(np.zeros(50, np.int32),
+                           np.arange(first, first + 50, dtype=np.uint64) * 4096, None, 1 << 62)
+        assert used == 50
+    # before each wait: the submit, then its reap's clock read (and, where a call began
+    # with the I/O in flight, that call's stamp), then a look's three
+    before_waits = events(fake_lib, log).split("W")[:200]
+    looked = [i for i, ev in enumerate(before_waits) if len(ev) - ev.rindex("S") - 1 >= 4]
+    assert looked == [0, 2, 6, 14, 30, 62, 126, 190]  # then one in 64, no fewer
+    assert loop._loop.spin_misses == 6
 
 
 @needs_uring

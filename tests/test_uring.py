@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -205,6 +206,32 @@ def test_wait_times_out_instead_of_hanging(tmp_path):
             assert len(ud) == 0 and ring.inflight == 1
     finally:
         os.close(fd)
+
+
+def test_a_completion_held_for_the_submitter_is_flagged_until_it_asks(pattern_fd):
+    # what the compiled loop's look before a wait (wait_spin) relies on: a DEFER_TASKRUN
+    # ring's completion waits for its submitter's next call, and the SQ ring says so
+    mem = targets.aligned_buffer(4096)
+    with uring.Ring(2, single_issuer=True) as ring:
+        if not ring.flags & uring.SETUP_DEFER_TASKRUN:
+            pytest.skip("the kernel has no DEFER_TASKRUN")
+        assert ring.flags & uring.SETUP_TASKRUN_FLAG
+        addr = np.frombuffer(mem, np.uint8).ctypes.data
+        ring.push(uring.sqe_words(opcode=uring.OP_READ, sqe_flags=uring.SQE_ASYNC,
+                                  fd=np.array([pattern_fd]), off=np.array([4096]),
+                                  addr=np.array([addr]), length=4096, user_data=np.array([7])))
+        ring.enter(1, 0, 0)  # submits, and asks for no events
+        deadline = time.monotonic() + 30
+        while not ring.sq_flags & uring.SQ_TASKRUN:  # an io-wq worker does the read
+            assert time.monotonic() < deadline, "the read's completion was never flagged"
+            time.sleep(0.001)
+        assert len(ring.reap()[0]) == 0  # held: not in the CQ yet
+        ring.enter(0, 1, uring.ENTER_GETEVENTS, timeout_ns=10_000_000_000)  # asks for it
+        ud, res = ring.reap()
+        assert ud.tolist() == [7] and res.tolist() == [4096]
+        assert not ring.sq_flags & uring.SQ_TASKRUN
+        got = np.frombuffer(mem, np.uint8)[:4096].view("<u8")
+        assert np.array_equal(got, pattern.expected_words(1234, 4096, 4096))
 
 
 def test_sqpoll_wakes_a_sleeping_thread(pattern_fd):

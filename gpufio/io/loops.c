@@ -37,8 +37,11 @@
 #define ENTER_SQ_WAKEUP (1U << 1)
 #define ENTER_EXT_ARG (1U << 3)
 #define SQ_NEED_WAKEUP (1U << 0)
+#define SQ_TASKRUN (1U << 2)
 /* the longest sleep for a due time before the stop word is looked at again (core/rate.py's) */
 #define NAP_NS 20000000LL
+/* a wait's look for a completion, after looks that found none, comes once in 2^this waits */
+#define SPIN_BACKOFF_MAX 6
 
 /* what a call reports beside its completions (struct gf_loop.status) */
 #define GF_TIMED_OUT 1 /* a timed wait (after the stop) saw no completion */
@@ -71,8 +74,10 @@ struct gf_loop {
     uint64_t stop_ud;               /* user_data of the stop poll's completion */
     int64_t wait_ns;                /* a wait's limit once the stop was seen (0: none) */
     int64_t batch_submit;           /* I/Os one io_uring_enter submits at most (0: all free) */
+    int64_t spin_ns;                /* before a wait, look this long for a completion */
     /* state kept across calls */
     int64_t sq_tail_local, cq_head_local, inflight, nfree, status, unsubmitted;
+    int64_t spin_skip, spin_misses;  /* waits that sleep at once; looks that found nothing */
     int64_t *free_slots;            /* depth */
     int64_t *t_issue;               /* depth */
     int64_t *slot_tgt;              /* depth */
@@ -264,6 +269,37 @@ static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due)
     }
 }
 
+/* Before a wait, look for up to spin_ns for a completion the kernel holds for this thread
+ * (IORING_SQ_TASKRUN: deferred or cooperative task work) or has posted: the wait that
+ * follows then finds it and returns without sleeping. A thread that sleeps for every
+ * completion pays a wake-up per I/O, where one that arrives a moment later pays none.
+ * A look that finds nothing doubles the waits that sleep at once before the next look (up
+ * to SPIN_BACKOFF_MAX), so a device slower than spin_ns costs a look in 64 waits, not one
+ * in every wait. */
+static void spin_for_completion(struct gf_loop *L)
+{
+    if (!L->spin_ns)
+        return;
+    if (L->spin_skip > 0) {
+        L->spin_skip--;
+        return;
+    }
+    const int64_t until = now_ns() + L->spin_ns;
+    do {
+        if (__atomic_load_n(L->sq_flags, __ATOMIC_ACQUIRE) & SQ_TASKRUN
+            || __atomic_load_n(L->cq_tail, __ATOMIC_ACQUIRE) != (uint32_t)L->cq_head_local) {
+            L->spin_misses = 0;
+            return;
+        }
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();  /* a spinning hyperthread leaves its sibling the core */
+#endif
+    } while (now_ns() < until);
+    if (L->spin_misses < SPIN_BACKOFF_MAX)
+        L->spin_misses++;
+    L->spin_skip = (1LL << L->spin_misses) - 1;
+}
+
 /* Reap every CQE there is, each stamped `now`. */
 static int64_t reap(struct gf_loop *L, int64_t now, struct gf_out *o, int64_t k)
 {
@@ -380,6 +416,8 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                 continue;  /* fill again */
             /* every slot in flight and none back: wait (the call below submits nothing) */
         }
+        if (!next_due && !L->sqpoll)
+            spin_for_completion(L);
         rc = enter(L, 1, next_due ? (next_due > t0 ? next_due - t0 : 1) : 0);
         if (rc < 0)
             return rc;

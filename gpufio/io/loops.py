@@ -43,9 +43,9 @@ class _Loop(ctypes.Structure):
                                     "cq_tail", "sqes", "cqes")],
                 ("sq_entries", _I64), ("cq_mask", _I64), ("sqpoll", _I64),
                 ("word0", ctypes.c_uint64 * 2), ("stop_ud", ctypes.c_uint64), ("wait_ns", _I64),
-                ("batch_submit", _I64),
+                ("batch_submit", _I64), ("spin_ns", _I64),
                 *[(n, _I64) for n in ("sq_tail_local", "cq_head_local", "inflight", "nfree",
-                                      "status", "unsubmitted")],
+                                      "status", "unsubmitted", "spin_skip", "spin_misses")],
                 *[(n, _P) for n in ("free_slots", "t_issue", "slot_tgt", "slot_write")]]
 
 
@@ -83,13 +83,14 @@ class NativeLoop:
     first SQE word, without the descriptor) for URING, whose SQE rows hold each slot's
     address, length and user_data (the slot) already; ``stop_ud``: the user_data of the
     ring's stop poll (0: none, and every wait has a limit); ``wait_ns``: a wait's limit;
-    ``batch_submit``: the most I/Os one io_uring_enter submits (0: every free slot's)."""
+    ``batch_submit``: the most I/Os one io_uring_enter submits (0: every free slot's);
+    ``spin_ns``: how long a wait first looks for a completion before it sleeps."""
 
     def __init__(self, kind: str, *, depth: int, bs: int, bufs: int, stop: int,
                  fds: np.ndarray, seeds: np.ndarray | None, magic: int, halt_on_error: bool,
                  batch: int, writes: bool, nop: bool = False, ring: Any = None,
                  word0: tuple[int, int] = (0, 0), stop_ud: int = 0, wait_ns: int = 0,
-                 batch_submit: int = 0) -> None:
+                 batch_submit: int = 0, spin_ns: int = 0) -> None:
         lib = _library()
         if lib is None:
             raise RuntimeError("the compiled loops are not available here")
@@ -123,6 +124,7 @@ class NativeLoop:
             L.sq_tail_local, L.cq_head_local = ring.local_heads()
             L.word0[0], L.word0[1] = word0
             L.stop_ud, L.wait_ns, L.batch_submit = stop_ud, wait_ns, batch_submit
+            L.spin_ns = spin_ns
         self._loop_ref = ctypes.byref(L)
         self._out_ref = ctypes.byref(self._out)
         self._consumed_ref = ctypes.byref(self._consumed)

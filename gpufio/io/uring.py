@@ -36,6 +36,7 @@ SETUP_SQ_AFF = 1 << 2
 SETUP_CQSIZE = 1 << 3
 SETUP_ATTACH_WQ = 1 << 5
 SETUP_COOP_TASKRUN = 1 << 8
+SETUP_TASKRUN_FLAG = 1 << 9
 SETUP_SQE128 = 1 << 10
 SETUP_CQE32 = 1 << 11
 SETUP_SINGLE_ISSUER = 1 << 12
@@ -49,6 +50,7 @@ ENTER_EXT_ARG = 1 << 3
 
 SQ_NEED_WAKEUP = 1 << 0
 SQ_CQ_OVERFLOW = 1 << 1
+SQ_TASKRUN = 1 << 2  # completions wait for the submitter's next call (TASKRUN_FLAG)
 # the counters of a ring's /proc/<pid>/fdinfo that say where its SQEs stand, kernel-side
 KERNEL_VIEW = ("SqHead", "SqTail", "CachedSqHead", "CqHead", "CqTail", "CachedCqTail",
                "SQEs", "CQEs")
@@ -238,7 +240,9 @@ class Ring:
             # As fio: completions need no IPI into the submitter (COOP_TASKRUN); without it
             # every io-wq completion interrupts the submitting thread. A ring with one
             # submitting thread may also defer that work until it reaps (DEFER_TASKRUN).
-            flags |= SETUP_COOP_TASKRUN
+            # TASKRUN_FLAG: the SQ ring's flags say when completions wait for this thread's
+            # next enter, so a loop can look before it sleeps
+            flags |= SETUP_COOP_TASKRUN | SETUP_TASKRUN_FLAG
             if single_issuer:
                 flags |= SETUP_SINGLE_ISSUER | SETUP_DEFER_TASKRUN
         if sqpoll:
@@ -268,7 +272,8 @@ class Ring:
             p.sq_off.user_addr = _addr(sqe_mem)
             p.cq_off.user_addr = _addr(ring_mem)
         fd, err = -1, 0
-        for fallback in (0, SETUP_SINGLE_ISSUER | SETUP_DEFER_TASKRUN, SETUP_COOP_TASKRUN):
+        for fallback in (0, SETUP_SINGLE_ISSUER | SETUP_DEFER_TASKRUN,
+                         SETUP_COOP_TASKRUN | SETUP_TASKRUN_FLAG):
             flags &= ~fallback  # kernels before 5.19 / 6.1 lack the task-run flags
             p.flags = flags
             fd = _syscall(SYS_SETUP, entries, ctypes.addressof(p), 0, 0, 0, 0)

@@ -29,7 +29,8 @@ class RingOptions:
     registered, READ_FIXED / WRITE_FIXED); ``nop``: every request an IORING_OP_NOP, which
     counts as the spec's ``largest`` bytes moved; ``batch_submit``: the most I/Os one
     io_uring_enter of the compiled block loop submits (fio's iodepth_batch_submit; 0: every
-    free slot's). Requests through ``submit`` go in with the next enter, all at once: a
+    free slot's); ``spin_ns``: how long its waits first look for a completion before they
+    sleep (IORING_SQ_TASKRUN). Requests through ``submit`` go in with the next enter, all at once: a
     call per request would cost the Python loop more than the waits it saves."""
 
     entries: int = 0
@@ -41,6 +42,7 @@ class RingOptions:
     fixedbufs: bool = False
     nop: bool = False
     batch_submit: int = 0
+    spin_ns: int = 0
 
 
 class UringChannel(Channel):
@@ -185,7 +187,8 @@ class UringChannel(Channel):
             writes=bool(job.writes), nop=self.options.nop, ring=self.ring,
             word0=tuple(op | self._sqe_flags << 8 for op in self._ops),
             stop_ud=uring.WAKE_UD if self._armed else 0,
-            wait_ns=0 if self.ring.iopoll else wait_ns, batch_submit=self.options.batch_submit)
+            wait_ns=0 if self.ring.iopoll else wait_ns, batch_submit=self.options.batch_submit,
+            spin_ns=self.options.spin_ns)
         return self._native
 
     def measured(self) -> None:

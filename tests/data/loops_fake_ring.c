@@ -2,12 +2,14 @@
  * clock_gettime and syscall renamed to these, so a test sees each clock read and each
  * io_uring_enter in the order the loop makes them. The clock ticks once per read; an enter
  * takes the SQEs it submits and completes what it has taken (res = the SQE's length): at
- * once, or (`lazy`) only in an enter that waits, as a device slower than the loop. */
+ * once, or (`lazy`) only in an enter that waits, as a device slower than the loop; with
+ * `lazy` 2, as a DEFER_TASKRUN ring, the SQ flags say so (IORING_SQ_TASKRUN) from the
+ * submitting enter until the waiting one. */
 #include <stdarg.h>
 #include <stdint.h>
 #include <time.h>
 
-static volatile uint32_t *sq_head, *sq_tail, *sq_array, *cq_tail;
+static volatile uint32_t *sq_head, *sq_tail, *sq_array, *sq_flags, *cq_tail;
 static const uint64_t *sqes;
 static uint64_t *cqes;
 static uint32_t sq_mask, cq_mask;
@@ -15,11 +17,13 @@ static int64_t ticks, nlog;
 static char *events;  /* 'C' a clock read, 'S' an enter that submits, 'W' one that waits */
 static int64_t events_cap, lazy, taken, slots[4096];
 
-void fake_ring(uint32_t *sh, uint32_t *st, uint32_t *sa, uint32_t *ct, const uint64_t *s,
-               uint64_t *c, uint32_t smask, uint32_t cmask, char *log, int64_t cap,
-               int64_t slow)
+#define SQ_TASKRUN (1U << 2)
+
+void fake_ring(uint32_t *sh, uint32_t *st, uint32_t *sa, uint32_t *sf, uint32_t *ct,
+               const uint64_t *s, uint64_t *c, uint32_t smask, uint32_t cmask, char *log,
+               int64_t cap, int64_t slow)
 {
-    sq_head = sh; sq_tail = st; sq_array = sa; cq_tail = ct; sqes = s; cqes = c;
+    sq_head = sh; sq_tail = st; sq_array = sa; sq_flags = sf; cq_tail = ct; sqes = s; cqes = c;
     sq_mask = smask; cq_mask = cmask; events = log; events_cap = cap; ticks = 0; nlog = 0;
     lazy = slow; taken = 0;
 }
@@ -47,8 +51,12 @@ long syscall(long nr, ...)
     note(submit ? 'S' : 'W');
     for (unsigned i = 0; i < submit; i++)
         slots[taken++] = sq_array[(*sq_head)++ & sq_mask];
-    if (lazy && !wait)
+    if (lazy && !wait) {
+        if (lazy == 2 && taken)
+            __atomic_store_n(sq_flags, SQ_TASKRUN, __ATOMIC_RELEASE);
         return submit;
+    }
+    __atomic_store_n(sq_flags, 0, __ATOMIC_RELEASE);
     for (int64_t i = 0; i < taken; i++) {
         const uint64_t *sqe = sqes + 8 * slots[i];
         uint64_t *cqe = cqes + 2 * (*cq_tail & cq_mask);
