@@ -62,7 +62,7 @@ def test_result_describes_the_ring_options():
     facts = uring_engine.Uring.describe(job(sqpoll=True, fixedbufs=True))
     assert facts == {"page_cache": False, "sqpoll": True, "fixedbufs": True,
                      "registerfiles": False, "hipri": False, "defer_taskrun": True,
-                     "iodepth_batch_submit": 1, "wait_spin": 2_000, "op": "io",
+                     "iodepth_batch_submit": 1, "wait_spin": 3_000, "op": "io",
                      "loop": "compiled" if loops.available() else "python"}
 
 

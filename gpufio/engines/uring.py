@@ -52,7 +52,7 @@ class Uring(Engine):
                "(0: every free slot's at once, fewer calls; 1: each I/O its own call, the "
                "thread reaping between them instead of sleeping for each completion)",
                minimum=0),
-        Option("wait_spin", "time", 2_000,
+        Option("wait_spin", "time", 3_000,
                "compiled loop: before a wait sleeps, look this long for a completion "
                "(IORING_SQ_TASKRUN), so one a moment away costs no wake-up; looks that find "
                "none come ever more rarely (0: sleep at once, as fio)", minimum=0),

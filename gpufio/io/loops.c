@@ -40,8 +40,10 @@
 #define SQ_TASKRUN (1U << 2)
 /* the longest sleep for a due time before the stop word is looked at again (core/rate.py's) */
 #define NAP_NS 20000000LL
-/* a wait's look for a completion, after looks that found none, comes once in 2^this waits */
-#define SPIN_BACKOFF_MAX 6
+/* a wait's look for a completion (spin_for_completion): the misses in a row that cost
+ * nothing more, and after them at most one look in 2^SPIN_SKIP_SHIFT_MAX waits */
+#define SPIN_FREE_MISSES 3
+#define SPIN_SKIP_SHIFT_MAX 6
 
 /* what a call reports beside its completions (struct gf_loop.status) */
 #define GF_TIMED_OUT 1 /* a timed wait (after the stop) saw no completion */
@@ -77,7 +79,7 @@ struct gf_loop {
     int64_t spin_ns;                /* before a wait, look this long for a completion */
     /* state kept across calls */
     int64_t sq_tail_local, cq_head_local, inflight, nfree, status, unsubmitted;
-    int64_t spin_skip, spin_misses;  /* waits that sleep at once; looks that found nothing */
+    int64_t spin_skip, spin_misses;  /* waits that sleep at once; looks in a row that missed */
     int64_t *free_slots;            /* depth */
     int64_t *t_issue;               /* depth */
     int64_t *slot_tgt;              /* depth */
@@ -273,9 +275,10 @@ static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due)
  * (IORING_SQ_TASKRUN: deferred or cooperative task work) or has posted: the wait that
  * follows then finds it and returns without sleeping. A thread that sleeps for every
  * completion pays a wake-up per I/O, where one that arrives a moment later pays none.
- * A look that finds nothing doubles the waits that sleep at once before the next look (up
- * to SPIN_BACKOFF_MAX), so a device slower than spin_ns costs a look in 64 waits, not one
- * in every wait. */
+ * After SPIN_FREE_MISSES looks in a row that found nothing, each further one doubles the
+ * waits that sleep at once before the next look (up to 2^SPIN_SKIP_SHIFT_MAX - 1): a
+ * device slower than spin_ns costs a look in 64 waits, while one whose completions mostly
+ * come in time, with an occasional late one, keeps looking. */
 static void spin_for_completion(struct gf_loop *L)
 {
     if (!L->spin_ns)
@@ -295,9 +298,10 @@ static void spin_for_completion(struct gf_loop *L)
         __builtin_ia32_pause();  /* a spinning hyperthread leaves its sibling the core */
 #endif
     } while (now_ns() < until);
-    if (L->spin_misses < SPIN_BACKOFF_MAX)
+    if (L->spin_misses < SPIN_FREE_MISSES + SPIN_SKIP_SHIFT_MAX)
         L->spin_misses++;
-    L->spin_skip = (1LL << L->spin_misses) - 1;
+    if (L->spin_misses > SPIN_FREE_MISSES)
+        L->spin_skip = (1LL << (L->spin_misses - SPIN_FREE_MISSES)) - 1;
 }
 
 /* Reap every CQE there is, each stamped `now`. */
