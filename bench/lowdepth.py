@@ -302,6 +302,9 @@ def main() -> int:
     ap.add_argument("--fio-args", default="", metavar="ARGS",
                     help="more fio options for every fio run, as one string "
                          "(e.g. --fio-args=--gtod_reduce=1)")
+    ap.add_argument("--control", action="store_true",
+                    help="an A/A run: fio in the gpufio column too, judged by the same goals "
+                         "(what this machine's own noise does to them)")
     ap.add_argument("--set", type=setting, action="append", default=[], metavar="KEY=VALUE",
                     help="one more profile key for every gpufio run (repeatable; e.g. "
                          "--set iodepth_batch_submit=0)")
@@ -311,6 +314,8 @@ def main() -> int:
     except ValueError as e:  # an unclosed quote: a usage error, not a traceback
         ap.error(f"argument --fio-args: {e}")
     gpufio_extra = dict(args.set)
+    if args.control and gpufio_extra:
+        ap.error("argument --set: --control runs no gpufio")
     if not args.fio:
         raise SystemExit("bench: fio not found (apt-get install fio, or pass --fio PATH)")
     if args.quick:
@@ -328,10 +333,15 @@ def main() -> int:
         matrix = [(t, c) for t, c in matrix if not args.cases or any(k in c[0] for k in args.cases)]
         for rnd in range(args.rounds):
             for target, (case, engine, qd, nj) in matrix:
-                tools = [("gpufio", lambda: run_gpufio(engine, str(files[target]), qd, nj,
-                                                       args.runtime, args.ramp, gpufio_extra)),
-                         ("fio", lambda: run_fio(args.fio, engine, str(files[target]), qd, nj,
-                                                 args.runtime, args.ramp, fio_extra))]
+                def fio() -> dict:
+                    return run_fio(args.fio, engine, str(files[target]), qd, nj,
+                                   args.runtime, args.ramp, fio_extra)
+
+                def gpufio() -> dict:
+                    return run_gpufio(engine, str(files[target]), qd, nj, args.runtime,
+                                      args.ramp, gpufio_extra)
+
+                tools = [("gpufio", fio if args.control else gpufio), ("fio", fio)]
                 for name, go in tools if rnd % 2 == 0 else tools[::-1]:
                     runs.setdefault((target, case), {}).setdefault(name, []).append(go())
                 print(f"bench: round {rnd + 1}/{args.rounds} {target} {case}", file=sys.stderr,
@@ -359,13 +369,15 @@ def main() -> int:
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
           f"{fio_version}, {args.rounds} round(s) of {args.runtime:g} s, medians (ratio: of "
           "the rounds' own ratios)"
-          + (" (--quick: not a measurement)" if args.quick else ""))
+          + (" (--quick: not a measurement)" if args.quick else "")
+          + ("\n--control: the gpufio column is fio too (an A/A run)" if args.control else ""))
     if fio_extra or gpufio_extra:
         print(f"varied: fio {' '.join(fio_extra) or '(as the case)'}; gpufio "
               f"{', '.join(f'{k} = {v!r}' for k, v in gpufio_extra.items()) or '(as the case)'}")
     if args.json:
         Path(args.json).write_text(json.dumps(
-            [{"target": t, "case": c, "fio_args": fio_extra, "gpufio_set": gpufio_extra, **by}
+            [{"target": t, "case": c, "fio_args": fio_extra, "gpufio_set": gpufio_extra,
+              "control": args.control, **by}
              for (t, c), by in runs.items()], indent=1))
     if args.check and missed:
         print("bench: goals missed:\n  " + "\n  ".join(missed), file=sys.stderr)

@@ -4,6 +4,7 @@ issue's (>= 0.95x fio, null >= 0.5x, qd-1 CPU <= 1.2x, qd-1 latency within max(1
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 from pathlib import Path
@@ -51,6 +52,42 @@ def test_fewer_than_three_rounds_is_refused(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["lowdepth", "--rounds", "2", "--fio", "/bin/true"])
     with pytest.raises(SystemExit, match="at least 3"):
         lowdepth.main()
+
+
+def test_control_runs_fio_in_both_columns_and_judges_it_alike(monkeypatch, tmp_path, capsys):
+    # an A/A run: fio against itself, so the goals it misses are the machine's noise
+    calls = []
+
+    def fake_fio(fio, engine, target, qd, nj, runtime, ramp, extra) -> dict:
+        calls.append(engine)
+        return {**run(80 if len(calls) % 2 else 100, p50=10_000 + 2_000 * (len(calls) % 2)),
+                "cpu": "cgroup", "sleeps": 1.0}
+
+    def no_gpufio(*args) -> dict:
+        raise AssertionError("gpufio ran in an A/A run")
+
+    monkeypatch.setattr(lowdepth, "run_fio", fake_fio)
+    monkeypatch.setattr(lowdepth, "run_gpufio", no_gpufio)
+    out = tmp_path / "aa.json"
+    monkeypatch.setattr(sys, "argv", [
+        "lowdepth", "--fio", "/bin/true", "--quick", "--cases", "psync nj1", "--control",
+        "--check", "--tmpfs-dir", str(tmp_path), "--root-dir", str(tmp_path), "--json", str(out)])
+    assert lowdepth.main() == 1  # fio missed its own goals here: 0.8x, and 2 us of p50
+    text = capsys.readouterr()
+    assert "the gpufio column is fio too" in text.out
+    assert "tmpfs psync nj1: IOPS 0.80x < 0.95x\n  tmpfs psync nj1: p50 12.0 vs 10.0 us" in text.err
+    assert calls == ["psync"] * 4
+    doc = json.loads(out.read_text())
+    assert [d["control"] for d in doc] == [True, True]
+    assert list(tmp_path.iterdir()) == [out]  # the target files are gone
+
+
+def test_control_refuses_gpufio_settings(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["lowdepth", "--fio", "/bin/true", "--control",
+                                      "--set", "wait_spin=0"])
+    with pytest.raises(SystemExit) as e:
+        lowdepth.main()
+    assert e.value.code == 2 and "--control runs no gpufio" in capsys.readouterr().err
 
 
 def test_set_reads_values_as_toml_scalars():
