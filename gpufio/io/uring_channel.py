@@ -180,6 +180,10 @@ class UringChannel(Channel):
             opcode=self._ops[not job.reads], sqe_flags=self._sqe_flags,
             fd=np.full(depth, self._fds[0]), off=np.zeros(depth, np.uint64),
             addr=base + slots * np.uint64(bs), length=bs, user_data=slots)
+        # an IOPOLL ring's wait polls the device and returns with each completion: it needs
+        # no time limit, and a look before it would find nothing (completions turn up only
+        # in the wait)
+        polled = self.ring.iopoll
         self._native = loops.NativeLoop(
             loops.URING, depth=depth, bs=bs, bufs=int(base), stop=ctx.stop_address,
             fds=self._fds, seeds=ctx.seeds(np.arange(len(self._fds))) if job.writes else None,
@@ -187,8 +191,8 @@ class UringChannel(Channel):
             writes=bool(job.writes), nop=self.options.nop, ring=self.ring,
             word0=tuple(op | self._sqe_flags << 8 for op in self._ops),
             stop_ud=uring.WAKE_UD if self._armed else 0,
-            wait_ns=0 if self.ring.iopoll else wait_ns, batch_submit=self.options.batch_submit,
-            spin_ns=self.options.spin_ns)
+            wait_ns=0 if polled else wait_ns, batch_submit=self.options.batch_submit,
+            spin_ns=0 if polled else self.options.spin_ns)
         return self._native
 
     def measured(self) -> None:
