@@ -5,7 +5,8 @@ Two figures, each a median of runs of this checkout's ``python3 -m gpufio`` (the
 interpreter running this script) and of fio, interleaved:
 
 - ``--help``: the wall time of ``gpufio --help`` (and, for scale, of ``python3 -c pass``,
-  the interpreter's own start, and of ``fio --help``);
+  the interpreter's own start, of ``python3 -S -c pass``, that start without ``site`` and
+  the ``.pth`` hooks a machine may add to every interpreter, and of ``fio --help``);
 - first I/O: the time from the ``execve`` of the tool to its first I/O system call (a
   ``pread64`` of one block, or an ``io_uring_enter`` that submits), read from an
   ``strace -f --seccomp-bpf`` of a one-job 4 KiB random-read run of a small tmpfs file,
@@ -116,12 +117,15 @@ def main() -> int:
     clean_up_on_sigterm()
     rows, raw, missed = [], {}, []
     helps = {"gpufio": [sys.executable, "-m", "gpufio", "--help"], "fio": [args.fio, "--help"],
-             "python3 -c pass": [sys.executable, "-c", "pass"]}
+             "python3 -c pass": [sys.executable, "-c", "pass"],
+             "python3 -S -c pass": [sys.executable, "-S", "-c", "pass"]}
     raw["--help"] = {name: median_of(args.help_runs, wall, cmd)[1] for name, cmd in helps.items()}
     g, f = (statistics.median(raw["--help"][n]) for n in ("gpufio", "fio"))
-    floor = statistics.median(raw["--help"]["python3 -c pass"])
+    floor, bare = (statistics.median(raw["--help"][n])
+                   for n in ("python3 -c pass", "python3 -S -c pass"))
     rows.append(("--help", f"{g * 1e3:.0f}", f"{f * 1e3:.0f}", f"{g / f:.2f}",
-                 f"{floor * 1e3:.0f}", f"< {HELP_S * 1e3:.0f} ms", "ok" if g < HELP_S else "MISSED"))
+                 f"{floor * 1e3:.0f}", f"{bare * 1e3:.0f}", f"< {HELP_S * 1e3:.0f} ms",
+                 "ok" if g < HELP_S else "MISSED"))
     if g >= HELP_S:
         missed.append(f"--help {g * 1e3:.0f} ms >= {HELP_S * 1e3:.0f} ms")
     with tempfile.TemporaryDirectory(dir=args.tmpfs_dir) as tmp:
@@ -140,14 +144,16 @@ def main() -> int:
             g, f = statistics.median(times["gpufio"]), statistics.median(times["fio"])
             ok = g <= FIRST_IO_RATIO * f
             rows.append((f"first I/O, {engine}", f"{g * 1e3:.0f}", f"{f * 1e3:.0f}",
-                         f"{g / f:.2f}", "", f"<= {FIRST_IO_RATIO}x fio", "ok" if ok else "MISSED"))
+                         f"{g / f:.2f}", "", "", f"<= {FIRST_IO_RATIO}x fio",
+                         "ok" if ok else "MISSED"))
             if not ok:
                 missed.append(f"first I/O {engine} {g / f:.2f}x > {FIRST_IO_RATIO}x fio's")
     settings = (f"{fio_version(args.fio)} · load {os.getloadavg()[0]:.1f} · medians of "
                 f"{args.help_runs} (--help) and {args.io_runs} (first I/O) runs"
                 + (" · --quick: not a measurement" if args.quick else ""))
     return report(settings, rows, ["measure", "gpufio ms", "fio ms", "ratio",
-                                   "python3 -c pass ms", "goal", "met"], raw, args.json,
+                                   "python3 -c pass ms", "python3 -S -c pass ms", "goal",
+                                   "met"], raw, args.json,
                   missed if args.check else [])
 
 
