@@ -148,6 +148,32 @@ def test_looks_that_find_nothing_come_ever_more_rarely(fake_lib, monkeypatch):
 
 
 @needs_uring
+@pytest.mark.skipif(not loops.available(), reason="no compiled loops here")
+@pytest.mark.parametrize("ring,looks", [({}, True), ({"sqpoll": True}, False)],
+                         ids=["plain", "sqpoll"])
+def test_the_channel_hands_the_look_to_rings_that_can_use_it(tmp_path, ring, looks):
+    # an SQPOLL ring has its kernel thread spinning already (IOPOLL's waits poll the device:
+    # those rings cannot be made here), so only a plain ring's loop looks before it waits
+    if ring and not uring.probe().get("sqpoll"):
+        pytest.skip("SQPOLL is not available here")
+    path = tmp_path / "f.dat"
+    path.write_bytes(bytes(4096 * 4))
+    buf = np.zeros((4, 4096), np.uint8)
+    stop = np.zeros(2, np.int64)
+    with open(path, "rb") as f:
+        ch = UringChannel([SimpleNamespace(path=str(path), fd=f.fileno())],
+                          ChannelSpec(4, region=(buf.ctypes.data, buf.nbytes)),
+                          options=RingOptions(spin_ns=3000, **ring))
+        try:
+            native = ch.native(SimpleNamespace(reads=True, writes=False),
+                               SimpleNamespace(stop_address=stop.ctypes.data,
+                                               continue_on_error=False), 64, 0)
+            assert native._loop.spin_ns == (3000 if looks else 0)
+        finally:
+            ch.close()
+
+
+@needs_uring
 def test_python_channel_times_each_request_around_its_enter_calls(tmp_path, monkeypatch):
     path = tmp_path / "f.dat"
     path.write_bytes(bytes(range(256)) * 64)

@@ -420,7 +420,7 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                 continue;  /* fill again */
             /* every slot in flight and none back: wait (the call below submits nothing) */
         }
-        if (!next_due && !L->sqpoll)
+        if (!next_due)
             spin_for_completion(L);
         rc = enter(L, 1, next_due ? (next_due > t0 ? next_due - t0 : 1) : 0);
         if (rc < 0)

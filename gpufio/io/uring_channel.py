@@ -30,8 +30,9 @@ class RingOptions:
     counts as the spec's ``largest`` bytes moved; ``batch_submit``: the most I/Os one
     io_uring_enter of the compiled block loop submits (fio's iodepth_batch_submit; 0: every
     free slot's); ``spin_ns``: how long its waits first look for a completion before they
-    sleep (IORING_SQ_TASKRUN). Requests through ``submit`` go in with the next enter, all at once: a
-    call per request would cost the Python loop more than the waits it saves."""
+    sleep (IORING_SQ_TASKRUN; not with ``sqpoll`` or ``iopoll``). Requests through ``submit``
+    go in with the next enter, all at once: a call per request would cost the Python loop
+    more than the waits it saves."""
 
     entries: int = 0
     sqpoll: bool = False
@@ -182,8 +183,10 @@ class UringChannel(Channel):
             addr=base + slots * np.uint64(bs), length=bs, user_data=slots)
         # an IOPOLL ring's wait polls the device and returns with each completion: it needs
         # no time limit, and a look before it would find nothing (completions turn up only
-        # in the wait)
+        # in the wait); an SQPOLL ring has a kernel thread spinning for it already, and no
+        # TASKRUN flag to look at
         polled = self.ring.iopoll
+        looks = not (polled or self.ring.sqpoll)
         self._native = loops.NativeLoop(
             loops.URING, depth=depth, bs=bs, bufs=int(base), stop=ctx.stop_address,
             fds=self._fds, seeds=ctx.seeds(np.arange(len(self._fds))) if job.writes else None,
@@ -192,7 +195,7 @@ class UringChannel(Channel):
             word0=tuple(op | self._sqe_flags << 8 for op in self._ops),
             stop_ud=uring.WAKE_UD if self._armed else 0,
             wait_ns=0 if polled else wait_ns, batch_submit=self.options.batch_submit,
-            spin_ns=0 if polled else self.options.spin_ns)
+            spin_ns=self.options.spin_ns if looks else 0)
         return self._native
 
     def measured(self) -> None:
