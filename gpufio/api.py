@@ -18,8 +18,8 @@ from gpufio.core.cgroups import CpuGroup
 from gpufio.core.errors import BadInput, RunFailed
 from gpufio.core.iolog import read as read_iolog
 from gpufio.core.job import Profile
-from gpufio.core.rows import evict
 from gpufio.core.signals import sigterm_as_sigint
+from gpufio.core.targets import evict
 from gpufio.core.units import format_size, parse_size
 from gpufio.results.render import render as render_rows
 from gpufio.workloads import Workload, all_workloads

@@ -77,6 +77,20 @@ def test_a_block_profile_loads_only_its_engine_and_workload(tmp_path):
     assert [m for m in ("rich", "tabulate", "pydantic") if m in modules] == []
 
 
+def test_a_block_run_imports_neither_other_workloads_types_nor_statistics(tmp_path):
+    """What only GNN rows, checkpoint tensors or a median of repeated runs need stays out of
+    a plain block run's start."""
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'[global]\ndirectory = "{tmp_path}"\nsize = "1m"\nio_size = "64k"\n'
+                    '[[job]]\nname = "j"\nengine = "psync"\n')
+    modules = _modules_after(
+        "import sys\nfrom gpufio.__main__ import main\n"
+        f"sys.argv = ['gpufio', 'run', {str(prof)!r}, '-q', '-f', 'json']"
+        "\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+    assert "gpufio.run.jobrun" in modules  # it ran
+    assert {"gpufio.core.rows", "gpufio.core.tensors", "statistics"} & modules == set()
+
+
 def test_the_engine_index_names_each_engine_by_its_module():
     """engines.MODULES is what importing every module of engines/ registers, in order."""
     from gpufio import engines

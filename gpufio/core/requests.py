@@ -10,6 +10,7 @@ below both, so neither names the other.
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -17,7 +18,6 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from gpufio.core.tensors import sync_files
 
 # where a request's buffer lives
 HOST = "host"  # host memory, page-aligned where the channel's targets are O_DIRECT
@@ -170,6 +170,12 @@ class Channel(ABC):
 
     def close(self) -> None:
         """Release the channel; what is in flight lands first."""
+
+
+def sync_files(fds: Sequence[int]) -> None:
+    """fsync every file: the saved bytes (and the files' sizes) are on stable storage."""
+    for fd in fds:
+        os.fsync(fd)
 
 
 class RequestFailed(RuntimeError):

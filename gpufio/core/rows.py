@@ -118,13 +118,3 @@ def close_all(fds: list[int]) -> None:
     for fd in fds:
         if fd >= 0:
             os.close(fd)
-
-
-def evict(paths: list[str] | tuple[str, ...]) -> None:
-    """Drop the files' pages from the page cache (posix_fadvise DONTNEED), for cold runs."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)

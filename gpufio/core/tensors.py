@@ -11,7 +11,6 @@ reads them back into other memory (``restore``), in pieces of the job's block si
 from __future__ import annotations
 
 import errno
-import os
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -107,9 +106,3 @@ def piece_error(what: str, extents: Sequence[Extent], paths: Sequence[str],
            else f"{res} of {int(piece[3])} bytes")
     return TensorIOError(f"{what} of shard {ext.shard}: {paths[ext.file]} at byte "
                          f"{int(piece[2])}: {why}")
-
-
-def sync_files(fds: Sequence[int]) -> None:
-    """fsync every file: the saved bytes (and the files' sizes) are on stable storage."""
-    for fd in fds:
-        os.fsync(fd)

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 from gpufio.core.checks import Check
 from gpufio.core.options import Option, settings_class
 from gpufio.core.requests import GPU, HOST, Capability, Channel, ChannelSpec, File
-from gpufio.core.rows import RowRequest, RowSupport, RowTable
-from gpufio.core.tensors import TensorSupport
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
+    from gpufio.core.rows import RowRequest, RowSupport, RowTable
     from gpufio.core.targets import Target
+    from gpufio.core.tensors import TensorSupport
     from gpufio.facts.system import Host
 
 
@@ -184,6 +184,8 @@ class Engine(ABC):
             return cls.rows
         if cap.namespaces:  # feature tables are files: rows only where the engine reads
             return cls.rows  # one laid out on a namespace (feature_file naming the device)
+        from gpufio.core.rows import RowSupport  # here: a block run's start needs no rows
+
         return replace(cls.rows or RowSupport(), gpu_only=HOST not in cap.memory)
 
     @classmethod
@@ -197,6 +199,8 @@ class Engine(ABC):
             return cls.tensors
         if cap.namespaces:  # checkpoints are files, not NVMe namespaces
             return None
+        from gpufio.core.tensors import TensorSupport  # here: nor tensors
+
         host = HOST in cap.memory
         return TensorSupport(host=host, gpu=GPU in cap.memory or (host and cls.uses_gpu))
 

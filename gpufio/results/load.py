@@ -7,9 +7,8 @@ baseline stored in CI months ago compares exactly like one made a minute ago.
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from gpufio.core.errors import BadInput, reading
 from gpufio.core.job import directions, job_direction
@@ -86,6 +85,14 @@ def metrics_of(doc: dict[str, Any]) -> dict[str, Metric]:
                          lambda job, n=name: job["metrics"][n]) for name, i in info.items()}
 
 
+def median(values: Iterable[float]) -> float:
+    """statistics.median, imported on first use: a run's start, which takes no median,
+    does not wait for it (and the fractions and decimal modules it brings)."""
+    import statistics
+
+    return statistics.median(values)
+
+
 def job_metrics(job: dict[str, Any]) -> dict[str, float]:
     """Every metric of one job that its directions have (a workload's job: the ``metrics``
     it carries); with ``--repeat`` results, the medians over the repeats."""
@@ -93,7 +100,7 @@ def job_metrics(job: dict[str, Any]) -> dict[str, float]:
         return dict(job.get("metrics", {}))
     repeats = job.get("repeat", {}).get("runs")
     if repeats:
-        return {name: statistics.median(run[name] for run in repeats) for name in repeats[0]}
+        return {name: median(run[name] for run in repeats) for name in repeats[0]}
     have = directions(job)
     return {name: m.read(job) for name, m in METRICS.items()
             if m.direction is None or m.direction in have}

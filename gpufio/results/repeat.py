@@ -9,10 +9,9 @@ contributes all of its runs.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
-from gpufio.results.load import headline_iops
+from gpufio.results.load import headline_iops, median
 from gpufio.results.runs import job_runs
 
 
@@ -32,7 +31,7 @@ def combine(docs: list[dict[str, Any]]) -> dict[str, Any]:
         metrics = [{k: m[k] for k in keys} for m in every.metrics]
         chosen["repeat"] = {
             "n": len(metrics), "runs": metrics,
-            "median": {k: statistics.median(m[k] for m in metrics) for k in keys},
+            "median": {k: median(m[k] for m in metrics) for k in keys},
             "min": {k: min(m[k] for m in metrics) for k in keys},
             "max": {k: max(m[k] for m in metrics) for k in keys},
             "lat_bins": every.bins, "intervals": every.intervals,

@@ -11,8 +11,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpufio.core.requests import sync_files
 from gpufio.core.targets import Target
-from gpufio.core.tensors import Extent, TensorIOError, sync_files
+from gpufio.core.tensors import Extent, TensorIOError
 
 LABEL = "naive (get + write)"
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
-from gpufio.core.rows import evict
+from gpufio.core.targets import evict
 from gpufio.core.tensors import Mover, TensorIOError, TensorRequest
 from gpufio.engines import all_engines
 from gpufio.engines.base import label

@@ -18,7 +18,8 @@ import numpy as np
 
 from gpufio.core import iolog
 from gpufio.core.job import Job
-from gpufio.core.rows import RowFetchError, RowRequest, evict
+from gpufio.core.rows import RowFetchError, RowRequest
+from gpufio.core.targets import evict
 from gpufio.engines import all_engines
 from gpufio.facts.device import path_facts
 from gpufio.io import gpu
