@@ -19,11 +19,15 @@ column counts, over the same window, the voluntary context switches of each tool
 threads (io-wq and SQPOLL kernel threads left out) per I/O: how often the submitting thread
 waited for a completion. ``--fio-args`` and ``--set`` vary either side (say fio with
 ``--gtod_reduce=1``, or gpufio with ``iodepth_batch_submit=0``), to see what moves a cell.
+``--cpus`` pins both tools (every process and thread they start, io-wq workers included) to
+the same CPUs, the bench and its sampler left out: on a 2-vCPU VM, where a tool's thread and
+its io-wq worker land decides the qd-1 latency from run to run.
 
     python3 -m bench.lowdepth --check                 # the full matrix, 7 rounds of 2 s
     python3 -m bench.lowdepth --quick                 # a smoke run
     python3 -m bench.lowdepth --root-dir /mnt/x --json out.json
     python3 -m bench.lowdepth --cases "uring qd4" --fio-args=--gtod_reduce=1
+    python3 -m bench.lowdepth --check --cpus 1         # both tools on CPU 1
 
 Self-contained: it drives ``python3 -m gpufio`` (from this checkout) and fio as commands.
 """
@@ -108,19 +112,29 @@ def own_sleeps(group: Path, seen: dict[str, int]) -> int:
     return sum(seen.values())
 
 
-def run_counted(cmd: list[str], **kw) -> tuple[str, list[tuple[float, float, int | None]] | None]:
-    """Run ``cmd`` in a cgroup of its own; its stdout and samples of (Unix ms, the group's CPU
-    seconds, its threads' own sleeps (``own_sleeps``)): CPU every SAMPLE_S, sleeps every
-    SLEEPS_EVERY samples (reading /proc for each thread costs more; None in the others);
-    None where no group can be made."""
+def run_counted(cmd: list[str], cpus: frozenset[int] | None = None,
+                **kw) -> tuple[str, list[tuple[float, float, int | None]] | None]:
+    """Run ``cmd`` (on ``cpus`` only, where given) in a cgroup of its own; its stdout and
+    samples of (Unix ms, the group's CPU seconds, its threads' own sleeps (``own_sleeps``)):
+    CPU every SAMPLE_S, sleeps every SLEEPS_EVERY samples (reading /proc for each thread
+    costs more; None in the others); None where no group can be made."""
     made = _group()
+
+    def pin() -> None:  # in the child, before the exec: all it starts inherits the mask
+        if cpus:
+            os.sched_setaffinity(0, cpus)
     if made is None:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True, **kw).stdout, None
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, preexec_fn=pin,
+                              **kw).stdout, None
     group, cpu = made
     procs = group / "cgroup.procs"
     samples: list[tuple[float, float, int | None]] = []
+
+    def start() -> None:
+        procs.write_text(str(os.getpid()))
+        pin()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: procs.write_text(str(os.getpid())), **kw)
+                            preexec_fn=start, **kw)
     done = threading.Event()
 
     def sample() -> None:
@@ -176,9 +190,10 @@ def per_io(samples: list[tuple[float, ...]] | None, start_ms: float, end_ms: flo
 
 
 def run_gpufio(engine: str, target: str, qd: int, numjobs: int, runtime: float,
-               ramp: float, extra: dict | None = None) -> dict:
+               ramp: float, extra: dict | None = None,
+               cpus: frozenset[int] | None = None) -> dict:
     """One gpufio run (``python3 -m gpufio run -f json``) of a case; its headline numbers.
-    ``extra``: more profile keys (``--set``)."""
+    ``extra``: more profile keys (``--set``); ``cpus``: the CPUs it runs on (``--cpus``)."""
     prof = {"engine": engine, "targets": [target], "rw": "randread", "bs": "4k",
             "iodepth": qd, "numjobs": numjobs, "runtime": f"{runtime}s", "time_based": True,
             "ramp_time": f"{ramp}s", "direct": True, **(extra or {})}
@@ -188,7 +203,7 @@ def run_gpufio(engine: str, target: str, qd: int, numjobs: int, runtime: float,
         f.write(text)
     try:
         out, samples = run_counted([sys.executable, "-m", "gpufio", "run", f.name, "-f", "json",
-                                    "-q"], cwd=REPO)
+                                    "-q"], cpus, cwd=REPO)
     finally:
         os.unlink(f.name)
     job = json.loads(out)["jobs"][0]
@@ -201,15 +216,17 @@ def run_gpufio(engine: str, target: str, qd: int, numjobs: int, runtime: float,
 
 
 def run_fio(fio: str, engine: str, target: str, qd: int, numjobs: int, runtime: float,
-            ramp: float, extra: list[str] | None = None) -> dict:
+            ramp: float, extra: list[str] | None = None,
+            cpus: frozenset[int] | None = None) -> dict:
     """The same case through fio; ``lat`` percentiles (submission to completion).
-    ``extra``: more fio options (``--fio-args``), after the case's own."""
+    ``extra``: more fio options (``--fio-args``), after the case's own; ``cpus``: as
+    run_gpufio's."""
     where = ["--size=1g"] if engine == "null" else [f"--filename={target}", "--direct=1"]
     cmd = [fio, "--name=case", f"--ioengine={FIO_ENGINE[engine]}", *where, "--rw=randread",
            "--bs=4k", f"--iodepth={qd}", f"--numjobs={numjobs}", f"--runtime={runtime}",
            "--time_based", f"--ramp_time={ramp}", "--group_reporting", "--lat_percentiles=1",
            "--output-format=json", *(extra or [])]
-    out, samples = run_counted(cmd)
+    out, samples = run_counted(cmd, cpus)
     doc = json.loads(out)
     job = doc["jobs"][0]
     rd = job["read"]
@@ -234,6 +251,23 @@ def medians(runs: list[dict]) -> dict:
         have = [r[k] for r in runs if r.get(k) is not None]
         out[k] = statistics.median(have) if have else None
     return out
+
+
+def cpu_list(text: str) -> frozenset[int]:
+    """A ``--cpus`` argument as taskset -c reads one (``1``, ``0,2``, ``0-3``): CPUs this
+    process may run on."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, sep, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi if sep else lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected CPUs as 1, 0,2 or 0-3") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: not CPUs this process may use ({sorted(allowed)})")
+    return frozenset(cpus)
 
 
 def setting(text: str) -> tuple[str, object]:
@@ -308,6 +342,9 @@ def main() -> int:
     ap.add_argument("--set", type=setting, action="append", default=[], metavar="KEY=VALUE",
                     help="one more profile key for every gpufio run (repeatable; e.g. "
                          "--set iodepth_batch_submit=0)")
+    ap.add_argument("--cpus", type=cpu_list, metavar="LIST",
+                    help="run both tools on these CPUs only (as taskset -c: 1, 0,2, 0-3); "
+                         "the bench itself stays unpinned")
     args = ap.parse_args()
     try:
         fio_extra = shlex.split(args.fio_args)
@@ -335,11 +372,11 @@ def main() -> int:
             for target, (case, engine, qd, nj) in matrix:
                 def fio() -> dict:
                     return run_fio(args.fio, engine, str(files[target]), qd, nj,
-                                   args.runtime, args.ramp, fio_extra)
+                                   args.runtime, args.ramp, fio_extra, args.cpus)
 
                 def gpufio() -> dict:
                     return run_gpufio(engine, str(files[target]), qd, nj, args.runtime,
-                                      args.ramp, gpufio_extra)
+                                      args.ramp, gpufio_extra, args.cpus)
 
                 tools = [("gpufio", fio if args.control else gpufio), ("fio", fio)]
                 for name, go in tools if rnd % 2 == 0 else tools[::-1]:
@@ -370,14 +407,17 @@ def main() -> int:
           f"{fio_version}, {args.rounds} round(s) of {args.runtime:g} s, medians (ratio: of "
           "the rounds' own ratios)"
           + (" (--quick: not a measurement)" if args.quick else "")
-          + ("\n--control: the gpufio column is fio too (an A/A run)" if args.control else ""))
+          + ("\n--control: the gpufio column is fio too (an A/A run)" if args.control else "")
+          + (f"\n--cpus: both tools on CPUs {','.join(map(str, sorted(args.cpus)))}"
+             if args.cpus else ""))
     if fio_extra or gpufio_extra:
         print(f"varied: fio {' '.join(fio_extra) or '(as the case)'}; gpufio "
               f"{', '.join(f'{k} = {v!r}' for k, v in gpufio_extra.items()) or '(as the case)'}")
     if args.json:
         Path(args.json).write_text(json.dumps(
             [{"target": t, "case": c, "fio_args": fio_extra, "gpufio_set": gpufio_extra,
-              "control": args.control, **by}
+              "control": args.control,
+              "cpus": sorted(args.cpus) if args.cpus else None, **by}
              for (t, c), by in runs.items()], indent=1))
     if args.check and missed:
         print("bench: goals missed:\n  " + "\n  ".join(missed), file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -58,7 +59,7 @@ def test_control_runs_fio_in_both_columns_and_judges_it_alike(monkeypatch, tmp_p
     # an A/A run: fio against itself, so the goals it misses are the machine's noise
     calls = []
 
-    def fake_fio(fio, engine, target, qd, nj, runtime, ramp, extra) -> dict:
+    def fake_fio(fio, engine, target, qd, nj, runtime, ramp, extra, cpus) -> dict:
         calls.append(engine)
         return {**run(80 if len(calls) % 2 else 100, p50=10_000 + 2_000 * (len(calls) % 2)),
                 "cpu": "cgroup", "sleeps": 1.0}
@@ -79,6 +80,7 @@ def test_control_runs_fio_in_both_columns_and_judges_it_alike(monkeypatch, tmp_p
     assert calls == ["psync"] * 4
     doc = json.loads(out.read_text())
     assert [d["control"] for d in doc] == [True, True]
+    assert [d["cpus"] for d in doc] == [None, None]
     assert list(tmp_path.iterdir()) == [out]  # the target files are gone
 
 
@@ -88,6 +90,29 @@ def test_control_refuses_gpufio_settings(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         lowdepth.main()
     assert e.value.code == 2 and "--control runs no gpufio" in capsys.readouterr().err
+
+
+def test_cpus_reads_taskset_lists_of_usable_cpus(monkeypatch):
+    monkeypatch.setattr(lowdepth.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert lowdepth.cpu_list("1") == {1}
+    assert lowdepth.cpu_list("0,2") == {0, 2}
+    assert lowdepth.cpu_list("1-3") == {1, 2, 3}
+    for bad, why in (("x", "expected CPUs"), ("1-", "expected CPUs"), ("4", "may use"),
+                     ("3-2", "may use")):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            lowdepth.cpu_list(bad)
+
+
+def test_cpus_pins_the_tool_and_leaves_the_bench_alone():
+    """The child runs on the CPUs asked for; the bench (and its sampler) keeps its own."""
+    mine = os.sched_getaffinity(0)
+    one = frozenset({min(mine)})
+    code = "import os; print(sorted(os.sched_getaffinity(0)))"
+    out, _ = lowdepth.run_counted([sys.executable, "-c", code], one)
+    assert out.strip() == str(sorted(one))
+    out, _ = lowdepth.run_counted([sys.executable, "-c", code])
+    assert out.strip() == str(sorted(mine))
+    assert os.sched_getaffinity(0) == mine
 
 
 def test_set_reads_values_as_toml_scalars():
