@@ -149,13 +149,17 @@ def test_looks_that_find_nothing_come_ever_more_rarely(fake_lib, monkeypatch):
 
 @needs_uring
 @pytest.mark.skipif(not loops.available(), reason="no compiled loops here")
-@pytest.mark.parametrize("ring,looks", [({}, True), ({"sqpoll": True}, False)],
-                         ids=["plain", "sqpoll"])
-def test_the_channel_hands_the_look_to_rings_that_can_use_it(tmp_path, ring, looks):
+@pytest.mark.parametrize("ring,cpus,looks", [({}, {0, 1}, True), ({"sqpoll": True}, {0, 1}, False),
+                                             ({}, {1}, False)],
+                         ids=["plain", "sqpoll", "plain-on-one-cpu"])
+def test_the_channel_hands_the_look_to_rings_that_can_use_it(tmp_path, monkeypatch, ring,
+                                                              looks, cpus):
     # an SQPOLL ring has its kernel thread spinning already (IOPOLL's waits poll the device:
-    # those rings cannot be made here), so only a plain ring's loop looks before it waits
+    # those rings cannot be made here), and a thread allowed one CPU would spin on the CPU
+    # its io-wq worker needs, so only a plain ring's loop on more than one CPU looks first
     if ring and not uring.probe().get("sqpoll"):
         pytest.skip("SQPOLL is not available here")
+    monkeypatch.setattr(uring_channel.os, "sched_getaffinity", lambda pid: cpus)
     path = tmp_path / "f.dat"
     path.write_bytes(bytes(4096 * 4))
     buf = np.zeros((4, 4096), np.uint8)
@@ -168,7 +172,9 @@ def test_the_channel_hands_the_look_to_rings_that_can_use_it(tmp_path, ring, loo
             native = ch.native(SimpleNamespace(reads=True, writes=False),
                                SimpleNamespace(stop_address=stop.ctypes.data,
                                                continue_on_error=False), 64, 0)
-            assert native._loop.spin_ns == (3000 if looks else 0)
+            assert native.spin_ns == (3000 if looks else 0)
+            # the result says what ran: the worker's engine facts carry the channel's notes
+            assert ch.notes()["wait_spin_ns"] == [native.spin_ns]
         finally:
             ch.close()
 

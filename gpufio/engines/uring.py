@@ -55,7 +55,8 @@ class Uring(Engine):
         Option("wait_spin", "time", 3_000,
                "compiled loop: before a wait sleeps, look this long for a completion "
                "(IORING_SQ_TASKRUN), so one a moment away costs no wake-up; looks that find "
-               "none come ever more rarely (0: sleep at once, as fio)", minimum=0),
+               "none come ever more rarely; a worker allowed one CPU does not look (0: sleep "
+               "at once, as fio)", minimum=0),
         Option("defer_taskrun", "bool", True,
                "IORING_SETUP_SINGLE_ISSUER|DEFER_TASKRUN, as fio (ignored with sqpoll)"),
         NOP_OP,

@@ -135,6 +135,11 @@ class NativeLoop:
         return self._loop.inflight
 
     @property
+    def spin_ns(self) -> int:
+        """How long each wait first looks for a completion (0: it sleeps at once)."""
+        return self._loop.spin_ns
+
+    @property
     def stopped(self) -> bool:
         """True once the loop saw the job's stop (or halted on a failed I/O)."""
         return bool(self._loop.status & STOPPED)

@@ -6,6 +6,7 @@ the compiled loop (io/loops.py), the same ring driven from C."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -184,9 +185,11 @@ class UringChannel(Channel):
         # an IOPOLL ring's wait polls the device and returns with each completion: it needs
         # no time limit, and a look before it would find nothing (completions turn up only
         # in the wait); an SQPOLL ring has a kernel thread spinning for it already, and no
-        # TASKRUN flag to look at
+        # TASKRUN flag to look at; and a thread allowed one CPU only would spin on the CPU
+        # its io-wq worker, which inherits that mask, needs to complete the read: there the
+        # look only delays the completion it waits for
         polled = self.ring.iopoll
-        looks = not (polled or self.ring.sqpoll)
+        looks = not (polled or self.ring.sqpoll) and len(os.sched_getaffinity(0)) > 1
         self._native = loops.NativeLoop(
             loops.URING, depth=depth, bs=bs, bufs=int(base), stop=ctx.stop_address,
             fds=self._fds, seeds=ctx.seeds(np.arange(len(self._fds))) if job.writes else None,
@@ -203,7 +206,10 @@ class UringChannel(Channel):
             self._share.begin()
 
     def notes(self) -> dict[str, list[Any]]:
-        return self._share.facts() if self._share is not None else {}
+        facts = self._share.facts() if self._share is not None else {}
+        # how long the waits looked first, as the channel decided (the Python loop never looks)
+        facts["wait_spin_ns"] = [self._native.spin_ns if self._native is not None else 0]
+        return facts
 
     def close(self) -> None:
         # the compiled loop waits for its own I/Os; a polled ring's wait has no limit
