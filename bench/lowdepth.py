@@ -48,6 +48,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench._common import clean_up_on_sigterm
+
 REPO = Path(__file__).resolve().parent.parent
 # (case, engine, iodepth, numjobs, targets it runs on)
 CASES = [("uring qd1", "uring", 1, 1), ("uring qd4", "uring", 4, 1),
@@ -148,6 +150,9 @@ def run_counted(cmd: list[str], cpus: frozenset[int] | None = None,
     try:
         out, err = proc.communicate()
     finally:
+        if proc.poll() is None:  # the bench is leaving (Ctrl-C, SIGTERM): the tool goes too
+            proc.kill()
+            proc.wait()
         done.set()
         sampler.join()
         for _ in range(200):  # the group empties once the kernel has reaped every thread
@@ -360,6 +365,7 @@ def main() -> int:
     elif args.rounds < 3:
         raise SystemExit("bench: --rounds must be at least 3 (the goals are medians of 3 or "
                          "more); --quick is the smoke run")
+    clean_up_on_sigterm()  # a SIGTERM leaves through the finally below: no 1 GiB file left
     files = {"tmpfs": Path(args.tmpfs_dir) / f"gpufio-lowdepth-{os.getpid()}.dat",
              "root disk": Path(args.root_dir) / f"gpufio-lowdepth-{os.getpid()}.dat"}
     runs: dict[tuple[str, str], dict[str, list[dict]]] = {}

@@ -159,3 +159,51 @@ def test_window_interpolates_any_sampled_counter():
     # 3 CPU seconds and 100 sleeps over 100 I/Os
     assert lowdepth.per_io(samples, 0.0, 20.0, 100) == (pytest.approx(30_000.0), 1.0)
     assert lowdepth.per_io(None, 0.0, 20.0, 100) == (None, None)
+
+
+def test_a_bench_left_midway_takes_its_tool_along(tmp_path):
+    """Ctrl-C or SIGTERM while a tool runs: the tool is killed and reaped, not left running."""
+    import signal
+
+    pidfile = tmp_path / "pid"
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        # the interrupt comes once the tool has written its pid: readiness, not a fixed sleep
+        def arm() -> None:
+            while not pidfile.exists() or not pidfile.read_text().strip():
+                threading.Event().wait(0.01)
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+        threading.Thread(target=arm, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            lowdepth.run_counted(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    pid = int(pidfile.read_text())
+    assert not Path(f"/proc/{pid}").exists()  # killed and reaped
+
+
+def test_sigterm_removes_the_target_files(monkeypatch, tmp_path):
+    """timeout(1) stops a bench with SIGTERM: its 1 GiB target files go as after Ctrl-C."""
+    import signal
+
+    def terminated(*args, **kw) -> dict:
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not end the bench")
+
+    monkeypatch.setattr(lowdepth, "run_gpufio", terminated)
+    monkeypatch.setattr(lowdepth, "run_fio", terminated)
+    monkeypatch.setattr(sys, "argv", ["lowdepth", "--fio", "/bin/true", "--quick",
+                                      "--tmpfs-dir", str(tmp_path), "--root-dir", str(tmp_path)])
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            lowdepth.main()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert e.value.code == 143
+    assert list(tmp_path.iterdir()) == []
