@@ -1,7 +1,9 @@
 """Where the uring loops take their latency stamps, counted, never timed: as fio's ``lat``,
-from just before the io_uring_enter that submits an I/O to just after the call that brought
-its completion back, with none of the loop's own work between; and as fio's
-iodepth_batch_submit, how many I/Os each call of the compiled loop submits.
+from the moment an I/O is taken into its slot (fio's start_time, before the io_uring_enter
+that submits it: its wait for that call counts, as fio's slat) to just after the call that
+brought its completion back; and as fio's iodepth_batch_submit, how many I/Os each call of
+the compiled loop submits. tests/test_littles_law.py holds the same stamps to Little's law
+on a real device.
 
 The compiled loop (io/loops.c) is built here against a stand-in kernel
 (tests/data/loops_fake_ring.c) whose clock ticks once per read and which logs each clock
@@ -64,7 +66,7 @@ def fake_loop(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, depth: int,
                     "cq_tail": at[4], "sqes": sqes.ctypes.data, "cqes": cqes.ctypes.data,
                     "sq_array": sq_array.ctypes.data},
         local_heads=lambda: (0, 0))
-    stop = np.zeros(2, np.int64)  # the control words: stop, measuring
+    stop = np.array([0, 1], np.int64)  # the control words: stop, measuring (the window's)
     bufs = np.zeros(depth * 4096, np.uint8)
     monkeypatch.setattr(loops.native, "library", lambda name, sources: lib)
     loop = loops.NativeLoop(loops.URING, depth=depth, bs=4096, bufs=bufs.ctypes.data,
@@ -100,7 +102,7 @@ def test_compiled_loop_stamps_enclose_the_enter_calls_and_nothing_else(fake_lib,
 
 
 @needs_cc
-@pytest.mark.parametrize("batch_submit,calls", [(1, 8), (4, 2), (0, 2)])
+@pytest.mark.parametrize("batch_submit,calls", [(4, 2), (0, 2)])
 def test_compiled_loop_submits_batch_submit_ios_per_call(fake_lib, monkeypatch,
                                                          batch_submit, calls):
     loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=4, batch_submit=batch_submit,
@@ -110,7 +112,29 @@ def test_compiled_loop_submits_batch_submit_ios_per_call(fake_lib, monkeypatch,
     assert used == 8 and k == 8
     ev = events(fake_lib, log)
     assert ev.count("S") == calls and "W" not in ev, ev
-    assert (loop.lat[:k] == 1).all()  # one call between the two stamps of every I/O
+    # every free slot's I/O is taken, stamped and submitted together: one call between the
+    # two stamps of every I/O, none of it waiting for its submit
+    assert (loop.lat[:k] == 1).all() and loop.slat_mean_ns == 0
+
+
+@needs_cc
+def test_ios_waiting_for_their_submit_call_are_in_flight_by_their_stamps(fake_lib,
+                                                                        monkeypatch):
+    # batch_submit 1 at depth 4, on a device that completes each I/O in its submitting call:
+    # the four slots take their I/Os at once (tick 1), and each waits its turn for a call
+    loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=4, batch_submit=1, lazy=0)
+    used, k = loop.run(np.zeros(8, np.int32), np.arange(8, dtype=np.uint64) * 4096, None,
+                       1 << 62)
+    assert used == 8 and k == 8
+    ev = events(fake_lib, log)
+    assert ev.count("S") == 8 and "W" not in ev, ev
+    # a round: take into the freed slot, stamp (an odd tick), submit the oldest, reap (an
+    # even one); the last four go in with one call each once the batch is all taken, then
+    # one reap: from each one's stamp to the reap after its call, waits included, as fio's
+    # lat runs from get_io_u; had the waits gone unstamped, every latency would be 1 tick
+    assert loop.lat[:k].tolist() == [1, 3, 5, 7, 10, 8, 6, 4]
+    # the waits alone (fio's slat): from each stamp to its submitting call's
+    assert loop.slat_mean_ns == (0 + 2 + 4 + 6 + (9 - 3) + (10 - 5) + (11 - 7) + (12 - 9)) / 8
 
 
 @needs_cc
@@ -215,12 +239,14 @@ def test_python_channel_times_each_request_around_its_enter_calls(tmp_path, monk
         finally:
             ch.close()
     text = "".join(log)
-    # every enter is bracketed by two clock reads, and nothing else reads the clock
-    assert text.replace("CEC", "") == "", text
+    # submit stamps the requests it takes (tick 1); every enter is bracketed by two clock
+    # reads, and nothing else reads the clock
+    assert text.startswith("C") and text[1:].replace("CEC", "") == "", text
     # the requests went in together with the first enter (the submit batch is the compiled
-    # loop's: a call per request would cost Python more than it saves), stamped tick 1;
-    # each one's time ends at the second stamp (an even tick) of the enter that brought
-    # it back
+    # loop's: a call per request would cost Python more than it saves), at tick 2; each
+    # one's time runs from its stamp at tick 1 to the second stamp (an odd tick) of the
+    # enter that brought it back
     assert submitted == 0
     for i, took in got.items():
-        assert took > 0 and (1 + took) % 2 == 0, (i, took, text)
+        assert took > 0 and (1 + took) % 2 == 1, (i, took, text)
+    assert ch.notes()["slat_mean_ns"] == [1]  # each waited from tick 1 to the enter's 2

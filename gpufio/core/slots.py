@@ -39,6 +39,14 @@ class SlotTable:
                  now: int, bad: BadIos | None = None, write: np.ndarray | bool = False) -> None:
         """The I/Os in ``slots`` finished with ``res`` at ``now``: verify them with ``bad``
         (when given) and record them, as writes where ``write`` says so."""
+        self.reaped(ctx, slots, res, now, bad, write)()
+
+    def reaped(self, ctx: WorkerContext, slots: np.ndarray | slice, res: np.ndarray,
+               now: int, bad: BadIos | None = None, write: np.ndarray | bool = False
+               ) -> Callable[[], None]:
+        """``complete``, but what it records is returned, to be called later: the slots
+        are free at once, and a loop that takes their next I/Os first leaves no slot
+        unstamped while it records (the recording keeps its own copies)."""
         n = len(res)
         tgt = self.tgt[slots] if self._targets else self.tgt[:n]
         if isinstance(slots, slice):
@@ -47,4 +55,5 @@ class SlotTable:
             offs = self.off[slots]
             ctx.record_mismatches(tgt, offs, bad(tgt, offs))
         self._now[()] = now
-        ctx.complete(self._now - self.t_issue[slots], tgt, res, write)
+        lat = self._now - self.t_issue[slots]
+        return lambda: ctx.complete(lat, tgt, res, write)

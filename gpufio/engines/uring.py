@@ -4,10 +4,12 @@ One ring per worker thread keeps ``iodepth`` reads (or writes, WRITE / WRITE_FIX
 flight: the engine's channel (io/uring_channel.py), set up as the job's keys say and as fio
 sets up its own ring (SINGLE_ISSUER|DEFER_TASKRUN where the kernel has them). The block loop
 (run/blockloop.py) drives it: compiled where it can (io/loops.py: one call per batch of
-offsets; as fio, ``iodepth_batch_submit`` I/Os per io_uring_enter, one by default;
-latencies stamped around the submitting and reaping calls only), else in Python with numpy batch operations, so Python
-cost is per batch, not per I/O. A poll of the job's stop eventfd stays in flight, so a stop
-wakes any wait.
+offsets; as fio, ``iodepth_batch_submit`` I/Os per io_uring_enter, one by default; a
+latency is fio's lat, from the I/O's taking into its slot, its wait for the submitting call
+included, to just after the reaping call), else in Python with numpy batch operations, so
+Python cost is per batch, not per I/O. A poll of the job's stop eventfd stays in flight, so
+a stop wakes any wait. The result's ``slat_mean_ns`` is fio's slat (fio's clat is the
+latency less it).
 """
 
 from __future__ import annotations

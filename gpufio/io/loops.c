@@ -2,8 +2,9 @@
  * this file with core/native.py). Python hands a loop a batch of (target, offset) pairs from
  * the job's offset stream and gets back one (latency, target, result, direction) row per
  * completed I/O: the stream, the checks and the recording stay in Python, and no Python runs
- * between an I/O's submission and its reaping, so a latency is what fio's is: from just
- * before the submitting call to just after the call that reaped it.
+ * between an I/O's taking and its reaping, so a latency is what fio's `lat` is: from the
+ * moment the I/O is taken and prepared into its slot (fio's start_time, before the call that
+ * submits it) to just after the call that reaped it.
  *
  * Three loops share one state struct: a null loop (each I/O completes as it is issued),
  * pread/pwrite one at a time, and io_uring with `depth` I/Os in flight. A loop returns when
@@ -78,10 +79,13 @@ struct gf_loop {
     int64_t batch_submit;           /* I/Os one io_uring_enter submits at most (0: all free) */
     int64_t spin_ns;                /* before a wait, look this long for a completion */
     /* state kept across calls */
-    int64_t sq_tail_local, cq_head_local, inflight, nfree, status, unsubmitted;
+    int64_t sq_tail_local, cq_head_local;
+    int64_t inflight, nfree, status, unsubmitted;  /* taken, not reaped; free slots; ...;
+                                                    * taken, in the SQ, not yet submitted */
     int64_t spin_skip, spin_misses;  /* waits that sleep at once; looks in a row that missed */
+    int64_t slat_sum, slat_n;       /* fio's slat: ns from stamp to submitting call, I/Os */
     int64_t *free_slots;            /* depth */
-    int64_t *t_issue;               /* depth */
+    int64_t *t_issue;               /* depth: when each slot's I/O was taken */
     int64_t *slot_tgt;              /* depth */
     int64_t *slot_write;            /* depth */
 };
@@ -216,10 +220,27 @@ int64_t gf_psync(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
     return i;
 }
 
-/* Submit what is unsubmitted and, with `wait`, wait for a completion: after the stop (or
- * with no stop poll) at most wait_ns, which marks the call GF_TIMED_OUT when it passes; and
- * at most `until_due` ns (> 0: a capped I/O falls due then), which marks nothing. */
-static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due)
+/* `nsub` of the unsubmitted I/Os (the oldest: the kernel takes SQEs in order) went in with
+ * a call made at `t_sub`: in a call of the measured window (`counted`), the time each spent
+ * taken before that call adds to fio's slat. */
+static void submitted(struct gf_loop *L, int64_t nsub, int64_t t_sub, int counted)
+{
+    if (counted) {
+        const uint32_t mask = (uint32_t)(L->sq_entries - 1);
+        uint32_t x = (uint32_t)(L->sq_tail_local - L->unsubmitted);
+        for (int64_t j = 0; j < nsub; j++, x++)
+            L->slat_sum += t_sub - L->t_issue[L->sq_array[x & mask]];
+        L->slat_n += nsub;
+    }
+    L->unsubmitted -= nsub;
+}
+
+/* Submit the oldest unsubmitted I/Os (batch_submit of them at most; the call is made at
+ * `t_sub`) and, with `wait`, wait for a completion: after the stop (or with no stop poll)
+ * at most wait_ns, which marks the call GF_TIMED_OUT when it passes; and at most
+ * `until_due` ns (> 0: a capped I/O falls due then), which marks nothing. */
+static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due, int64_t t_sub,
+                     int counted)
 {
     unsigned flags = wait ? ENTER_GETEVENTS : 0;
     int64_t submit = L->unsubmitted, limit = 0, watchdog = 0;
@@ -227,9 +248,11 @@ static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due)
     struct getevents_arg arg = { 0, 0, 0, (uint64_t)(uintptr_t)&ts };
     void *argp = NULL;
     size_t argsz = 0;
-    L->unsubmitted = 0;
+    if (L->batch_submit && submit > L->batch_submit)
+        submit = L->batch_submit;
     if (L->sqpoll) {
-        submit = 0;  /* the poll thread takes the SQEs; a sleeping one is woken */
+        submitted(L, L->unsubmitted, t_sub, counted);  /* the poll thread took them */
+        submit = 0;  /* a sleeping poll thread is woken */
         if (*L->sq_flags & SQ_NEED_WAKEUP)
             flags |= ENTER_SQ_WAKEUP;
         if (!flags)
@@ -259,8 +282,10 @@ static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due)
     for (;;) {
         long rc = syscall(__NR_io_uring_enter, (int)L->ring_fd, (unsigned)submit,
                           (unsigned)(wait ? 1 : 0), flags, argp, argsz);
-        if (rc >= 0)
+        if (rc >= 0) {  /* the SQEs it took (a call that submitted returns no error) */
+            submitted(L, rc < submit ? rc : submit, t_sub, counted);
             return 0;
+        }
         if (errno == ETIME) {
             if (watchdog)
                 L->status |= GF_TIMED_OUT;
@@ -330,20 +355,25 @@ static int64_t reap(struct gf_loop *L, int64_t now, struct gf_out *o, int64_t k)
     return k;
 }
 
-/* io_uring, `depth` in flight. With batch_submit (fio's iodepth_batch_submit), as fio's
- * io_uring engine: each round puts at most that many I/Os in free slots and submits them
- * with a call that does not wait (it reaps what is there); only with every slot in flight
- * and nothing reaped does a call wait for a completion (at depth 1: two calls per I/O, as
- * fio). With batch_submit 0, every free slot is filled and one call per round submits them
- * and waits (at depth 1: one call per I/O): fewer calls, but the thread sleeps for nearly
- * every completion, and on a small VM each wake-up lands on the CPU of the io-wq worker
- * doing the reads. Once
- * the batch is all issued the last ones are submitted and the call returns with them in
- * flight; a call with n = 0 waits until nothing is in flight. With `due`, an I/O goes into
- * a slot only once its time has come; until then the call reaps (or, with nothing in flight,
- * sleeps). Returns the completions
- * written to `o` (at most n + depth), *consumed the batch's I/Os issued; negative: -errno
- * of a failed io_uring_enter. */
+/* io_uring, `depth` I/Os in flight. Each round, every free slot takes the next I/O of the
+ * batch (fio's get_io_u: prepared into its slot), all stamped at once just after, where
+ * fio stamps start_time: an I/O's latency runs from there to just after the call that
+ * reaped it, so no slot sits free, unstamped, while its I/O waits for a call to submit it
+ * (IOPS x mean latency is the depth, as fio's). The I/Os go in oldest first, at most
+ * batch_submit (fio's iodepth_batch_submit) per io_uring_enter: with it, as fio's
+ * io_uring engine, a call that does not wait submits them (and reaps what is there); only
+ * with fewer than that many left to submit and nothing reaped does a call wait for a
+ * completion, submitting the rest (at depth 1: two calls per I/O, as fio). With
+ * batch_submit 0, one call per round submits every taken I/O and waits (at depth 1: one call
+ * per I/O): fewer calls, but the thread sleeps for nearly every completion, and on a small
+ * VM each wake-up lands on the CPU of the io-wq worker doing the reads. How long the I/Os
+ * waited between their stamp and their submitting call is fio's slat (slat_sum / slat_n,
+ * for the calls of the measured window). Once the batch is all taken the rest are
+ * submitted and the call returns with them in flight; a call with n = 0 waits until nothing
+ * is in flight. With `due`, an I/O is taken only once its time has come; until then the
+ * call reaps (or, with nothing in flight, sleeps). Returns the completions written to `o`
+ * (at most n + depth), *consumed the batch's I/Os taken; negative: -errno of a failed
+ * io_uring_enter. */
 int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                  const uint8_t *writes, const int64_t *due, int64_t n, int64_t deadline,
                  struct gf_out *o, int64_t *consumed)
@@ -358,8 +388,7 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
         uint32_t tail = first;
         const int64_t round = due ? now_ns() : 0;
         int64_t next_due = 0;  /* > 0: the next I/O is not due before then */
-        while (L->nfree && i < n && !stop
-               && (!L->batch_submit || (int64_t)(uint32_t)(tail - first) < L->batch_submit)) {
+        while (L->nfree && i < n && !stop) {
             if ((uint32_t)(tail - __atomic_load_n(L->sq_head, __ATOMIC_ACQUIRE))
                 >= (uint32_t)L->sq_entries)
                 break;  /* SQPOLL has not moved the SQ head past finished SQEs yet */
@@ -380,8 +409,8 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
             tail++;
             i++;
         }
-        const int64_t issued = (uint32_t)(tail - first);
-        if (L->inflight == 0 && issued == 0) {
+        const int64_t taken = (uint32_t)(tail - first);
+        if (L->inflight == 0 && taken == 0) {
             if (i == n || stop)
                 break;  /* the batch is done (or the job stopped) and nothing is in flight */
             if (next_due) {  /* nothing to reap: sleep until the next I/O is due */
@@ -393,36 +422,41 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
             continue;
         }
         const int64_t t0 = now_ns();
-        for (uint32_t x = first; x != tail; x++)  /* stamped just before the submitting call */
+        for (uint32_t x = first; x != tail; x++)  /* taken and prepared: fio's start_time */
             L->t_issue[L->sq_array[x & mask]] = t0;
-        if (issued) {
+        if (taken) {
             __atomic_store_n(L->sq_tail, tail, __ATOMIC_RELEASE);
             L->sq_tail_local = tail;
-            L->unsubmitted += issued;
-            L->inflight += issued;
+            L->unsubmitted += taken;
+            L->inflight += taken;
         }
         if (n > 0 && i == n && !stop) {
-            rc = enter(L, 0, 0);  /* all issued: submit, reap what is done, come back for more */
-            if (rc < 0)
-                return rc;
+            /* all taken: submit the rest, reap what is done, come back for more */
+            for (int64_t t = t0;;) {
+                if ((rc = enter(L, 0, 0, t, !ramp)) < 0)
+                    return rc;
+                if (!L->unsubmitted)
+                    break;
+                t = now_ns();
+            }
             k = reap(L, now_ns(), o, k);
             break;
         }
-        if (L->batch_submit && issued == L->batch_submit && !next_due) {
-            rc = enter(L, 0, 0);  /* as fio: a call that submits, and reaps what is there */
+        if (L->batch_submit && L->unsubmitted >= L->batch_submit && !next_due) {
+            rc = enter(L, 0, 0, t0, !ramp);  /* as fio: a call that submits, and reaps */
             if (rc < 0)
                 return rc;
             const int64_t now = now_ns(), before = k;
             k = reap(L, now, o, k);
             if (now > deadline || ramp_ended(L, ramp))
                 break;
-            if (L->nfree || k > before)
-                continue;  /* fill again */
+            if (L->nfree || L->unsubmitted || k > before)
+                continue;  /* take and submit again */
             /* every slot in flight and none back: wait (the call below submits nothing) */
         }
         if (!next_due)
             spin_for_completion(L);
-        rc = enter(L, 1, next_due ? (next_due > t0 ? next_due - t0 : 1) : 0);
+        rc = enter(L, 1, next_due ? (next_due > t0 ? next_due - t0 : 1) : 0, t0, !ramp);
         if (rc < 0)
             return rc;
         const int64_t now = now_ns();

@@ -45,7 +45,8 @@ class _Loop(ctypes.Structure):
                 ("word0", ctypes.c_uint64 * 2), ("stop_ud", ctypes.c_uint64), ("wait_ns", _I64),
                 ("batch_submit", _I64), ("spin_ns", _I64),
                 *[(n, _I64) for n in ("sq_tail_local", "cq_head_local", "inflight", "nfree",
-                                      "status", "unsubmitted", "spin_skip", "spin_misses")],
+                                      "status", "unsubmitted", "spin_skip", "spin_misses",
+                                      "slat_sum", "slat_n")],
                 *[(n, _P) for n in ("free_slots", "t_issue", "slot_tgt", "slot_write")]]
 
 
@@ -131,8 +132,16 @@ class NativeLoop:
 
     @property
     def inflight(self) -> int:
-        """I/Os submitted and not yet reaped."""
+        """I/Os taken into slots and not yet reaped (URING: some maybe not yet submitted)."""
         return self._loop.inflight
+
+    @property
+    def slat_mean_ns(self) -> float | None:
+        """fio's slat of the I/Os the measured window's calls submitted: the mean ns from
+        each one's latency stamp (taken into its slot) to the call that submitted it; None
+        before any (URING only)."""
+        L = self._loop
+        return L.slat_sum / L.slat_n if L.slat_n else None
 
     @property
     def spin_ns(self) -> int:

@@ -54,10 +54,12 @@ class UringChannel(Channel):
     flight, so a stop ends any wait (an IOPOLL ring takes none: its waits return with each
     completion).
 
-    The channel times each request itself (``times``) where fio's ``lat`` does: from just
-    before the io_uring_enter that submits it (with SQPOLL: before its SQE is published)
-    to just after the call that returned its completion, so none of the loop's own work
-    (building SQEs, reaping into arrays) is in a latency."""
+    The channel times each request itself (``times``) where fio's ``lat`` does: from when
+    ``submit`` takes it (fio's start_time: before its SQE is built and before the
+    io_uring_enter that submits it) to just after the call that returned its completion, so
+    the time a request waits for that call counts, and reaping it into arrays does not. The
+    wait for the submitting call is fio's slat, whose mean over the measured phase the
+    notes carry (``slat_mean_ns``)."""
 
     def __init__(self, files: Sequence[File], spec: ChannelSpec, sqe_flags: int = 0,
                  options: RingOptions = RingOptions()) -> None:
@@ -71,7 +73,8 @@ class UringChannel(Channel):
         self._share = uring.SqThreadShare([self.ring]) if o.sqpoll else None
         self._native: Any = None
         self._unsent: list[np.ndarray] = []  # tags pushed, not yet submitted by an enter
-        self._t_sub = np.zeros(spec.depth, np.int64)  # by tag: when it was submitted
+        self._t_start = np.zeros(spec.depth, np.int64)  # by tag: when submit took it
+        self._slat = [0, 0]  # the measured phase's slat: ns summed, requests
         self._took: np.ndarray | None = None
         try:
             if o.registerfiles:
@@ -108,6 +111,7 @@ class UringChannel(Channel):
 
     def submit(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
                write: np.ndarray | bool, tag: np.ndarray) -> int:
+        t = time.perf_counter_ns()
         k = min(self.room(), len(off))
         if k:
             w = np.asarray(write, bool)
@@ -121,33 +125,36 @@ class UringChannel(Channel):
                 addr=np.asarray(addr[:k], dtype=np.uint64),
                 length=np.asarray(length[:k], dtype=np.int64), user_data=tags.astype(np.uint64))
             self._room_for(tags)
+            self._t_start[tags] = t
+            self.ring.push(words)
             if self.ring.sqpoll:  # the kernel's thread takes an SQE once it is published
-                t = time.perf_counter_ns()
-                self.ring.push(words)
-                self._t_sub[tags] = t
+                self._submitted(tags, time.perf_counter_ns())
             else:
-                self.ring.push(words)
                 self._unsent.append(tags)
         return k
 
     def _room_for(self, tags: np.ndarray) -> None:
-        """Make the submission stamps' array hold every tag of ``tags``."""
+        """Make the stamps' array hold every tag of ``tags``."""
         top = int(tags.max()) + 1
-        if top > len(self._t_sub):
-            self._t_sub = np.concatenate((self._t_sub, np.zeros(top - len(self._t_sub),
-                                                                np.int64)))
+        if top > len(self._t_start):
+            self._t_start = np.concatenate((self._t_start, np.zeros(top - len(self._t_start),
+                                                                    np.int64)))
+
+    def _submitted(self, tags: np.ndarray, t: int) -> None:
+        """Requests ``tags`` went to the kernel at ``t``: their slat."""
+        self._slat[0] += int((t - self._t_start[tags]).sum())
+        self._slat[1] += len(tags)
 
     def _enter(self, wait: int, timeout_ns: int | None) -> int:
         """One io_uring_enter that submits what is pushed and waits for ``wait``
-        completions; the requests it submits stamped just before it, and its return
-        stamped just after it (returned, for the completions it brought)."""
+        completions; its return stamped just after it (returned, for the completions it
+        brought)."""
         t = time.perf_counter_ns()
         self.ring.submit(wait=wait, timeout_ns=timeout_ns)
         done = time.perf_counter_ns()
-        if self._unsent:
-            for tags in self._unsent:
-                self._t_sub[tags] = t
-            self._unsent = []
+        for tags in self._unsent:
+            self._submitted(tags, t)
+        self._unsent = []
         return done
 
     def reap(self, wait_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -156,7 +163,7 @@ class UringChannel(Channel):
         done = self._enter(int(wait), wait_ns if wait and not self.ring.iopoll else None)
         ud, res = self.ring.reap()
         tags = ud.astype(np.int64)
-        self._took = done - self._t_sub[tags]
+        self._took = done - self._t_start[tags]
         res = res.astype(np.int64)
         if self.options.nop:  # a NOP completes with 0: it did all a NOP does
             res[res == 0] = self.spec.largest
@@ -202,6 +209,7 @@ class UringChannel(Channel):
         return self._native
 
     def measured(self) -> None:
+        self._slat = [0, 0]  # the ramp's requests are not the window's
         if self._share is not None and not self._share.begun:
             self._share.begin()
 
@@ -209,6 +217,10 @@ class UringChannel(Channel):
         facts = self._share.facts() if self._share is not None else {}
         # how long the waits looked first, as the channel decided (the Python loop never looks)
         facts["wait_spin_ns"] = [self._native.spin_ns if self._native is not None else 0]
+        slat = (self._native.slat_mean_ns if self._native is not None
+                else self._slat[0] / self._slat[1] if self._slat[1] else None)
+        if slat is not None:  # fio's clat is the latency less this
+            facts["slat_mean_ns"] = [round(slat)]
         return facts
 
     def close(self) -> None:

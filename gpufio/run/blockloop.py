@@ -10,8 +10,10 @@ that wakes a waiting channel. Where a channel can hand its batches to a compiled
 (``Channel.native``: io/loops.py) and the job needs nothing the compiled loops lack
 (engines/base.compiled_loop), that loop runs them instead, with no Python per I/O.
 
-Latencies run from a request's submission to the reaping of its completion, or are the
-channel's own for a synchronous one (each pread timed around the call).
+Latencies are fio's lat: from a request's taking into its slot (fio's start_time, before
+the call that submits it) to the reaping of its completion, or the channel's own for a
+synchronous one (each pread timed around the call). A reap's completions are recorded only
+once their slots have taken their next requests, so no slot waits unstamped for that.
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ class BlockLoop:
         clock = time.perf_counter_ns
         issuing = True
         dog, completed = Watchdog(STALL_LIMIT_NS, clock()), 0
+        record: Callable[[], None] | None = None  # the last reap's, once its slots are taken
         while True:
             if syncing and ch.inflight == 0:
                 self._sync_files(fds)
@@ -219,6 +222,9 @@ class BlockLoop:
                     syncing = bool(nwrites) and ctx.sync_due(nwrites)
                 else:
                     issuing = False
+            if record is not None:
+                record()
+                record = None
             if ch.inflight == 0:
                 if syncing:
                     continue
@@ -246,8 +252,10 @@ class BlockLoop:
             if took is not None:  # the channel timed each request itself
                 table.t_issue[done] = now - took
             bad = self._bad(done, res) if verifying else None
-            table.complete(ctx, done, res, now, bad, slot_writes[done] if job.mixed
-                           else job.writes)
+            # recorded once the freed slots have taken their next I/Os (at the loop's top):
+            # a slot waits unstamped only for the checks and the taking, as fio's io_u
+            record = table.reaped(ctx, done, res, now, bad, slot_writes[done] if job.mixed
+                                  else job.writes)
             self._note_measuring()
             free = np.concatenate((free, done)) if len(free) else done
 

@@ -11,7 +11,7 @@ of its offset, generated in its slot in GPU memory before the request goes out.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -76,6 +76,7 @@ class GpuSlotLoop:
         free = list(range(depth))
         fds = [t.fd for t in self.targets]
         issuing, syncing = True, False
+        record: Callable[[], None] | None = None  # the last reap's, once its slots are taken
         while True:
             if syncing and not ch.inflight:
                 ctx.sync(fds)
@@ -97,6 +98,9 @@ class GpuSlotLoop:
                                        f"for {room}")
                 nwrites = int(kinds.sum())
                 syncing = bool(nwrites) and ctx.sync_due(nwrites)
+            if record is not None:
+                record()
+                record = None
             if not ch.inflight:
                 if syncing:
                     continue
@@ -104,11 +108,13 @@ class GpuSlotLoop:
             done, res = ch.reap(STALL_LIMIT_NS)
             if not len(done):
                 raise Stalled(f"no I/O completed in {STALL_LIMIT_NS / 1e9:g} s: {ch.state()}")
-            self._finish(done, res, table, slot_writes)
+            record = self._finish(done, res, table, slot_writes)
             free.extend(done.tolist())
 
     def _finish(self, slots: np.ndarray, res64: np.ndarray, table: SlotTable,
-                slot_writes: np.ndarray) -> None:
+                slot_writes: np.ndarray) -> Callable[[], None]:
+        """The reaped ``slots``, checked now; their recording returned
+        (core/slots.SlotTable.reaped), for after the loop has taken their next I/Os."""
         now = time.perf_counter_ns()
         res = res64.astype(np.int32)
         bad: Any = None
@@ -116,8 +122,8 @@ class GpuSlotLoop:
             def bad(tgt: np.ndarray, offs: np.ndarray) -> list[int]:
                 return gpuverify.landed_mismatches(self._rows[self._cp.asarray(slots)],
                                                    self.ctx.seeds(tgt), offs, res)
-        table.complete(self.ctx, slots, res, now, bad,
-                       slot_writes[slots] if self.job.mixed else self.job.writes)
+        return table.reaped(self.ctx, slots, res, now, bad,
+                            slot_writes[slots] if self.job.mixed else self.job.writes)
 
     def close(self) -> None:
         """Requests still in flight (a failed run) land before their slots go away."""

@@ -15,7 +15,7 @@ runs from the start of its segment's copy until the write completes.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -100,6 +100,7 @@ class StagedLoop:
         seg_done = np.zeros(self._nseg, dtype=np.int64)   # reads completed in each segment
         table = SlotTable(self._nseg * seg)
         slot_res = np.zeros(self._nseg * seg, dtype=np.int32)
+        records: list[Callable[[], None]] = []  # finished segments' recordings
         issuing = True
         dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0  # reads + copies
         while True:
@@ -111,9 +112,13 @@ class StagedLoop:
                 if not k:
                     issuing = False
                     break
-                self._push(s, tgt, offs, False)
+                # stamped before the channel has them: a synchronous one (a mapping's
+                # gather) moves them inside submit
                 table.issue(slice(s * seg, s * seg + k), tgt, offs, time.perf_counter_ns())
+                self._push(s, tgt, offs, False)
                 seg_n[s], seg_done[s], state[s] = k, 0, READING
+            while records:  # the segments freed last time, once new reads are out
+                records.pop()()
             moved = self._wait(state, slot_res, seg_done)
             if moved is None and not issuing:
                 return
@@ -123,7 +128,7 @@ class StagedLoop:
                 state[s] = COPYING
             for s in np.flatnonzero(state == COPYING).tolist():
                 if self.landing.done(s):
-                    self._finish(s, int(seg_n[s]), table, slot_res)
+                    records.append(self._finish(s, int(seg_n[s]), table, slot_res))
                     state[s] = FREE
                     progress += 1
             if dog.update(progress, time.perf_counter_ns()):
@@ -202,11 +207,14 @@ class StagedLoop:
         else:
             self.landing.copy(s, k)
 
-    def _finish(self, s: int, k: int, table: SlotTable, slot_res: np.ndarray) -> None:
+    def _finish(self, s: int, k: int, table: SlotTable, slot_res: np.ndarray
+                ) -> Callable[[], None]:
+        """Segment ``s``'s reads are in GPU memory: checked now, their recording returned
+        (core/slots.SlotTable.reaped), for after the loop has taken the next reads."""
         lo = s * self._seg
         res = slot_res[lo:lo + k].copy()
         bad = (lambda tgt, offs: self.landing.mismatches(s, res)) if self.ctx.verifying else None
-        table.complete(self.ctx, slice(lo, lo + k), res, time.perf_counter_ns(), bad)
+        return table.reaped(self.ctx, slice(lo, lo + k), res, time.perf_counter_ns(), bad)
 
     def close(self) -> None:
         """What is in flight lands (the channel waits for it) before the slots go."""
