@@ -220,9 +220,10 @@ int64_t gf_psync(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
     return i;
 }
 
-/* `nsub` of the unsubmitted I/Os (the oldest: the kernel takes SQEs in order) went in with
- * a call made at `t_sub`: in a call of the measured window (`counted`), the time each spent
- * taken before that call adds to fio's slat. */
+/* `nsub` of the unsubmitted I/Os (the oldest: the kernel takes SQEs in order) went in at
+ * `t_sub` (fio's issue_time: just after the call that submitted them returned, or, for a
+ * call that also waits, just before it): in a call of the measured window (`counted`), the
+ * time each spent from its stamp to then adds to fio's slat. */
 static void submitted(struct gf_loop *L, int64_t nsub, int64_t t_sub, int counted)
 {
     if (counted) {
@@ -235,15 +236,17 @@ static void submitted(struct gf_loop *L, int64_t nsub, int64_t t_sub, int counte
     L->unsubmitted -= nsub;
 }
 
-/* Submit the oldest unsubmitted I/Os (batch_submit of them at most; the call is made at
- * `t_sub`) and, with `wait`, wait for a completion: after the stop (or with no stop poll)
- * at most wait_ns, which marks the call GF_TIMED_OUT when it passes; and at most
- * `until_due` ns (> 0: a capped I/O falls due then), which marks nothing. */
-static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due, int64_t t_sub,
-                     int counted)
+/* Submit the oldest unsubmitted I/Os (batch_submit of them at most) and, with `wait`,
+ * wait for a completion: after the stop (or with no stop poll) at most wait_ns, which marks
+ * the call GF_TIMED_OUT when it passes; and at most `until_due` ns (> 0: a capped I/O falls
+ * due then), which marks nothing. Returns how many of them the kernel took (with SQPOLL:
+ * every one published), for the caller's `submitted`; negative: -errno. */
+static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due)
 {
     unsigned flags = wait ? ENTER_GETEVENTS : 0;
-    int64_t submit = L->unsubmitted, limit = 0, watchdog = 0;
+    /* with SQPOLL the poll thread takes every SQE published, and the call submits none */
+    const int64_t published = L->unsubmitted;
+    int64_t submit = L->sqpoll ? 0 : L->unsubmitted, limit = 0, watchdog = 0;
     struct timespec_k ts = { 0, 0 };
     struct getevents_arg arg = { 0, 0, 0, (uint64_t)(uintptr_t)&ts };
     void *argp = NULL;
@@ -251,12 +254,10 @@ static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due, int64_t
     if (L->batch_submit && submit > L->batch_submit)
         submit = L->batch_submit;
     if (L->sqpoll) {
-        submitted(L, L->unsubmitted, t_sub, counted);  /* the poll thread took them */
-        submit = 0;  /* a sleeping poll thread is woken */
         if (*L->sq_flags & SQ_NEED_WAKEUP)
-            flags |= ENTER_SQ_WAKEUP;
+            flags |= ENTER_SQ_WAKEUP;  /* a sleeping poll thread is woken */
         if (!flags)
-            return 0;
+            return published;
     } else if (!submit && !wait) {
         return 0;
     } else {
@@ -282,14 +283,12 @@ static int64_t enter(struct gf_loop *L, int64_t wait, int64_t until_due, int64_t
     for (;;) {
         long rc = syscall(__NR_io_uring_enter, (int)L->ring_fd, (unsigned)submit,
                           (unsigned)(wait ? 1 : 0), flags, argp, argsz);
-        if (rc >= 0) {  /* the SQEs it took (a call that submitted returns no error) */
-            submitted(L, rc < submit ? rc : submit, t_sub, counted);
-            return 0;
-        }
+        if (rc >= 0)  /* the SQEs it took (a call that submitted returns no error) */
+            return L->sqpoll ? published : (rc < submit ? rc : submit);
         if (errno == ETIME) {
             if (watchdog)
                 L->status |= GF_TIMED_OUT;
-            return 0;
+            return L->sqpoll ? published : 0;
         }
         if (errno != EINTR)
             return -errno;
@@ -361,13 +360,15 @@ static int64_t reap(struct gf_loop *L, int64_t now, struct gf_out *o, int64_t k)
  * reaped it, so no slot sits free, unstamped, while its I/O waits for a call to submit it
  * (IOPS x mean latency is the depth, as fio's). The I/Os go in oldest first, at most
  * batch_submit (fio's iodepth_batch_submit) per io_uring_enter: with it, as fio's
- * io_uring engine, a call that does not wait submits them (and reaps what is there); only
- * with fewer than that many left to submit and nothing reaped does a call wait for a
- * completion, submitting the rest (at depth 1: two calls per I/O, as fio). With
- * batch_submit 0, one call per round submits every taken I/O and waits (at depth 1: one call
- * per I/O): fewer calls, but the thread sleeps for nearly every completion, and on a small
- * VM each wake-up lands on the CPU of the io-wq worker doing the reads. How long the I/Os
- * waited between their stamp and their submitting call is fio's slat (slat_sum / slat_n,
+ * io_uring engine, calls that do not wait submit them until all are in, and only then is
+ * the CQ reaped (fio reaps once its queue is full; reaping between the calls would free
+ * slots faster than one I/O a call goes in, and keep I/Os waiting in the SQ); only with
+ * nothing to reap does a call wait for a completion, submitting what is left (at depth 1:
+ * two calls per I/O, as fio). With batch_submit 0, one call per round submits every taken
+ * I/O and waits (at depth 1: one call per I/O): fewer calls, but the thread sleeps for
+ * nearly every completion, and on a small VM each wake-up lands on the CPU of the io-wq
+ * worker doing the reads. How long the I/Os waited from their stamp to their submitting
+ * call's return (its start, for a call that also waits) is fio's slat (slat_sum / slat_n,
  * for the calls of the measured window). Once the batch is all taken the rest are
  * submitted and the call returns with them in flight; a call with n = 0 waits until nothing
  * is in flight. With `due`, an I/O is taken only once its time has come; until then the
@@ -432,23 +433,30 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
         }
         if (n > 0 && i == n && !stop) {
             /* all taken: submit the rest, reap what is done, come back for more */
-            for (int64_t t = t0;;) {
-                if ((rc = enter(L, 0, 0, t, !ramp)) < 0)
+            for (;;) {
+                if ((rc = enter(L, 0, 0)) < 0)
                     return rc;
-                if (!L->unsubmitted)
+                const int64_t now = now_ns();
+                submitted(L, rc, now, !ramp);
+                if (!L->unsubmitted) {
+                    k = reap(L, now, o, k);
                     break;
-                t = now_ns();
+                }
             }
-            k = reap(L, now_ns(), o, k);
             break;
         }
         if (L->batch_submit && L->unsubmitted >= L->batch_submit && !next_due) {
-            rc = enter(L, 0, 0, t0, !ramp);  /* as fio: a call that submits, and reaps */
-            if (rc < 0)
+            /* as fio: a call that submits and does not wait; the loop reaps only once
+             * every taken I/O is in (fio reaps when its queue is full), so none waits in
+             * the SQ for others' completions to be reaped first */
+            if ((rc = enter(L, 0, 0)) < 0)
                 return rc;
             const int64_t now = now_ns(), before = k;
-            k = reap(L, now, o, k);
-            if (now > deadline || ramp_ended(L, ramp))
+            submitted(L, rc, now, !ramp);
+            const int leaving = now > deadline || ramp_ended(L, ramp);
+            if (!L->unsubmitted || leaving)
+                k = reap(L, now, o, k);
+            if (leaving)
                 break;
             if (L->nfree || L->unsubmitted || k > before)
                 continue;  /* take and submit again */
@@ -456,9 +464,10 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
         }
         if (!next_due)
             spin_for_completion(L);
-        rc = enter(L, 1, next_due ? (next_due > t0 ? next_due - t0 : 1) : 0, t0, !ramp);
+        rc = enter(L, 1, next_due ? (next_due > t0 ? next_due - t0 : 1) : 0);
         if (rc < 0)
             return rc;
+        submitted(L, rc, t0, !ramp);  /* a call that also waits: its start stands */
         const int64_t now = now_ns();
         k = reap(L, now, o, k);
         if (L->status & GF_TIMED_OUT || now > deadline || ramp_ended(L, ramp))
