@@ -350,6 +350,30 @@ def setup_rootfile(directory: Path, size: int) -> tuple[str, Callable[[], None]]
     return str(path), lambda: path.unlink(missing_ok=True)
 
 
+def setup_loop_dio(directory: Path, size: int) -> tuple[str, Callable[[], None]]:
+    """A loop device with direct I/O on over a new file of ``size`` bytes of data in
+    ``directory``: every read goes to the disk under the file (none from a page cache), and
+    both tools see the same device. Root and a file system that takes O_DIRECT needed; the
+    release detaches the device and removes the file."""
+    path = directory / f"gpufio-bench-loop-{os.getpid()}.dat"
+    api.lay_out(path, size, 9)
+    made = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", str(path)],
+                          capture_output=True, text=True)
+    dev = made.stdout.strip()
+
+    def release() -> None:
+        if dev:
+            subprocess.run(["losetup", "-d", dev], capture_output=True)
+        path.unlink(missing_ok=True)
+
+    dio = Path(f"/sys/block/{Path(dev).name}/loop/dio") if dev else None
+    if dio is None or not dio.exists() or dio.read_text().strip() != "1":
+        release()
+        raise SystemExit(f"bench: no loop device with direct I/O on over {path}: "
+                         f"{made.stderr.strip() or 'its file system refuses O_DIRECT'}")
+    return dev, release
+
+
 def _unique(headers: list[str]) -> list[str]:
     """Column names as the renderer's row keys: a repeated name gets a trailing space."""
     out: list[str] = []

@@ -51,8 +51,9 @@ class Uring(Engine):
                "O_DIRECT on targets whose queue polls (queue/io_poll = 1)"),
         Option("iodepth_batch_submit", "int", 1,
                "the most I/Os one io_uring_enter of the compiled loop submits, as fio's "
-               "(0: every free slot's at once, fewer calls; 1: each I/O its own call, the "
-               "thread reaping between them instead of sleeping for each completion)",
+               "(0: every free slot's at once, fewer calls; 1: each I/O its own call, and "
+               "what completed reaped once all are in, instead of sleeping for each "
+               "completion)",
                minimum=0),
         Option("wait_spin", "time", 3_000,
                "compiled loop: before a wait sleeps, look this long for a completion "
