@@ -84,6 +84,7 @@ struct gf_loop {
                                                     * taken, in the SQ, not yet submitted */
     int64_t spin_skip, spin_misses;  /* waits that sleep at once; looks in a row that missed */
     int64_t slat_sum, slat_n;       /* fio's slat: ns from stamp to submitting call, I/Os */
+    int64_t unsubmitted_stamps;     /* the sum of the unsubmitted I/Os' stamps */
     int64_t *free_slots;            /* depth */
     int64_t *t_issue;               /* depth: when each slot's I/O was taken */
     int64_t *slot_tgt;              /* depth */
@@ -226,14 +227,20 @@ int64_t gf_psync(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
  * time each spent from its stamp to then adds to fio's slat. */
 static void submitted(struct gf_loop *L, int64_t nsub, int64_t t_sub, int counted)
 {
-    if (counted) {
+    int64_t stamps = L->unsubmitted_stamps;  /* all of them: no look at each one */
+    if (nsub < L->unsubmitted) {
         const uint32_t mask = (uint32_t)(L->sq_entries - 1);
         uint32_t x = (uint32_t)(L->sq_tail_local - L->unsubmitted);
+        stamps = 0;
         for (int64_t j = 0; j < nsub; j++, x++)
-            L->slat_sum += t_sub - L->t_issue[L->sq_array[x & mask]];
+            stamps += L->t_issue[L->sq_array[x & mask]];
+    }
+    if (counted) {
+        L->slat_sum += nsub * t_sub - stamps;
         L->slat_n += nsub;
     }
     L->unsubmitted -= nsub;
+    L->unsubmitted_stamps -= stamps;
 }
 
 /* Submit the oldest unsubmitted I/Os (batch_submit of them at most) and, with `wait`,
@@ -429,6 +436,7 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
             __atomic_store_n(L->sq_tail, tail, __ATOMIC_RELEASE);
             L->sq_tail_local = tail;
             L->unsubmitted += taken;
+            L->unsubmitted_stamps += taken * t0;
             L->inflight += taken;
         }
         if (n > 0 && i == n && !stop) {

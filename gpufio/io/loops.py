@@ -46,7 +46,7 @@ class _Loop(ctypes.Structure):
                 ("batch_submit", _I64), ("spin_ns", _I64),
                 *[(n, _I64) for n in ("sq_tail_local", "cq_head_local", "inflight", "nfree",
                                       "status", "unsubmitted", "spin_skip", "spin_misses",
-                                      "slat_sum", "slat_n")],
+                                      "slat_sum", "slat_n", "unsubmitted_stamps")],
                 *[(n, _P) for n in ("free_slots", "t_issue", "slot_tgt", "slot_write")]]
 
 
