@@ -29,6 +29,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,7 @@ def main() -> int:
                 f"{args.runtime:g} s, medians" + (" (--quick: not a measurement)"
                                                   if args.quick else ""))
     raw = {"settings": settings, "cpus": os.cpu_count(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "runs": [{"qd": qd, **by} for qd, by in runs.items()]}
     return report(settings, rows, HEADERS, raw, args.json, missed if args.check else [])
 
