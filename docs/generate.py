@@ -160,7 +160,8 @@ def commands() -> str:
     for name in group.list_commands(ctx):
         cmd = group.get_command(ctx, name)
         sub = click.Context(cmd, info_name=name, parent=ctx)
-        out.append(f"\n## `gpufio {name} {' '.join(cmd.collect_usage_pieces(sub)).translate(_BRACES)}`\n\n")
+        usage = " ".join(cmd.collect_usage_pieces(sub)).translate(_BRACES)
+        out.append(f"\n## `gpufio {name} {usage}`\n\n")
         out.append(_cell(cmd.help or "") + "\n\n")
         params = [p for p in cmd.params if p.name != "help"]
         if params:

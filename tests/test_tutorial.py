@@ -63,7 +63,7 @@ def test_the_tutorial_has_runnable_commands_and_marks_the_rest():
     assert len(runnable) >= 8
     for page in PAGES:
         for body in blocks(page.read_text(), "sh pending"):
-            assert body.startswith("# pending: "), f"{page.name}: say what a pending block waits for"
+            assert body.startswith("# pending: "), f"{page.name}: say what it waits for"
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
