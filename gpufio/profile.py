@@ -29,7 +29,8 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option("name", "str", None, "job name (default: the profile's file name, then job index)"),
     Option("engine", "str", DEFAULT_ENGINE, "data path; see 'gpufio engines'"),
     Option("workload", "str", DEFAULT_WORKLOAD, "what the job does: "
-           + ", ".join(f"'{n}'" for n in WORKLOADS) + " (see README)", choices=WORKLOADS),
+           + ", ".join(f"'{n}'" for n in WORKLOADS) + " (docs/reference/workloads.md)",
+           choices=WORKLOADS),
     Option("bs", "size", 4096, "block size of each I/O", minimum=512),
     Option("direct", "bool", True, "O_DIRECT: bypass the page cache"),
     Option("iodepth", "int", 1, "I/Os in flight per worker (engines with a queue)", minimum=1),

@@ -51,3 +51,21 @@ def test_every_relative_link_in_the_docs_resolves():
                 if not (md.parent / path).exists():
                     broken.append(f"{md.relative_to(ROOT)}: {target}")
     assert broken == []
+
+
+# what only the team's work log explains: its issue and session numbers, a design file
+# that is not in the repository, the folder beside the checkout
+_OUTSIDE = re.compile(r"\b[Ii]ssues? \d{1,2}\b|\b[Ss]essions? \d|DESIGN\.md|\.\./shared")
+# in code, a pointer to the results names the section it means
+_UNANCHORED = re.compile(r"PERFORMANCE\.md(?![:,][^\"]*\")")
+
+
+def test_nothing_points_at_the_work_log_or_outside_the_repository():
+    code = [p for folder in ("gpufio", "bench", "tests", "rig") for p in (ROOT / folder).rglob("*")
+            if p.suffix in (".py", ".cu", ".cuh", ".c", ".sh") and p.is_file()
+            and p != Path(__file__).resolve()]
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+             for p in [*_markdown(), *ROOT.glob("profiles/*.toml"), *code]
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+             if _OUTSIDE.search(line) or (p in code and _UNANCHORED.search(line))]
+    assert found == []

@@ -14,7 +14,7 @@ Doorbells go one of two ways, named in every result (``mode``):
 - ``relay``: agents store them into words of host memory; one CPU thread (``Relay``) copies
   each changed word into its doorbell register, one MMIO write per queue per pass however
   many tails the GPU published meanwhile. The fallback where the BAR cannot be registered
-  (NVIDIA's driver on recent kernels: issue 31's Risk).
+  (NVIDIA's driver may refuse it on recent kernels).
 """
 
 from __future__ import annotations
@@ -344,7 +344,7 @@ def gpu_doctor_checks(area: str, relays: list[tuple[str, int]], cpus: int,
         why = io_memory_probe()
         out = [verdict(area, "BAR as CUDA I/O memory", why is None,
                        "CU_MEMHOSTREGISTER_IOMEMORY taken on the software controller's BAR "
-                       "page (a real BAR may still be refused: issue 31's Risk)"
+                       "page (a real BAR may still be refused)"
                        if why is None else f"refused on a tmpfs page: {why}",
                        "direct doorbells cannot work here; use doorbells = \"relay\"")]
     cost = ("one CPU thread per worker polls the GPU's published tails and heads and writes "
