@@ -3,6 +3,7 @@ tagged `sh test` of docs/tutorial/*.md (the convention is in docs/tutorial/READM
 as one bash script in a fresh directory, with this checkout's gpufio and the scratch and
 cache directories in the test's temporary directory."""
 
+import importlib.util
 import os
 import re
 import shutil
@@ -22,6 +23,16 @@ _EXPECTS = re.compile(r"^(?P<cmd>.*\S)\s+# exit (?P<codes>\d+(?:\|\d+)*)$")
 def blocks(text: str, tag: str) -> list[str]:
     """The bodies of the fenced blocks whose info string is exactly ``tag``."""
     return re.findall(rf"^```{re.escape(tag)}\n(.*?)^```$", text, re.M | re.S)
+
+
+def missing(body: str) -> list[str]:
+    """What a block's `# needs: ...` first line names that this host lacks: commands on
+    PATH, or `python:MODULE` for a module this interpreter cannot import."""
+    first = body.splitlines()[0] if body else ""
+    if not first.startswith("# needs: "):
+        return []
+    return [n for n in first[len("# needs: "):].split()
+            if not (importlib.util.find_spec(n[7:]) if n.startswith("python:") else shutil.which(n))]
 
 
 def script(body: str) -> str:
@@ -73,11 +84,17 @@ def test_every_runnable_command_of_the_page_runs(page, shared, tmp_path):
     if not bodies:
         pytest.skip(f"{page.name} has no command that runs without a GPU, drive or root")
     (tmp_path / "profiles").symlink_to(ROOT / "profiles")
+    lacking = []
     for n, body in enumerate(bodies, 1):
+        if missing(body):
+            lacking += missing(body)
+            continue
         res = subprocess.run(["bash", "-c", script(body)], cwd=tmp_path, env=shared,
                              capture_output=True, text=True, timeout=900)
         assert res.returncode == 0, (f"{page.name}, block {n}: exit {res.returncode}\n"
                                      f"{res.stderr[-3000:]}")
+    if lacking:
+        pytest.skip(f"{page.name}: blocks needing {', '.join(lacking)} were not run")
 
 
 def test_a_command_may_say_how_it_ends():
@@ -88,3 +105,10 @@ def test_a_command_may_say_how_it_ends():
     assert rc("sh -c 'exit 2' # exit 0|2") == 0
     assert rc("true # exit 2") == 97
     assert rc("false\ntrue") == 1
+
+
+def test_a_block_may_name_what_it_needs():
+    assert missing("# needs: sh python:json\ntrue") == []
+    assert missing("# needs: no-such-tool-here python:no_such_module\ntrue") == [
+        "no-such-tool-here", "python:no_such_module"]
+    assert missing("gpufio run x") == []
