@@ -109,6 +109,8 @@ def test_a_sparse_file_is_refused_unless_allowed_and_then_named_holes(tmp_path, 
     os.truncate(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644), 4 << 20)
     found = storage.classify(str(path))
     assert (found.kind, found.reaches_storage, found.backed) == ("holes", False, 0.0)
+    facts = device.path_facts(str(path))  # what 'gpufio info' shows
+    assert facts["storage"]["kind"] == "holes" and facts["ram_backed"] is False
     res, _ = run_job(write_profile, str(path))
     assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1
     assert res.stderr.startswith(f"gpufio: error: target {path}: all of bytes 0-4194304 ")

@@ -364,7 +364,8 @@ def open_target(path: str, direct: bool, consent: WriteConsent | None = None,
                            "(set direct = false to read through the page cache)") from None
         raise BadInput(f"target {path}: cannot open: {e.strerror}") from None
     size = os.lseek(fd, 0, os.SEEK_END)
-    facts = devinfo.path_facts(path, direct)
+    # holes are judged for the range a job reads, which it may write first (core/backing)
+    facts = devinfo.path_facts(path, direct, extents=False)
     align = facts.get("dio_offset_align") or facts.get("logical_block_size") or 512
     return Target(path=path, fd=fd, size=size, is_block=is_block, dio_align=int(align),
                   pattern_seed=pattern.read_seed(_read_first_block(path)), facts=facts)

@@ -179,10 +179,10 @@ def block_facts(disk: Path) -> dict[str, Any]:
     return facts
 
 
-def path_facts(path: str, direct: bool = True) -> dict[str, Any]:
+def path_facts(path: str, direct: bool = True, extents: bool = True) -> dict[str, Any]:
     """What gpufio reports about a target: its kind, backing device and filesystem, what its
     reads reach (``storage``: facts/storage, for reads of the whole target, with O_DIRECT
-    when ``direct``, its extents not looked at) and whether it lives in memory (``ram_backed``, with the kind of
+    when ``direct``, its holes looked for when ``extents``) and whether it lives in memory (``ram_backed``, with the kind of
     memory in ``ram_backing``)."""
     # imported here: facts/storage builds on this module's readers
     from gpufio.facts import storage
@@ -198,7 +198,7 @@ def path_facts(path: str, direct: bool = True) -> dict[str, Any]:
     disk = disk_dir(dev)
     if disk is not None:
         facts.update(block_facts(disk))
-    found = storage.classify(path, direct=direct, extents=False)
+    found = storage.classify(path, direct=direct, extents=extents)
     facts["storage"] = found.as_dict()
     facts["ram_backed"] = found.kind in storage.RAM_KINDS
     if facts["ram_backed"]:

@@ -24,7 +24,6 @@ from gpufio.core.targets import check_creatable
 from gpufio.engines import all_engines
 from gpufio.engines.base import Engine
 from gpufio.facts.device import path_facts, pci_device_of, pci_link, read_int
-from gpufio.facts.storage import classify
 from gpufio.facts.system import ACS_REDIRECTS, Host, acs_control, bar_size, pci_relation
 
 
@@ -126,8 +125,9 @@ def target_checks(path: str, depth: int, gpus: dict[str, Path],
         return [Check(area, "exists", FAIL, e.strerror or str(e),
                       "name an existing file or block device (gpufio creates files only "
                       "where a profile gives a size)")]
-    found = classify(path)  # the whole target, its holes included
-    out = [verdict(area, "storage", found.reaches_storage, f"{found.kind}: {found.reason}",
+    found = facts["storage"]  # the whole target, its holes included
+    out = [verdict(area, "storage", found["reaches_storage"],
+                   f"{found['kind']}: {found['reason']}",
                    "its reads do not reach a drive, so its numbers say nothing about one: "
                    "point the target at a drive (a file: write it first)")]
     align = facts.get("dio_offset_align") or facts.get("logical_block_size")
