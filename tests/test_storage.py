@@ -166,7 +166,7 @@ def test_a_buffered_job_says_the_page_cache_may_answer(on_a_drive, write_profile
     res, doc = run_job(write_profile, str(path), direct=False)
     assert res.exit_code == 0, res.output
     assert status_of(doc) == "ok (page cache: not storage)"
-    assert storage_fact(doc)["reason"].startswith("buffered reads (direct = 0)")
+    assert storage_fact(doc)["reason"].startswith("buffered I/O (direct = 0): the page cache may serve it (")
     assert len(warnings(res)) == 1
 
 

@@ -3,9 +3,9 @@
 A number is a drive's only when its reads reach one. They do not for a file in RAM (tmpfs,
 ramfs), a RAM disk (zram, brd, pmem emulated from RAM), the holes and unwritten
 (fallocated) extents of a file, a loop device without direct I/O (its backing file's page
-cache answers), a device-mapper device with no member (zero, error), and any buffered read
-(the page cache may answer). Network and FUSE filesystems and network block devices reach
-storage somewhere else, and are named so. Stacks are followed down: a filesystem to its
+cache answers), a device-mapper device with no member (zero, error), and any buffered
+I/O (the page cache may serve it). Network and FUSE filesystems and network block devices
+reach storage somewhere else, and are named so. Stacks are followed down: a filesystem to its
 disk, a loop device to its backing file (from the byte it maps), device-mapper and md
 devices to their members (sysfs ``slaves``).
 """
@@ -32,7 +32,7 @@ PAGE_CACHE = "page cache"
 HOLES = "holes"
 UNWRITTEN = "unwritten"
 DRIVE = "drive"
-UNKNOWN = "unknown"
+UNKNOWN = "unknown storage"
 EMULATED_PMEM = "pmem (RAM)"
 # the kinds that are memory: what ``ram_backed`` has always meant
 RAM_KINDS = RAM_FILESYSTEMS | {"zram", "brd", EMULATED_PMEM}
@@ -188,8 +188,8 @@ def _path(path: str, offset: int, length: int | None, direct: bool, extents: boo
         if found.reaches_storage and extents and stat.S_ISREG(st.st_mode):
             found = _holes(path, offset, length) or Storage(found.kind, True, found.reason, 1.0)
     if found.reaches_storage and not direct:
-        return Storage(PAGE_CACHE, False, f"buffered reads (direct = 0): the page cache may "
-                                          f"answer them ({found.reason})", found.backed)
+        return Storage(PAGE_CACHE, False, f"buffered I/O (direct = 0): the page cache may "
+                                          f"serve it ({found.reason})", found.backed)
     return found
 
 
