@@ -73,15 +73,17 @@ def pattern_fd(pattern_file: Path):
 
 @pytest.fixture
 def losetup():
-    """Attach an image file as a loop device (root and losetup needed, else the test is
-    skipped with the reason); every device is detached afterwards."""
+    """Attach an image file as a loop device, with direct I/O to it or through its page
+    cache (root and losetup needed, else the test is skipped with the reason); every device
+    is detached afterwards."""
     attached: list[str] = []
 
-    def attach(path: Path) -> str:
+    def attach(path: Path, direct_io: bool = False) -> str:
         if os.geteuid() != 0 or not shutil.which("losetup"):
             pytest.skip("needs root and losetup to attach a loop device")
-        res = subprocess.run(["losetup", "--find", "--show", str(path)], capture_output=True,
-                             text=True)
+        res = subprocess.run(["losetup", "--find", "--show",
+                              f"--direct-io={'on' if direct_io else 'off'}", str(path)],
+                             capture_output=True, text=True)
         if res.returncode != 0:
             pytest.skip(f"losetup cannot attach a loop device here: {res.stderr.strip()}")
         attached.append(res.stdout.strip())

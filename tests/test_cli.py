@@ -293,13 +293,14 @@ def test_a_ram_backed_target_is_labelled_in_the_result_table_and_compare(tmp_pat
     doc = json.loads(res.stdout)
     (t,) = doc["jobs"][0]["targets"]
     assert t["ram_backed"] is True and t["ram_backing"] == "tmpfs"
+    assert t["storage"]["kind"] == "tmpfs" and t["storage"]["reaches_storage"] is False
     res = cli.invoke(app, ["run", str(prof), "--quiet"])
-    assert f"ram-backed (not a drive): {target} (tmpfs)" in " ".join(res.stdout.split())
+    assert f"not storage: {target} (tmpfs)" in " ".join(res.stdout.split())
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(doc))
     b.write_text(json.dumps(doc))
     res = cli.invoke(app, ["compare", str(a), str(b)])
-    assert res.exit_code == 0 and "ram-backed: tmpfs" in res.stdout
+    assert res.exit_code == 0 and f"{target} (tmpfs, tmpfs: not storage)" in res.stdout
 
 
 def test_clean_lists_and_removes_scratch_files(scratch):

@@ -205,9 +205,9 @@ def test_targets_drive_ram_missing(tmp_path):
     f = tmp_path / "t.dat"
     f.write_bytes(b"\0" * 4096)
     mine = {c.name: c for c in target_checks(str(f), 1, {})}
-    assert mine["a drive, not RAM"].status == "ok" and mine["O_DIRECT alignment"].status == "ok"
+    assert mine["storage"].status == "ok" and mine["O_DIRECT alignment"].status == "ok"
     shm = {c.name: c for c in target_checks("/dev/shm", 1, {})}
-    assert shm["a drive, not RAM"].status == "warn" and "tmpfs" in shm["a drive, not RAM"].found
+    assert shm["storage"].status == "warn" and shm["storage"].found.startswith("tmpfs: ")
     (missing,) = target_checks(str(tmp_path / "nope"), 1, {})
     assert missing.status == "fail"
 
@@ -342,7 +342,7 @@ def test_doctor_of_a_profile_without_targets_checks_its_scratch_directory(tmp_pa
     by = {c.name: c for c in found}
     assert by["scratch target"].status == "ok"
     assert f"checked at {tmp_path}, which exists" in by["scratch target"].found
-    assert by["a drive, not RAM"].status in ("ok", "warn")  # a real verdict on tmp_path's disk
+    assert by["storage"].status in ("ok", "warn")  # a real verdict on tmp_path's disk
     assert "O_DIRECT alignment" in by and not (tmp_path / "not-yet").exists()
 
 

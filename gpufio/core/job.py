@@ -51,6 +51,7 @@ class Job:
     end_fsync: bool
     overwrite: bool
     write_device: str | None
+    allow_unbacked: bool
     allow_large_layout: bool
     precondition: str
     steadystate: str | None

@@ -25,6 +25,7 @@ from gpufio.core.guard import WriteConsent
 from gpufio.core.units import format_size
 from gpufio.facts import device as devinfo
 from gpufio.facts import nvme_generic
+from gpufio.facts.storage import ram_backing
 
 FILL_CHUNK = 8 << 20
 # kernel and runtime trees: a file created there lives in RAM or is refused by the kernel
@@ -340,7 +341,7 @@ def open_target(path: str, direct: bool, consent: WriteConsent | None = None,
     if stat.S_ISDIR(st.st_mode):
         raise BadInput(f"target {path}: is a directory, not a file or block device")
     is_block = stat.S_ISBLK(st.st_mode)
-    if stat.S_ISREG(st.st_mode) and devinfo.ram_backing(path) == "devtmpfs":
+    if stat.S_ISREG(st.st_mode) and ram_backing(path) == "devtmpfs":
         raise BadInput(f"target {path}: is a regular file in /dev (RAM), not a block device; "
                        "remove it (an older gpufio created such files)")
     if stat.S_ISCHR(st.st_mode) and nvme_generic.lookup(path):
@@ -363,7 +364,8 @@ def open_target(path: str, direct: bool, consent: WriteConsent | None = None,
                            "(set direct = false to read through the page cache)") from None
         raise BadInput(f"target {path}: cannot open: {e.strerror}") from None
     size = os.lseek(fd, 0, os.SEEK_END)
-    facts = devinfo.path_facts(path)
+    # holes are judged for the range a job reads, which it may write first (core/backing)
+    facts = devinfo.path_facts(path, direct, extents=False)
     align = facts.get("dio_offset_align") or facts.get("logical_block_size") or 512
     return Target(path=path, fd=fd, size=size, is_block=is_block, dio_align=int(align),
                   pattern_seed=pattern.read_seed(_read_first_block(path)), facts=facts)

@@ -37,7 +37,8 @@ import numpy as np
 from gpufio.core.errors import BadInput
 from gpufio.core.job import directions
 from gpufio.results import DEFAULT_CONFIDENCE, trend
-from gpufio.results.load import METRICS, Metric, jobs_by_name, metrics_of, setup_facts
+from gpufio.results.load import (METRICS, Metric, jobs_by_name, metrics_of, not_storage,
+                                  setup_facts)
 from gpufio.results.runs import JobRuns, pairs, side
 from gpufio.results.spread import (
     Spread,
@@ -437,10 +438,12 @@ def suggest_paired(base: JobRuns, result: JobRuns, mode: Mode,
 
 
 def warnings(result: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[str]:
-    """Why a verdict may mislead: the two sides measured unlike things, or a run's IOPS
-    still trended (a drive settling)."""
+    """Why a verdict may mislead: the two sides measured unlike things, a side's reads did
+    not reach storage, or a run's IOPS still trended (a drive settling)."""
     out = [f"not like for like: {w}" for w in mismatches(result[0], baseline[0])]
     for label, docs in (("baseline", baseline), ("result", result)):
+        out += [f"{label}: target {path}: {s['kind']}, not storage: {s['reason']}"
+                for path, s in not_storage(docs[0]).items()]
         for runs in side(docs).values():
             out += trend.warnings(label, runs)
     return out

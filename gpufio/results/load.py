@@ -116,6 +116,38 @@ def jobs_by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {job["jobname"]: job for job in doc["jobs"]}
 
 
+def storage_of(target: dict[str, Any]) -> dict[str, Any] | None:
+    """A result target's ``storage`` fact (what its reads reached: facts/storage); for a
+    result written before there was one, what its ``ram_backed`` said."""
+    if "storage" in target:
+        return target["storage"]
+    if target.get("ram_backed"):
+        kind = target.get("ram_backing", "RAM")
+        return {"kind": kind, "reaches_storage": False, "reason": f"ram-backed: {kind}"}
+    return None
+
+
+def storage_note(target: dict[str, Any]) -> str:
+    """How a table names a result target's storage: '' for a drive, else its kind, with
+    ': not storage' where its reads did not reach storage."""
+    found = storage_of(target)
+    if not found or found["kind"] == "drive":
+        return ""
+    return found["kind"] + ("" if found["reaches_storage"] else ": not storage")
+
+
+def not_storage(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each target of the document whose reads did not reach storage, by path: its
+    ``storage`` fact."""
+    out: dict[str, dict[str, Any]] = {}
+    for job in doc["jobs"]:
+        for t in job.get("targets", []):
+            found = storage_of(t)
+            if found and not found["reaches_storage"]:
+                out.setdefault(t.get("path", "?"), found)
+    return out
+
+
 def setup_facts(doc: dict[str, Any]) -> dict[str, str]:
     """What was measured: host, kernel, GPUs and each target's drive, for headers and warnings."""
     host = doc.get("host", {})
@@ -128,8 +160,9 @@ def setup_facts(doc: dict[str, Any]) -> dict[str, str]:
             desc = t.get("model") or t.get("filesystem") or t.get("kind", "?")
             if "current_pcie_gen" in t:
                 desc += f" Gen{t['current_pcie_gen']}x{t.get('current_link_width', '?')}"
-            if t.get("ram_backed"):
-                desc += f", ram-backed: {t.get('ram_backing', 'RAM')}"
+            note = storage_note(t)
+            if note:
+                desc += f", {note}"
             entry = f"{t.get('path', '?')} ({desc})"
             if entry not in targets:
                 targets.append(entry)

@@ -105,7 +105,7 @@ def nvme_checks(area: str, facts: dict, host: Host) -> list[Check]:
 
 def target_checks(path: str, depth: int, gpus: dict[str, Path],
                   of_a_job: bool = False, host: Host | None = None) -> list[Check]:
-    """A target: a drive or RAM, its O_DIRECT alignment, scheduler, queue limit, PCIe link,
+    """A target: what its reads reach (a drive, RAM, holes ...), its O_DIRECT alignment, scheduler, queue limit, PCIe link,
     NVMe facts and its place against each GPU; ``depth``: the most I/Os the jobs keep in
     flight on it. ``of_a_job``: a path a profile's job reads or writes, which its run (or
     ``gpufio prepare``) may still lay out: missing, it is a warning where a file may be
@@ -125,10 +125,11 @@ def target_checks(path: str, depth: int, gpus: dict[str, Path],
         return [Check(area, "exists", FAIL, e.strerror or str(e),
                       "name an existing file or block device (gpufio creates files only "
                       "where a profile gives a size)")]
-    out = [verdict(area, "a drive, not RAM", not facts.get("ram_backed"),
-                   f"ram-backed: {facts['ram_backing']}" if facts.get("ram_backed")
-                   else f"{facts.get('model') or facts.get('device') or facts.get('kind')}",
-                   "numbers from RAM say nothing about a drive: point the target at one")]
+    found = facts["storage"]  # the whole target, its holes included
+    out = [verdict(area, "storage", found["reaches_storage"],
+                   f"{found['kind']}: {found['reason']}",
+                   "its reads do not reach a drive, so its numbers say nothing about one: "
+                   "point the target at a drive (a file: write it first)")]
     align = facts.get("dio_offset_align") or facts.get("logical_block_size")
     out.append(Check(area, "O_DIRECT alignment", OK if align else WARN,
                      f"{align} bytes" if align else "unknown (no O_DIRECT here?)",

@@ -20,9 +20,10 @@ from gpufio.facts.device import pci_device_of
 from gpufio.facts.host import host_facts
 from gpufio.facts.system import pci_relation
 from gpufio.io.nvme_cmd import error_name
+from gpufio.results.load import storage_note
 from gpufio.results.render import render as render_rows
 from gpufio.run.records import JobResult, RunOutcome
-from gpufio.workloads.documents import ram_backed_targets
+from gpufio.workloads.documents import not_storage_title
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -199,13 +200,18 @@ def build_document(outcome: RunOutcome, profile: Profile) -> dict[str, Any]:
 
 
 def _status(job: dict[str, Any]) -> str:
+    """The table's status of a job, with what its targets were where not a drive
+    ('ok (page cache: not storage)')."""
     if job.get("failure"):
         return "failed"
     if job["errors"] or any(job.get(d, {}).get("short_ios") for d in ("read", "write")):
-        return "io-errors"
-    if job["verify"]["failures"]:
-        return "bad-data"
-    return "interrupted" if job.get("interrupted") else "ok"
+        status = "io-errors"
+    elif job["verify"]["failures"]:
+        status = "bad-data"
+    else:
+        status = "interrupted" if job.get("interrupted") else "ok"
+    note = next((n for t in job.get("targets", []) if (n := storage_note(t))), "")
+    return f"{status} ({note})" if note else status
 
 
 def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -259,9 +265,7 @@ def _row(name: str, engine: str, rw: str, j: dict[str, Any]) -> dict[str, Any]:
 
 
 def _title(doc: dict[str, Any]) -> str:
-    ram = ram_backed_targets(doc)
-    return f"gpufio {doc['gpufio version']} · {doc['profile']}" + (
-        f" · ram-backed (not a drive): {', '.join(ram)}" if ram else "")
+    return f"gpufio {doc['gpufio version']} · {doc['profile']}" + not_storage_title(doc)
 
 
 def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str:

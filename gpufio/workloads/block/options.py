@@ -38,6 +38,9 @@ JOB_OPTIONS: tuple[Option, ...] = (
     Option("write_device", "str", None, "the one block device this job may write to, named "
            "again to confirm (its data is lost; gpufio refuses a device holding anything "
            "libblkid recognises: a partition table, filesystem, LVM, RAID, LUKS, bcache, swap)"),
+    Option("allow_unbacked", "bool", False, "read a target whose range has holes or "
+           "unwritten (fallocated) extents, whose reads return zeros without reaching the "
+           "drive (the result says so)"),
     Option("precondition", "str", "none", "write the whole region sequentially before the "
            "measured phase: once (seq) or twice (seq2)", choices=("none", "seq", "seq2")),
     Option("steadystate", "str", None, "end the job once its IOPS or bandwidth settle, as "
