@@ -1,7 +1,9 @@
 """The README is the profile reference: every key gpufio accepts must be documented there."""
 
+import re
 from pathlib import Path
 
+from gpufio import profile
 from gpufio.engines import all_engines
 from gpufio.profile import COMMON_OPTIONS, GLOBAL_ONLY
 from gpufio.workloads import all_workloads, run_keys
@@ -36,3 +38,15 @@ def test_readme_commands_are_the_ci_commands():
     # the README promises each skipped test's reason: pytest prints them with -rs
     assert " -rs" in test_command and "with the reason" in README
     assert "python3 -m pip install . && gpufio run profiles/quick.toml" in _sh_lines(README)
+
+
+def test_the_quick_starts_reading_time_is_the_profiles():
+    """The README's quick-start time is the sum of the profile's ramp and run times, so
+    neither can change without the other."""
+    jobs = profile.load(str(Path(__file__).resolve().parent.parent / "profiles/quick.toml")).jobs
+    each = {(j.ramp_time + j.runtime) / 1e9 for j in jobs}
+    m = re.search(r"reads it for (\d+) seconds, (\w+) jobs of (\d+) s each", README)
+    assert m, "the README's quick start no longer says how long it reads"
+    words = {"two": 2, "three": 3, "four": 4, "five": 5}
+    assert (int(m[1]), words[m[2]], {int(m[3])}) == (
+        sum((j.ramp_time + j.runtime) / 1e9 for j in jobs), len(jobs), each)
