@@ -135,6 +135,14 @@ def missing() -> str | None:
     return None
 
 
+def without(*tools: str) -> str | None:
+    """Why a test cannot use ``tools`` in the guest, or None: it runs the host's own ``/``,
+    so a tool missing here (sfdisk without Debian's fdisk) is missing there."""
+    gone = [t for t in tools if shutil.which(t) is None]
+    return (f"{', '.join(gone)} not installed here, and the guest runs this host's programs "
+            "(.ci/run installs them with apt-get)") if gone else None
+
+
 def find_kernel() -> tuple[str, Path] | None:
     """(version, base directory) of a guest kernel unpacked with dpkg-deb -x, or None."""
     for base in map(Path, KERNEL_DIRS):
