@@ -385,18 +385,10 @@ def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or js
             raise BadInput(f"--format: {fmt!r} is not one of table, json")
         from gpufio.engines import all_engines
 
-        rows = []
-        for name, cls in all_engines().items():
-            sides = {"host memory": (cls.host_memory(), cls.host_unavailable),
-                     "GPU memory": (cls.gpu_memory(), cls.unavailable)}
-            where = {side: {"moves": list(moves), "why not": (why() or "") if moves else ""}
-                     for side, (moves, why) in sides.items()}
-            usable = [w for w in where.values() if w["moves"] and not w["why not"]]
-            blocked = [w["why not"] for w in where.values() if w["moves"] and w["why not"]]
-            rows.append({"engine": name, "available": bool(usable),
-                         "why not": "" if usable else blocked[0], **where,
-                         "path": cls.summary, "peer": cls.peer, "iodepth": cls.iodepth_means,
-                         "options": {o.name: {"default": o.default, "help": o.help} for o in cls.options}})
+        rows = [{"engine": name, **cls.availability(),
+                 "path": cls.summary, "peer": cls.peer, "iodepth": cls.iodepth_means,
+                 "options": {o.name: {"default": o.default, "help": o.help} for o in cls.options}}
+                for name, cls in all_engines().items()]
         if fmt == "json":
             typer.echo(json.dumps(rows, indent=2))
             return
@@ -428,6 +420,20 @@ _INFO_ARGS = _profile_and_targets("also describe this profile's targets",
                                   "describe this file or device")
 _DOCTOR_ARGS = _profile_and_targets("check what this profile's jobs need",
                                     "also check this target")
+
+
+# facts holding a byte count, by the key's ending: info's table shows them with a unit (its
+# JSON keeps the bytes)
+_BYTE_KEYS = ("_bytes", "_size", "_align")
+
+
+def _fact_row(key: str, value: Any) -> dict[str, Any]:
+    """One row of info's table: a byte count as 23.5GiB, under its key less "_bytes"."""
+    from gpufio.core.units import format_size
+
+    if key.endswith(_BYTE_KEYS) and type(value) is int:
+        return {"key": key.removesuffix("_bytes"), "value": format_size(value)}
+    return {"key": key, "value": value}
 
 
 @app.command()
@@ -470,7 +476,7 @@ def info(profile_path: Optional[Path] = _INFO_ARGS[0], target: list[str] = _INFO
             sections.append(("gpus", {"status": facts["gpu_status"]}))
         sections += [(f"target {p}", f) for p, f in facts["targets"].items()]
         for title, mapping in sections:
-            rows = [{"key": k, "value": v} for k, v in mapping.items()]
+            rows = [_fact_row(k, v) for k, v in mapping.items()]
             console.print(render.table(rows, title, left=("key", "value"), show_header=False))
 
 

@@ -212,6 +212,27 @@ def test_targets_drive_ram_missing(tmp_path):
     assert missing.status == "fail"
 
 
+def test_a_target_without_a_profile_is_described_not_judged_by_jobs(tmp_path, monkeypatch):
+    """``doctor --target X`` alone: no job keeps anything in flight, so the queue row speaks
+    of the disk's limit; a profile's job on it is judged by its depth."""
+    from gpufio.run import doctor
+
+    monkeypatch.setattr(doctor, "path_facts", lambda path: {"device": "vdz"})
+    monkeypatch.setattr(doctor, "read_int", lambda path: 64 if path.endswith(
+        "vdz/queue/nr_requests") else None)
+    f = tmp_path / "t.dat"
+    f.write_bytes(b"\0" * 4096)
+    by = {c.name: c for c in doctor.diagnose([], [str(f)], Host(str(tmp_path / "root")))}
+    row = by["queue depth limit"]
+    assert row.status == "ok" and "in flight" not in row.found
+    assert row.found.startswith("nr_requests 64: the block layer queues up to 64 requests for vdz")
+    prof = from_dict({"global": {"targets": [str(f)], "iodepth": 128}}, "p.toml", {})
+    by = {c.name: c for c in doctor.diagnose(prof.jobs, [], Host(str(tmp_path / "root")))
+          if c.area == f"target {f}"}
+    assert by["queue depth limit"].status == "warn"
+    assert by["queue depth limit"].found == "nr_requests 64, jobs keep up to 128 in flight"
+
+
 def test_a_target_on_any_pci_disk_is_placed_against_each_gpu(tmp_path, monkeypatch):
     """Not only NVMe: the root disk of the H200 machine is virtio, a PCI function too."""
     from gpufio.run import doctor

@@ -1,7 +1,10 @@
 """The README's two commands: present, and the test command exactly the one .ci/run runs.
 (The key reference is generated: tests/test_docs.py keeps docs/reference/ current.)"""
 
+import re
 from pathlib import Path
+
+from gpufio import profile
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -29,3 +32,15 @@ def test_the_readme_test_command_is_the_one_ci_runs():
           if line.strip().startswith(TEST_PREFIX)]
     readme = [line for line in _command_lines(README) if line.startswith(TEST_PREFIX)]
     assert len(ci) == 1 and readme == ci
+
+
+def test_the_quick_starts_reading_time_is_the_profiles():
+    """The README's quick-start time is the sum of the profile's ramp and run times, so
+    neither can change without the other."""
+    jobs = profile.load(str(ROOT / "profiles/quick.toml")).jobs
+    each = {(j.ramp_time + j.runtime) / 1e9 for j in jobs}
+    m = re.search(r"reads it for (\d+) seconds, (\w+) jobs of (\d+) s each", README)
+    assert m, "the README's quick start no longer says how long it reads"
+    words = {"two": 2, "three": 3, "four": 4, "five": 5}
+    assert (int(m[1]), words[m[2]], {int(m[3])}) == (
+        sum((j.ramp_time + j.runtime) / 1e9 for j in jobs), len(jobs), each)

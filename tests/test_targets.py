@@ -91,8 +91,13 @@ def test_region_checks(pattern_file, tmp_path, monkeypatch):
     try:
         assert check(t) == (0, 1024)
         assert check(t, offset=1 << 20, size=1 << 20, bs=65536) == (1 << 20, 16)
-        with pytest.raises(BadInput, match="smaller than offset\\+size = 5242880"):
+        with pytest.raises(BadInput, match="smaller than offset\\+size = 5242880 bytes; "
+                           "--set size=3m fits after offset 1m$"):
             check(t, offset=1 << 20, size=4 << 20)
+        with pytest.raises(BadInput, match="--set size=1020k fits after offset 3075k$"):
+            check(t, offset=(3 << 20) + 3072, size=4 << 20, bs=4096)  # whole blocks only
+        with pytest.raises(BadInput, match="offset 4m leaves no whole 4096-byte block$"):
+            check(t, offset=4 << 20, size=None, bs=4096)
         with pytest.raises(BadInput, match="offset 100 is not a multiple of its O_DIRECT"):
             check(t, offset=100)
         assert check(t, offset=100, direct=False, size=8192) == (100, 2)

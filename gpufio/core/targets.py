@@ -22,7 +22,7 @@ from typing import Any, Callable
 from gpufio.core import events, pattern, space
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
-from gpufio.core.units import format_size
+from gpufio.core.units import format_size, size_spec
 from gpufio.facts import device as devinfo
 from gpufio.facts import nvme_generic
 from gpufio.facts.storage import ram_backing
@@ -416,8 +416,12 @@ def check_region(target: Target, *, offset: int, size: int | None, bs: int, dire
     """The (first byte, number of bs blocks) a job may touch on ``target``, or BadInput."""
     length = size if size is not None else target.size - offset
     if offset + max(length, 0) > target.size or length <= 0:
+        fits = (target.size - offset) // bs * bs  # whole blocks past the offset
+        fix = (f"--set size={size_spec(fits)} fits" + (f" after offset {size_spec(offset)}"
+                                                       if offset else "")
+               if fits > 0 else f"offset {size_spec(offset)} leaves no whole {bs}-byte block")
         raise BadInput(f"target {target.path}: is {format_size(target.size)} ({target.size} bytes), "
-                       f"smaller than offset+size = {offset + max(length, 0)} bytes")
+                       f"smaller than offset+size = {offset + max(length, 0)} bytes; {fix}")
     if target.lba:
         for key, value in (("bs", bs), ("offset", offset)):
             if value % target.lba:

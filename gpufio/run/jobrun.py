@@ -341,9 +341,9 @@ class JobRun:
         for w in range(len(self.workers)):
             lat.hist += self.shared.live(w)[3]
         lat.n = int(lat.hist.sum())
-        pct = lat.percentiles((50.0, 99.0))
-        iops = self.samples[-1]["iops"] if self.samples else 0.0
-        bw = self.samples[-1]["bw_bytes"] if self.samples else 0.0
+        pct = lat.percentiles((50.0, 99.0)) if lat.n else {50.0: None, 99.0: None}
+        iops = self.samples[-1]["iops"] if self.samples else None
+        bw = self.samples[-1]["bw_bytes"] if self.samples else None
         progress = None
         if self.state != "setup":
             fractions = []
