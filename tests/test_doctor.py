@@ -217,7 +217,8 @@ def test_a_target_without_a_profile_is_described_not_judged_by_jobs(tmp_path, mo
     of the disk's limit; a profile's job on it is judged by its depth."""
     from gpufio.run import doctor
 
-    monkeypatch.setattr(doctor, "path_facts", lambda path: {"device": "vdz"})
+    disk = {"kind": "drive", "reaches_storage": True, "reason": "vdz", "backed": 1.0}
+    monkeypatch.setattr(doctor, "path_facts", lambda path, **_: {"device": "vdz", "storage": disk})
     monkeypatch.setattr(doctor, "read_int", lambda path: 64 if path.endswith(
         "vdz/queue/nr_requests") else None)
     f = tmp_path / "t.dat"
