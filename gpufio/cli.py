@@ -133,16 +133,32 @@ def _layout_consent(yes: bool) -> Any:
         (lambda q: typer.confirm(q, default=False, err=True)) if interactive else None, yes)
 
 
-@app.command()
+# fio's --output-format names for gpufio's formats (json+ is fio's json with histograms)
+FIO_FORMATS = {"normal": "table", "json+": "fio-json"}
+
+
+def _format(fmt: str) -> str:
+    """--format's value, fio's names (--output-format) read as gpufio's."""
+    if fmt == "terse" or "," in fmt:
+        raise BadInput(f"--format: {fmt!r}: gpufio writes one format at a time, and not fio's "
+                       "terse (fio's normal is table, json+ is fio-json)")
+    return FIO_FORMATS.get(fmt, fmt)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
-    profile_path: Path = typer.Argument(..., metavar="PROFILE",
-                                        help="job profile: TOML, or a fio job file ending in .fio"),
-    fmt: str = typer.Option("table", "--format", "-f",
+    ctx: typer.Context,
+    profile_path: Optional[str] = typer.Argument(
+        None, metavar="[PROFILE] [--name=JOB --rw=... ...]",
+        help="job profile: TOML, or a fio job file ending in .fio; or none, and fio's options "
+        "as fio's command line takes them (those before the first --name apply to every job)"),
+    fmt: str = typer.Option("table", "--format", "--output-format", "-f",
                             help="table, json, fio-json, csv, markdown (those the profile's "
-                            "workload offers)"),
+                            "workload offers); fio's normal and json+ are table and fio-json"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the result here"),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
-                                   help="override a profile key in every job (repeatable); "
+                                   help="override a profile key in every job (repeatable; "
+                                   "fio's names too: filename=/dev/x, ioengine=io_uring); "
                                    "VALUE is TOML: 'targets=[\"/a\", \"/b\"]', or bare: 4k, /a,/b"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display"),
     repeat: int = typer.Option(1, "--repeat", "-r", min=1,
@@ -155,10 +171,11 @@ def run(
 
     take_stop_signals()
     with _exit_codes(), _layout_consent(yes):
+        fmt = _format(fmt)
         # the default workload's formats first: the others load only for a format it lacks
         if fmt not in all_workloads()[DEFAULT_WORKLOAD].formats and fmt not in _all_formats():
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(_all_formats())}")
-        prof = profile.load(str(profile_path), profile.parse_set(set_))
+        prof = _profile(profile_path, ctx.args, profile.parse_set(set_))
         for note in prof.notes:
             typer.echo(f"gpufio: note: {note}", err=True)
         workload = api.workload_of(prof)
@@ -175,6 +192,24 @@ def run(
             raise typer.Exit(EXIT_INTERRUPTED)
         if any(job["error"] for job in doc["jobs"]):
             raise typer.Exit(EXIT_FAILED)
+
+
+def _profile(path: Optional[str], args: list[str], overrides: dict[str, Any]) -> Any:
+    """The profile file's jobs, or those of fio's options on the command line (click hands
+    the first of them over as the profile when no file comes first)."""
+    from gpufio import profile
+
+    if path is not None and path.startswith("-"):
+        path, args = None, [path, *args]
+    if path is None and not args:
+        raise BadInput("run: give a profile (TOML or .fio), or fio's options: "
+                       "--name=JOB --rw=randread --filename=... as fio takes them")
+    if path is None:
+        return profile.load_fio_args(args, overrides)
+    if args:
+        raise BadInput(f"run: {args[0]}: not an option of gpufio run (fio's options make a "
+                       f"job without a profile file, not beside {path})")
+    return profile.load(path, overrides)
 
 
 @app.command()
