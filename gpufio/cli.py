@@ -227,6 +227,8 @@ def compare(
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(cmp.FORMATS)}")
         docs = [results.load(str(f)) for f in files]
         labels = [f.stem if [g.stem for g in files].count(f.stem) == 1 else str(f) for f in files]
+        for note in results.latency_notes(docs, labels):
+            typer.echo(f"gpufio: note: {note}", err=True)
         sys.stdout.write(cmp.render(docs, labels, fmt, _stdout_console()))
 
 

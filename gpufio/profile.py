@@ -231,15 +231,6 @@ def load_fio_args(args: list[str], overrides: dict[str, Any] | None = None) -> P
     return replace(prof, notes=(*notes, *prof.notes))
 
 
-def _fio_text(value: Any) -> str:
-    """A --set value as fio's option text: a flag 1 or 0, a list ':'-joined."""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, (list, tuple)):
-        return ":".join(str(v).replace(":", "\\:") for v in value)
-    return str(value)
-
-
 def _fio_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
     """``overrides`` with fio's option names (filename, ioengine, readwrite ...) as gpufio's
     keys, read as a job file's [global] lines are, and the notes of that reading."""
@@ -249,12 +240,12 @@ def _fio_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], tuple[str
     fio = {k: v for k, v in overrides.items() if not _is_known(k) and k != "concurrent"}
     if not fio:
         return overrides, ()
-    from gpufio.fio.cmdline import fio_keys, translate
+    from gpufio.fio.cmdline import fio_keys, option_text, translate
 
     for key in fio:
         if key not in fio_keys():
             raise _unknown_key(key, "--set: ", [*_known_keys(), *fio_keys()])
-    keys, notes = translate({k: _fio_text(v) for k, v in fio.items()}, "--set")
+    keys, notes = translate({k: option_text(v) for k, v in fio.items()}, "--set")
     return {**{k: v for k, v in overrides.items() if k not in fio}, **keys}, tuple(notes)
 
 

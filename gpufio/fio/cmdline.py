@@ -72,6 +72,15 @@ def fio_keys() -> list[str]:
                                *jobfile.EQUIVALENTS, *jobfile.REPORTING_ONLY]))
 
 
+def option_text(value: Any) -> str:
+    """A value as fio writes an option: a flag 1 or 0, files ':'-joined (a ':' escaped)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return ":".join(str(v).replace(":", "\\:") for v in value)
+    return str(value)
+
+
 def translate(options: dict[str, str], where: str) -> tuple[dict[str, Any], list[str]]:
     """fio's ``key=value`` options (``--set filename=/dev/x``) as gpufio's keys and values,
     with the notes of their mapping (an engine that runs as another)."""
