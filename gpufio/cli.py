@@ -111,6 +111,15 @@ def _write(doc: dict, fmt: str, output: Optional[Path],
         raise BadInput(f"--output {output}: {e.strerror}") from None
 
 
+def _report(doc: dict, fmt: str, output: Optional[Path], workload: Any) -> None:
+    """A result as ``_write`` puts it, and its problem lines on stderr where no table on
+    stdout shows them."""
+    _write(doc, fmt, output, workload.render)
+    if fmt != "table" or output is not None:
+        for line in workload.problems(doc):
+            typer.echo(f"gpufio: {line}", err=True)
+
+
 def _all_formats() -> list[str]:
     from gpufio.workloads import all_workloads
 
@@ -165,7 +174,8 @@ def run(
                                help="run N times; report each job's median run and the spread"),
     yes: bool = YES,
 ) -> None:
-    """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
+    """Run a job profile, or a job of fio's options (gpufio run --name=x --rw=randread
+    --filename=/dev/nvme0n1), and report IOPS, bandwidth, latency and CPU per job."""
     from gpufio import api, profile
     from gpufio.workloads import DEFAULT_WORKLOAD, all_workloads
 
@@ -183,15 +193,35 @@ def run(
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(workload.formats)} "
                            f"for workload '{workload.name}'")
         doc = workload.run(prof, quiet, repeat)
-        _write(doc, fmt, output, workload.render)
-        if fmt != "table" or output is not None:  # a table on stdout shows them itself
-            for line in workload.problems(doc):
-                typer.echo(f"gpufio: {line}", err=True)
+        _report(doc, fmt, output, workload)
         if doc["interrupted"]:
             typer.echo("gpufio: interrupted; results so far were written", err=True)
             raise typer.Exit(EXIT_INTERRUPTED)
         if any(job["error"] for job in doc["jobs"]):
             raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def show(
+    file: Path = typer.Argument(..., metavar="RESULT.json",
+                                help="a result gpufio wrote (gpufio run -f json)"),
+    fmt: str = typer.Option("table", "--format", "--output-format", "-f",
+                            help="table, json, fio-json, csv, markdown (those the result's "
+                            "workload offers); fio's normal and json+ are table and fio-json"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write it here"),
+) -> None:
+    """Print a saved result again, as run printed it or in another format."""
+    from gpufio import api
+    from gpufio.results import load as results
+
+    with _exit_codes():
+        fmt = _format(fmt)
+        doc = results.saved(str(file))
+        workload = api.workload_of_result(doc)
+        if fmt not in workload.formats:
+            raise BadInput(f"--format: {fmt!r} is not one of {', '.join(workload.formats)} "
+                           f"for workload '{workload.name}'")
+        _report(doc, fmt, output, workload)
 
 
 def _profile(path: Optional[str], args: list[str], overrides: dict[str, Any]) -> Any:

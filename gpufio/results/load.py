@@ -50,8 +50,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
 )}
 
 
-def load(path: str) -> dict[str, Any]:
-    """A result document from ``path`` (gpufio's JSON), or BadInput naming the file."""
+def _read(path: str) -> dict[str, Any]:
+    """A JSON file's document with a 'jobs' list, or BadInput naming the file."""
     with reading(path, "result file"), open(path) as f:
         try:
             doc = json.load(f)
@@ -59,6 +59,24 @@ def load(path: str) -> dict[str, Any]:
             raise BadInput(f"{path}: not JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise BadInput(f"{path}: not a gpufio result (no 'jobs' list)")
+    return doc
+
+
+def saved(path: str) -> dict[str, Any]:
+    """A result document gpufio wrote (``run -f json``), of any workload, as it was written:
+    what ``gpufio show`` prints again."""
+    doc = _read(path)
+    if "gpufio version" not in doc:
+        what = f"a fio result ({doc['fio version']})" if "fio version" in doc else \
+            "not a gpufio result (no 'gpufio version')"
+        raise BadInput(f"{path}: {what}; show prints the results gpufio run -f json writes "
+                       "(compare and check read fio's too)")
+    return doc
+
+
+def load(path: str) -> dict[str, Any]:
+    """A result document from ``path`` (gpufio's JSON), or BadInput naming the file."""
+    doc = _read(path)
     if "workload" in doc and "metric_info" not in doc:  # a workload's own tables only
         title = doc.get("workload_title", doc["workload"])
         raise BadInput(f"{path}: a {title} workload result; compare, check and plot read "
