@@ -8,6 +8,7 @@ from typing import Any
 
 from gpufio.core.errors import BadInput
 from gpufio.core.stats import bucket_index
+from gpufio.engines import DEFAULT_ENGINE
 from gpufio.fio.jobfile import KEYS, fio_engine_names
 
 _ZERO_PCT = {p: 0 for p in ("50.000000", "99.000000", "99.900000")}
@@ -37,7 +38,7 @@ def from_fio(doc: dict[str, Any], path: str) -> dict[str, Any]:
             kinds = _kinds(job[_main(blocks)])
             jobs.append({
                 "jobname": job["jobname"], "error": job.get("error", 0),
-                "engine": given.get("ioengine", "psync"),
+                "engine": given.get("ioengine", DEFAULT_ENGINE),
                 **blocks, "read": rd,
                 "cpu_us_per_io": 1e6 * cpu_s / ios if ios else 0.0,
                 "resolved options": options(given), "latency": kinds,
@@ -57,7 +58,8 @@ def options(given: dict[str, str]) -> dict[str, Any]:
             out["targets"] = [p.replace("\\:", ":") for p in re.split(r"(?<!\\):", value) if p]
         elif key in KEYS:
             out[KEYS[key]] = value
-    engine = given.get("ioengine", "psync")  # fio's default engine on Linux
+    # a job that names none ran fio's default, psync, which gpufio's default engine is too
+    engine = given.get("ioengine", DEFAULT_ENGINE)
     cuda_io = given.get("cuda_io")
     out["engine"] = fio_engine_names().get(f"{engine}:{cuda_io}" if cuda_io else engine,
                                            (engine, ""))[0]
