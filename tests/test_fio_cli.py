@@ -393,3 +393,44 @@ def test_fios_own_result_and_gpufios_fio_json_read_back_through_compare(plus_doc
         plus_doc["jobs"][0]["read"]["lat_ns"]["percentile"]["99.000000"] / 1e3)
     assert out["setups"]["fio"]["targets"] == str(target)
     assert "fio's latency percentiles there are clat" in res.stderr
+
+
+PROFILE_KEYS = """
+[global]
+engine = "psync"
+size = "1m"
+io_size = "64k"
+runtime = "10s"
+ramp_time = 0
+randseed = 7
+percentile_list = [50.0, 99.0]
+file_service = "random"
+random_distribution = "zipf:1.2"
+verify = true
+[[job]]
+name = "mix"
+rw = "randrw"
+rwmixread = 70
+bs = "8k"
+numjobs = 2
+fsync = 4
+"""
+
+
+@pytest.mark.skipif(not shutil.which("fio"), reason="fio not installed")
+def test_fio_parses_the_job_options_fio_json_writes(tmp_path):
+    """fio's own parser is the judge of fio's names and values."""
+    prof = tmp_path / "keys.toml"
+    prof.write_text(PROFILE_KEYS)
+    res = cli.invoke(app, ["run", str(prof), "-q", "--set", f"filename={tmp_path / 't.dat'}",
+                           "-f", "fio-json"])
+    assert res.exit_code == 0, res.output
+    opts = json.loads(res.stdout)["jobs"][0]["job options"]
+    assert {"rw", "rwmixread", "bs", "numjobs", "fsync", "size", "io_size", "runtime",
+            "randseed", "percentile_list", "file_service_type", "random_distribution",
+            "filename", "ioengine"} <= set(opts)
+    assert "verify" not in opts  # gpufio's pattern check is none of fio's verify values
+    args = [f"--{k}={v}" for k, v in opts.items() if k != "name"]
+    run = subprocess.run(["fio", "--parse-only", "--name=mix", *args], capture_output=True,
+                         text=True)
+    assert run.returncode == 0 and run.stderr == "", (args, run.stderr)

@@ -36,13 +36,14 @@ def from_fio(doc: dict[str, Any], path: str) -> dict[str, Any]:
             numjobs = int(given.get("numjobs", 1))
             cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * runtime / 1000 * numjobs
             kinds = _kinds(job[_main(blocks)])
+            resolved = options(given)
             jobs.append({
                 "jobname": job["jobname"], "error": job.get("error", 0),
                 "engine": given.get("ioengine", DEFAULT_ENGINE),
                 **blocks, "read": rd,
                 "cpu_us_per_io": 1e6 * cpu_s / ios if ios else 0.0,
-                "resolved options": options(given), "latency": kinds,
-                "targets": [{"path": p} for p in options(given).get("targets", [])]})
+                "resolved options": resolved, "latency": kinds,
+                "targets": [{"path": p} for p in resolved.get("targets", [])]})
         except (KeyError, TypeError, ValueError) as e:
             raise BadInput(f"{path}: fio result lacks a field gpufio needs: {e}") from None
     return {"fio version": doc["fio version"], "host": {}, "gpus": [], "jobs": jobs,

@@ -116,11 +116,16 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# gpufio keys whose values fio reads otherwise: gpufio's verify is its own pattern check,
+# which no value of fio's verify names
+_NOT_FIOS = ("verify",)
+
+
 def _fio_names() -> dict[str, str]:
     """gpufio key -> fio's name for it (fio's own spelling where it is the same word)."""
     names: dict[str, str] = {}
     for fio, ours in KEYS.items():
-        if fio == ours or ours not in names:
+        if ours not in _NOT_FIOS and (fio == ours or ours not in names):
             names[ours] = fio
     return names
 
@@ -139,7 +144,9 @@ def _ioengine(engine: str) -> dict[str, str]:
 def job_options(job: dict[str, Any]) -> dict[str, str]:
     """A result job's options as fio's "job options": fio's names, values as fio's text;
     the keys it gave, and those fio's readers look for, as they resolved."""
-    resolved, given = job.get("resolved options", {}), job.get("job options", {})
+    given = job.get("job options", {})
+    resolved = {**job.get("resolved options", {}),
+                **job.get("resolved options", {}).get("workload_options", {})}
     out = {"name": job["jobname"]}
     for key, fio in _fio_names().items():
         if key not in given and key not in _ALWAYS or resolved.get(key) is None:

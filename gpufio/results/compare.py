@@ -57,12 +57,14 @@ def _cell(value: Any) -> str:
 
 
 def _kind(docs: list[dict[str, Any]], labels: list[str], row: dict[str, Any], key: str) -> str:
-    """' (clat)' after a latency percentile that a fio result gives of clat, not of lat."""
-    if key not in labels or row[key] is None or "_p" not in row["metric"] or \
-            not row["metric"].replace("write_", "").startswith("lat_"):
+    """' (clat)' after a latency that a fio result gives of clat, not of lat: its
+    percentiles unless fio ran with lat_percentiles=1, its mean where it has no lat."""
+    metric = row["metric"].removeprefix("write_")
+    if key not in labels or row[key] is None or not metric.startswith("lat_"):
         return ""
     job = jobs_by_name(docs[labels.index(key)]).get(row["job"], {})
-    return " (clat)" if job.get("latency", {}).get("percentiles") == "clat" else ""
+    which = "mean" if metric == "lat_mean" else "percentiles"
+    return " (clat)" if job.get("latency", {}).get(which) == "clat" else ""
 
 
 def render(docs: list[dict[str, Any]], labels: list[str], fmt: str, console: Console) -> str:
