@@ -106,6 +106,13 @@ def test_set_takes_fios_names(tmp_path):
                           "same iodepth)",)
     (job,) = profile.from_dict({}, "p.toml", profile.parse_set(["direct=0", "size=1m"])).jobs
     assert job.direct is False
+    # a fio name sets its key alone: the profile's other keys stay as it wrote them
+    prof = profile.from_dict({"global": {"rw": "randwrite", "engine": "uring", "direct": False,
+                                         "size": "1m", "iodepth": 8}},
+                             "p.toml", profile.parse_set([f"filename={a}", "timeout=2s"]))
+    (job,) = prof.jobs
+    assert (job.targets, job.runtime, job.rw, job.engine, job.direct, job.iodepth) == \
+        ((str(a),), 2_000_000_000, "randwrite", "uring", False, 8)
 
 
 @pytest.mark.parametrize("item, message", [

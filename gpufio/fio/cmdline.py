@@ -66,6 +66,13 @@ def parse_args(args: list[str]) -> tuple[dict[str, Any], list[str]]:
         raise _reworded(e, "fio options") from None
 
 
+def key_names() -> dict[str, str]:
+    """fio's name -> the gpufio key the job-file reader sets from it, for the options that
+    pass key by key (the files, ``filename``, and the engine, ``ioengine``, aside): what
+    fio's results read back (json_in) and fio-json writes (json_out) name the same way."""
+    return {fio: ours for fio, ours in jobfile.KEYS.items() if ours != "targets"}
+
+
 def fio_keys() -> list[str]:
     """fio's options that the job-file reader knows of (maps, notes or refuses with a hint)."""
     return list(dict.fromkeys([*jobfile.KEYS, *jobfile.ENGINE_KEYS, *jobfile.NEGATED,

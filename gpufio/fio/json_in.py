@@ -9,7 +9,8 @@ from typing import Any
 from gpufio.core.errors import BadInput
 from gpufio.core.stats import bucket_index
 from gpufio.engines import DEFAULT_ENGINE
-from gpufio.fio.jobfile import KEYS, fio_engine_names
+from gpufio.fio.cmdline import key_names
+from gpufio.fio.jobfile import fio_engine_names
 
 _ZERO_PCT = {p: 0 for p in ("50.000000", "99.000000", "99.900000")}
 
@@ -54,11 +55,12 @@ def options(given: dict[str, str]) -> dict[str, Any]:
     """fio's options under gpufio's names, fio's text as the values: the files a list, the
     engine gpufio's name for it where it has one."""
     out: dict[str, Any] = {}
+    names = key_names()
     for key, value in given.items():
         if key == "filename":
             out["targets"] = [p.replace("\\:", ":") for p in re.split(r"(?<!\\):", value) if p]
-        elif key in KEYS:
-            out[KEYS[key]] = value
+        elif key in names:
+            out[names[key]] = value
     # a job that names none ran fio's default, psync, which gpufio's default engine is too
     engine = given.get("ioengine", DEFAULT_ENGINE)
     cuda_io = given.get("cuda_io")

@@ -20,8 +20,8 @@ import numpy as np
 
 from gpufio.core.job import directions
 from gpufio.core.stats import PLAT_NR, bucket_value
-from gpufio.fio.cmdline import option_text
-from gpufio.fio.jobfile import KEYS, fio_engine_names
+from gpufio.fio.cmdline import key_names, option_text
+from gpufio.fio.jobfile import fio_engine_names
 
 _US_EDGES = (2, 4, 10, 20, 50, 100, 250, 500, 750, 1000)
 _MS_EDGES = (2, 4, 10, 20, 50, 100, 250, 500, 750, 1000, 2000)
@@ -124,7 +124,7 @@ _NOT_FIOS = ("verify",)
 def _fio_names() -> dict[str, str]:
     """gpufio key -> fio's name for it (fio's own spelling where it is the same word)."""
     names: dict[str, str] = {}
-    for fio, ours in KEYS.items():
+    for fio, ours in key_names().items():
         if ours not in _NOT_FIOS and (fio == ours or ours not in names):
             names[ours] = fio
     return names
