@@ -441,3 +441,20 @@ def test_fio_parses_the_job_options_fio_json_writes(tmp_path):
     run = subprocess.run(["fio", "--parse-only", "--name=mix", *args], capture_output=True,
                          text=True)
     assert run.returncode == 0 and run.stderr == "", (args, run.stderr)
+
+
+@pytest.mark.skipif(not shutil.which("fio"), reason="fio not installed")
+def test_check_against_fios_own_result_of_the_same_job(tmp_path):
+    target = tmp_path / "t.dat"
+    args = ["--name=j", f"--filename={target}", "--rw=randread", "--bs=4k", "--size=1m",
+            "--io_size=256k", "--ioengine=psync", "--direct=0"]
+    ours, saved = _run_json(args, tmp_path)  # gpufio lays the file out first
+    fio_out = tmp_path / "fio.json"
+    fio_out.write_text(subprocess.run(["fio", *args, "--output-format=json"],
+                                      capture_output=True, text=True, check=True).stdout)
+    res = cli.invoke(app, ["check", str(saved), "-b", str(fio_out), "--max-drop", "iops=99%"])
+    assert res.exit_code == 0, res.output
+    warnings = [line for line in res.stderr.splitlines() if "WARNING" in line]
+    assert not any("differ" in w for w in warnings), warnings  # 4k is 4096, "0" is false
+    (clat,) = warnings
+    assert "baseline: fio's latency percentiles there are clat" in clat
