@@ -458,3 +458,24 @@ def test_check_against_fios_own_result_of_the_same_job(tmp_path):
     assert not any("differ" in w for w in warnings), warnings  # 4k is 4096, "0" is false
     (clat,) = warnings
     assert "baseline: fio's latency percentiles there are clat" in clat
+
+
+def test_show_prints_another_workloads_result_with_its_own_table(tmp_path):
+    prof = tmp_path / "ck.toml"
+    prof.write_text(f'[global]\nworkload = "checkpoint"\ndevice = "cpu"\nengine = "psync"\n'
+                    f'state_size = "1m"\niterations = 1\nbs = "512k"\n'
+                    f'targets = ["{tmp_path}"]\n')
+    res = cli.invoke(app, ["run", str(prof), "-q", "-f", "json"])
+    assert res.exit_code == 0, res.output
+    saved = tmp_path / "ck.json"
+    saved.write_text(res.stdout)
+    shown = cli.invoke(app, ["show", str(saved), "-f", "csv"])
+    assert shown.exit_code == 0, shown.output
+    from gpufio import api
+
+    doc = json.loads(res.stdout)
+    assert shown.stdout.splitlines() == api.render(doc, "csv").splitlines()
+    assert [line.split(",")[0] for line in shown.stdout.splitlines()[1:]] == ["ck", "ck naive"]
+    assert "IOPS" not in shown.stdout.splitlines()[0]  # the checkpoint's table, not block's
+    _one_line_error(cli.invoke(app, ["show", str(saved), "-f", "fio-json"]),
+                    "'fio-json' is not one of", "for workload 'checkpoint'")
