@@ -479,3 +479,18 @@ def test_show_prints_another_workloads_result_with_its_own_table(tmp_path):
     assert "IOPS" not in shown.stdout.splitlines()[0]  # the checkpoint's table, not block's
     _one_line_error(cli.invoke(app, ["show", str(saved), "-f", "fio-json"]),
                     "'fio-json' is not one of", "for workload 'checkpoint'")
+
+
+@pytest.mark.skipif(not shutil.which("fio-plot"), reason="fio-plot (pip install fio-plot) is "
+                    "not installed")
+@pytest.mark.parametrize("graph", ["-l", "-H"])
+def test_fio_plot_draws_fio_json(plus_doc, tmp_path, graph):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "randread-1-1.json").write_text(json.dumps(to_fio(plus_doc)))
+    out = tmp_path / "graph.png"
+    run = subprocess.run(["fio-plot", "-i", str(results), "-T", "gpufio", graph, "-r",
+                          "randread", "-n", "1", "-d", "1", "-o", str(out)],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert out.stat().st_size > 1000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
