@@ -22,11 +22,12 @@ from gpufio.core.signals import sigterm_as_sigint
 from gpufio.core.targets import evict
 from gpufio.core.units import format_size, parse_size
 from gpufio.results.render import render as render_rows
-from gpufio.workloads import Workload, all_workloads
+from gpufio.workloads import DEFAULT_WORKLOAD, Workload, all_workloads
 
 __all__ = ["BadInput", "CpuGroup", "RunFailed", "evict", "format_size", "gpu_probe", "lay_out",
            "load", "nvme_model_cpu_rate", "nvme_model_gpu_rate", "parse_size", "pattern",
-           "read_iolog", "render", "render_rows", "run", "stop_on_sigterm", "workload_of"]
+           "read_iolog", "render", "render_rows", "run", "stop_on_sigterm", "workload_of",
+           "workload_of_result"]
 
 
 def load(profile: Mapping[str, Any] | str | Path,
@@ -58,7 +59,12 @@ def run(profile: Mapping[str, Any] | str | Path | Profile, quiet: bool = True,
 def render(doc: dict[str, Any], fmt: str = "markdown", console: Any = None) -> str:
     """A result document as its workload renders it ('table', 'markdown', 'csv', 'json',
     and the workload's own formats)."""
-    return all_workloads()[doc.get("workload", "block")].render(doc, fmt, console)
+    return workload_of_result(doc).render(doc, fmt, console)
+
+
+def workload_of_result(doc: dict[str, Any]) -> Workload:
+    """The workload whose result document ``doc`` is (a block result names none)."""
+    return all_workloads()[doc.get("workload", DEFAULT_WORKLOAD)]
 
 
 def stop_on_sigterm() -> None:

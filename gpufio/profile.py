@@ -194,8 +194,13 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def _is_str_key(key: str) -> bool:
+    return "str" in _kinds(key)
+
+
+def _kinds(key: str) -> set[str]:
+    """The kinds of the options named ``key`` (a workload's or an engine's may repeat one)."""
     owners = [_COMMON, _run_options(), _workload_keys(), *_engine_options().values()]
-    return any(key in opts and opts[key].kind == "str" for opts in owners)
+    return {opts[key].kind for opts in owners if key in opts}
 
 
 def load(path: str, overrides: dict[str, Any] | None = None) -> Profile:
@@ -214,7 +219,35 @@ def load(path: str, overrides: dict[str, Any] | None = None) -> Profile:
                 except tomllib.TOMLDecodeError as e:
                     raise BadInput(f"{path}: malformed TOML: {e}") from None
     prof = from_dict(data, path, overrides or {})
-    return replace(prof, notes=tuple(notes)) if notes else prof
+    return replace(prof, notes=(*notes, *prof.notes)) if notes else prof
+
+
+def load_fio_args(args: list[str], overrides: dict[str, Any] | None = None) -> Profile:
+    """The jobs of fio's command-line options (``--name=x --rw=randread ...``), read as the
+    job file they stand for (fio/cmdline)."""
+    from gpufio.fio.cmdline import SOURCE, parse_args
+
+    data, notes = parse_args(args)
+    prof = from_dict(data, SOURCE, overrides or {})
+    return replace(prof, notes=(*notes, *prof.notes))
+
+
+def _fio_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """``overrides`` with fio's option names (filename, ioengine, readwrite ...) as gpufio's
+    keys, read as a job file's [global] lines are, and the notes of that reading."""
+    # fio's flags are 1 and 0 (direct=1)
+    overrides = {k: bool(v) if type(v) is int and v in (0, 1) and _kinds(k) == {"bool"} else v
+                 for k, v in overrides.items()}
+    fio = {k: v for k, v in overrides.items() if not _is_known(k) and k != "concurrent"}
+    if not fio:
+        return overrides, ()
+    from gpufio.fio.cmdline import fio_keys, option_text, translate
+
+    for key in fio:
+        if key not in fio_keys():
+            raise _unknown_key(key, "--set: ", [*_known_keys(), *fio_keys()])
+    keys, notes = translate({k: option_text(v) for k, v in fio.items()}, "--set")
+    return {**{k: v for k, v in overrides.items() if k not in fio}, **keys}, tuple(notes)
 
 
 def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Profile:
@@ -231,9 +264,7 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Pro
         raise BadInput(f"{path}: jobs must be [[job]] tables")
     glob = dict(glob)
     concurrent = GLOBAL_ONLY[0].convert(glob.pop("concurrent", False), f"{path}: [global] ")
-    for key in overrides:
-        if not _is_known(key) and key != "concurrent":
-            raise _unknown_key(key, "--set: ", _known_keys())
+    overrides, notes = _fio_overrides(overrides)
     if "concurrent" in overrides:
         concurrent = GLOBAL_ONLY[0].convert(overrides["concurrent"], "--set ")
     set_values = {k: v for k, v in overrides.items() if k != "concurrent"}
@@ -252,7 +283,7 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Pro
     known = {m.name: m for name in dict.fromkeys(j.workload for j in jobs)
              for m in all_workloads()[name].metrics}
     return Profile(path=path, jobs=jobs, concurrent=concurrent,
-                   limits=_check_limits(data.get("check", {}), path, known))
+                   limits=_check_limits(data.get("check", {}), path, known), notes=notes)
 
 
 def _check_limits(table: Any, path: str, known: dict[str, Any]) -> dict[str, float]:

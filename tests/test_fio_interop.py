@@ -144,7 +144,7 @@ def test_fio_json_numbers_agree_with_gpufio_json():
     fj = _gpufio_fio_json()
     job = fj["jobs"][0]
     rd = job["read"]
-    assert fj["fio version"].startswith("gpufio-") and job["job options"]["ioengine"] == "uring"
+    assert fj["fio version"].startswith("gpufio-") and job["job options"]["ioengine"] == "io_uring"
     assert rd["iops"] * rd["runtime"] / 1000 == pytest.approx(rd["total_ios"], rel=0.01)
     assert rd["clat_ns"]["N"] == rd["total_ios"]
     # not measured, so not written (as zeros they would read as measurements)

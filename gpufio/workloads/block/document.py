@@ -20,7 +20,7 @@ from gpufio.facts.device import pci_device_of
 from gpufio.facts.host import host_facts
 from gpufio.facts.system import pci_relation
 from gpufio.io.nvme_cmd import error_name
-from gpufio.results.load import storage_note
+from gpufio.results.load import job_heading, storage_note
 from gpufio.results.render import render as render_rows
 from gpufio.run.records import JobResult, RunOutcome
 from gpufio.workloads.documents import not_storage_title
@@ -221,11 +221,22 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     if "group_total" in doc:
         entries.append(("group total", "", doc["group_total"]))
     for name, engine, j in entries:
-        for rw in directions(j):
-            rows.append(_row(name, engine, rw, j))
-            rows.extend(_row(part, engine, rw, p) for part, p in _parts(name, j)
+        have = directions(j)
+        for rw in have:
+            shown = _rw_shown(j, rw, len(have) > 1)
+            rows.append(_row(name, engine, rw, j, shown))
+            rows.extend(_row(part, engine, rw, p, shown) for part, p in _parts(name, j)
                         if p.get(rw, {}).get("total_ios"))
     return rows
+
+
+def _rw_shown(job: dict[str, Any], direction: str, mixed: bool) -> str:
+    """A row's rw: the job's rw as its profile wrote it (randread, not read), a mixed job's
+    direction beside it; the direction alone where no job wrote one (the group total)."""
+    written = job.get("job options", {}).get("rw") or job.get("resolved options", {}).get("rw")
+    if not written:
+        return direction
+    return f"{written} ({direction})" if mixed else str(written)
 
 
 def _parts(name: str, job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -240,12 +251,12 @@ def _parts(name: str, job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return gpus + hosts + [(f"{name} · rank {r['rank']}", r) for r in mpi["ranks"]]
 
 
-def _row(name: str, engine: str, rw: str, j: dict[str, Any]) -> dict[str, Any]:
-    """A table row: one direction of one job."""
+def _row(name: str, engine: str, rw: str, j: dict[str, Any], shown: str) -> dict[str, Any]:
+    """A table row: one direction (``rw``) of one job, its rw column ``shown``."""
     rd = j[rw]
     pct = rd["lat_ns"]["percentile"]
     row = {
-        "job": name, "engine": label(engine, j.get("engine_facts", {})), "rw": rw,
+        "job": name, "engine": label(engine, j.get("engine_facts", {})), "rw": shown,
         "IOPS": round(rd["iops"]), "MB/s": round(rd["bw_bytes"] / 1e6, 1),
         "mean_us": round(rd["lat_ns"]["mean"] / 1e3, 1),
         "p50_us": round(pct["50.000000"] / 1e3, 1), "p99_us": round(pct["99.000000"] / 1e3, 1),
@@ -278,7 +289,8 @@ def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str
         return json.dumps(to_fio(doc), indent=2) + "\n"
     return render_rows(summary_rows(doc), fmt, title=_title(doc),
                        left=("job", "engine", "rw", "status"), columns=("job",), console=console,
-                       problems=problems(doc) if fmt == "table" else ())
+                       problems=problems(doc) if fmt == "table" else (),
+                       heading=[job_heading(j) for j in doc["jobs"]])
 
 
 def problems(doc: dict[str, Any]) -> list[str]:
