@@ -3,14 +3,14 @@
 from pathlib import Path
 
 from gpufio.engines import all_engines
-from gpufio.profile import COMMON_OPTIONS, GLOBAL_ONLY
+from gpufio.profile import COMMON_OPTIONS, GLOBAL_ONLY, GROUPING
 from gpufio.workloads import all_workloads, run_keys
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
 def test_every_profile_key_is_documented():
-    keys = [o.name for o in COMMON_OPTIONS + run_keys().options + GLOBAL_ONLY]
+    keys = [o.name for o in COMMON_OPTIONS + run_keys().options + GLOBAL_ONLY + GROUPING]
     keys += [o.name for w in all_workloads().values() for o in w.options]
     keys += [o.name for cls in all_engines().values() for o in cls.options]
     missing = [k for k in keys if f"| `{k}` |" not in README]
