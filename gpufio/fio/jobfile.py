@@ -171,7 +171,9 @@ def read_sections(text: str, path: str, problems: _Problems) -> list[Section]:
             if name == "global":
                 current = glob
             else:
-                sections.append(Section(name, lineno, dict(glob)))
+                # the header names the job: a name= in [global] names none (as in fio)
+                sections.append(Section(name, lineno, {k: v for k, v in glob.items()
+                                                       if k != "name"}))
                 current = sections[-1].options
             continue
         if current is None:
@@ -258,7 +260,7 @@ def _size(opts: dict[str, tuple[int, str | None]], key: str, section: str,
         return None
     parts = [p for p in re.split(r"[,:]", raw) if p]
     try:
-        values = {fio_size(p, kb_base) for p in parts}
+        values = {fio_size(p, kb_base) for p in parts or [raw]}
     except ValueError:
         problems.add(lineno, section, f"{key}={raw}: " + (
             "gpufio runs one block size (no ranges or read,write pairs that differ)"
@@ -426,7 +428,7 @@ def _job(section: Section, problems: _Problems, notes: list[str],
         if io_size is not None:
             job["io_size"] = io_size
         job["randseed"] = int(base.get("randseed", DEFAULT_SEED)) + thread + clone
-        if "gpus" in base:
+        if base.get("gpus"):
             k = clone % len(base["gpus"])  # fio hands its GPUs to the job threads in turn
             job["gpus"] = base["gpus"][k:] + base["gpus"][:k]
         if clone == 0:
