@@ -340,3 +340,42 @@ def test_fios_examples_are_found_or_the_reason_is_given():
         pytest.skip("fio's examples are not installed here (Debian's fio ships none): set "
                     "GPUFIO_FIO_EXAMPLES to fio's examples/ directory to check them all")
     assert len(EXAMPLES) > len(list(DATA.glob("fio-examples/*.fio")))
+
+
+def test_clones_sharing_a_name_each_keep_their_numbers_in_compare():
+    """fio names every numjobs clone after its job, so a result holds jobs of one name:
+    compare and check see each of them, not the last."""
+    from gpufio.results.load import jobs_by_name
+
+    doc = {"jobs": [{"jobname": "a", "n": 0}, {"jobname": "a", "n": 1}, {"jobname": "b"}]}
+    assert {k: j.get("n") for k, j in jobs_by_name(doc).items()} == {"a": 0, "a#2": 1,
+                                                                     "b": None}
+
+
+def test_sections_choose_jobs_as_fios_section_option(tmp_path, monkeypatch):
+    """parse(..., sections=[...]) runs only those jobs, [global] still applying (fio's
+    --section); a section the file lacks is one line."""
+    from gpufio.fio.jobfile import parse
+
+    monkeypatch.chdir(tmp_path)
+    text = (CORPUS / "groups.fio").read_text()
+    data, _ = parse(text, "groups.fio", sections=["b", "e"])
+    assert [(j["name"], j["size"], j["stonewall"]) for j in data["job"]] == [
+        ("b", 32768, False), ("e", 65536, True)]
+    with pytest.raises(BadInput, match=r"^groups.fio: no job section \[z\]$"):
+        parse(text, "groups.fio", sections=["z"])
+
+
+def test_parsed_sections_build_the_same_jobs_as_their_text(tmp_path, monkeypatch):
+    """from_sections is the entry for jobs that come from elsewhere than a file (a command
+    line): the same sections give the same jobs as the text."""
+    from gpufio.fio.jobfile import Section, from_sections, parse
+
+    monkeypatch.chdir(tmp_path)
+    sections = [Section("x", 0, {"rw": (0, "randread"), "size": (0, "64k"),
+                                 "numjobs": (0, "2")})]
+    data, notes = from_sections(sections)
+    assert data == parse("[x]\nrw=randread\nsize=64k\nnumjobs=2\n", "x.fio")[0]
+    assert [j["targets"] for j in data["job"]] == [["x.0.0"], ["x.1.0"]] and notes == []
+    with pytest.raises(BadInput, match=r"line 0 \[x\]: thinktime is not supported"):
+        from_sections([Section("x", 0, {"thinktime": (0, "10")})])
