@@ -47,8 +47,8 @@ def check_machine_limits(profile: Profile) -> None:
     batches = profile.batches(profile.jobs)
     if profile.runs_together and any(j.cpu_accounting == "cgroup" for j in profile.jobs):
         raise BadInput("cpu_accounting = \"cgroup\" counts one job at a time: it cannot be "
-                       "used with jobs that run at once (concurrent = true, or a fio job file's "
-                       "jobs between stonewalls)")
+                       "used with concurrent = true (nor with a fio job file's jobs that run "
+                       "at once)")
     target_fds = sum(max(len(j.targets), 1) for j in profile.jobs)
     worst = max(batches, key=lambda b: sum(j.numjobs for j in b))
     need = _open_fds() + FDS_SPARE + target_fds + FDS_PER_WORKER * sum(j.numjobs for j in worst)
