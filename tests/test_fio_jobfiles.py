@@ -32,8 +32,10 @@ FIO = shutil.which("fio")
 needs_fio = pytest.mark.skipif(FIO is None, reason="fio is not installed")
 # what env.fio reads from the environment
 ENV = {"GPUFIO_FIO_SIZE": "48k", "GPUFIO_FIO_NAME": "envfile"}
-# the directories dirs.fio names, made in each run's directory
+# the directories dirs.fio names, made in each run's directory, and the file share.fio
+# takes shares of, laid out there
 DIRS = ("d1", "d2")
+SHARED = ("share.dat", 1 << 20)
 cli = CliRunner()
 
 
@@ -65,6 +67,7 @@ def _workdir(path: Path) -> Path:
     path.mkdir()
     for d in DIRS:
         (path / d).mkdir()
+    (path / SHARED[0]).write_bytes(os.urandom(SHARED[1]))
     return path
 
 
@@ -137,6 +140,28 @@ def test_the_corpus_files_and_groups_are_fios(tmp_path, monkeypatch):
     assert (env.targets, env.size) == (("envfile.dat",), 48 << 10)
     first, second = profile.load(str(CORPUS / "comments.fio")).jobs
     assert (first.bs, first.size, second.bs) == (4096, 32768, 8192)
+
+
+@needs_fio
+def test_shares_of_a_files_size_are_the_bytes_fio_reads(tmp_path, monkeypatch):
+    """share.fio: offset=25% and size=30% of a 1 MiB file. fio's own I/O log says which
+    bytes it read: the same region gpufio's job reads, and as many bytes."""
+    job = CORPUS / "share.fio"
+    fio_dir = _workdir(tmp_path / "fio")
+    logged = fio_dir / "logged.fio"
+    logged.write_text("[global]\nwrite_iolog=io.log\n" + job.read_text())
+    fio_doc = _run_fio(logged, fio_dir)
+    # version 3 lines: time, file, action, offset, length
+    reads = [line.split()[-2:] for line in (fio_dir / "io.log").read_text().splitlines()
+             if " read " in line]
+    start = min(int(off) for off, _ in reads)
+    end = max(int(off) + int(n) for off, n in reads)
+    run = _workdir(tmp_path / "gpufio")
+    monkeypatch.chdir(run)
+    (mine,) = profile.load(str(job)).jobs
+    assert (mine.offset, mine.offset + mine.size) == (start, end) == (262144, 262144 + 311296)
+    doc, _ = _run_gpufio(job, run, monkeypatch)
+    assert doc["jobs"][0]["read"]["io_bytes"] == fio_doc["jobs"][0]["read"]["io_bytes"]
 
 
 def _fio_windows(job: Path, cwd: Path) -> list[tuple[float, float]]:

@@ -72,6 +72,8 @@ _FLAG_KEYS = {"direct", "time_based", "sqthread_poll", "fixedbufs", "registerfil
               "hipri", "invalidate"}
 # fio's own defaults where gpufio's differ (the engine is the same): a job file means fio's
 FIO_DEFAULTS = {"rw": "read", "direct": False}
+# fio's block size where a job gives none
+FIO_BS = 4096
 # fio's io_uring_cmd command types gpufio sends (nvme, fio's default, is the only one)
 CMD_TYPES = {"nvme"}
 # fio's verify kinds that write checksummed headers: gpufio checks its own pattern instead
@@ -247,17 +249,13 @@ def fio_size(raw: str, kb_base: int = 1024) -> int:
 
 def _size(opts: dict[str, tuple[int, str | None]], key: str, section: str,
           problems: _Problems) -> int | None:
-    """A size key in bytes, or None where the job does not give it (a problem noted for a
-    range or a percentage, which gpufio does not run)."""
-    if key not in opts:
+    """A size key in bytes, or None where the job does not give it or gives a share of its
+    files' size (``_percent``); a problem noted for a range, or for what is no size."""
+    if key not in opts or _percent(opts, key) is not None:
         return None
     lineno, raw = opts[key]
     raw = raw or ""
     kb_base = int((opts.get("kb_base", (0, "1024"))[1] or "1024"))
-    if "%" in raw:
-        problems.add(lineno, section, f"{key}={raw}: a share of the file's size is not "
-                     "supported (give bytes)")
-        return None
     parts = [p for p in re.split(r"[,:]", raw) if p]
     try:
         values = {fio_size(p, kb_base) for p in parts or [raw]}
@@ -271,6 +269,57 @@ def _size(opts: dict[str, tuple[int, str | None]], key: str, section: str,
                      "or read,write pairs that differ)")
         return None
     return values.pop()
+
+
+def _percent(opts: dict[str, tuple[int, str | None]], key: str) -> float | None:
+    """fio's ``size=N%`` / ``offset=N%``: the share, None for a size in bytes."""
+    raw = (opts.get(key, (0, None))[1] or "").strip()
+    try:
+        return float(raw[:-1]) if raw.endswith("%") else None
+    except ValueError:
+        return None
+
+
+def _existing_size(path: str) -> int | None:
+    """The size of an existing file or block device, None for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        mode = os.fstat(fd).st_mode
+        ok = stat.S_ISREG(mode) or stat.S_ISBLK(mode)
+        return os.lseek(fd, 0, os.SEEK_END) if ok else None
+    finally:
+        os.close(fd)
+
+
+def _shares(job: dict[str, Any], section: Section, problems: _Problems) -> None:
+    """fio's ``offset=N%`` and ``size=N%`` of a clone's files, as fio reckons them: the
+    offset rounded up to the block size, the size down to it and to what the offset leaves.
+    gpufio gives every file one region, so the files must be one size; fio needs them to
+    exist, and so does this."""
+    pcts = {k: _percent(section.options, k) for k in ("offset", "size")}
+    given = [k for k, v in pcts.items() if v is not None]
+    if not given:
+        return
+    key = given[0]
+    where = f"{key}={section.options[key][1]}"
+    sizes = {_existing_size(p) for p in job.get("targets", [])}
+    if not sizes or None in sizes:
+        problems.add(section.options[key][0], section.name, f"{where}: a share of the size of "
+                     "files that do not exist (fio needs them too)")
+        return
+    if len(sizes) > 1:
+        problems.add(section.options[key][0], section.name, f"{where}: a share of files of "
+                     "different sizes is not supported (gpufio gives every file one region)")
+        return
+    real, bs = sizes.pop(), int(job.get("bs", FIO_BS))
+    if pcts["offset"] is not None:
+        job["offset"] = -(-int(real * pcts["offset"] / 100) // bs) * bs
+    if pcts["size"] is not None:
+        share = min(int(real * pcts["size"] / 100), real - job.get("offset", 0))
+        job["size"] = share - share % bs
 
 
 def fio_engine_names() -> dict[str, tuple[str, str]]:
@@ -427,6 +476,7 @@ def _job(section: Section, problems: _Problems, notes: list[str],
             job["size"] = size // nfiles  # fio divides a job's size among its files
         if io_size is not None:
             job["io_size"] = io_size
+        _shares(job, section, problems)
         job["randseed"] = int(base.get("randseed", DEFAULT_SEED)) + thread + clone
         if base.get("gpus"):
             k = clone % len(base["gpus"])  # fio hands its GPUs to the job threads in turn
