@@ -7,13 +7,12 @@ from __future__ import annotations
 from typing import Callable
 
 from gpufio.core import events
-from gpufio.core.targets import invalidate
 from gpufio.core.errors import WorkerHung
 from gpufio.core.job import Profile
 from gpufio.run.jobrun import JobRun, drive, job_advice, stop_all
 from gpufio.workloads.block.limits import check_machine_limits
 from gpufio.run.opening import open_job
-from gpufio.workloads.block.phases import preconditions, read_back
+from gpufio.workloads.block.phases import invalidate_before, preconditions, read_back
 from gpufio.run.records import JobResult, RunOutcome, Snapshot
 
 
@@ -40,8 +39,7 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
                 outcome.interrupted = True
                 break
             for job, _, tgts, _ in batch:  # after the preconditioning's writes, as fio
-                if job.invalidate and not job.direct:
-                    invalidate(tgts)
+                invalidate_before(job, tgts)
             runs = [JobRun(job, engine, tgts, regions, gate=gate)
                     for job, engine, tgts, regions in batch]
             for r in runs:
