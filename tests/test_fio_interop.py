@@ -111,7 +111,8 @@ def test_libcufile_files_map_cuda_io_and_gpu_dev_ids():
     prof = profile.load(str(STYLES / "libcufile-posix.fio"))
     a, b = prof.jobs
     assert (a.engine, a.gpus, b.engine) == ("cpu-gpu", (0, 1), "cufile")
-    assert len(prof.notes) == 1 and "fio's is synchronous and pageable" in prof.notes[0]
+    assert len(prof.notes) == 2 and "fio's is synchronous and pageable" in prof.notes[0]
+    assert "gpufio draws random offsets with replacement" in prof.notes[1]
 
 
 @pytest.mark.parametrize("text,message", [

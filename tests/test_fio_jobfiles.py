@@ -401,6 +401,27 @@ def test_parsed_sections_build_the_same_jobs_as_their_text(tmp_path, monkeypatch
                                  "numjobs": (0, "2")})]
     data, notes = from_sections(sections)
     assert data == parse("[x]\nrw=randread\nsize=64k\nnumjobs=2\n", "x.fio")[0]
-    assert [j["targets"] for j in data["job"]] == [["x.0.0"], ["x.1.0"]] and notes == []
+    assert [j["targets"] for j in data["job"]] == [["x.0.0"], ["x.1.0"]]
+    assert notes == ["rw=randread: fio's random map reads each block once a pass; gpufio draws "
+                     "random offsets with replacement, as fio's norandommap"]
     with pytest.raises(BadInput, match=r"line 0 \[x\]: thinktime is not supported"):
         from_sections([Section("x", 0, {"thinktime": (0, "10")})])
+
+
+def test_toml_profiles_group_as_fio_files_do():
+    """stonewall and new_group are profile keys: with concurrent = true they cut the jobs
+    into run groups and reporting groups; without it every job runs alone, as before."""
+    jobs = [{"name": "a"}, {"name": "b"}, {"name": "c", "new_group": True},
+            {"name": "d", "stonewall": True}, {"name": "e"}]
+    data = {"global": {"concurrent": True, "size": "64k", "engine": "null"}, "job": jobs}
+    prof = profile.from_dict(data, "g.toml", {})
+    assert prof.groups == ((0, 0), (0, 0), (0, 1), (1, 2), (1, 2))
+    assert [[j.name for j in b] for b in prof.batches(prof.jobs)] == [["a", "b", "c"],
+                                                                      ["d", "e"]]
+    alone = profile.from_dict({**data, "global": {"size": "64k", "engine": "null"}},
+                              "g.toml", {})
+    assert [[j.name for j in b] for b in alone.batches(alone.jobs)] == [[n] for n in "abcde"]
+    every = profile.from_dict(data, "g.toml", {"stonewall": True})
+    assert len(every.batches(every.jobs)) == 5
+    with pytest.raises(BadInput, match="key 'stonewall'"):
+        profile.from_dict({"job": [{"stonewall": "often"}]}, "g.toml", {})

@@ -378,6 +378,9 @@ def _translate(section: Section, problems: _Problems, notes: list[str]) -> dict[
         lineno, raw = section.options["cmd_type"]
         problems.add(lineno, section.name, f"cmd_type={raw} is not supported (only cmd_type=nvme)")
     _verify(section, out, problems, notes)
+    if str(out["rw"]).startswith("rand") and "norandommap" not in section.options:
+        _add(notes, f"rw={out['rw']}: fio's random map reads each block once a pass; gpufio "
+             "draws random offsets with replacement, as fio's norandommap")
     return out
 
 
