@@ -137,7 +137,7 @@ def test_the_corpus_files_and_groups_are_fios(tmp_path, monkeypatch):
                                          ("d1/spread.2.0", "d1/spread.2.1"),
                                          ("d1/x", "d1/y:z")]
     (env,) = profile.load(str(CORPUS / "env.fio")).jobs
-    assert (env.targets, env.size) == (("envfile.dat",), 48 << 10)
+    assert (env.targets, env.size, env.bs) == (("envfile.dat",), 48 << 10, mmap.PAGESIZE)
     first, second = profile.load(str(CORPUS / "comments.fio")).jobs
     assert (first.bs, first.size, second.bs) == (4096, 32768, 8192)
 

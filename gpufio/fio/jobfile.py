@@ -130,15 +130,26 @@ class Section:
     options: dict[str, tuple[int, str | None]]
 
 
+def _keywords() -> dict[str, str]:
+    """fio's keywords in option values: this machine's page size, memory in MiB, CPUs."""
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return {"$pagesize": str(os.sysconf("SC_PAGE_SIZE")), "$mb_memory": str(pages >> 20),
+            "$ncpus": str(os.cpu_count() or 1)}
+
+
 def _expand(raw: str, lineno: int, section: str, problems: _Problems) -> str:
-    """fio's ${VAR}: the environment's value; an unset variable is a problem, as in fio."""
+    """fio's ${VAR}: the environment's value (an unset variable is a problem, as in fio),
+    and its keywords ($pagesize, $mb_memory, $ncpus)."""
     def sub(m: re.Match[str]) -> str:
         value = os.environ.get(m.group(1))
         if value is None:
             problems.add(lineno, section, f"${{{m.group(1)}}} is not set in the environment")
             return ""
         return value
-    return _VAR.sub(sub, raw)
+    raw = _VAR.sub(sub, raw)
+    for keyword, value in _keywords().items():
+        raw = raw.replace(keyword, value)
+    return raw
 
 
 def _lines(text: str, path: str, seen: tuple[str, ...] = ()) -> Iterable[tuple[int, str]]:
@@ -161,7 +172,7 @@ def _lines(text: str, path: str, seen: tuple[str, ...] = ()) -> Iterable[tuple[i
             yield lineno, line
 
 
-def read_sections(text: str, path: str, problems: _Problems) -> list[Section]:
+def _read_sections(text: str, path: str, problems: _Problems) -> list[Section]:
     """The job sections of fio job-file text, each with the [global] options before it."""
     glob: dict[str, tuple[int, str | None]] = {}
     sections: list[Section] = []
@@ -193,13 +204,16 @@ def parse(text: str, path: str, sections: Sequence[str] | None = None
     to show the user (how fio's engines and options map onto gpufio's). ``sections``: run
     only these jobs, as fio's ``--section``."""
     problems = _Problems()
-    found = read_sections(text, path, problems)
+    found = _read_sections(text, path, problems)
     if sections is not None:
         missing = [s for s in sections if s not in {f.name for f in found}]
         if missing:
             raise BadInput(f"{path}: no job section [{missing[0]}]")
         found = [f for f in found if f.name in sections]
-    data, notes = from_sections(found, problems)
+    try:
+        data, notes = from_sections(found, problems)
+    except BadInput as e:
+        raise BadInput(f"{path}: {e}") from None
     if problems.found:
         raise BadInput(f"{path}: fio job file gpufio cannot run as written: "
                        + "; ".join(problems.lines()))
@@ -216,9 +230,11 @@ def from_sections(found: list[Section], problems: _Problems | None = None
     jobs: list[dict[str, Any]] = []
     for section in found:
         jobs.extend(_job(section, mine, notes, thread=len(jobs)))
+    if not found:
+        raise BadInput("no fio job to run (a job file needs a section besides [global])")
     if problems is None and mine.found:
         raise BadInput("fio job gpufio cannot run as written: " + "; ".join(mine.lines()))
-    return {"global": {"concurrent": True}, "job": jobs or [{}]}, notes
+    return {"global": {"concurrent": True}, "job": jobs}, notes
 
 
 def _value(key: str, raw: str | None) -> Any:
