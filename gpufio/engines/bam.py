@@ -24,7 +24,9 @@ controller back if the process holding it dies.
 With ``controller = "model"`` the controller is gpufio's software NVMe controller
 (io/nvme_model.py) in a process of its own, serving the job's one target file as
 namespace 1: the GPU side runs unchanged on a machine with no NVMe (results say
-``controller = model``; its rate is a Python loop's, not a drive's).
+``controller = model``; its rate is a Python loop's, not a drive's). With
+``controller = "compiled"`` it is the same protocol served by compiled poller threads
+(io/nvme/controller.c: ``controller_threads``, ``controller_backend``).
 """
 
 from __future__ import annotations
@@ -64,12 +66,13 @@ if TYPE_CHECKING:
 
 SUBMITTER = "cpu-stand-in"
 MODEL_SLACK = 64 * nq.PAGE  # the model's admin queue, Identify pages, alignment
+SOFTWARE = ("model", "compiled")  # the software controllers: one protocol, one process each
 
 
 def submitter(o: Any) -> str:
     """Who writes the commands: the option, else GPU threads on the software controller
     (which exists for them) and the CPU stand-in on a real one."""
-    return o.submitter or ("gpu" if o.controller == "model" else "cpu")
+    return o.submitter or ("gpu" if o.controller in SOFTWARE else "cpu")
 
 
 def doorbells(o: Any) -> str:
@@ -80,7 +83,23 @@ def doorbells(o: Any) -> str:
         return "cpu"
     if o.doorbells != "auto":
         return o.doorbells
-    return "direct" if o.controller == "model" else "relay"
+    return "direct" if o.controller in SOFTWARE else "relay"
+
+
+def server(o: Any) -> Any:
+    """The loop a software controller's process runs: None (the Python model's) or the
+    compiled controller's with the job's threads and backend."""
+    if o.controller != "compiled":
+        return None
+    from gpufio.io.nvme import compiled
+
+    return compiled.server(o.controller_threads, o.controller_backend)
+
+
+def _compiled_available() -> bool:
+    from gpufio.io.nvme import compiled
+
+    return compiled.available()
 
 
 def slot_bytes(bs: int) -> int:
@@ -210,12 +229,12 @@ class _Model(_Held):
     lock = threading.Lock()
     open: dict[str, _Model] = {}
 
-    def __init__(self, path: str, lba_shift: int, dma_bytes: int) -> None:
+    def __init__(self, path: str, lba_shift: int, dma_bytes: int, serve: Any = None) -> None:
         from gpufio.io import nvme_model
         from gpufio.io.gio.backends.nvme import RegisteredModel
 
         self.key = path
-        self.served = nvme_model.ServedFile(path, lba_shift, dma_bytes)
+        self.served = nvme_model.ServedFile(path, lba_shift, dma_bytes, serve)
         try:
             self.registered = RegisteredModel(self.served.mem)
         except BaseException:
@@ -231,7 +250,8 @@ class _Model(_Held):
             if model is None:
                 per = 2 * nq.PAGE + (job.iodepth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
                     job.iodepth * (slot_bytes(job.bs) + nq.PAGE) + nq.PAGE
-                model = cls.open[path] = cls(path, lba_shift, job.numjobs * per + MODEL_SLACK)
+                model = cls.open[path] = cls(path, lba_shift, job.numjobs * per + MODEL_SLACK,
+                                             server(Bam.settings(job)))
             model.users += 1
             try:
                 return model, model.served.host.create_pair(worker + 1, job.iodepth + 1)
@@ -274,8 +294,15 @@ class Bam(Engine):
         Option("controller", "str", "vfio", "'vfio': the NVMe controller behind the targets, "
                "taken from the nvme driver over vfio-pci; 'model': gpufio's software NVMe "
                "controller (io/nvme_model.py) in a process of its own, serving the job's one "
-               "target file as namespace 1 (no NVMe needed; its rate is a Python loop's)",
-               choices=("vfio", "model")),
+               "target file as namespace 1 (no NVMe needed; its rate is a Python loop's); "
+               "'compiled': the same protocol served by compiled poller threads "
+               "(io/nvme/controller.c)", choices=("vfio", "model", "compiled")),
+        Option("controller_threads", "int", 1, "the compiled controller's poller threads, "
+               "each serving a share of the queue pairs", minimum=1),
+        Option("controller_backend", "str", "ram", "the compiled controller's data: 'ram' "
+               "(the target file memory-mapped), 'file' (pread/pwrite of it), 'none' (no "
+               "data moved, PRPs still checked: the queues' ceiling)",
+               choices=("none", "ram", "file")),
         Option("submitter", "str", None, "who writes the NVMe commands: 'gpu' (GPU threads, "
                "BaM's mechanism) or 'cpu' (a CPU stand-in on the same queues; real "
                "controllers only). Default: gpu on the model, cpu on a real controller",
@@ -338,7 +365,10 @@ class Bam(Engine):
         if job.bs > nq.PAGE * (nq.PRP_PER_PAGE + 1):
             raise BadInput(f"job '{job.name}': bs {job.bs} needs a chained PRP list; engine "
                            f"'bam' takes at most {nq.PAGE * (nq.PRP_PER_PAGE + 1)}")
-        if o.controller == "model":
+        if o.controller in SOFTWARE:
+            if o.controller == "compiled" and not _compiled_available():
+                raise BadInput(f"job '{job.name}': controller = \"compiled\" needs a C "
+                               "compiler (cc) to build io/nvme/controller.c")
             if who == "cpu":
                 raise BadInput(f"job '{job.name}': engine 'bam' drives the software "
                                "controller from GPU threads only (submitter = \"gpu\")")
@@ -361,7 +391,7 @@ class Bam(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         o = cls.settings(job)
         who, bells = submitter(o), doorbells(o)
-        where = "model" if o.controller == "model" else "real"
+        where = o.controller if o.controller in SOFTWARE else "real"
         if who == "cpu":
             return {**super().describe(job), "page_cache": False, "submitter": SUBMITTER,
                     "mode": SUBMITTER, "doorbells": "cpu", "controller": where,
@@ -401,7 +431,7 @@ class Bam(Engine):
         if why:
             raise BadInput(f"engine 'bam' with submitter = \"gpu\" needs a GPU: {why}")
         gpu.use(job.gpu_of(ctx.worker))  # before any registration: this worker's GPU
-        if o.controller == "model":
+        if o.controller in SOFTWARE:
             shift = o.model_lba.bit_length() - 1
             self._model, self.pair = _Model.acquire(job, targets[0].path, shift, ctx.worker)
             try:
@@ -698,7 +728,7 @@ class BamFetch(QueueGather):
 
         o = Bam.settings(job)
         layout = table.layout
-        if o.controller != "model":
+        if o.controller not in SOFTWARE:
             raise BadInput(f"job '{job.name}': engine 'bam' fetches GNN rows from the software "
                            "controller only (controller = \"model\"): a namespace taken over "
                            "vfio holds no feature file")
@@ -716,15 +746,15 @@ class BamFetch(QueueGather):
         depth = row_depth(request)
         bells = doorbells(o)
         # the result's engine_mode: who submitted, the doorbells, the controller
-        self.mode = f"gpu, {bells} doorbells, model controller"
+        self.mode = f"gpu, {bells} doorbells, {o.controller} controller"
         self.facts: dict[str, Any] = {"iodepth": depth, "submitter": "gpu",
-                                      "doorbells": bells, "controller": "model",
+                                      "doorbells": bells, "controller": o.controller,
                                       "mode": self.mode}
         shift = o.model_lba.bit_length() - 1
         row = slot_bytes(layout.row_bytes)
         dma = 2 * nq.PAGE + (depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
             depth * (row + nq.PAGE) + nq.PAGE + MODEL_SLACK
-        self._served = nvme_model.ServedFile(table.paths[0], shift, dma)
+        self._served = nvme_model.ServedFile(table.paths[0], shift, dma, server(o))
         self._registered: Any = None
         self.queue: Any = None
         try:

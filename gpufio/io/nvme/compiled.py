@@ -1,8 +1,8 @@
 """gpufio's compiled software NVMe controller (controller.c): the protocol of
 io/nvme_model.py served by ``threads`` poller threads in C, from one of three backends:
 
-- ``null``: every command completes without moving data (PRPs still walked and checked):
-  the queue mechanism's ceiling;
+- ``none``: every command completes without moving data (PRPs still walked and checked):
+  the queue mechanism's ceiling (not "null": that word names an engine);
 - ``ram``: the backing file memory-mapped; reads copy into the landing pages, writes out
   of them;
 - ``file``: the backing file read and written with pread/pwrite (buffered), as the model.
@@ -25,7 +25,7 @@ import numpy as np
 from gpufio.core import native
 
 SOURCES = (Path(__file__).with_name("controller.c"),)
-BACKENDS = ("null", "ram", "file")
+BACKENDS = ("none", "ram", "file")
 FAULT_DTYPE = np.dtype([("slba", "<i8"), ("status", "<i8"), ("drop", "<i8"), ("times", "<i8")])
 
 

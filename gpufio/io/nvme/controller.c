@@ -9,7 +9,7 @@
  * queue. An admin command that changes a queue (create, delete, reset) takes the serving
  * thread's lock, which that thread holds for each of its passes.
  *
- * Backends: null (PRPs walked and checked, no data moved), ram (the backing file mapped:
+ * Backends: none (PRPs walked and checked, no data moved), ram (the backing file mapped:
  * reads copy into the landing pages, writes out of them), file (pread/pwrite of the
  * backing file, buffered, as the Python model does).
  */
@@ -69,7 +69,7 @@
 #define IDLE_SPINS 2000
 #define IDLE_MAX_NS 500000
 
-enum { B_NULL = 0, B_RAM = 1, B_FILE = 2 };
+enum { B_NONE = 0, B_RAM = 1, B_FILE = 2 };
 
 struct gnc_fault {  /* io/nvme_model.Fault, every field 64 bits */
     int64_t slba, status, drop, times;
@@ -202,7 +202,7 @@ static const struct gnc_fault *fault_for(struct ctl *c, int64_t slba) {
 static int flush(struct ctl *c) {
     if (c->backend == B_RAM && c->nbytes && c->writable)
         return msync(c->ram, c->nbytes, MS_SYNC) ? SC_WRITE_FAULT : 0;
-    if (c->backend != B_NULL) fsync(c->fd);  /* as the model: a read-only file's fsync may fail */
+    if (c->backend != B_NONE) fsync(c->fd);  /* as the model: a read-only file's fsync may fail */
     return 0;
 }
 
@@ -246,7 +246,7 @@ static int io(struct worker *w, const uint8_t *e) {
     size_t n;
     int st = prps(w, prp1, prp2, nbytes, &n);
     if (st) return st == SC_INVALID_FIELD ? SC_DATA_TRANSFER : st;
-    if (c->backend == B_NULL) return 0;
+    if (c->backend == B_NONE) return 0;
     if (op == OP_WRITE && !c->writable) return SC_WRITE_FAULT;
     if (c->backend == B_FILE) return file_io(c, w->iov, n, off, op == OP_WRITE);
     for (size_t i = 0; i < n; i++) {
