@@ -10,19 +10,25 @@ io/nvme_model.py served by ``threads`` poller threads in C, from one of three ba
 It runs in a process of its own exactly as the model does (io/nvme_model.ModelProcess with
 ``serve`` = ``server(threads, backend)``), so the host driver, the CPU driver of the model
 and the GPU agents drive it unchanged. Built by core/native.py; ``available()`` is False
-where there is no C compiler.
+where there is no C compiler. ``cpu_reads`` drives queue pairs from compiled CPU threads
+(driver.c): the controller's own CPU-driven ceiling.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from gpufio.core import native
+from gpufio.io import nvme_model
+from gpufio.io.watchdog import Stalled
 
 SOURCES = (Path(__file__).with_name("controller.c"),)
 BACKENDS = ("none", "ram", "file")
@@ -68,3 +74,70 @@ def server(threads: int, backend: str) -> Callable[..., None]:
         raise ValueError(f"compiled NVMe controller: backend {backend!r} is not one of "
                          f"{', '.join(BACKENDS)}")
     return functools.partial(serve, threads=max(1, threads), backend=backend)
+
+
+DRIVER_SOURCES = (Path(__file__).with_name("driver.c"),)
+STALL_S = 10.0
+_U64 = ctypes.c_uint64
+
+
+class _Pair(ctypes.Structure):
+    """struct gnd_pair (driver.c): every field 64 bits, in its order."""
+
+    _fields_ = [(n, _U64) for n in ("sq", "cq", "sq_db", "cq_db", "entries", "depth",
+                                    "slots_iova", "slot_bytes", "bs", "lba_shift", "blocks",
+                                    "seed", "nsid")]
+
+
+def _driver() -> ctypes.CDLL | None:
+    lib = native.library("nvme_cpu_driver", DRIVER_SOURCES)
+    if lib is not None and not hasattr(lib, "_gpufio_typed"):
+        lib.gnd_reads.argtypes = [ctypes.POINTER(_Pair), _U64, ctypes.c_void_p]
+        lib.gnd_reads.restype = ctypes.c_int64
+        lib._gpufio_typed = True
+    return lib
+
+
+def cpu_reads(mem: Any, pairs: Sequence[Any], n: int, depth: int, bs: int, lba_shift: int,
+              blocks: int) -> tuple[int, float]:
+    """``n`` random reads of ``bs`` bytes (at most a page) on each of ``pairs`` (the model's
+    QueuePairs over ``mem``, fresh), ``depth`` in flight on each, one compiled driver thread
+    per pair (driver.c): (reads that succeeded, seconds from the first thread's start to
+    the last one's end)."""
+    lib = _driver()
+    if lib is None:
+        raise RuntimeError("the compiled NVMe CPU driver needs a C compiler (cc)")
+    stop = np.zeros(1, np.int64)
+    structs, good = [], [0] * len(pairs)
+    for i, pair in enumerate(pairs):
+        _, slots = mem.alloc(depth * bs)
+        structs.append(_Pair(
+            sq=pair.sq.ctypes.data, cq=pair.cq.ctypes.data,
+            sq_db=mem.addr + pair.sq_db, cq_db=mem.addr + pair.cq_db, entries=pair.entries,
+            depth=depth, slots_iova=slots, slot_bytes=bs, bs=bs, lba_shift=lba_shift,
+            blocks=blocks, seed=i + 1, nsid=1))
+
+    def drive(i: int) -> None:
+        good[i] = lib.gnd_reads(ctypes.byref(structs[i]), n, stop.ctypes.data)
+
+    workers = [threading.Thread(target=drive, args=(i,), name=f"nvme-driver-{i}")
+               for i in range(len(pairs))]
+    t = time.perf_counter()
+    for w in workers:
+        w.start()
+    seen, since = -1, time.monotonic()
+    try:
+        for w in workers:
+            while w.is_alive():  # the controller's counter moves, or the drivers stop
+                w.join(0.1)
+                done = mem.reg64(nvme_model.M_COMPLETED)
+                if done != seen:
+                    seen, since = done, time.monotonic()
+                elif time.monotonic() - since > STALL_S or mem.ended():
+                    raise Stalled(f"compiled NVMe controller: no completion for "
+                                  f"{STALL_S:g} s{mem.ended()}")
+    finally:
+        stop[0] = 1
+        for w in workers:
+            w.join()
+    return sum(good), time.perf_counter() - t
