@@ -126,6 +126,8 @@ def _bam_job(**opts):
     ({"controller": "model", "model_lba": 1000}, "not a power of two"),
     ({"controller": "model", "rw": "randrw"}, "either read or write"),
     ({"controller": "model", "rw": "write", "fsync": 4}, "use end_fsync"),
+    ({"controller": "compiled", "submitter": "cpu"}, "from GPU threads only"),
+    ({"controller": "compiled", "controller_backend": "disk"}, "controller_backend"),
     ({"submitter": "gpu", "targets": ["/dev/nvme0n1", "/dev/nvme1n1"]}, "one namespace"),
     ({"doorbells": "relay"}, "the CPU stand-in rings them itself"),
 ])
@@ -148,6 +150,8 @@ def test_bam_results_name_the_cpu_stand_in() -> None:
 @pytest.mark.parametrize("opts, mode", [
     ({"controller": "model"}, "gpu, direct doorbells, model controller"),
     ({"controller": "model", "doorbells": "relay"}, "gpu, relay doorbells, model controller"),
+    ({"controller": "compiled", "controller_threads": 4},
+     "gpu, direct doorbells, compiled controller"),
     ({"submitter": "gpu"}, "gpu, relay doorbells, real controller"),
     ({"submitter": "gpu", "doorbells": "direct"}, "gpu, direct doorbells, real controller"),
 ])
@@ -161,7 +165,7 @@ def test_bam_results_name_the_doorbells_and_the_controller(opts: dict, mode: str
     facts = engine.describe(job)
     assert label("bam", facts) == f"bam ({mode})"
     assert facts["submitter"] == "gpu" and facts["doorbells"] in mode
-    assert engine.generic_targets(job) is (opts.get("controller") != "model")
+    assert engine.generic_targets(job) is (opts.get("controller") not in ("model", "compiled"))
 
 
 def test_a_cpu_stand_in_write_job_with_fsync_and_end_fsync_is_accepted() -> None:
