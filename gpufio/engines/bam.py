@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 SUBMITTER = "cpu-stand-in"
 MODEL_SLACK = 64 * nq.PAGE  # the model's admin queue, Identify pages, alignment
 SOFTWARE = ("model", "compiled")  # the software controllers: one protocol, one process each
+EMULATED = (*SOFTWARE, "qemu")  # controllers the job starts itself, serving its one file
 
 
 def submitter(o: Any) -> str:
@@ -100,6 +102,12 @@ def _compiled_available() -> bool:
     from gpufio.io.nvme import compiled
 
     return compiled.available()
+
+
+def _qemu_missing() -> bool:
+    from gpufio.io.nvme import qemu
+
+    return qemu.binary() is None
 
 
 def slot_bytes(bs: int) -> int:
@@ -155,9 +163,10 @@ class _Shared(_Held):
     lock = threading.Lock()
     open: dict[str, _Shared] = {}
 
-    def __init__(self, bdf: str, writes: bool, pairs: int, depth: int) -> None:
+    def __init__(self, bdf: str, writes: bool, pairs: int, depth: int,
+                 opener: Callable[[], Any] | None = None) -> None:
         self.bdf = self.key = bdf
-        self.session = nvme_driver.Session(bdf, writes=writes)
+        self.session = opener() if opener else nvme_driver.Session(bdf, writes=writes)
         try:
             assert self.session.controller is not None
             self.pairs = self.session.controller.create_pairs(pairs, depth)
@@ -169,14 +178,16 @@ class _Shared(_Held):
         self.registered: Any = None
 
     @classmethod
-    def acquire(cls, bdf: str, writes: bool, pairs: int, depth: int
+    def acquire(cls, bdf: str, writes: bool, pairs: int, depth: int,
+                opener: Callable[[], Any] | None = None
                 ) -> tuple[_Shared, nvme_driver.QueuePair]:
         """The job's controller (brought up with ``pairs`` queue pairs of ``depth`` entries
-        by the first taker) and a queue pair of its own."""
+        by the first taker; ``opener``: its session where gpufio starts the controller
+        itself, else the drive at ``bdf`` is taken) and a queue pair of its own."""
         with cls.lock:
             shared = cls.open.get(bdf)
             if shared is None:
-                shared = cls.open[bdf] = cls(bdf, writes, pairs, depth)
+                shared = cls.open[bdf] = cls(bdf, writes, pairs, depth, opener)
             if not shared.free:
                 raise BadInput(f"controller {bdf}: its {len(shared.pairs)} I/O queue pairs "
                                "are all in use")
@@ -296,7 +307,9 @@ class Bam(Engine):
                "controller (io/nvme_model.py) in a process of its own, serving the job's one "
                "target file as namespace 1 (no NVMe needed; its rate is a Python loop's); "
                "'compiled': the same protocol served by compiled poller threads "
-               "(io/nvme/controller.c)", choices=("vfio", "model", "compiled")),
+               "(io/nvme/controller.c); 'qemu': QEMU's hw/nvme over qtest, no guest "
+               "(io/nvme/qemu.py; CPU stand-in only)",
+               choices=("vfio", "model", "compiled", "qemu")),
         Option("controller_threads", "int", 1, "the compiled controller's poller threads, "
                "each serving a share of the queue pairs", minimum=1),
         Option("controller_backend", "str", "ram", "the compiled controller's data: 'ram' "
@@ -304,14 +317,15 @@ class Bam(Engine):
                "data moved, PRPs still checked: the queues' ceiling)",
                choices=("none", "ram", "file")),
         Option("submitter", "str", None, "who writes the NVMe commands: 'gpu' (GPU threads, "
-               "BaM's mechanism) or 'cpu' (a CPU stand-in on the same queues; real "
-               "controllers only). Default: gpu on the model, cpu on a real controller",
+               "BaM's mechanism) or 'cpu' (a CPU stand-in on the same queues). Default: gpu "
+               "on the software controllers, cpu on a real controller and on QEMU's",
                choices=("gpu", "cpu")),
         Option("doorbells", "str", "auto", "how GPU threads ring doorbells: 'direct' (stores "
                "into BAR0, registered with CUDA as I/O memory), 'relay' (into host memory, "
                "one CPU thread per worker writes the registers), 'auto' (direct on the model, "
                "relay on a real controller)", choices=("auto", "direct", "relay")),
-        Option("model_lba", "int", 512, "the software controller's logical block size",
+        Option("model_lba", "int", 512, "the logical block size of the controller the job "
+               "starts (model, compiled, qemu)",
                minimum=512),
         Option("stall_timeout", "time", 10_000_000_000, "stop the GPU kernels and fail when no "
                "command completes for this long", minimum=1_000_000),
@@ -365,13 +379,20 @@ class Bam(Engine):
         if job.bs > nq.PAGE * (nq.PRP_PER_PAGE + 1):
             raise BadInput(f"job '{job.name}': bs {job.bs} needs a chained PRP list; engine "
                            f"'bam' takes at most {nq.PAGE * (nq.PRP_PER_PAGE + 1)}")
-        if o.controller in SOFTWARE:
+        if o.controller in EMULATED:
             if o.controller == "compiled" and not _compiled_available():
                 raise BadInput(f"job '{job.name}': controller = \"compiled\" needs a C "
                                "compiler (cc) to build io/nvme/controller.c")
-            if who == "cpu":
-                raise BadInput(f"job '{job.name}': engine 'bam' drives the software "
-                               "controller from GPU threads only (submitter = \"gpu\")")
+            if o.controller == "qemu" and who == "gpu":
+                raise BadInput(f"job '{job.name}': engine 'bam' drives QEMU's controller "
+                               "from the CPU stand-in only (submitter = \"cpu\")")
+            if o.controller == "qemu" and _qemu_missing():
+                raise BadInput(f"job '{job.name}': controller = \"qemu\" needs "
+                               "qemu-system-x86_64 (apt-get install qemu-system-x86)")
+            if who == "cpu" and len(job.targets) > 1:
+                raise BadInput(f"job '{job.name}': controller = \"{o.controller}\" serves "
+                               f"one file as its namespace; the job names "
+                               f"{len(job.targets)} targets")
             if o.model_lba & (o.model_lba - 1) or o.model_lba > nq.PAGE:
                 raise BadInput(f"job '{job.name}': model_lba {o.model_lba} is not a power "
                                f"of two from 512 to {nq.PAGE}")
@@ -391,7 +412,7 @@ class Bam(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         o = cls.settings(job)
         who, bells = submitter(o), doorbells(o)
-        where = o.controller if o.controller in SOFTWARE else "real"
+        where = o.controller if o.controller in EMULATED else "real"
         if who == "cpu":
             return {**super().describe(job), "page_cache": False, "submitter": SUBMITTER,
                     "mode": SUBMITTER, "doorbells": "cpu", "controller": where,
@@ -523,6 +544,20 @@ def _check_transfer(job: Job, shared: _Shared, largest: int) -> None:
                        f"{shared.bdf}'s largest (MDTS: {most} bytes)")
 
 
+def _emulated(job: Job, path: str, spec: ChannelSpec) -> Callable[[], Any]:
+    """The session of the controller the job starts to serve ``path`` (EMULATED), sized
+    for every worker's queue pair, bounce slots and PRP lists."""
+    from gpufio.io.nvme.emulated import EmulatedSession
+
+    o = Bam.settings(job)
+    slot = -(-spec.largest // nq.PAGE) * nq.PAGE
+    per = 2 * nq.PAGE + (spec.depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
+        spec.depth * (slot + nq.PAGE)
+    dma = max(job.numjobs, 1) * per + MODEL_SLACK
+    shift = o.model_lba.bit_length() - 1
+    return lambda: EmulatedSession(o.controller, path, shift, dma, server(o))
+
+
 class StandIn(Channel):
     """The CPU stand-in: requests as the 64-byte SQEs of io/nvme_queue.py written into a
     queue pair of the controller over vfio-pci (io/nvme_driver.QueuePair: SQ at the tail,
@@ -544,10 +579,16 @@ class StandIn(Channel):
                            "only")
         # the files come unopened or closed (Capability.descriptors: the block loop closes
         # its targets, the gather opens none)
-        bdf, self._nsid = _namespaces(job, files)
+        o = Bam.settings(job)
         depth = spec.depth
+        opener = None
+        if o.controller in EMULATED:  # gpufio starts the controller, serving the one file
+            bdf, self._nsid = f"{o.controller} {files[0].path}", np.ones(1, np.uint32)
+            opener = _emulated(job, files[0].path, spec)
+        else:
+            bdf, self._nsid = _namespaces(job, files)
         self._shared, self.pair = _Shared.acquire(bdf, spec.writes, max(job.numjobs, 1),
-                                                  depth + 1)
+                                                  depth + 1, opener)
         self._mapped: vfio.Memory | None = None
         self._bounce: vfio.Memory | None = None
         self._lists: vfio.Memory | None = None
@@ -561,7 +602,7 @@ class StandIn(Channel):
             assert device is not None
             self._device = device
             self._slot = -(-spec.largest // nq.PAGE) * nq.PAGE
-            if spec.region is not None:
+            if spec.region is not None and device.maps_host_memory:
                 lo = spec.region[0] - spec.region[0] % nq.PAGE
                 self._mapped = device.memory(sum(spec.region) - lo, lo)
             else:
@@ -578,7 +619,8 @@ class StandIn(Channel):
         self._write = np.zeros(depth, bool)
         self._refused: list[tuple[np.ndarray, np.ndarray]] = []  # completions never sent
         self.facts = {"iodepth": depth, "submitter": SUBMITTER, "mode": SUBMITTER,
-                      "controller": "real", "queue": self.pair.qid,
+                      "controller": o.controller if opener else "real",
+                      "queue": self.pair.qid,
                       "buffers": "mapped" if self._mapped is not None else "bounced"}
 
     @property

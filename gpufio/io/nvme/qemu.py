@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -23,13 +24,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gpufio.core import processes
 from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme.shared import Buffer
 
 BAR0 = 0xE000_0000    # where gpufio places the controller's BAR0 (q35's PCI hole)
 RAM_START = 2 << 20   # guest memory below 1 MiB is VGA, PAM and BIOS, not RAM
@@ -118,17 +119,12 @@ class QtestBar:
         return self.qt.command(f"readq {self.base + off:#x}")
 
 
-@dataclass
-class Buffer:
-    """Guest memory as ``vfio.Memory`` gives it: its bytes (``map``) and bus address."""
-
-    map: np.ndarray
-    iova: int
-
-
 class QemuDevice:
     """QEMU's NVMe function as a ``vfio.Device`` look-alike: BAR0 over qtest, DMA memory
-    from the shared guest RAM (a bump allocator: bus address = guest physical address)."""
+    from the shared guest RAM (a bump allocator: bus address = guest physical address),
+    which is all its DMA reaches (``maps_host_memory``)."""
+
+    maps_host_memory = False
 
     def __init__(self, qt: Qtest, ram: np.ndarray) -> None:
         self.qt, self.ram, self.bdf = qt, ram, "qemu"
@@ -160,16 +156,53 @@ class QemuDevice:
         view[:] = 0
         return Buffer(view, start)
 
+    def forget(self, mem: Buffer) -> None:
+        """Nothing to unmap: the bump allocator keeps it until QEMU goes."""
+
     def close(self) -> None:
         """The memory goes with QEMU (QemuNvme.close)."""
+
+
+_launcher: queue.Queue | None = None
+_launcher_lock = threading.Lock()
+
+
+def _launch(argv: list[str], log: Any) -> subprocess.Popen:
+    """Start ``argv`` from gpufio's QEMU launcher thread, which lives as long as the
+    process: PR_SET_PDEATHSIG fires when the starting thread ends, and a job's worker
+    thread that started QEMU may end while other workers still drive it."""
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None:
+            _launcher = queue.Queue()
+            threading.Thread(target=_serve_launches, args=(_launcher,), daemon=True,
+                             name="qemu-launcher").start()
+    answer: queue.Queue = queue.Queue()
+    _launcher.put((argv, log, answer))
+    got = answer.get()
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+def _serve_launches(requests: queue.Queue) -> None:
+    while True:
+        argv, log, answer = requests.get()
+        try:
+            answer.put(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=processes.die_with_parent_exec()))
+        except BaseException as e:  # handed to the caller, raised there
+            answer.put(e)
 
 
 class QemuNvme:
     """QEMU with one NVMe controller serving ``image`` (a raw file) as namespace 1 with
     ``lba_bytes`` blocks, its guest RAM (``ram_bytes``) a file in a directory of its own
-    under ``directory`` (tmpfs /dev/shm by default), removed once both have mapped it. QEMU dies with
-    the thread that started it (PR_SET_PDEATHSIG) and sits in a session of its own, so a
-    Ctrl-C reaches gpufio, which stops it. A context manager."""
+    under ``directory`` (tmpfs /dev/shm by default), removed once both have mapped it. QEMU
+    dies with gpufio (PR_SET_PDEATHSIG, from a launcher thread that lives as long as the
+    process) and sits in a session of its own, so a Ctrl-C reaches gpufio, which stops it.
+    A context manager."""
 
     def __init__(self, image: str, lba_bytes: int = 512, ram_bytes: int = 128 << 20,
                  directory: str | None = None, aio: str | None = None) -> None:
@@ -206,9 +239,7 @@ class QemuNvme:
             listener.listen(1)
             listener.settimeout(0.05)
             self._log = open(f"{self.where}/qemu.log", "w+")
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=processes.die_with_parent_exec())
+            self.proc = _launch(argv, self._log)
             deadline = time.monotonic() + START_S
             while True:
                 try:

@@ -30,16 +30,28 @@ class SharedBar:
 
 @dataclass
 class Buffer:
-    """DMA memory as ``vfio.Memory`` gives it: its bytes (``map``) and bus address."""
+    """DMA memory as ``vfio.Memory`` gives it: its bytes (``map``), bus address (``iova``),
+    this process's address of it (``addr``) and ``size``."""
 
     map: np.ndarray
     iova: int
+
+    @property
+    def addr(self) -> int:
+        return self.map.ctypes.data
+
+    @property
+    def size(self) -> int:
+        return len(self.map)
 
 
 class SharedDevice:
     """The ``vfio.Device`` look-alike of a software controller (bus mastering is always
     on: its DMA is a copy in the shared file); ready once the controller's process says
-    it is alive."""
+    it is alive. Its DMA reaches the shared file only, never the caller's memory
+    (``maps_host_memory``)."""
+
+    maps_host_memory = False
 
     def __init__(self, mem: nvme_model.Memory, name: str = "software") -> None:
         nvme_model._wait("the controller process", lambda: mem.reg(nvme_model.M_ALIVE) == 1)
@@ -51,6 +63,9 @@ class SharedDevice:
     def memory(self, size: int) -> Buffer:
         view, iova = self.mem.alloc(size)
         return Buffer(view, iova)
+
+    def forget(self, mem: Buffer) -> None:
+        """Nothing to unmap: the bump allocator keeps it until the file goes."""
 
     def close(self) -> None:
         """The memory goes with the shared file (its owner closes it)."""
