@@ -176,6 +176,7 @@ class _Shared(_Held):
         self.free = list(self.pairs)
         self.users = 0
         self.registered: Any = None
+        self.emulated = opener is not None
 
     @classmethod
     def acquire(cls, bdf: str, writes: bool, pairs: int, depth: int,
@@ -213,9 +214,11 @@ class _Shared(_Held):
     def gpu_memory(self, direct: bool) -> Any:
         """The controller's memory as the GPU side takes it (io/gio/backends/nvme.RegisteredVfio,
         made by the first GPU worker, every pair's rings registered): call under ``lock``."""
-        from gpufio.io.gio.backends.nvme import RegisteredVfio
+        from gpufio.io.gio.backends.nvme import RegisteredGuest, RegisteredVfio
 
-        if self.registered is None:
+        if self.registered is None and self.emulated:  # QEMU's: its guest RAM holds it all
+            self.registered = RegisteredGuest(self.session.qemu)
+        elif self.registered is None:
             self.registered = RegisteredVfio(self.session.device, direct)
             for p in self.pairs:
                 self.registered.adopt(p)
@@ -308,7 +311,7 @@ class Bam(Engine):
                "target file as namespace 1 (no NVMe needed; its rate is a Python loop's); "
                "'compiled': the same protocol served by compiled poller threads "
                "(io/nvme/controller.c); 'qemu': QEMU's hw/nvme over qtest, no guest "
-               "(io/nvme/qemu.py; CPU stand-in only)",
+               "(io/nvme/qemu.py; GPU threads through the doorbell relay)",
                choices=("vfio", "model", "compiled", "qemu")),
         Option("controller_threads", "int", 1, "the compiled controller's poller threads, "
                "each serving a share of the queue pairs", minimum=1),
@@ -383,9 +386,9 @@ class Bam(Engine):
             if o.controller == "compiled" and not _compiled_available():
                 raise BadInput(f"job '{job.name}': controller = \"compiled\" needs a C "
                                "compiler (cc) to build io/nvme/controller.c")
-            if o.controller == "qemu" and who == "gpu":
-                raise BadInput(f"job '{job.name}': engine 'bam' drives QEMU's controller "
-                               "from the CPU stand-in only (submitter = \"cpu\")")
+            if o.controller == "qemu" and who == "gpu" and doorbells(o) == "direct":
+                raise BadInput(f"job '{job.name}': GPU threads reach QEMU's doorbells "
+                               "through the relay only (doorbells = \"relay\")")
             if o.controller == "qemu" and _qemu_missing():
                 raise BadInput(f"job '{job.name}': controller = \"qemu\" needs "
                                "qemu-system-x86_64 (apt-get install qemu-system-x86)")
@@ -461,13 +464,18 @@ class Bam(Engine):
                 self._model.release()
                 raise
             return
-        bdf, nsids = _namespaces(job, targets)
+        opener = None
+        if o.controller == "qemu":
+            bdf, nsids = f"qemu {targets[0].path}", np.ones(1, np.uint32)
+            opener = _emulated(job, targets[0].path, slot_bytes(job.bs), job.iodepth)
+        else:
+            bdf, nsids = _namespaces(job, targets)
         # open descriptors would pin the controller's old instance: the nvme driver would
         # give it a new name on return
         for t in targets:
             t.close()
         self._shared, self.pair = _Shared.acquire(bdf, job.writes, job.numjobs,
-                                                  job.iodepth + 1)
+                                                  job.iodepth + 1, opener)
         try:
             _check_transfer(job, self._shared, job.bs)
             with _Shared.lock:
@@ -544,15 +552,16 @@ def _check_transfer(job: Job, shared: _Shared, largest: int) -> None:
                        f"{shared.bdf}'s largest (MDTS: {most} bytes)")
 
 
-def _emulated(job: Job, path: str, spec: ChannelSpec) -> Callable[[], Any]:
+def _emulated(job: Job, path: str, largest: int, depth: int) -> Callable[[], Any]:
     """The session of the controller the job starts to serve ``path`` (EMULATED), sized
-    for every worker's queue pair, bounce slots and PRP lists."""
+    for every worker's queue pair of ``depth`` commands, their slots of ``largest`` bytes
+    and PRP lists."""
     from gpufio.io.nvme.emulated import EmulatedSession
 
     o = Bam.settings(job)
-    slot = -(-spec.largest // nq.PAGE) * nq.PAGE
-    per = 2 * nq.PAGE + (spec.depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
-        spec.depth * (slot + nq.PAGE)
+    slot = -(-largest // nq.PAGE) * nq.PAGE
+    per = 3 * nq.PAGE + (depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
+        depth * (slot + nq.PAGE)
     dma = max(job.numjobs, 1) * per + MODEL_SLACK
     shift = o.model_lba.bit_length() - 1
     return lambda: EmulatedSession(o.controller, path, shift, dma, server(o))
@@ -584,7 +593,7 @@ class StandIn(Channel):
         opener = None
         if o.controller in EMULATED:  # gpufio starts the controller, serving the one file
             bdf, self._nsid = f"{o.controller} {files[0].path}", np.ones(1, np.uint32)
-            opener = _emulated(job, files[0].path, spec)
+            opener = _emulated(job, files[0].path, spec.largest, spec.depth)
         else:
             bdf, self._nsid = _namespaces(job, files)
         self._shared, self.pair = _Shared.acquire(bdf, spec.writes, max(job.numjobs, 1),

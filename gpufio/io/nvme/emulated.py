@@ -2,7 +2,8 @@
 Python model, the compiled controller (both io/nvme_model.ModelProcess) or QEMU's hw/nvme
 (io/nvme/qemu.py), serving one file as namespace 1. It has io/nvme_driver.Session's face
 (``device``, ``controller``: the host driver, enabled; ``info``: Identify; ``close``), so
-whatever drives a drive's queue pairs from the CPU drives these unchanged."""
+whatever drives a drive's queue pairs from the CPU drives these unchanged; ``qemu`` is
+QEMU's process and guest RAM where the controller is QEMU's (GPU threads map that RAM)."""
 
 from __future__ import annotations
 
@@ -25,13 +26,14 @@ class EmulatedSession:
     def __init__(self, kind: str, backing: str, lba_shift: int, dma_bytes: int,
                  server: Callable[..., None] | None = None) -> None:
         self.controller: nvme_driver.Controller | None = None
+        self.qemu: qemu.QemuNvme | None = None
         self._undo: list[Callable[[], Any]] = []
         try:
             if kind == "qemu":
                 ram = max(64 * MIB, -(-(dma_bytes + qemu.RAM_START) // MIB) * MIB)
-                q = qemu.QemuNvme(backing, 1 << lba_shift, ram_bytes=ram)
-                self._undo.append(q.close)
-                self.device: Any = q.device
+                self.qemu = qemu.QemuNvme(backing, 1 << lba_shift, ram_bytes=ram)
+                self._undo.append(self.qemu.close)
+                self.device: Any = self.qemu.device
             else:
                 where = nvme_model.shared_directory()
                 self._undo.append(lambda: shutil.rmtree(where, ignore_errors=True))

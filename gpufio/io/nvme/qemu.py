@@ -267,6 +267,12 @@ class QemuNvme:
         self.ram = np.frombuffer(self._map, np.uint8)
         self.device = QemuDevice(self.qt, self.ram)
 
+    def ended(self) -> str:
+        """Why QEMU cannot answer, where its process has ended, as a clause a stall report
+        appends; else ""."""
+        code = None if self.proc is None else self.proc.poll()
+        return "" if code is None else f"; QEMU has ended (exit code {code})"
+
     def close(self) -> None:
         """Stop QEMU (SIGTERM: it does not exit when the socket closes; SIGKILL if it
         lingers), unmap and remove its files."""
