@@ -316,8 +316,9 @@ class Bam(Engine):
         Option("controller_threads", "int", 1, "the compiled controller's poller threads, "
                "each serving a share of the queue pairs", minimum=1),
         Option("controller_backend", "str", "ram", "the compiled controller's data: 'ram' "
-               "(the target file memory-mapped), 'file' (pread/pwrite of it), 'none' (no "
-               "data moved, PRPs still checked: the queues' ceiling)",
+               "(the target file memory-mapped), 'file' (read and written through io_uring, "
+               "O_DIRECT where the file system allows), 'none' (no data moved, PRPs still "
+               "checked: the queues' ceiling)",
                choices=("none", "ram", "file")),
         Option("submitter", "str", None, "who writes the NVMe commands: 'gpu' (GPU threads, "
                "BaM's mechanism) or 'cpu' (a CPU stand-in on the same queues). Default: gpu "

@@ -5,7 +5,9 @@ io/nvme_model.py served by ``threads`` poller threads in C, from one of three ba
   the queue mechanism's ceiling (not "null": that word names an engine);
 - ``ram``: the backing file memory-mapped; reads copy into the landing pages, writes out
   of them;
-- ``file``: the backing file read and written with pread/pwrite (buffered), as the model.
+- ``file``: the backing file read and written through an io_uring of each poller thread,
+  at depth, with O_DIRECT where its file system and the transfer's alignment allow (not on
+  tmpfs: buffered there, so from RAM): an emulated drive as fast as the storage under it.
 
 It runs in a process of its own exactly as the model does (io/nvme_model.ModelProcess with
 ``serve`` = ``server(threads, backend)``), so the host driver, the CPU driver of the model

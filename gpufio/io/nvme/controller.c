@@ -10,8 +10,10 @@
  * thread's lock, which that thread holds for each of its passes.
  *
  * Backends: none (PRPs walked and checked, no data moved), ram (the backing file mapped:
- * reads copy into the landing pages, writes out of them), file (pread/pwrite of the
- * backing file, buffered, as the Python model does).
+ * reads copy into the landing pages, writes out of them), file (the backing file read and
+ * written through an io_uring of each poller thread, at depth, with O_DIRECT where the
+ * file system and the transfer's alignment allow, else buffered; a command completes
+ * when its io_uring completion comes).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -22,6 +24,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,6 +64,7 @@
 #define SC_WRITE_FAULT 0x280
 #define SC_READ_ERROR 0x281
 #define NO_POST (-1)
+#define ASYNC (-2)      /* handed to io_uring: posted when its completion comes */
 
 #define OP_FLUSH 0x00
 #define OP_WRITE 0x01
@@ -71,6 +75,57 @@
 
 enum { B_NONE = 0, B_RAM = 1, B_FILE = 2 };
 
+/* io_uring's ABI (linux/io_uring.h), the few parts used, so no kernel header is needed */
+#ifndef __NR_io_uring_setup
+#define __NR_io_uring_setup 425
+#endif
+#ifndef __NR_io_uring_enter
+#define __NR_io_uring_enter 426
+#endif
+#define OP_READV 1
+#define OP_WRITEV 2
+#define RING_ENTRIES 256  /* each poller's io_uring: commands in flight on the file */
+#define RING_IOVS 32      /* larger transfers go synchronously (preadv/pwritev) */
+#define DIRECT_ALIGN 512
+
+struct uring_params {
+    uint32_t sq_entries, cq_entries, flags, sq_thread_cpu, sq_thread_idle, features, wq_fd,
+        resv[3];
+    uint32_t sq_head, sq_tail, sq_mask, sq_count, sq_flags, sq_dropped, sq_array, sq_resv;
+    uint64_t sq_user;
+    uint32_t cq_head, cq_tail, cq_mask, cq_count, cq_overflow, cq_cqes, cq_flags, cq_resv;
+    uint64_t cq_user;
+};
+struct uring_sqe {
+    uint8_t opcode, flags;
+    uint16_t ioprio;
+    int32_t fd;
+    uint64_t off, addr;
+    uint32_t len, rw_flags;
+    uint64_t user_data, pad[3];
+};
+struct uring_cqe {
+    uint64_t user_data;
+    int32_t res;
+    uint32_t flags;
+};
+
+struct ring {
+    int fd;
+    uint32_t *sq_head, *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
+    struct uring_sqe *sqes;
+    struct uring_cqe *cqes;
+    uint32_t pending;  /* entries written, not yet submitted */
+};
+
+struct inflight {  /* a command on the io_uring, until its completion posts it */
+    struct iovec iov[RING_IOVS];
+    int n, write, direct;
+    uint64_t off, want;
+    uint32_t gen;
+    uint16_t sqid, cqid, sq_head, cid;
+};
+
 struct gnc_fault {  /* io/nvme_model.Fault, every field 64 bits */
     int64_t slba, status, drop, times;
 };
@@ -78,6 +133,9 @@ struct gnc_fault {  /* io/nvme_model.Fault, every field 64 bits */
 struct queue {
     uint64_t base;
     uint32_t size, head, tail, phase;
+    uint32_t reserved;  /* CQ: entries held for commands still on an io_uring */
+    uint32_t gen;       /* which creation of the queue: a late completion of an older one
+                         * is dropped */
     uint16_t cqid;
     int live;
 };
@@ -92,6 +150,11 @@ struct worker {
     uint64_t *entries;   /* its PRP entries past the first */
     size_t most;         /* how many pieces a transfer can have */
     int64_t posted;      /* completions posted since the counters were last moved */
+    struct ring ring;    /* the file backend's io_uring (fd -1: none) */
+    struct inflight *slots;
+    uint16_t *free;
+    int nfree;
+    uint16_t sqid, cqid, sq_head, cid;  /* the command being executed */
 };
 
 struct ctl {
@@ -99,11 +162,12 @@ struct ctl {
     size_t map_bytes;
     uint8_t *dma;
     uint64_t dma_bytes;
-    int fd, backend, writable, lba_shift;
+    int fd, dfd, backend, writable, lba_shift;  /* dfd: O_DIRECT, or -1 */
     uint8_t *ram;
     uint64_t nbytes, nblocks;
     struct queue sq[MAX_QUEUES + 1], cq[MAX_QUEUES + 1];
     int enabled, nthreads;
+    uint32_t gens;
     struct worker *workers;
     const struct gnc_fault *faults;
     int64_t *left;
@@ -221,6 +285,111 @@ static int file_io(struct ctl *c, struct iovec *iov, size_t n, uint64_t off, int
     return 0;
 }
 
+static int ring_setup(struct ring *r) {
+    struct uring_params p;
+    memset(&p, 0, sizeof p);
+    r->fd = (int)syscall(__NR_io_uring_setup, RING_ENTRIES, &p);
+    if (r->fd < 0) return -1;
+    size_t sq_bytes = p.sq_array + p.sq_entries * 4, cq_bytes = p.cq_cqes + p.cq_entries * 16;
+    uint8_t *sq = mmap(NULL, sq_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                       r->fd, 0);
+    uint8_t *cq = mmap(NULL, cq_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                       r->fd, 0x8000000);
+    void *sqes = mmap(NULL, p.sq_entries * sizeof(struct uring_sqe), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_POPULATE, r->fd, 0x10000000);
+    if (sq == MAP_FAILED || cq == MAP_FAILED || sqes == MAP_FAILED) {
+        close(r->fd);
+        r->fd = -1;
+        return -1;
+    }
+    r->sq_head = (uint32_t *)(sq + p.sq_head);
+    r->sq_tail = (uint32_t *)(sq + p.sq_tail);
+    r->sq_mask = (uint32_t *)(sq + p.sq_mask);
+    r->sq_array = (uint32_t *)(sq + p.sq_array);
+    r->cq_head = (uint32_t *)(cq + p.cq_head);
+    r->cq_tail = (uint32_t *)(cq + p.cq_tail);
+    r->cq_mask = (uint32_t *)(cq + p.cq_mask);
+    r->cqes = (struct uring_cqe *)(cq + p.cq_cqes);
+    r->sqes = sqes;
+    r->pending = 0;
+    return 0;
+}
+
+static int aligned(const struct iovec *iov, int n, uint64_t off) {
+    if (off % DIRECT_ALIGN) return 0;
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)iov[i].iov_base % DIRECT_ALIGN || iov[i].iov_len % DIRECT_ALIGN) return 0;
+    return 1;
+}
+
+/* A read or write of the file backend: onto the poller's io_uring (ASYNC) where it has
+ * room, else now (preadv/pwritev). */
+static int file_command(struct worker *w, size_t n, uint64_t off, uint64_t nbytes, int write) {
+    struct ctl *c = w->c;
+    struct ring *r = &w->ring;
+    if (r->fd < 0 || !w->nfree || n > RING_IOVS)
+        return file_io(c, w->iov, n, off, write);
+    uint16_t s = w->free[--w->nfree];
+    struct inflight *f = &w->slots[s];
+    memcpy(f->iov, w->iov, n * sizeof *f->iov);
+    f->n = (int)n;
+    f->write = write;
+    f->off = off;
+    f->want = nbytes;
+    f->direct = c->dfd >= 0 && aligned(f->iov, f->n, off);
+    f->sqid = w->sqid;
+    f->cqid = w->cqid;
+    f->sq_head = w->sq_head;
+    f->cid = w->cid;
+    f->gen = c->cq[w->cqid].gen;
+    uint32_t tail = *r->sq_tail, i = tail & *r->sq_mask;
+    struct uring_sqe *e = &r->sqes[i];
+    memset(e, 0, sizeof *e);
+    e->opcode = write ? OP_WRITEV : OP_READV;
+    e->fd = f->direct ? c->dfd : c->fd;
+    e->off = off;
+    e->addr = (uint64_t)(uintptr_t)f->iov;
+    e->len = (uint32_t)n;
+    e->user_data = s;
+    r->sq_array[i] = i;
+    __atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
+    r->pending++;
+    return ASYNC;
+}
+
+static void post(struct ctl *c, struct queue *cq, uint16_t sqid, uint16_t sq_head, uint16_t cid,
+                 int status, uint32_t result);
+
+/* Submit what the passes put on the io_uring; post what completed. The completions posted. */
+static int64_t ring_pass(struct worker *w) {
+    struct ctl *c = w->c;
+    struct ring *r = &w->ring;
+    int64_t posted = 0;
+    if (r->fd < 0) return 0;
+    if (r->pending) {
+        long got = syscall(__NR_io_uring_enter, r->fd, r->pending, 0, 0, NULL, 0);
+        if (got > 0) r->pending -= (uint32_t)got;
+    }
+    uint32_t head = *r->cq_head, tail = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE);
+    for (; head != tail; head++) {
+        struct uring_cqe *e = &r->cqes[head & *r->cq_mask];
+        struct inflight *f = &w->slots[e->user_data];
+        int64_t res = e->res;
+        if (res == -EINVAL && f->direct)  /* O_DIRECT refused this one: buffered, now */
+            res = file_io(c, f->iov, (size_t)f->n, f->off, f->write) ? -EIO : (int64_t)f->want;
+        struct queue *cq = &c->cq[f->cqid];
+        if (cq->live && cq->gen == f->gen) {  /* not deleted or reset meanwhile */
+            int status = res == (int64_t)f->want ? 0 : f->write ? SC_WRITE_FAULT : SC_READ_ERROR;
+            cq->reserved--;
+            post(c, cq, f->sqid, f->sq_head, f->cid, status, 0);
+            posted++;
+        }
+        w->free[w->nfree++] = (uint16_t)e->user_data;
+    }
+    __atomic_store_n(r->cq_head, head, __ATOMIC_RELEASE);
+    return posted;
+}
+
 static int io(struct worker *w, const uint8_t *e) {
     struct ctl *c = w->c;
     uint8_t op = e[0];
@@ -248,7 +417,7 @@ static int io(struct worker *w, const uint8_t *e) {
     if (st) return st == SC_INVALID_FIELD ? SC_DATA_TRANSFER : st;
     if (c->backend == B_NONE) return 0;
     if (op == OP_WRITE && !c->writable) return SC_WRITE_FAULT;
-    if (c->backend == B_FILE) return file_io(c, w->iov, n, off, op == OP_WRITE);
+    if (c->backend == B_FILE) return file_command(w, n, off, nbytes, op == OP_WRITE);
     for (size_t i = 0; i < n; i++) {
         if (op == OP_READ) memcpy(w->iov[i].iov_base, c->ram + off, w->iov[i].iov_len);
         else memcpy(c->ram + off, w->iov[i].iov_base, w->iov[i].iov_len);
@@ -275,6 +444,13 @@ static void post(struct ctl *c, struct queue *cq, uint16_t sqid, uint16_t sq_hea
 
 static int admin(struct ctl *c, struct worker *w, const uint8_t *e, uint32_t *result);
 
+/* No CQ entry left for another command: posted ones the host has not consumed, and those
+ * held for commands still on an io_uring. */
+static int cq_full(const struct queue *cq) {
+    uint32_t used = (cq->tail + cq->size - cq->head) % cq->size + cq->reserved;
+    return used + 1 >= cq->size;
+}
+
 /* Fetch and execute what SQ qid's doorbell offers, while its CQ has room; the number of
  * commands fetched, or -1 where the controller went fatal. */
 static int64_t serve_sq(struct ctl *c, struct worker *w, uint32_t qid) {
@@ -284,9 +460,9 @@ static int64_t serve_sq(struct ctl *c, struct worker *w, uint32_t qid) {
     if (tail >= sq->size) { fatal(c); return -1; }
     int64_t done = 0;
     while (sq->head != tail) {
-        if ((cq->tail + 1) % cq->size == cq->head) {
+        if (cq_full(cq)) {
             cq->head = reg(c, doorbell(sq->cqid, 1));
-            if ((cq->tail + 1) % cq->size == cq->head) break;
+            if (cq_full(cq)) break;
         }
         const uint8_t *src = at(c, sq->base + (uint64_t)sq->head * 64, 64);
         if (!src) { fatal(c); return -1; }
@@ -295,10 +471,16 @@ static int64_t serve_sq(struct ctl *c, struct worker *w, uint32_t qid) {
         sq->head = (sq->head + 1) % sq->size;
         done++;
         uint32_t result = 0;
+        uint16_t cid;
+        memcpy(&cid, e + 2, 2);
+        w->sqid = (uint16_t)qid;
+        w->cqid = sq->cqid;
+        w->sq_head = (uint16_t)sq->head;
+        w->cid = cid;
         int status = qid == 0 ? admin(c, w, e, &result) : io(w, e);
-        if (status != NO_POST) {
-            uint16_t cid;
-            memcpy(&cid, e + 2, 2);
+        if (status == ASYNC) {
+            cq->reserved++;
+        } else if (status != NO_POST) {
             post(c, cq, (uint16_t)qid, (uint16_t)sq->head, cid, status, result);
             w->posted++;
         }
@@ -372,7 +554,7 @@ static int admin(struct ctl *c, struct worker *w, const uint8_t *e, uint32_t *re
         struct worker *o = &c->workers[owner(c, cqid)];
         pthread_mutex_lock(&o->lock);
         table[qid] = (struct queue){.base = prp1, .size = size, .phase = 1,
-                                    .cqid = (uint16_t)cqid, .live = 1};
+                                    .cqid = (uint16_t)cqid, .live = 1, .gen = ++c->gens};
         set_reg(c, doorbell(qid, cqe), 0);
         pthread_mutex_unlock(&o->lock);
         return 0;
@@ -457,14 +639,19 @@ static void *poll_loop(void *arg) {
                 fetched += n;
             }
         }
+        int64_t landed = ring_pass(w);
+        w->posted += landed;
         pthread_mutex_unlock(&w->lock);
-        if (fetched > 0) {  /* the counters a stall report reads (a dropped command: fetched) */
+        if (fetched > 0 || w->posted) {  /* what a stall report reads (a dropped command:
+                                          * fetched only) */
             __atomic_add_fetch((uint64_t *)(c->map + M_FETCHED), fetched, __ATOMIC_RELEASE);
             __atomic_add_fetch((uint64_t *)(c->map + M_COMPLETED), w->posted, __ATOMIC_RELEASE);
             w->posted = 0;
         }
-        if (fetched > 0 || changed) {
+        if (fetched > 0 || changed || landed > 0) {
             idle = 0;
+        } else if (w->nfree < RING_ENTRIES && w->ring.fd >= 0) {
+            sched_yield();  /* commands on the file: their completions come soon */
         } else {
             idle_wait(&idle);
         }
@@ -503,6 +690,8 @@ int64_t gnc_serve(const char *shm_path, const char *backing, int64_t lba_shift, 
         c->writable = 0;
     }
     if (c->fd < 0) { rc = -errno; goto unmap; }
+    c->dfd = c->backend == B_FILE ? open(backing, (c->writable ? O_RDWR : O_RDONLY) | O_DIRECT)
+                                  : -1;  /* -1 where the file system has no O_DIRECT (tmpfs) */
     fstat(c->fd, &st);
     c->nbytes = (uint64_t)st.st_size;
     if (S_ISBLK(st.st_mode)) {
@@ -533,8 +722,16 @@ int64_t gnc_serve(const char *shm_path, const char *backing, int64_t lba_shift, 
         w->most = most;
         w->iov = calloc(most, sizeof *w->iov);
         w->entries = calloc(most, sizeof *w->entries);
+        w->ring.fd = -1;
+        if (c->backend == B_FILE && ring_setup(&w->ring) == 0) {
+            w->slots = calloc(RING_ENTRIES, sizeof *w->slots);
+            w->free = calloc(RING_ENTRIES, sizeof *w->free);
+            for (int s = 0; w->free && s < RING_ENTRIES; s++) w->free[s] = (uint16_t)s;
+            w->nfree = RING_ENTRIES;
+        }
         pthread_mutex_init(&w->lock, NULL);
-        if (!w->iov || !w->entries || pthread_create(&w->thread, NULL, poll_loop, w)) {
+        if (!w->iov || !w->entries || (w->ring.fd >= 0 && (!w->slots || !w->free)) ||
+            pthread_create(&w->thread, NULL, poll_loop, w)) {
             rc = -ENOMEM;
             set_reg(c, M_STOP, 1);
             break;
@@ -543,13 +740,18 @@ int64_t gnc_serve(const char *shm_path, const char *backing, int64_t lba_shift, 
     if (!rc) set_reg(c, M_ALIVE, 1);
     for (int i = 0; i < started; i++) pthread_join(c->workers[i].thread, NULL);
     for (int i = 0; i < c->nthreads; i++) {
-        free(c->workers[i].iov);
-        free(c->workers[i].entries);
+        struct worker *w = &c->workers[i];
+        if (w->ring.fd >= 0) close(w->ring.fd);  /* waits for what is still in flight */
+        free(w->iov);
+        free(w->entries);
+        free(w->slots);
+        free(w->free);
     }
     free(c->workers);
     free(c->left);
     if (c->ram && c->ram != MAP_FAILED) munmap(c->ram, c->nbytes);
 close_fd:
+    if (c->dfd >= 0) close(c->dfd);
     close(c->fd);
 unmap:
     munmap(c->map, c->map_bytes);
