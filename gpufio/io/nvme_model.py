@@ -31,6 +31,7 @@ import numpy as np
 
 from gpufio.core import processes
 from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme.memory import carve
 from gpufio.io.nvme_cmd import NVME_FLUSH, NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled, Watchdog
 
@@ -93,14 +94,8 @@ class Memory:
 
     def alloc(self, nbytes: int) -> tuple[np.ndarray, int]:
         """``nbytes`` of host memory, page-aligned and zeroed: (view, IOVA)."""
-        start = -(-self._next // nq.PAGE) * nq.PAGE
-        end = start + max(nbytes, 1)
-        if end > len(self.dma):
-            raise MemoryError(f"model memory: {nbytes} bytes more do not fit in "
-                              f"{len(self.dma)}")
-        self._next = end
-        view = self.dma[start:end]
-        view[:] = 0
+        view, start = carve(self.dma, self._next, nbytes, "model memory")
+        self._next = start + len(view)
         return view, IOVA_BASE + start
 
     def host_address(self, iova: int) -> int:

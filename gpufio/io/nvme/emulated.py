@@ -14,45 +14,35 @@ from typing import Any
 from gpufio.io import nvme_driver, nvme_model
 from gpufio.io.nvme import qemu, shared
 
-KINDS = ("model", "compiled", "qemu")
 MIB = 1 << 20
 
 
-class EmulatedSession:
+class EmulatedSession(nvme_driver.Enabled):
     """Controller ``kind`` serving ``backing`` with ``1 << lba_shift``-byte blocks and
     ``dma_bytes`` of memory its DMA reaches; ``server``: the software controller's loop
     (io/nvme/compiled.server; None: the model's)."""
 
     def __init__(self, kind: str, backing: str, lba_shift: int, dma_bytes: int,
                  server: Callable[..., None] | None = None) -> None:
-        self.controller: nvme_driver.Controller | None = None
         self.qemu: qemu.QemuNvme | None = None
         self._undo: list[Callable[[], Any]] = []
-        try:
-            if kind == "qemu":
-                ram = max(64 * MIB, -(-(dma_bytes + qemu.RAM_START) // MIB) * MIB)
-                self.qemu = qemu.QemuNvme(backing, 1 << lba_shift, ram_bytes=ram)
-                self._undo.append(self.qemu.close)
-                self.device: Any = self.qemu.device
-            else:
-                where = nvme_model.shared_directory()
-                self._undo.append(lambda: shutil.rmtree(where, ignore_errors=True))
-                proc = nvme_model.ModelProcess(where, backing, lba_shift, dma_bytes,
-                                               server=server)
-                self._undo += [proc.mem.close, proc.stop]
-                self.device = shared.SharedDevice(proc.mem, kind)
-            self.controller = nvme_driver.Controller(self.device)
-            self.info = self.controller.identify()
-        except BaseException:
-            self.close()
-            raise
+        self.bring_up(lambda: self._start(kind, backing, lba_shift, dma_bytes, server))
 
-    def close(self) -> None:
-        """Shut the controller down, stop it and remove its files (idempotent)."""
-        try:
-            if self.controller is not None:
-                self.controller.shutdown()
-        finally:
-            self.controller = None
-            while self._undo:
-                self._undo.pop()()
+    def _start(self, kind: str, backing: str, lba_shift: int, dma_bytes: int,
+               server: Callable[..., None] | None) -> Any:
+        """The controller's process started: its device."""
+        if kind == "qemu":
+            ram = max(64 * MIB, -(-(dma_bytes + qemu.RAM_START) // MIB) * MIB)
+            self.qemu = qemu.QemuNvme(backing, 1 << lba_shift, ram_bytes=ram)
+            self._undo.append(self.qemu.close)
+            return self.qemu.device
+        where = nvme_model.shared_directory()
+        self._undo.append(lambda: shutil.rmtree(where, ignore_errors=True))
+        proc = nvme_model.ModelProcess(where, backing, lba_shift, dma_bytes, server=server)
+        self._undo += [proc.mem.close, proc.stop]
+        return shared.SharedDevice(proc.mem, kind)
+
+    def release(self) -> None:
+        """Stop the controller and remove its files (after the shutdown: ``close``)."""
+        while self._undo:
+            self._undo.pop()()

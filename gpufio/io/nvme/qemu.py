@@ -30,6 +30,7 @@ import numpy as np
 
 from gpufio.core import processes
 from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme.memory import carve
 from gpufio.io.nvme.shared import Buffer
 
 BAR0 = 0xE000_0000    # where gpufio places the controller's BAR0 (q35's PCI hole)
@@ -129,6 +130,7 @@ class QemuDevice:
     def __init__(self, qt: Qtest, ram: np.ndarray) -> None:
         self.qt, self.ram, self.bdf = qt, ram, "qemu"
         self._next = RAM_START
+        self._lock = threading.Lock()  # a job's workers (threads) allocate at once
         for dev in range(32):
             if Config(qt, dev).r32(0) == VENDOR_DEVICE:
                 self.config = Config(qt, dev)
@@ -146,14 +148,9 @@ class QemuDevice:
         self.config.w16(0x04, PCI_COMMAND_MEMORY | (PCI_COMMAND_MASTER if on else 0))
 
     def memory(self, size: int) -> Buffer:
-        start = -(-self._next // nq.PAGE) * nq.PAGE
-        end = start + max(size, 1)
-        if end > len(self.ram):
-            raise MemoryError(f"QEMU guest memory: {size} bytes more do not fit in "
-                              f"{len(self.ram)}")
-        self._next = end
-        view = self.ram[start:end]
-        view[:] = 0
+        with self._lock:
+            view, start = carve(self.ram, self._next, size, "QEMU guest memory")
+            self._next = start + len(view)
         return Buffer(view, start)
 
     def forget(self, mem: Buffer) -> None:

@@ -5,6 +5,7 @@ DMA memory is the file's host memory at its bus addresses."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,12 +57,14 @@ class SharedDevice:
     def __init__(self, mem: nvme_model.Memory, name: str = "software") -> None:
         nvme_model._wait("the controller process", lambda: mem.reg(nvme_model.M_ALIVE) == 1)
         self.mem, self.bdf, self.bar0 = mem, name, SharedBar(mem)
+        self._lock = threading.Lock()  # a job's workers (threads) allocate at once
 
     def bus_master(self, on: bool) -> None:
         """Nothing to switch: a software controller's DMA is always on."""
 
     def memory(self, size: int) -> Buffer:
-        view, iova = self.mem.alloc(size)
+        with self._lock:
+            view, iova = self.mem.alloc(size)
         return Buffer(view, iova)
 
     def forget(self, mem: Buffer) -> None:
