@@ -55,7 +55,7 @@ def model_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[s
     c = statistics.median(cpu)
     rows.append(["model, CPU driver (its ceiling)", f"1 x {args.depth}", round(c), "", ""])
     raw.append({"path": "cpu", "rates": cpu})
-    for mode in ("relay", "direct"):
+    for mode in () if args.cpu_only else ("relay", "direct"):
         g = [api.nvme_model_gpu_rate(mode, args.n, args.depth, args.pairs, args.size)
              for _ in range(args.repeat)]
         r = statistics.median(g)
@@ -215,7 +215,7 @@ def main() -> int:
     ap.add_argument("--pollers", type=int, default=os.cpu_count() or 1,
                     help="the compiled controller's poller threads, at most one per pair")
     ap.add_argument("--cpu-only", action="store_true",
-                    help="compiled: only the CPU-driven ceiling (no GPU needed)")
+                    help="only the CPU-driven ceiling (no GPU needed)")
     args = ap.parse_args()
     if args.quick:
         args.n, args.repeat, args.runtime = 5_000, 1, 2
@@ -238,13 +238,15 @@ def main() -> int:
         head = ["path", "queues x depth", "IOPS", "CPU us/IO", ""]
         title = f"{args.drive}: 4 KiB random reads, {args.runtime} s a run"
     else:
-        count, why = api.gpu_probe()  # also asks CUDA for eager module loading: agents spin
+        # the probe also asks CUDA for eager module loading: agents spin
+        count, why = (1, None) if args.cpu_only else api.gpu_probe()
         if not count:
             print(f"bench: no usable GPU: {why}", file=sys.stderr)
             return 2
         rows, raw, missed = model_rows(args)
-        more, extra = engine_rows(args)
-        rows, raw = rows + more, raw + extra
+        if not args.cpu_only:
+            more, extra = engine_rows(args)
+            rows, raw = rows + more, raw + extra
         head = ["path", "queues x depth", "reads/s", "GPU / CPU", "goal"]
         title = (f"software NVMe controller (Python model, not a drive): {args.n} 4 KiB reads "
                  f"a run, medians of {args.repeat}")
