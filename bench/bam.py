@@ -19,8 +19,8 @@ as CUDA not registering the BAR, is a row saying why), IOPS and CPU us per I/O.
 With ``--controller compiled`` (any GPU machine; ``--cpu-only`` anywhere): the compiled
 software controller (gpufio/io/nvme/controller.c, ``--backend none``: no data moved, the
 queues' ceiling; ``ram``: the namespace memory-mapped) swept over queue pairs, depth and
-transfer size (512 B, 4 KiB): at each point its own CPU-driven ceiling (compiled CPU driver
-threads, one per pair, the controller with the same poller threads) beside GPU agents with
+transfer size (512 B, 4 KiB): at each point its own CPU-driven ceiling (as many compiled CPU driver
+threads as the controller has poller threads, each driving its share of the pairs) beside GPU agents with
 relayed and with direct doorbells, in the same run. Goal (``--check``): each GPU mode >=
 GOAL x the CPU-driven ceiling at every point, and, for ``none`` at 512 B, NONE_512_GOAL
 commands/s. The numbers are a software controller's, not a drive's.

@@ -92,8 +92,8 @@ def nvme_model_cpu_rate(n: int, depth: int, size: int, pollers: int = 1,
 
 def nvme_compiled_cpu_rate(n: int, depth: int, pairs: int, bs: int, pollers: int,
                            backend: str, size: int) -> float:
-    """Reads/s of the compiled NVMe controller driven by compiled CPU threads, one per
-    queue pair: its own CPU-driven ceiling (run/nvme_rates.py)."""
+    """Reads/s of the compiled NVMe controller driven by compiled CPU threads, as many as
+    its ``pollers``: its own CPU-driven ceiling (run/nvme_rates.py)."""
     from gpufio.run import nvme_rates
 
     return nvme_rates.compiled_cpu_rate(n, depth, pairs, bs, pollers, backend, size)

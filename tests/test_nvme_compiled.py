@@ -21,7 +21,7 @@ def test_the_compiled_driver_completes_every_read_on_every_pair(tmp_path, backen
         host = p.host()
         pairs = [host.create_pair(1 + i, 17) for i in range(3)]
         before = p.mem.reg64(nvme_model.M_COMPLETED)
-        good, seconds = compiled.cpu_reads(p.mem, pairs, 2000, 16, bs, 9, (1 << 20) >> 9)
+        good, seconds = compiled.cpu_reads(p.mem, pairs, 2000, 16, bs, 9, (1 << 20) >> 9, 2)
         assert good == 3 * 2000 and seconds > 0
         assert p.mem.reg64(nvme_model.M_COMPLETED) - before == 3 * 2000
         # the driver's slots come right after the queues: what landed is the namespace's

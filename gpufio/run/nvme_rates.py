@@ -45,9 +45,9 @@ def _offsets(n: int, size: int, bs: int = BS) -> np.ndarray:
 
 def compiled_cpu_rate(n: int, depth: int, pairs: int, bs: int, pollers: int, backend: str,
                       size: int) -> float:
-    """Reads/s of the compiled controller (``pollers`` threads, ``backend``) driven by
-    compiled CPU threads, one per pair, ``depth`` outstanding on each, ``n`` reads of ``bs``
-    bytes on each pair: its own CPU-driven ceiling."""
+    """Reads/s of the compiled controller (``pollers`` threads, ``backend``) driven by as
+    many compiled CPU threads (at most one per pair), ``depth`` outstanding on each pair,
+    ``n`` reads of ``bs`` bytes on each: its own CPU-driven ceiling."""
     from gpufio.io.nvme import compiled
 
     where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
@@ -55,7 +55,8 @@ def compiled_cpu_rate(n: int, depth: int, pairs: int, bs: int, pollers: int, bac
     try:
         host = model.host()
         made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
-        good, seconds = compiled.cpu_reads(model.mem, made, n, depth, bs, 9, size >> 9)
+        good, seconds = compiled.cpu_reads(model.mem, made, n, depth, bs, 9, size >> 9,
+                                           pollers)
         if good != n * pairs:
             raise SystemExit(f"bench: {n * pairs - good} of {n * pairs} CPU-driven reads "
                              "failed on the compiled controller")

@@ -94,36 +94,40 @@ class _Pair(ctypes.Structure):
 def _driver() -> ctypes.CDLL | None:
     lib = native.library("nvme_cpu_driver", DRIVER_SOURCES)
     if lib is not None and not hasattr(lib, "_gpufio_typed"):
-        lib.gnd_reads.argtypes = [ctypes.POINTER(_Pair), _U64, ctypes.c_void_p]
+        lib.gnd_reads.argtypes = [ctypes.POINTER(_Pair), ctypes.c_int64, _U64, ctypes.c_void_p]
         lib.gnd_reads.restype = ctypes.c_int64
         lib._gpufio_typed = True
     return lib
 
 
 def cpu_reads(mem: Any, pairs: Sequence[Any], n: int, depth: int, bs: int, lba_shift: int,
-              blocks: int) -> tuple[int, float]:
+              blocks: int, threads: int) -> tuple[int, float]:
     """``n`` random reads of ``bs`` bytes (at most a page) on each of ``pairs`` (the model's
-    QueuePairs over ``mem``, fresh), ``depth`` in flight on each, one compiled driver thread
-    per pair (driver.c): (reads that succeeded, seconds from the first thread's start to
-    the last one's end)."""
+    QueuePairs over ``mem``, fresh), ``depth`` in flight on each, by ``threads`` compiled
+    driver threads (driver.c), each driving its share of the pairs in turn: (reads that
+    succeeded, seconds from the first thread's start to the last one's end)."""
     lib = _driver()
     if lib is None:
         raise RuntimeError("the compiled NVMe CPU driver needs a C compiler (cc)")
     stop = np.zeros(1, np.int64)
-    structs, good = [], [0] * len(pairs)
+    structs = (_Pair * len(pairs))()
     for i, pair in enumerate(pairs):
         _, slots = mem.alloc(depth * bs)
-        structs.append(_Pair(
+        structs[i] = _Pair(
             sq=pair.sq.ctypes.data, cq=pair.cq.ctypes.data,
             sq_db=mem.addr + pair.sq_db, cq_db=mem.addr + pair.cq_db, entries=pair.entries,
             depth=depth, slots_iova=slots, slot_bytes=bs, bs=bs, lba_shift=lba_shift,
-            blocks=blocks, seed=i + 1, nsid=1))
+            blocks=blocks, seed=i + 1, nsid=1)
+    threads = max(1, min(threads, len(pairs)))
+    # thread t drives the pairs t, t + threads, ...: copies of its share, side by side
+    shares = [(_Pair * len(structs[t::threads]))(*structs[t::threads]) for t in range(threads)]
+    good = [0] * threads
 
-    def drive(i: int) -> None:
-        good[i] = lib.gnd_reads(ctypes.byref(structs[i]), n, stop.ctypes.data)
+    def drive(t: int) -> None:
+        good[t] = lib.gnd_reads(shares[t], len(shares[t]), n, stop.ctypes.data)
 
-    workers = [threading.Thread(target=drive, args=(i,), name=f"nvme-driver-{i}")
-               for i in range(len(pairs))]
+    workers = [threading.Thread(target=drive, args=(t,), name=f"nvme-driver-{t}")
+               for t in range(threads)]
     t = time.perf_counter()
     for w in workers:
         w.start()
@@ -142,4 +146,6 @@ def cpu_reads(mem: Any, pairs: Sequence[Any], n: int, depth: int, bs: int, lba_s
         stop[0] = 1
         for w in workers:
             w.join()
+    if min(good) < 0:
+        raise MemoryError("the compiled NVMe CPU driver: no memory for its slots")
     return sum(good), time.perf_counter() - t

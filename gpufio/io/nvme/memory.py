@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-PAGE = 4096
+from gpufio.io.nvme_queue import PAGE
 
 
 def carve(region: np.ndarray, used: int, nbytes: int, what: str) -> tuple[np.ndarray, int]:

@@ -196,32 +196,30 @@ def _serve_launches(requests: queue.Queue) -> None:
 class QemuNvme:
     """QEMU with one NVMe controller serving ``image`` (a raw file) as namespace 1 with
     ``lba_bytes`` blocks, its guest RAM (``ram_bytes``) a file in a directory of its own
-    under ``directory`` (tmpfs /dev/shm by default), removed once both have mapped it. QEMU
+    on tmpfs (/dev/shm, where CUDA can pin it), removed once both have mapped it. QEMU
     dies with gpufio (PR_SET_PDEATHSIG, from a launcher thread that lives as long as the
     process) and sits in a session of its own, so a Ctrl-C reaches gpufio, which stops it.
     A context manager."""
 
-    def __init__(self, image: str, lba_bytes: int = 512, ram_bytes: int = 128 << 20,
-                 directory: str | None = None, aio: str | None = None) -> None:
+    def __init__(self, image: str, lba_bytes: int = 512, ram_bytes: int = 128 << 20) -> None:
         qemu = binary()
         if qemu is None:
             raise RuntimeError("QEMU: no qemu-system-x86_64 on PATH (apt-get install "
                                "qemu-system-x86)")
-        base = directory or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.where = tempfile.mkdtemp(prefix="gpufio-qemu-", dir=base)
         self.proc: subprocess.Popen | None = None
         self._map: mmap.mmap | None = None
         try:
-            self._start(qemu, image, lba_bytes, ram_bytes, aio)
+            self._start(qemu, image, lba_bytes, ram_bytes)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, qemu: str, image: str, lba_bytes: int, ram_bytes: int,
-               aio: str | None) -> None:
+    def _start(self, qemu: str, image: str, lba_bytes: int, ram_bytes: int) -> None:
         sock_path, ram_path = f"{self.where}/qtest.sock", f"{self.where}/ram"
         ram = f"{ram_bytes >> 20}M"
-        drive = f"file={image},if=none,id=d0,format=raw" + (f",aio={aio}" if aio else "")
+        drive = f"file={image},if=none,id=d0,format=raw"
         nvme = "nvme,drive=d0,serial=gpufio-qemu" + (
             f",logical_block_size={lba_bytes},physical_block_size={lba_bytes}"
             if lba_bytes != 512 else "")
