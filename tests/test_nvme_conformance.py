@@ -347,3 +347,12 @@ def test_qemu_shadow_doorbells_need_only_a_periodic_kick(tmp_path):
             kick.close()
     finally:
         u.close()
+
+
+def test_an_unpacked_qemu_is_given_its_own_firmware(tmp_path):
+    prefix = tmp_path / "usr"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "share" / "seabios").mkdir(parents=True)
+    assert qemu.firmware_dirs(str(prefix / "bin" / "qemu-system-x86_64")) == [
+        "-L", str(prefix / "share" / "seabios")]
+    assert qemu.firmware_dirs("/usr/bin/qemu-system-x86_64") == []

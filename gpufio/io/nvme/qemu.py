@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,17 @@ KICK_S = 0.0005       # the period of the kick a shadow doorbell needs
 def binary() -> str | None:
     """The QEMU to run (GPUFIO_QEMU, else qemu-system-x86_64 on PATH), or None."""
     return shutil.which(os.environ.get("GPUFIO_QEMU", "qemu-system-x86_64"))
+
+
+def firmware_dirs(qemu: str) -> list[str]:
+    """``-L`` options for a QEMU unpacked under a prefix of its own (``dpkg -x`` of its
+    packages, carried to a machine with no registry): its SeaBIOS and data beside it, which
+    it would not look for there (an installed QEMU finds its own)."""
+    share = Path(qemu).resolve().parent.parent / "share"
+    if share == Path("/usr/share"):
+        return []
+    return [arg for d in ("seabios", "qemu") if (share / d).is_dir()
+            for arg in ("-L", str(share / d))]
 
 
 class Qtest:
@@ -223,7 +235,8 @@ class QemuNvme:
         nvme = "nvme,drive=d0,serial=gpufio-qemu" + (
             f",logical_block_size={lba_bytes},physical_block_size={lba_bytes}"
             if lba_bytes != 512 else "")
-        argv = [qemu, "-machine", "q35,memory-backend=m", "-accel", "tcg", "-S", "-m", ram,
+        argv = [qemu, *firmware_dirs(qemu), "-machine", "q35,memory-backend=m", "-accel",
+                "tcg", "-S", "-m", ram,
                 "-object", f"memory-backend-file,id=m,size={ram},mem-path={ram_path},share=on",
                 "-display", "none", "-nodefaults", "-no-user-config",
                 "-qtest", f"unix:{sock_path}", "-qtest-log", "none",
