@@ -699,9 +699,9 @@ int64_t gnc_serve(const char *shm_path, const char *backing, int64_t lba_shift, 
         c->nbytes = end > 0 ? (uint64_t)end : 0;
     }
     c->nblocks = c->nbytes >> c->lba_shift;
-    if (c->backend == B_RAM && c->nbytes) {
-        c->ram = mmap(NULL, c->nbytes, PROT_READ | (c->writable ? PROT_WRITE : 0), MAP_SHARED,
-                      c->fd, 0);
+    if (c->backend == B_RAM && c->nbytes) {  /* populated: no page fault in a command's copy */
+        c->ram = mmap(NULL, c->nbytes, PROT_READ | (c->writable ? PROT_WRITE : 0),
+                      MAP_SHARED | MAP_POPULATE, c->fd, 0);
         if (c->ram == MAP_FAILED) { rc = -errno; goto close_fd; }
     }
     c->left = calloc((size_t)(nfaults > 0 ? nfaults : 1), sizeof *c->left);
