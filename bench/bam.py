@@ -217,6 +217,9 @@ def main() -> int:
     ap.add_argument("--cpu-only", action="store_true",
                     help="only the CPU-driven ceiling (no GPU needed)")
     args = ap.parse_args()
+    # a bench stopped by SIGTERM (timeout(1)) unwinds as from Ctrl-C: the controllers stop
+    # and their files in /dev/shm go
+    api.stop_on_sigterm()
     if args.quick:
         args.n, args.repeat, args.runtime = 5_000, 1, 2
     if args.controller == "compiled" and not args.drive:
