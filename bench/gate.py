@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does ``gpufio check`` tell noise from a regression? Interleaved runs of one short uring job.
 
-Each try (the issue's "pair") is five rounds on one runner, the way a CI job on a shared
+Each try (a "pair" of sides) is five rounds on one runner, the way a CI job on a shared
 runner should gate: a baseline run and one run of each candidate, every run ``--repeat 1``
 with its own result file. The candidates are identical (a failure is a false alarm), slowed
 10% and slowed 25% (``rate_iops`` at 0.9x and 0.75x the IOPS of the latest baseline run
@@ -10,7 +10,7 @@ even rounds and last in odd ones, so for each candidate the runs go B C C B B C 
 hits both sides of a pair alike, and an order effect (a run that follows another being
 slower) cancels too; the candidates' order rotates from round to round. Each candidate's
 five runs are then checked against the five baseline runs (``gpufio check C... -b B...``),
-which pairs them by their start times, with the issue's limits. Then the 1-run case: a 1-run
+which pairs them by their start times, with the gate's limits. Then the 1-run case: a 1-run
 baseline and a 1-run candidate, whose verdict must say it has no noise estimate. ``--check``
 exits 1 when a goal is missed: no false alarm, at least 19 of 20 10% slowdowns caught (the
 same share of fewer tries), every 25% slowdown caught, the 1-run note.

@@ -6,7 +6,7 @@ disk (the "slow SSD"). On each it runs gpufio's GPU engines and, with comparable
 fio (io_uring into host memory, and libcufile with cuda_io=posix: fio's own GPU path) and
 KvikIO (its futures API straight into GPU memory, without gpufio), interleaved and repeated,
 and prints medians with the ratio of each gpufio path to its peer. Every gpufio GPU run
-verifies its data in GPU memory. Speed targets (the issues' goals) live in ``GOALS`` here,
+verifies its data in GPU memory. Speed targets (the goals) live in ``GOALS`` here,
 never in unit tests; ``--check`` exits 1 when one is missed.
 
     LD_LIBRARY_PATH=... PYTHONPATH=/tmp/site python3 -m bench.gpu --fio .peers/fio --json out.json
@@ -84,7 +84,7 @@ def cases(ram: bool) -> list[dict]:
             {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "segments": 4, "sqe_async": True},
              "depth": 512, "jobs": 1, **posix16, "goal": 10.0},
             # one spawned process (and CUDA context) per worker; without MPS the GPU
-            # time-slices the processes' contexts (docs/PERFORMANCE.md)
+            # time-slices the processes' contexts, and each copy waits for its turn
             {"path": "cpu-gpu processes", "g": {**procs, "sqe_async": True}, "depth": 128,
              "jobs": 8, **posix16, "goal": 10.0, "abs_goal": 2e6},
             # the fio peer runs under the daemon too: it makes 0.54 M there, not 8 K
@@ -104,7 +104,7 @@ def cases(ram: bool) -> list[dict]:
         {"path": "gpu-uring", "g": {"engine": "gpu-uring", "rings": 1}, "depth": 128, "jobs": 1,
          **qd, "goal": 0.95},
         # profiles/gpu-uring.toml's settings on the drive, SQPOLL threads left to the default
-        # (one per drive): its CPU per I/O beside fio's is issue 32's goal (<= 1.5x)
+        # (one per drive): the goal is a CPU per I/O of at most 1.5x fio's
         {"path": "gpu-uring defaults", "g": {"engine": "gpu-uring", "rings": 8}, "depth": 128,
          "jobs": 1, **qd, "goal": 0.95},
         # two rings of 64 served by one SQPOLL thread: the drive does the transfer, so one
@@ -113,7 +113,7 @@ def cases(ram: bool) -> list[dict]:
                                                             "sq_threads": 1},
          "depth": 64, "jobs": 1, **qd, "goal": 0.95},
         # 4 segments of 32: with spare landing slots a slow read no longer holds back new
-        # reads, and smaller segments cost more Python per read (docs/PERFORMANCE.md)
+        # reads, and smaller segments cost more Python per read
         {"path": "cpu-gpu", "g": {"engine": "cpu-gpu", "segments": 4}, "depth": 128,
          "jobs": 1, **qd, "goal": 0.9},
         {"path": "cufile", "g": {"engine": "cufile"}, "depth": 128, "jobs": 1, **qd, "goal": 0.9},
@@ -128,11 +128,11 @@ def cases(ram: bool) -> list[dict]:
          "jobs": 1, **qd, "goal": 0.9},
         # one process's cuFile takes at most 32 I/O threads, so at most 32 compat-mode reads
         # reach the drive: 4 processes of 32 put fio's 128 there, their contexts sharing the
-        # GPU through MPS (without it they take turns: docs/PERFORMANCE.md)
+        # GPU through MPS (without it they take turns)
         {"path": "cufile batch processes MPS", "g": {"engine": "cufile", "api": "batch",
                                                      "threads": 32, "processes": True},
          "depth": 32, "jobs": 4, **qd, "goal": 0.9, "mps": True},
-        # 4 x 32 left fewer than 128 reads on the drive (IOPS x p50: docs/PERFORMANCE.md):
+        # 4 x 32 left fewer than 128 reads on the drive (IOPS x p50 said so):
         # more processes, each with a thread per read it keeps in flight
         {"path": "cufile batch 8 processes MPS", "g": {"engine": "cufile", "api": "batch",
                                                        "threads": 16, "processes": True},

@@ -1,7 +1,7 @@
 # Source on the GPU machine before python3 -m bench.gpu or the gpu tests: libcuda/libcufile where
 # fio's libcufile engine and KvikIO look for them, and KvikIO, mpi4py and MPICH from wheels
 # brought in .whl/.
-# (The machine has no package registry; see ../shared/DESIGN.md section 6.)
+# (That machine reaches no package registry, hence the wheels.)
 mkdir -p /tmp/lk
 ln -sf /usr/local/nvidia/lib64/libcuda.so.1 /tmp/lk/libcuda.so
 ln -sf /usr/local/cuda-13.0/targets/x86_64-linux/lib/libcufile.so /tmp/lk/libcufile.so

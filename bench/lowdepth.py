@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gpufio against fio at low queue depth: issue 32's matrix as one command.
+"""gpufio against fio at low queue depth: the whole matrix as one command.
 
 4 KiB random reads, O_DIRECT, on a tmpfs file and a root-disk file: uring at iodepth 1, 4,
 32 and 128, psync at numjobs 1 and 2, and the null engine at iodepth 1. gpufio and fio run
@@ -57,7 +57,7 @@ CASES = [("uring qd1", "uring", 1, 1), ("uring qd4", "uring", 4, 1),
          ("psync nj1", "psync", 1, 1), ("psync nj2", "psync", 1, 2)]
 NULL_CASE = ("null qd1", "null", 1, 1)
 FIO_ENGINE = {"uring": "io_uring", "psync": "psync", "null": "null"}
-# the issue's goals: IOPS ratio at least; at depth 1 latency within max(1 us, 5 %) of
+# the goals: IOPS ratio at least; at depth 1 latency within max(1 us, 5 %) of
 # fio's; CPU per I/O at depth 1 at most 1.2x fio's; null at least half fio null's rate
 IOPS_RATIO, NULL_RATIO, CPU_RATIO, LAT_ABS_NS, LAT_REL = 0.95, 0.5, 1.2, 1000, 0.05
 

@@ -3,8 +3,8 @@
 
 gpu-uring with ``op = "nop"`` (GPU threads post IORING_OP_NOP through the same rings,
 agents and SQPOLL threads) beside the first probe's NOP ceiling in the same call
-(``../shared/reference/gpu_uring_probe.py`` with OPCODE=0 BLOCK=16, copied into the checkout),
-and uring's CPU-submitted NOPs. Issue 19's goal: gpu-uring nop >= 0.9x the probe at each ring
+(``--probe``: a standalone GPU-initiated io_uring script run with OPCODE=0 BLOCK=16),
+and uring's CPU-submitted NOPs. The goal: gpu-uring nop >= 0.9x the probe at each ring
 count. Also what the GPU pays: the SMs the agents and requesters occupy, and NOPs per SM.
 
     . bench/gpu_env.sh && python3 -m bench.nop --probe .peers/gpu_uring_probe.py

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gpufio's start-up against fio's: issue 32's start-up goals as one command.
+"""gpufio's start-up against fio's: the start-up goals as one command.
 
 Two figures, each a median of runs of this checkout's ``python3 -m gpufio`` (the
 interpreter running this script) and of fio, interleaved:

@@ -5,7 +5,7 @@ On a tmpfs file, a file on ext4 on a zram device (``--targets zram``) and a file
 disk (each carrying gpufio's pattern), each engine
 writes 4 KiB random and 1 MiB sequential blocks, verified by its read-back, beside fio's
 io_uring writing from host memory at the same queue depth; gpu-uring's 4 KiB random writes
-also stand beside fio io_uring with 16 jobs. Medians and ratios are printed; the issue's
+also stand beside fio io_uring with 16 jobs. Medians and ratios are printed; the
 goals live in ``goal`` / ``bw_goal`` here, and ``--check`` exits 1 when one is missed.
 
     . bench/gpu_env.sh && python3 -m bench.writes --fio .peers/fio --json out.json

@@ -22,11 +22,12 @@ from gpufio.core.signals import sigterm_as_sigint
 from gpufio.core.targets import evict
 from gpufio.core.units import format_size, parse_size
 from gpufio.results.render import render as render_rows
-from gpufio.workloads import Workload, all_workloads
+from gpufio.workloads import DEFAULT_WORKLOAD, Workload, all_workloads
 
 __all__ = ["BadInput", "CpuGroup", "RunFailed", "evict", "format_size", "gpu_probe", "lay_out",
-           "load", "nvme_model_cpu_rate", "nvme_model_gpu_rate", "parse_size", "pattern",
-           "read_iolog", "render", "render_rows", "run", "stop_on_sigterm", "workload_of"]
+           "load", "nvme_compiled_cpu_rate", "nvme_model_cpu_rate", "nvme_model_gpu_rate",
+           "parse_size", "pattern", "read_iolog", "render", "render_rows", "run",
+           "stop_on_sigterm", "workload_of", "workload_of_result"]
 
 
 def load(profile: Mapping[str, Any] | str | Path,
@@ -58,7 +59,12 @@ def run(profile: Mapping[str, Any] | str | Path | Profile, quiet: bool = True,
 def render(doc: dict[str, Any], fmt: str = "markdown", console: Any = None) -> str:
     """A result document as its workload renders it ('table', 'markdown', 'csv', 'json',
     and the workload's own formats)."""
-    return all_workloads()[doc.get("workload", "block")].render(doc, fmt, console)
+    return workload_of_result(doc).render(doc, fmt, console)
+
+
+def workload_of_result(doc: dict[str, Any]) -> Workload:
+    """The workload whose result document ``doc`` is (a block result names none)."""
+    return all_workloads()[doc.get("workload", DEFAULT_WORKLOAD)]
 
 
 def stop_on_sigterm() -> None:
@@ -80,20 +86,31 @@ def pattern(seed: int, offset: int, nbytes: int) -> bytes:
     return _pattern.fill(seed, offset, nbytes)
 
 
-def nvme_model_cpu_rate(n: int, depth: int, size: int) -> float:
-    """Reads/s of gpufio's software NVMe controller driven by its own CPU driver (its
-    ceiling; run/nvme_rates.py)."""
+def nvme_model_cpu_rate(n: int, depth: int, size: int, pollers: int = 1,
+                        backend: str | None = None) -> float:
+    """Reads/s of gpufio's software NVMe controller driven by its own Python CPU driver
+    (the model's ceiling; with ``backend``, the compiled controller's; run/nvme_rates.py)."""
     from gpufio.run import nvme_rates
 
-    return nvme_rates.cpu_rate(n, depth, size)
+    return nvme_rates.cpu_rate(n, depth, size, pollers, backend)
 
 
-def nvme_model_gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int) -> float:
-    """Reads/s of the software NVMe controller driven by GPU agent warps, ``mode`` "relay"
-    or "direct" doorbells (run/nvme_rates.py)."""
+def nvme_compiled_cpu_rate(n: int, depth: int, pairs: int, bs: int, pollers: int,
+                           backend: str, size: int) -> float:
+    """Reads/s of the compiled NVMe controller driven by compiled CPU threads, as many as
+    its ``pollers``: its own CPU-driven ceiling (run/nvme_rates.py)."""
     from gpufio.run import nvme_rates
 
-    return nvme_rates.gpu_rate(mode, n, depth, pairs, size)
+    return nvme_rates.compiled_cpu_rate(n, depth, pairs, bs, pollers, backend, size)
+
+
+def nvme_model_gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = 4096,
+                        pollers: int = 1, backend: str | None = None) -> float:
+    """Reads/s of the software NVMe controller (the compiled one with ``backend``) driven by
+    GPU agent warps, ``mode`` "relay" or "direct" doorbells (run/nvme_rates.py)."""
+    from gpufio.run import nvme_rates
+
+    return nvme_rates.gpu_rate(mode, n, depth, pairs, size, bs, pollers, backend)
 
 
 def gpu_probe() -> tuple[int, str | None]:

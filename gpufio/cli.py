@@ -111,6 +111,15 @@ def _write(doc: dict, fmt: str, output: Optional[Path],
         raise BadInput(f"--output {output}: {e.strerror}") from None
 
 
+def _report(doc: dict, fmt: str, output: Optional[Path], workload: Any) -> None:
+    """A result as ``_write`` puts it, and its problem lines on stderr where no table on
+    stdout shows them."""
+    _write(doc, fmt, output, workload.render)
+    if fmt != "table" or output is not None:
+        for line in workload.problems(doc):
+            typer.echo(f"gpufio: {line}", err=True)
+
+
 def _all_formats() -> list[str]:
     from gpufio.workloads import all_workloads
 
@@ -133,32 +142,50 @@ def _layout_consent(yes: bool) -> Any:
         (lambda q: typer.confirm(q, default=False, err=True)) if interactive else None, yes)
 
 
-@app.command()
+# fio's --output-format names for gpufio's formats (json+ is fio's json with histograms)
+FIO_FORMATS = {"normal": "table", "json+": "fio-json"}
+
+
+def _format(fmt: str) -> str:
+    """--format's value, fio's names (--output-format) read as gpufio's."""
+    if fmt == "terse" or "," in fmt:
+        raise BadInput(f"--format: {fmt!r}: gpufio writes one format at a time, and not fio's "
+                       "terse (fio's normal is table, json+ is fio-json)")
+    return FIO_FORMATS.get(fmt, fmt)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
-    profile_path: Path = typer.Argument(..., metavar="PROFILE",
-                                        help="job profile: TOML, or a fio job file ending in .fio"),
-    fmt: str = typer.Option("table", "--format", "-f",
+    ctx: typer.Context,
+    profile_path: Optional[str] = typer.Argument(
+        None, metavar="[PROFILE] [--name=JOB --rw=... ...]",
+        help="job profile: TOML, or a fio job file ending in .fio; or none, and fio's options "
+        "as fio's command line takes them (those before the first --name apply to every job)"),
+    fmt: str = typer.Option("table", "--format", "--output-format", "-f",
                             help="table, json, fio-json, csv, markdown (those the profile's "
-                            "workload offers)"),
+                            "workload offers); fio's normal and json+ are table and fio-json"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write the result here"),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
-                                   help="override a profile key in every job (repeatable); "
+                                   help="override a profile key in every job (repeatable; "
+                                   "fio's names too: filename=/dev/x, ioengine=io_uring); "
                                    "VALUE is TOML: 'targets=[\"/a\", \"/b\"]', or bare: 4k, /a,/b"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display"),
     repeat: int = typer.Option(1, "--repeat", "-r", min=1,
                                help="run N times; report each job's median run and the spread"),
     yes: bool = YES,
 ) -> None:
-    """Run a job profile and report IOPS, bandwidth, latency and CPU per job."""
+    """Run a job profile, or a job of fio's options (gpufio run --name=x --rw=randread
+    --filename=/dev/nvme0n1), and report IOPS, bandwidth, latency and CPU per job."""
     from gpufio import api, profile
     from gpufio.workloads import DEFAULT_WORKLOAD, all_workloads
 
     take_stop_signals()
     with _exit_codes(), _layout_consent(yes):
+        fmt = _format(fmt)
         # the default workload's formats first: the others load only for a format it lacks
         if fmt not in all_workloads()[DEFAULT_WORKLOAD].formats and fmt not in _all_formats():
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(_all_formats())}")
-        prof = profile.load(str(profile_path), profile.parse_set(set_))
+        prof = _profile(profile_path, ctx.args, profile.parse_set(set_))
         for note in prof.notes:
             typer.echo(f"gpufio: note: {note}", err=True)
         workload = api.workload_of(prof)
@@ -166,15 +193,53 @@ def run(
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(workload.formats)} "
                            f"for workload '{workload.name}'")
         doc = workload.run(prof, quiet, repeat)
-        _write(doc, fmt, output, workload.render)
-        if fmt != "table" or output is not None:  # a table on stdout shows them itself
-            for line in workload.problems(doc):
-                typer.echo(f"gpufio: {line}", err=True)
+        _report(doc, fmt, output, workload)
         if doc["interrupted"]:
             typer.echo("gpufio: interrupted; results so far were written", err=True)
             raise typer.Exit(EXIT_INTERRUPTED)
         if any(job["error"] for job in doc["jobs"]):
             raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def show(
+    file: Path = typer.Argument(..., metavar="RESULT.json",
+                                help="a result gpufio wrote (gpufio run -f json)"),
+    fmt: str = typer.Option("table", "--format", "--output-format", "-f",
+                            help="table, json, fio-json, csv, markdown (those the result's "
+                            "workload offers); fio's normal and json+ are table and fio-json"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write it here"),
+) -> None:
+    """Print a saved result again, as run printed it or in another format."""
+    from gpufio import api
+    from gpufio.results import load as results
+
+    with _exit_codes():
+        fmt = _format(fmt)
+        doc = results.saved(str(file))
+        workload = api.workload_of_result(doc)
+        if fmt not in workload.formats:
+            raise BadInput(f"--format: {fmt!r} is not one of {', '.join(workload.formats)} "
+                           f"for workload '{workload.name}'")
+        _report(doc, fmt, output, workload)
+
+
+def _profile(path: Optional[str], args: list[str], overrides: dict[str, Any]) -> Any:
+    """The profile file's jobs, or those of fio's options on the command line (click hands
+    the first of them over as the profile when no file comes first)."""
+    from gpufio import profile
+
+    if path is not None and path.startswith("-"):
+        path, args = None, [path, *args]
+    if path is None and not args:
+        raise BadInput("run: give a profile (TOML or .fio), or fio's options: "
+                       "--name=JOB --rw=randread --filename=... as fio takes them")
+    if path is None:
+        return profile.load_fio_args(args, overrides)
+    if args:
+        raise BadInput(f"run: {args[0]}: not an option of gpufio run (fio's options make a "
+                       f"job without a profile file, not beside {path})")
+    return profile.load(path, overrides)
 
 
 @app.command()
@@ -192,6 +257,8 @@ def compare(
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(cmp.FORMATS)}")
         docs = [results.load(str(f)) for f in files]
         labels = [f.stem if [g.stem for g in files].count(f.stem) == 1 else str(f) for f in files]
+        for note in results.latency_notes(docs, labels):
+            typer.echo(f"gpufio: note: {note}", err=True)
         sys.stdout.write(cmp.render(docs, labels, fmt, _stdout_console()))
 
 
@@ -385,18 +452,10 @@ def engines(fmt: str = typer.Option("table", "--format", "-f", help="table or js
             raise BadInput(f"--format: {fmt!r} is not one of table, json")
         from gpufio.engines import all_engines
 
-        rows = []
-        for name, cls in all_engines().items():
-            sides = {"host memory": (cls.host_memory(), cls.host_unavailable),
-                     "GPU memory": (cls.gpu_memory(), cls.unavailable)}
-            where = {side: {"moves": list(moves), "why not": (why() or "") if moves else ""}
-                     for side, (moves, why) in sides.items()}
-            usable = [w for w in where.values() if w["moves"] and not w["why not"]]
-            blocked = [w["why not"] for w in where.values() if w["moves"] and w["why not"]]
-            rows.append({"engine": name, "available": bool(usable),
-                         "why not": "" if usable else blocked[0], **where,
-                         "path": cls.summary, "peer": cls.peer, "iodepth": cls.iodepth_means,
-                         "options": {o.name: {"default": o.default, "help": o.help} for o in cls.options}})
+        rows = [{"engine": name, **cls.availability(),
+                 "path": cls.summary, "peer": cls.peer, "iodepth": cls.iodepth_means,
+                 "options": {o.name: {"default": o.default, "help": o.help} for o in cls.options}}
+                for name, cls in all_engines().items()]
         if fmt == "json":
             typer.echo(json.dumps(rows, indent=2))
             return
@@ -428,6 +487,20 @@ _INFO_ARGS = _profile_and_targets("also describe this profile's targets",
                                   "describe this file or device")
 _DOCTOR_ARGS = _profile_and_targets("check what this profile's jobs need",
                                     "also check this target")
+
+
+# facts holding a byte count, by the key's ending: info's table shows them with a unit (its
+# JSON keeps the bytes)
+_BYTE_KEYS = ("_bytes", "_size", "_align")
+
+
+def _fact_row(key: str, value: Any) -> dict[str, Any]:
+    """One row of info's table: a byte count as 23.5GiB, under its key less "_bytes"."""
+    from gpufio.core.units import format_size
+
+    if key.endswith(_BYTE_KEYS) and type(value) is int:
+        return {"key": key.removesuffix("_bytes"), "value": format_size(value)}
+    return {"key": key, "value": value}
 
 
 @app.command()
@@ -470,7 +543,7 @@ def info(profile_path: Optional[Path] = _INFO_ARGS[0], target: list[str] = _INFO
             sections.append(("gpus", {"status": facts["gpu_status"]}))
         sections += [(f"target {p}", f) for p, f in facts["targets"].items()]
         for title, mapping in sections:
-            rows = [{"key": k, "value": v} for k, v in mapping.items()]
+            rows = [_fact_row(k, v) for k, v in mapping.items()]
             console.print(render.table(rows, title, left=("key", "value"), show_header=False))
 
 

@@ -3,7 +3,9 @@
 # (virtio-pci, 9pnet_virtio, 9p, overlay) and ./init.
 # Usage: mkinitramfs.sh KVER MODBASE OUT
 #   MODBASE: the directory holding lib/modules/KVER (setup.sh unpacks Debian's kernel there)
-# Needs: busybox-static (/bin/busybox, also its cpio), kmod (modprobe, depmod), xz, zstd, gzip.
+# Needs: busybox-static ($GPUFIO_RIG_BUSYBOX, default /bin/busybox: statically linked, the
+# guest has no loader for a dynamic one; busybox on PATH packs the archive with its cpio),
+# kmod (modprobe, depmod), xz, zstd, gzip.
 set -euo pipefail
 K=${1:?kernel version, e.g. 6.1.0-57-amd64}
 BASE=${2:?module base directory}
@@ -14,7 +16,7 @@ MODS="virtio_pci 9pnet_virtio 9p overlay"
 ST=$(mktemp -d)
 trap 'rm -rf "$ST"' EXIT
 mkdir -p "$ST"/{bin,sbin,dev,proc,sys,mnt,newroot,lib/modules/$K}
-cp /bin/busybox "$ST/bin/busybox"
+cp "${GPUFIO_RIG_BUSYBOX:-/bin/busybox}" "$ST/bin/busybox"
 ln -s busybox "$ST/bin/sh"
 mknod -m 600 "$ST/dev/console" c 5 1
 mknod -m 666 "$ST/dev/null" c 1 3

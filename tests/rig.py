@@ -33,6 +33,7 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -45,11 +46,17 @@ RIG_DIR = REPO / "rig"
 KERNEL_DIRS = (os.environ.get("GPUFIO_RIG_KERNEL", "/var/cache/gpufio-rig/kernel"),
                "/opt/guest-kernel")
 QEMU = "qemu-system-x86_64"
+# the initramfs's /bin/busybox (rig/mkinitramfs.sh copies it, rig/setup.sh checks it)
+BUSYBOX = os.environ.get("GPUFIO_RIG_BUSYBOX", "/bin/busybox")
 BOOT_TIMEOUT_S = float(os.environ.get("GPUFIO_RIG_BOOT_TIMEOUT_S", "600"))
 # how long past a command's own timeout the guest may take to answer (the kill, the files)
 ANSWER_GRACE_S = 60.0
 # the guest's directory of the batch interpreter's FIFOs (tests/rig_batch.py)
 SERVE = "/tmp/rig-batch"
+
+
+class RigError(RuntimeError):
+    """The guest did not boot or stopped answering."""
 
 
 @dataclass(frozen=True)
@@ -75,17 +82,65 @@ def controllers(fastest_speed: str) -> tuple[Controller, ...]:
             Controller("rig-mp", "16", 4, mp_ns, subsys="rig-mp"))
 
 
+def elf_interpreter(path: str) -> str | None:
+    """The program loader an ELF executable names (its PT_INTERP), None for a statically
+    linked one; ValueError where ``path`` is no 64-bit little-endian ELF file."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 64 or head[:6] != b"\x7fELF\x02\x01":
+            raise ValueError(f"{path} is not a 64-bit little-endian ELF executable")
+        phoff, = struct.unpack_from("<Q", head, 32)
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+        for i in range(phnum):
+            kind, _, offset, _, _, size = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+            if kind == 3:  # PT_INTERP
+                f.seek(offset)
+                return f.read(size).rstrip(b"\0").decode(errors="replace")
+    return None
+
+
+def busybox_problem(path: str) -> str | None:
+    """Why ``path`` cannot be the initramfs's busybox, or None: it must exist and be
+    statically linked, the initramfs holding no loader or libraries (a dynamic one makes
+    the guest panic, "Failed to execute /init")."""
+    fix = "run rig/setup.sh as root: it installs busybox-static"
+    try:
+        interp = elf_interpreter(path)
+    except FileNotFoundError:
+        return f"no busybox at {path} ({fix})"
+    except (OSError, ValueError) as e:
+        return f"busybox {path}: {e} ({fix})"
+    if interp is not None:
+        return (f"{path} is dynamically linked (loader {interp}), the guest could not run "
+                f"/init ({fix})")
+    return None
+
+
 def missing() -> str | None:
-    """Why the rig cannot boot here (no QEMU, no guest kernel, not root), or None."""
+    """Why the rig cannot boot here (no QEMU, a busybox that is not static, no guest
+    kernel, not root), or None."""
     if shutil.which(QEMU) is None:
         return f"no {QEMU} (run rig/setup.sh as root to install the NVMe rig)"
-    if not os.path.exists("/bin/busybox") or shutil.which("modprobe") is None:
-        return "no busybox-static or kmod (run rig/setup.sh as root)"
+    why = busybox_problem(BUSYBOX)
+    if why:
+        return why
+    if shutil.which("modprobe") is None:
+        return "no kmod (run rig/setup.sh as root)"
     if os.geteuid() != 0:
         return "the rig's initramfs needs root (mknod)"
     if find_kernel() is None:
         return f"no guest kernel in {' or '.join(KERNEL_DIRS)} (run rig/setup.sh as root)"
     return None
+
+
+def without(*tools: str) -> str | None:
+    """Why a test cannot use ``tools`` in the guest, or None: it runs the host's own ``/``,
+    so a tool missing here (sfdisk without Debian's fdisk) is missing there."""
+    gone = [t for t in tools if shutil.which(t) is None]
+    return (f"{', '.join(gone)} not installed here, and the guest runs this host's programs "
+            "(.ci/run installs them with apt-get)") if gone else None
 
 
 def find_kernel() -> tuple[str, Path] | None:
@@ -111,7 +166,7 @@ def extract_vmlinux(bzimage: Path, out: Path) -> None:
                 out.write_bytes(res.stdout)
                 return
             off = data.find(magic, off + 1)
-    raise RuntimeError(f"rig: no compressed ELF kernel found in {bzimage}")
+    raise RigError(f"rig: no compressed ELF kernel found in {bzimage}")
 
 
 def _fastest_port_speed() -> str:
@@ -232,16 +287,13 @@ class Py:
         return ["python3", self.path, *self.argv]
 
 
-class RigError(RuntimeError):
-    """The guest did not boot or stopped answering."""
-
-
 class Rig:
     """A booted guest: ``run`` commands in it, look up its namespaces by serial and nsid."""
 
     def __init__(self, work: Path, share: Path) -> None:
         """Boot the guest; ``work`` holds its images and logs, ``share`` (a directory the
-        tests write under) is shared read-write at the same path."""
+        tests write under) is shared read-write at the same path. RigError, with the
+        console's last lines, where it does not boot."""
         self.work, self.share = work, share
         self.controllers = controllers(_fastest_port_speed())
         self._seq = 0
@@ -252,8 +304,12 @@ class Rig:
         t0 = time.monotonic()
         kernel, initrd = work / f"vmlinux-{version}", work / "initramfs.cpio.gz"
         extract_vmlinux(base / "boot" / f"vmlinuz-{version}", kernel)
-        subprocess.run(["bash", str(RIG_DIR / "mkinitramfs.sh"), version, str(base),
-                        str(initrd)], check=True, capture_output=True)
+        made = subprocess.run(["bash", str(RIG_DIR / "mkinitramfs.sh"), version, str(base),
+                               str(initrd)], capture_output=True, text=True,
+                              env={**os.environ, "GPUFIO_RIG_BUSYBOX": BUSYBOX})
+        if made.returncode:
+            raise RigError(f"rig: rig/mkinitramfs.sh failed ({made.returncode}): "
+                           f"{made.stderr.strip()}")
         (share / "cmd").mkdir(parents=True, exist_ok=True)
         # python3 in the guest is this interpreter: a pyenv shim takes tens of seconds there
         self._bin = work / "bin"
@@ -295,11 +351,19 @@ class Rig:
         finally:
             listener.close()
         self._lines = self._conn.makefile("r", encoding="utf-8", errors="replace")
+        waited = time.monotonic()
         first = self._answer(BOOT_TIMEOUT_S)
         if not first.startswith("ready"):
-            self.close()
-            raise RigError(f"rig: the guest did not get ready: {first!r}; "
-                           f"{self._tail(work / 'console.log')}")
+            # a panicked guest took QEMU down (-no-reboot); a stuck one has no poweroff to wait for
+            how = (repr(first) if first else "QEMU ended" if time.monotonic() - waited
+                   < BOOT_TIMEOUT_S else f"no answer in {BOOT_TIMEOUT_S:.0f} s")
+            self._qemu.kill()
+            self._qemu.wait()
+            self._conn.close()
+            err = work / "qemu.err"
+            raise RigError(f"rig: the guest did not get ready: {how}; "
+                           f"{self._tail(work / 'console.log')}"
+                           + (f"\n{self._tail(err)}" if err.stat().st_size else ""))
         self.boot_s = time.monotonic() - t0
         self._map: dict[tuple[str, int], tuple[str, str, list[str]]] = {}
         for line in (share / "rig-map").read_text().splitlines():
@@ -310,10 +374,10 @@ class Rig:
     @staticmethod
     def _tail(path: Path, lines: int = 30) -> str:
         try:
-            return "last lines of " + str(path) + ":\n" + "\n".join(
-                path.read_text(errors="replace").splitlines()[-lines:])
+            last = path.read_text(errors="replace").splitlines()[-lines:]
         except OSError:
             return f"no {path}"
+        return f"last lines of {path}:\n" + "\n".join(last) if last else f"{path} is empty"
 
     def _answer(self, timeout: float) -> str:
         """The guest's next line on the control port ('' when it went away)."""

@@ -1,4 +1,4 @@
-"""The layering rule of docs/ARCHITECTURE.md, kept by a test: every module of gpufio imports
+"""The layering rule of docs/design/ARCHITECTURE.md, kept by a test: every module of gpufio imports
 only from its own band or a band below it, lazy and TYPE_CHECKING imports included, and no
 file outside engines/ names an engine. bench/ sits above them all and reaches gpufio only
 through gpufio.api."""

@@ -1,5 +1,5 @@
-"""bench/lowdepth.py's arithmetic: the IOPS ratio is paired by round, and the goals are the
-issue's (>= 0.95x fio, null >= 0.5x, qd-1 CPU <= 1.2x, qd-1 latency within max(1 us, 5 %))."""
+"""bench/lowdepth.py's arithmetic: the IOPS ratio is paired by round, and the goals are
+these (>= 0.95x fio, null >= 0.5x, qd-1 CPU <= 1.2x, qd-1 latency within max(1 us, 5 %))."""
 
 from __future__ import annotations
 

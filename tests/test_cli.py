@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufio.cli import app
+from gpufio.core.units import format_size
 from gpufio.engines import all_engines, register
 from gpufio.engines.base import Engine
 from gpufio.io import gpu
@@ -148,7 +149,8 @@ BAD_INPUTS = [
     ("[global]\nsize = \"1m\"\nbs = 1000\n", "key 'bs': 1000 is not a multiple of 512"),
     ("[global]\ntargets = [\"{tmp}/none.dat\"]\n", "does not exist, and the job gives no size"),
     ("[global]\ntargets = [\"{tmp}\"]\n", "is a directory"),
-    ("[global]\ntargets = [\"{small}\"]\nsize = \"8m\"\n", "smaller than offset+size"),
+    ("[global]\ntargets = [\"{small}\"]\nsize = \"8m\"\n",
+     "smaller than offset+size = 8388608 bytes; --set size=4m fits"),
     ("[global]\ntargets = [\"{small}\"]\noffset = 100\n", "offset 100 is not a multiple"),
     ("[global]\nsize = \"1m\"\n[sweep]\ndepth = [1, 2]\n", "[sweep]: unknown key 'depth'"),
     ("[global]\nengine = \"fake-gpu\"\nsize = \"1m\"\n",
@@ -293,13 +295,14 @@ def test_a_ram_backed_target_is_labelled_in_the_result_table_and_compare(tmp_pat
     doc = json.loads(res.stdout)
     (t,) = doc["jobs"][0]["targets"]
     assert t["ram_backed"] is True and t["ram_backing"] == "tmpfs"
+    assert t["storage"]["kind"] == "tmpfs" and t["storage"]["reaches_storage"] is False
     res = cli.invoke(app, ["run", str(prof), "--quiet"])
-    assert f"ram-backed (not a drive): {target} (tmpfs)" in " ".join(res.stdout.split())
+    assert f"not storage: {target} (tmpfs)" in " ".join(res.stdout.split())
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(doc))
     b.write_text(json.dumps(doc))
     res = cli.invoke(app, ["compare", str(a), str(b)])
-    assert res.exit_code == 0 and "ram-backed: tmpfs" in res.stdout
+    assert res.exit_code == 0 and f"{target} (tmpfs, tmpfs: not storage)" in res.stdout
 
 
 def test_clean_lists_and_removes_scratch_files(scratch):
@@ -342,8 +345,29 @@ def test_without_a_gpu_the_message_says_so(monkeypatch):
         assert "yes: rows, tensors" in mmap and "no: no NVIDIA GPU" in mmap
         res = cli.invoke(app, ["info", "--format", "json"])
         assert json.loads(res.stdout)["gpu_status"] == "no NVIDIA GPU or driver found"
+        # info says what engines says: mmap runs here, in host memory only
+        status = json.loads(res.stdout)["engines"]
+        assert status["mmap"] == ("available in host memory (rows, tensors); not in GPU "
+                                  "memory: no NVIDIA GPU or driver found")
+        for name, row in rows.items():
+            assert status[name].startswith("available") == row["available"], name
+            assert row["available"] or status[name] == row["why not"], name
     finally:
         gpu.probe.cache_clear()
+
+
+def test_info_shows_sizes_with_units_and_keeps_bytes_in_json(pattern_file):
+    facts = json.loads(cli.invoke(app, ["info", "--format", "json"]).stdout)
+    table = cli.invoke(app, ["info", "--target", str(pattern_file)],
+                       env={"COLUMNS": "300"}).stdout
+    rows = {cells[0]: cells[1] for cells in
+            ([c.strip() for c in line.strip("│").split("│")] for line in table.splitlines()
+             if line.startswith("│") and line.count("│") == 3)}
+    assert rows["memory"] == format_size(facts["host"]["memory_bytes"])
+    assert re.fullmatch(r"[0-9.]+(B|KiB|MiB|GiB|TiB)", rows["memory"])
+    assert "memory_bytes" not in rows and isinstance(facts["host"]["memory_bytes"], int)
+    if "logical_block_size" in rows:  # a file on a block device
+        assert rows["logical_block_size"].endswith("B")
 
 
 @pytest.mark.parametrize("error,reason", [

@@ -18,7 +18,7 @@ from gpufio.core.errors import BadInput
 from gpufio.core.requests import ChannelSpec
 from gpufio.core.targets import Target
 from gpufio.engines import uring as uring_engine
-from gpufio.facts import device
+from gpufio.facts import device, storage
 from gpufio.io import loops, uring
 from gpufio.profile import from_dict
 from gpufio.workloads.block import runner
@@ -148,7 +148,7 @@ def test_hipri_follows_the_queue_io_poll_attribute(tmp_path, monkeypatch, patter
     disk = tmp_path / "nvme9n1"
     (disk / "queue").mkdir(parents=True)
     (disk / "queue" / "io_poll").write_text(io_poll + "\n")
-    monkeypatch.setattr(device, "_disk_dir", lambda dev: disk)
+    monkeypatch.setattr(device, "disk_dir", lambda dev: disk)
     why = device.poll_refusal(str(pattern_file))
     assert why is None if refused is None else refused in why
 
@@ -161,7 +161,9 @@ def test_hipri_needs_o_direct():
 
 def test_fio_job_files_may_ask_for_hipri(tmp_path):
     f = tmp_path / "j.fio"
-    f.write_text("[global]\nioengine=io_uring\nhipri\nfilename=/dev/nvme0n1\n[a]\nrw=randread\n")
+    # fio's default is buffered I/O, which polled completions cannot use: direct=1
+    f.write_text("[global]\nioengine=io_uring\nhipri\ndirect=1\nfilename=/dev/nvme0n1\n[a]\n"
+                 "rw=randread\n")
     prof = profile.load(str(f))
     assert uring_engine.Uring.settings(prof.jobs[0]).hipri is True
 
@@ -190,7 +192,7 @@ def test_gpu_uring_runs_one_sqpoll_thread_per_drive(pattern_file, shm_pattern_fi
                                   **opts}}, "t.toml", {}).jobs[0]
         return j.engine_settings.sq_threads
 
-    if device.ram_backing(str(pattern_file)):
+    if storage.ram_backing(str(pattern_file)):
         pytest.skip("the temporary directory is RAM-backed here")
     assert threads(pattern_file) == 1
     assert threads(shm_pattern_file) == 8

@@ -205,11 +205,33 @@ def test_targets_drive_ram_missing(tmp_path):
     f = tmp_path / "t.dat"
     f.write_bytes(b"\0" * 4096)
     mine = {c.name: c for c in target_checks(str(f), 1, {})}
-    assert mine["a drive, not RAM"].status == "ok" and mine["O_DIRECT alignment"].status == "ok"
+    assert mine["storage"].status == "ok" and mine["O_DIRECT alignment"].status == "ok"
     shm = {c.name: c for c in target_checks("/dev/shm", 1, {})}
-    assert shm["a drive, not RAM"].status == "warn" and "tmpfs" in shm["a drive, not RAM"].found
+    assert shm["storage"].status == "warn" and shm["storage"].found.startswith("tmpfs: ")
     (missing,) = target_checks(str(tmp_path / "nope"), 1, {})
     assert missing.status == "fail"
+
+
+def test_a_target_without_a_profile_is_described_not_judged_by_jobs(tmp_path, monkeypatch):
+    """``doctor --target X`` alone: no job keeps anything in flight, so the queue row speaks
+    of the disk's limit; a profile's job on it is judged by its depth."""
+    from gpufio.run import doctor
+
+    disk = {"kind": "drive", "reaches_storage": True, "reason": "vdz", "backed": 1.0}
+    monkeypatch.setattr(doctor, "path_facts", lambda path, **_: {"device": "vdz", "storage": disk})
+    monkeypatch.setattr(doctor, "read_int", lambda path: 64 if path.endswith(
+        "vdz/queue/nr_requests") else None)
+    f = tmp_path / "t.dat"
+    f.write_bytes(b"\0" * 4096)
+    by = {c.name: c for c in doctor.diagnose([], [str(f)], Host(str(tmp_path / "root")))}
+    row = by["queue depth limit"]
+    assert row.status == "ok" and "in flight" not in row.found
+    assert row.found.startswith("nr_requests 64: the block layer queues up to 64 requests for vdz")
+    prof = from_dict({"global": {"targets": [str(f)], "iodepth": 128}}, "p.toml", {})
+    by = {c.name: c for c in doctor.diagnose(prof.jobs, [], Host(str(tmp_path / "root")))
+          if c.area == f"target {f}"}
+    assert by["queue depth limit"].status == "warn"
+    assert by["queue depth limit"].found == "nr_requests 64, jobs keep up to 128 in flight"
 
 
 def test_a_target_on_any_pci_disk_is_placed_against_each_gpu(tmp_path, monkeypatch):
@@ -342,7 +364,7 @@ def test_doctor_of_a_profile_without_targets_checks_its_scratch_directory(tmp_pa
     by = {c.name: c for c in found}
     assert by["scratch target"].status == "ok"
     assert f"checked at {tmp_path}, which exists" in by["scratch target"].found
-    assert by["a drive, not RAM"].status in ("ok", "warn")  # a real verdict on tmp_path's disk
+    assert by["storage"].status in ("ok", "warn")  # a real verdict on tmp_path's disk
     assert "O_DIRECT alignment" in by and not (tmp_path / "not-yet").exists()
 
 

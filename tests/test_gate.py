@@ -217,7 +217,7 @@ def _p99_runs(n_ios, shift):
 
 
 def test_one_run_p99_rise_within_the_runs_histograms_passes():
-    """Issue 33 item 11: two back-to-back 1-run results, p99 +12% (limit 10%). A run of few
+    """Two back-to-back 1-run results, p99 +12% (limit 10%). A run of few
     I/Os cannot place its p99 that closely, so the rise is within its own noise and passes,
     saying so; the same rise over many I/Os is beyond it and fails, saying there was no
     noise estimate between runs (the runs' histograms do not see drift between runs)."""

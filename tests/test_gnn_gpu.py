@@ -134,7 +134,7 @@ def test_gnn_job_with_gpu_cache_reports_its_hit_rate_over_timed_iterations(tmp_p
 
 @pytest.mark.parametrize("engine", ["mmap", "cpu-gpu", "gpu-uring", "cufile"])
 def test_each_engine_finishes_first_in_a_fresh_process_under_a_small_limit(engine, tmp_path):
-    """Issue 18's stall: a job run first in its process under a memory_limit 4x smaller
+    """A stall memory_limit caused: a job run first in its process under a memory_limit 4x smaller
     than its table must finish, at the speed the limit allows, and say what the group held."""
     import json
     import subprocess

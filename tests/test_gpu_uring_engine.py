@@ -154,7 +154,7 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd, r
 def test_a_drive_gets_one_sqpoll_thread_and_the_result_says_what_it_cost(pattern_file):
     """rings on a file on a disk: one SQPOLL thread serves them all by default, and the
     result gives each thread's CPU seconds over the measured phase (Linux 6.13+)."""
-    from gpufio.facts.device import ram_backing
+    from gpufio.facts.storage import ram_backing
 
     if ram_backing(str(pattern_file)):
         pytest.skip("the temporary directory is RAM-backed here: one thread per ring")

@@ -72,3 +72,31 @@ def test_each_run_of_a_repeat_says_on_its_live_table_that_the_result_is_the_medi
     driver.run(prof, quiet=False, repeat=2)
     title, _ = _last_table(tty.getvalue())
     assert title == "gpufio: finished (run 2 of 2; the result reports each job's median run)"
+
+
+def test_a_jobs_first_live_line_has_no_rate_until_a_sample_covers_an_interval(pattern_file):
+    """The first tick starts the job and takes no sample: its first line shows "-" for the
+    rates, never iops=0; the finished job's last snapshot carries its result's."""
+    prof = from_dict({"global": {"targets": [str(pattern_file)], "size": "4m",
+                                 "runtime": "1s", "time_based": True}}, "first.toml", {})
+    plain = io.StringIO()
+    with LiveDisplay(plain) as live:
+        seen = []
+        runner.run_profile(prof, on_tick=lambda snaps: (seen.append(snaps[0]),
+                                                         live.update(snaps)))
+    first = seen[0]
+    assert first.state in ("ramp", "run") and first.iops is None and first.bw_bytes is None
+    assert " iops=- MB/s=- " in plain.getvalue().splitlines()[0]
+    assert seen[-1].state == "done" and seen[-1].iops > 0  # the result's numbers
+
+
+def test_a_row_without_numbers_yet_shows_dashes(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    from gpufio.run.records import Snapshot
+
+    tty = Tty()
+    with LiveDisplay(tty) as live:
+        live.update([Snapshot("j", "uring", "run", None, None, None, None, 0.0, None)])
+    _, [row] = _last_table(tty.getvalue())
+    cells = [row[k] for k in ("IOPS", "MB/s", "p50 us", "p99 us", "progress", "ETA")]
+    assert cells == ["-", "-", "-", "-", "0%", "-"]

@@ -117,7 +117,7 @@ def test_merging_64_ranks_takes_under_a_second():
     docs = [rank_doc(r, f"h{r // 8}", rng.integers(1000, 10**7, 5000)) for r in range(64)]
     t0 = time.perf_counter()
     doc = merge_ranks(docs)
-    assert time.perf_counter() - t0 < 1.0  # the bound for the merge itself
+    assert time.perf_counter() - t0 < 1.0  # the bound set for the merge itself
     assert doc["mpi"]["size"] == 64 and len(doc["mpi"]["hosts"]) == 8
     assert doc["jobs"][0]["read"]["total_ios"] == 64 * 5000
 

@@ -1,4 +1,4 @@
-"""Start-up imports only what the command needs (issue 32): which modules a fresh interpreter
+"""Start-up imports only what the command needs: which modules a fresh interpreter
 holds after the CLI's import and a profile's load, and the registries' name index that lets
 a lookup import one module. Module sets, never timings (bench/startup.py times them)."""
 

@@ -91,8 +91,13 @@ def test_region_checks(pattern_file, tmp_path, monkeypatch):
     try:
         assert check(t) == (0, 1024)
         assert check(t, offset=1 << 20, size=1 << 20, bs=65536) == (1 << 20, 16)
-        with pytest.raises(BadInput, match="smaller than offset\\+size = 5242880"):
+        with pytest.raises(BadInput, match="smaller than offset\\+size = 5242880 bytes; "
+                           "--set size=3m fits after offset 1m$"):
             check(t, offset=1 << 20, size=4 << 20)
+        with pytest.raises(BadInput, match="--set size=1020k fits after offset 3075k$"):
+            check(t, offset=(3 << 20) + 3072, size=4 << 20, bs=4096)  # whole blocks only
+        with pytest.raises(BadInput, match="offset 4m leaves no whole 4096-byte block$"):
+            check(t, offset=4 << 20, size=None, bs=4096)
         with pytest.raises(BadInput, match="offset 100 is not a multiple of its O_DIRECT"):
             check(t, offset=100)
         assert check(t, offset=100, direct=False, size=8192) == (100, 2)
@@ -192,7 +197,7 @@ def test_a_device_name_is_never_created_elsewhere_either(tmp_path):
 
 
 def test_a_regular_file_left_under_dev_is_not_measured(monkeypatch):
-    monkeypatch.setattr(devinfo, "_fs_type", lambda dev: ("devtmpfs", "/dev"))
+    monkeypatch.setattr(devinfo, "fs_type", lambda dev: ("devtmpfs", "/dev"))
     with pytest.raises(BadInput, match="is a regular file in /dev \\(RAM\\)"):
         targets.open_target(__file__, direct=False)
 
@@ -263,41 +268,12 @@ def test_pci_link_names_the_generation(tmp_path):
     assert devinfo.pci_link(tmp_path / "missing") == {}
 
 
-def test_ram_disks_are_named_from_sysfs(tmp_path):
-    """A fake sysfs tree: zram and brd by name, a loop device by its backing file, an md
-    device only when every member is memory."""
-    def disk(name):
-        (tmp_path / name).mkdir()
-        return tmp_path / name
-
-    assert devinfo.ram_disk(disk("zram0")) == "zram0"
-    assert devinfo.ram_disk(disk("ram3")) == "ram3"
-    assert devinfo.ram_disk(disk("nvme0n1")) is None
-    assert devinfo.ram_disk(disk("ramdisk_not")) is None
-    loop = disk("loop4")
-    (loop / "loop").mkdir()
-    backing = tmp_path / "backing.img"
-    backing.write_bytes(b"")
-    (loop / "loop" / "backing_file").write_text(f"{backing}\n")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(devinfo, "_fs_type", lambda dev: ("tmpfs", "/mnt/ram"))
-        assert devinfo.ram_disk(loop) == f"loop4 over {backing} (tmpfs)"
-        mp.setattr(devinfo, "_fs_type", lambda dev: ("ext4", "/"))
-        mp.setattr(devinfo, "_disk_dir", lambda dev: tmp_path / "nvme0n1")
-        assert devinfo.ram_disk(loop) is None
-    md = disk("md0")
-    (md / "slaves").mkdir()
-    os.symlink(tmp_path / "zram0", md / "slaves" / "zram0")
-    assert devinfo.ram_disk(md) == "md0 over zram0"
-    os.symlink(tmp_path / "nvme0n1", md / "slaves" / "nvme0n1")
-    assert devinfo.ram_disk(md) is None  # one real member: not all memory
-
-
 def test_a_file_on_tmpfs_is_labelled_ram_backed(monkeypatch, shm_pattern_file):
     facts = devinfo.path_facts(str(shm_pattern_file))
     assert facts["ram_backed"] is True and facts["ram_backing"] == "tmpfs"
-    monkeypatch.setattr(devinfo, "_fs_type", lambda dev: ("ext4", "/"))
-    monkeypatch.setattr(devinfo, "_disk_dir", lambda dev: None)
+    assert facts["storage"]["kind"] == "tmpfs" and not facts["storage"]["reaches_storage"]
+    monkeypatch.setattr(devinfo, "fs_type", lambda dev: ("ext4", "/"))
+    monkeypatch.setattr(devinfo, "disk_dir", lambda dev: None)
     facts = devinfo.path_facts(__file__)
     assert facts["ram_backed"] is False and "ram_backing" not in facts
 
@@ -306,4 +282,4 @@ def test_zram_is_labelled_ram_backed_when_present():
     if not os.path.exists("/dev/zram0"):
         pytest.skip("no /dev/zram0 here")
     facts = devinfo.path_facts("/dev/zram0")
-    assert facts["kind"] == "block" and facts["ram_backed"] and facts["ram_backing"] == "zram0"
+    assert facts["kind"] == "block" and facts["ram_backed"] and facts["ram_backing"] == "zram"

@@ -1,7 +1,7 @@
 import pytest
 
 from gpufio.core.errors import BadInput
-from gpufio.core.units import format_size, parse_size, parse_time_ns
+from gpufio.core.units import format_size, parse_size, parse_time_ns, size_spec
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -37,3 +37,9 @@ def test_format_size_is_binary():
     assert format_size(512) == "512B"
     assert format_size(1 << 30) == "1.0GiB"
     assert format_size(1536) == "1.5KiB"
+
+
+@pytest.mark.parametrize("nbytes,spec", [(512 << 20, "512m"), (3072, "3k"), (3 << 30, "3g"),
+                                         (1 << 40, "1t"), (1536, "1536"), (1 << 20, "1m")])
+def test_size_spec_reads_back_as_the_same_bytes(nbytes, spec):
+    assert size_spec(nbytes) == spec and parse_size(spec, "size") == nbytes

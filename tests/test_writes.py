@@ -96,7 +96,7 @@ def test_mixed_jobs_count_each_direction(engine, pattern_file):
     assert r.read.lat.n == r.read.ios and r.write.lat.n == r.write.ios
     assert r.per_target[0]["ios"] == r.read.ios and r.per_target[0]["write_ios"] == r.write.ios
     doc = build_document(runner.RunOutcome(results=[r]), profile(pattern_file))
-    assert [row["rw"] for row in summary_rows(doc)] == ["read", "write"]
+    assert [row["rw"] for row in summary_rows(doc)] == ["randrw (read)", "randrw (write)"]
     job = doc["jobs"][0]
     assert job["read"]["total_ios"] == r.read.ios and job["write"]["total_ios"] == r.write.ios
     metrics = job_metrics(job)
@@ -191,7 +191,7 @@ def test_write_results_render_as_write_rows(pattern_file):
     (r,) = run(pattern_file, engine="psync", rw="randwrite", io_size="64k").results
     doc = build_document(runner.RunOutcome(results=[r]), profile(pattern_file))
     (row,) = summary_rows(doc)
-    assert row["rw"] == "write" and row["IOPS"] > 0 and row["status"] == "ok"
+    assert row["rw"] == "randwrite" and row["IOPS"] > 0 and row["status"] == "ok"
     fio = to_fio(doc)["jobs"][0]
     assert fio["write"]["total_ios"] == 16 and fio["read"]["total_ios"] == 0
     assert os.path.getsize(pattern_file) == 4 << 20

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-# (kind, one line of text) -> None; kinds: "layout", "advice", "progress", "eta"
+# (kind, one line of text) -> None; kinds: "layout", "advice", "warning", "progress", "eta"
 Sink = Callable[[str, str], None]
 
 

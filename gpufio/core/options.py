@@ -1,8 +1,9 @@
-"""Typed option declarations shared by the profile loader, the engines and the README.
+"""Typed option declarations shared by the profile loader, the engines and the reference.
 
 One table of options (name, kind, default, help) is the single source of truth: the loader
 validates against it, engines declare their own extra options the same way, and the CLI's
-help text comes from it, so documentation and validation cannot drift apart.
+help text and docs/reference/ (docs/generate.py) come from it, so documentation and
+validation cannot drift apart.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class RowRequest:
 
 
 # reads in flight per queue (ring, pool) when a workload's profile gives no iodepth: the
-# depth the tuned GNN benches used (docs/PERFORMANCE.md); a batch with fewer rows gets fewer
+# depth the tuned GNN benches used (bench/gnn.py); a batch with fewer rows gets fewer
 ROW_DEPTH = 128
 
 

@@ -22,9 +22,10 @@ from typing import Any, Callable
 from gpufio.core import events, pattern, space
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
-from gpufio.core.units import format_size
+from gpufio.core.units import format_size, size_spec
 from gpufio.facts import device as devinfo
 from gpufio.facts import nvme_generic
+from gpufio.facts.storage import ram_backing
 
 FILL_CHUNK = 8 << 20
 # kernel and runtime trees: a file created there lives in RAM or is refused by the kernel
@@ -340,7 +341,7 @@ def open_target(path: str, direct: bool, consent: WriteConsent | None = None,
     if stat.S_ISDIR(st.st_mode):
         raise BadInput(f"target {path}: is a directory, not a file or block device")
     is_block = stat.S_ISBLK(st.st_mode)
-    if stat.S_ISREG(st.st_mode) and devinfo.ram_backing(path) == "devtmpfs":
+    if stat.S_ISREG(st.st_mode) and ram_backing(path) == "devtmpfs":
         raise BadInput(f"target {path}: is a regular file in /dev (RAM), not a block device; "
                        "remove it (an older gpufio created such files)")
     if stat.S_ISCHR(st.st_mode) and nvme_generic.lookup(path):
@@ -363,7 +364,8 @@ def open_target(path: str, direct: bool, consent: WriteConsent | None = None,
                            "(set direct = false to read through the page cache)") from None
         raise BadInput(f"target {path}: cannot open: {e.strerror}") from None
     size = os.lseek(fd, 0, os.SEEK_END)
-    facts = devinfo.path_facts(path)
+    # holes are judged for the range a job reads, which it may write first (core/backing)
+    facts = devinfo.path_facts(path, direct, extents=False)
     align = facts.get("dio_offset_align") or facts.get("logical_block_size") or 512
     return Target(path=path, fd=fd, size=size, is_block=is_block, dio_align=int(align),
                   pattern_seed=pattern.read_seed(_read_first_block(path)), facts=facts)
@@ -414,8 +416,12 @@ def check_region(target: Target, *, offset: int, size: int | None, bs: int, dire
     """The (first byte, number of bs blocks) a job may touch on ``target``, or BadInput."""
     length = size if size is not None else target.size - offset
     if offset + max(length, 0) > target.size or length <= 0:
+        fits = (target.size - offset) // bs * bs  # whole blocks past the offset
+        fix = (f"--set size={size_spec(fits)} fits" + (f" after offset {size_spec(offset)}"
+                                                       if offset else "")
+               if fits > 0 else f"offset {size_spec(offset)} leaves no whole {bs}-byte block")
         raise BadInput(f"target {target.path}: is {format_size(target.size)} ({target.size} bytes), "
-                       f"smaller than offset+size = {offset + max(length, 0)} bytes")
+                       f"smaller than offset+size = {offset + max(length, 0)} bytes; {fix}")
     if target.lba:
         for key, value in (("bs", bs), ("offset", offset)):
             if value % target.lba:
@@ -437,6 +443,28 @@ def check_region(target: Target, *, offset: int, size: int | None, bs: int, dire
         raise BadInput(f"target {target.path}: does not carry gpufio's data pattern, so verify "
                        "cannot check it (create it with 'gpufio prepare')")
     return offset, length // bs
+
+
+# ioctl(2) request that writes out and drops a block device's buffer cache (linux/fs.h)
+BLKFLSBUF = 0x1261
+
+
+def invalidate(targets: list[Target]) -> None:
+    """fio's ``invalidate``: drop the targets' pages before a buffered job reads them, so
+    its reads reach storage: posix_fadvise DONTNEED on a file, the buffer cache flushed
+    (BLKFLSBUF) on a block device. As in fio, a target that will not let go (a device
+    without CAP_SYS_ADMIN) gets a warning, not an error."""
+    for t in targets:
+        if t.fd < 0 or t.lba:  # no storage, or a namespace's char device: no page cache
+            continue
+        try:
+            if t.is_block:
+                fcntl.ioctl(t.fd, BLKFLSBUF)
+            else:
+                os.posix_fadvise(t.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as e:
+            events.emit("advice", f"gpufio: warning: cannot drop the page cache of {t.path} "
+                        f"(invalidate): {e.strerror}; its reads may come from memory")
 
 
 def evict(paths: list[str] | tuple[str, ...]) -> None:

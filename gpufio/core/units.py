@@ -50,6 +50,15 @@ def parse_time_ns(value: int | float | str, what: str) -> int:
     return int(float(m.group(1)) * _TIME_NS[unit])
 
 
+def size_spec(nbytes: int) -> str:
+    """``nbytes`` as a size a profile takes back (parse_size), in the largest unit that
+    holds it whole: 536870912 -> '512m', 3072 -> '3k', 1536 -> '1536'."""
+    for unit in "ptgmk":
+        if nbytes and nbytes % _SIZE_MULT[unit] == 0:
+            return f"{nbytes // _SIZE_MULT[unit]}{unit}"
+    return str(nbytes)
+
+
 def format_size(nbytes: float) -> str:
     """Human-readable binary size for tables and messages."""
     if abs(nbytes) < 1024:

@@ -251,9 +251,30 @@ class Engine(ABC):
         return []
 
     @classmethod
+    def availability(cls) -> dict[str, Any]:
+        """Where this path runs here, the one answer ``gpufio engines`` and ``gpufio info``
+        give: per side ("host memory", "GPU memory") what it moves there (``moves``) and why
+        not here (``why not``, "" where it can); ``available`` where any side runs, else
+        ``why not`` the first side's reason."""
+        sides = {"host memory": (cls.host_memory(), cls.host_unavailable),
+                 "GPU memory": (cls.gpu_memory(), cls.unavailable)}
+        where = {side: {"moves": list(moves), "why not": (why() or "") if moves else ""}
+                 for side, (moves, why) in sides.items()}
+        usable = [w for w in where.values() if w["moves"] and not w["why not"]]
+        blocked = [w["why not"] for w in where.values() if w["moves"] and w["why not"]]
+        return {"available": bool(usable), "why not": "" if usable else blocked[0], **where}
+
+    @classmethod
     def status(cls) -> str:
-        """One line for 'gpufio info': why it cannot run here, or how it would run."""
-        return cls.unavailable() or "available"
+        """One line for ``gpufio info``, from ``availability``: why it cannot run here,
+        "available", or the memory it runs in here and the one it does not, and why."""
+        a = cls.availability()
+        sides = [(side, a[side]) for side in ("host memory", "GPU memory") if a[side]["moves"]]
+        blocked = [f"{side}: {w['why not']}" for side, w in sides if w["why not"]]
+        if not a["available"] or not blocked:
+            return a["why not"] or "available"
+        runs = [f"{side} ({', '.join(w['moves'])})" for side, w in sides if not w["why not"]]
+        return f"available in {'; '.join(runs)}; not in {'; '.join(blocked)}"
 
     @classmethod
     def check_job(cls, job: "Job") -> None:

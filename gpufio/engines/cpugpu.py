@@ -6,8 +6,8 @@ segment of slots, once all its reads are in, is copied to GPU memory in one asyn
 transfer on its own CUDA stream, so many small reads share a copy and the next segments'
 reads overlap the copies. There are twice as many landing segments as the ``iodepth`` reads
 in flight need: a segment still waiting for its slowest read, or for its copy, does not
-hold back new reads (docs/PERFORMANCE.md has what exactly iodepth slots cost on the root
-disk). An I/O is complete when its
+hold back new reads (with exactly iodepth slots one slow read stalled the rest). An I/O
+is complete when its
 bytes are in GPU memory: its latency runs from issue until its segment's copy event is
 observed done. fio's and elbencho's GPU paths copy synchronously from pageable memory, one
 I/O at a time; this does not. Writes run the other way: a segment's blocks are generated in
@@ -101,7 +101,7 @@ class CpuGpu(Engine):
         requests. The block loop above (run/staged) lands them in GPU memory."""
         given = cls.settings(job).sqe_async
         # with no sqe_async given, reads of files that live in memory go to io-wq (RAM-backed
-        # rows gained from it: docs/PERFORMANCE.md); a drive's reads stay inline
+        # rows gather faster so); a drive's reads stay inline
         sqe_async = spec.ram_backed if given is None else given
         ch = UringChannel(files, spec, uring.SQE_ASYNC if sqe_async else 0)
         ch.facts["sqe_async"] = sqe_async

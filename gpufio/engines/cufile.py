@@ -201,8 +201,8 @@ class CuFile(Engine):
 
     @classmethod
     def status(cls) -> str:
-        why = cls.unavailable()
-        return why or f"available, mode {cufile_mode()}"
+        status = super().status()
+        return f"{status}, mode {cufile_mode()}" if status == "available" else status
 
     @classmethod
     def doctor(cls, host: Host, jobs: list[Job]) -> list[Check]:

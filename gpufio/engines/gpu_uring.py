@@ -75,10 +75,10 @@ class GpuUring(Engine):
         Option("sqe_async", "bool", False, "set IOSQE_ASYNC: always hand reads to the kernel's "
                "io-wq workers, several per ring, instead of letting the SQPOLL thread issue them "
                "(it hands reads the file cannot do without blocking to one io-wq worker per ring); "
-               "docs/PERFORMANCE.md has what it cost"),
+               "on RAM-backed targets it costs IOPS"),
         Option("registered", "bool", None, "register the targets and each ring's landing slots "
                "with io_uring (fixed files, READ_FIXED), as fio's registerfiles and fixedbufs "
-               "(default: when sqe_async is off, where it helps: docs/PERFORMANCE.md)"),
+               "(default: when sqe_async is off, where it helps)"),
         Option("land", "str", "gpu", "where a read's bytes end: 'gpu' (copied into GPU memory) "
                "or 'host' (left in the pinned host slots, for comparison)",
                choices=("gpu", "host")),
@@ -113,7 +113,7 @@ class GpuUring(Engine):
     @classmethod
     def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
         # the engine's own defaults otherwise (inline, registered): on tmpfs they gathered
-        # faster than io-wq did (docs/PERFORMANCE.md)
+        # faster than io-wq did
         o = cls.settings(job)
         return GpuUringFetch(table, xp, request.dim, o, row_depth(request, o.rings),
                              request.direct, request.cache_bytes)

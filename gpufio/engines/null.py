@@ -4,7 +4,7 @@ What it measures is gpufio's own loop (run/blockloop.py over this engine's chann
 handing out offsets, stamping and recording each I/O, the live counters; compiled where it
 can be (io/loops.py), as for the other CPU engines.
 Beside ``fio --ioengine=null`` it says what share of a CPU engine's cost is gpufio's rather
-than the kernel's (docs/PERFORMANCE.md).
+than the kernel's (docs/PERFORMANCE.md: the null rows of "CPU paths at low and high depth").
 """
 
 from __future__ import annotations

@@ -16,11 +16,6 @@ from pathlib import Path
 from typing import Any
 
 _STATX_DIOALIGN = 0x2000
-# filesystems whose files live in memory: reading them measures RAM, not a drive
-RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
-# block devices that are memory: zram, brd (ramN), pmem emulated from RAM is left out (real
-# persistent memory exists)
-_RAM_DISKS = ("zram", "ram")
 _AT_FDCWD = -100
 
 
@@ -61,18 +56,32 @@ def dio_alignment(path: str) -> tuple[int, int] | None:
     return buf.dio_mem_align, buf.dio_offset_align
 
 
-def _fs_type(dev: int) -> tuple[str, str] | None:
-    """(filesystem type, mount point) of the mount whose device number is ``dev``."""
+def _mount(dev: int) -> tuple[str, str, str] | None:
+    """(filesystem type, mount point, source) of the mount whose device number is ``dev``."""
     want = f"{os.major(dev)}:{os.minor(dev)}"
     text = read_text(Path("/proc/self/mountinfo")) or ""
     for line in text.splitlines():
         fields = line.split()
         if len(fields) > 4 and fields[2] == want and " - " in line:
-            return line.split(" - ", 1)[1].split()[0], fields[4]
+            after = line.split(" - ", 1)[1].split()
+            return after[0], fields[4], after[1] if len(after) > 1 else ""
     return None
 
 
-def _disk_dir(dev: int) -> Path | None:
+def fs_type(dev: int) -> tuple[str, str] | None:
+    """(filesystem type, mount point) of the mount whose device number is ``dev``."""
+    found = _mount(dev)
+    return found[:2] if found else None
+
+
+def mount_source(dev: int) -> str:
+    """What the mount whose device number is ``dev`` was mounted from (a device path, a
+    server's export, a FUSE daemon's name; '' where unknown)."""
+    found = _mount(dev)
+    return found[2] if found else ""
+
+
+def disk_dir(dev: int) -> Path | None:
     """The sysfs directory of the whole disk holding block device ``dev``."""
     node = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
     if not node.exists():
@@ -86,7 +95,7 @@ def disk_inflight(fd: int) -> tuple[str, int, int] | None:
     at its driver and device (reads, writes; every process's), from sysfs ``inflight``;
     None where no disk holds it (tmpfs, a pipe) or the counter cannot be read."""
     st = os.fstat(fd)
-    disk = _disk_dir(st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev)
+    disk = disk_dir(st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev)
     text = read_text(disk / "inflight") if disk is not None else None
     if not text or len(text.split()) != 2:
         return None
@@ -99,7 +108,7 @@ def poll_refusal(path: str) -> str | None:
     when it can: the disk under it must be a block device whose queue polls (its
     ``queue/io_poll`` attribute is 1; NVMe needs poll queues, nvme.poll_queues)."""
     st = os.stat(path)
-    disk = _disk_dir(st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev)
+    disk = disk_dir(st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev)
     if disk is None:
         return "it is not on a block device (polled I/O needs one)"
     value = read_text(disk / "queue" / "io_poll")
@@ -116,7 +125,7 @@ def pci_device_of(path: str) -> Path | None:
     nearest PCI function above the disk in sysfs (an NVMe controller, a virtio device's
     function); None for RAM-backed and other targets with no disk on a PCI bus."""
     st = os.stat(path)
-    disk = _disk_dir(st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev)
+    disk = disk_dir(st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev)
     if disk is None:
         return None
     for parent in [disk, *disk.parents]:
@@ -170,59 +179,30 @@ def block_facts(disk: Path) -> dict[str, Any]:
     return facts
 
 
-def ram_disk(disk: Path, depth: int = 0) -> str | None:
-    """Why the disk at sysfs directory ``disk`` is memory (its name, or what it stacks on),
-    or None: zram and brd, a loop device over a file on a RAM filesystem, an md or
-    device-mapper device whose every member is memory."""
-    name = disk.name
-    if any(name.startswith(p) and name[len(p):].isdigit() for p in _RAM_DISKS):
-        return name
-    backing = read_text(disk / "loop" / "backing_file")
-    if backing and depth < 4:
-        why = ram_backing(backing, depth + 1)
-        return f"{name} over {backing} ({why})" if why else None
-    try:
-        members = sorted((disk / "slaves").iterdir())
-    except OSError:
-        return None
-    whys = [ram_disk(m.resolve(), depth + 1) for m in members] if depth < 4 else []
-    return f"{name} over {', '.join(w for w in whys if w)}" if whys and all(whys) else None
+def path_facts(path: str, direct: bool = True, extents: bool = True) -> dict[str, Any]:
+    """What gpufio reports about a target: its kind, backing device and filesystem, what its
+    reads reach (``storage``: facts/storage, for reads of the whole target, with O_DIRECT
+    when ``direct``, its holes looked for when ``extents``) and whether it lives in memory (``ram_backed``, with the kind of
+    memory in ``ram_backing``)."""
+    # imported here: facts/storage builds on this module's readers
+    from gpufio.facts import storage
 
-
-def ram_backing(path: str, depth: int = 0) -> str | None:
-    """Why ``path`` (a file or block device) lives in memory, or None if it does not."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    is_block = stat.S_ISBLK(st.st_mode)
-    dev = st.st_rdev if is_block else st.st_dev
-    if not is_block:
-        fs = _fs_type(dev)
-        if fs and fs[0] in RAM_FILESYSTEMS:
-            return fs[0]
-    disk = _disk_dir(dev)
-    return ram_disk(disk, depth) if disk is not None else None
-
-
-def path_facts(path: str) -> dict[str, Any]:
-    """What gpufio reports about a target: its kind, backing device and filesystem, and
-    whether it lives in memory (``ram_backed``, with the reason in ``ram_backing``)."""
     st = os.stat(path)
     is_block = stat.S_ISBLK(st.st_mode)
     facts: dict[str, Any] = {"kind": "block" if is_block else "file"}
     dev = st.st_rdev if is_block else st.st_dev
     if not is_block:
-        fs = _fs_type(dev)
+        fs = fs_type(dev)
         if fs:
             facts["filesystem"], facts["mountpoint"] = fs
-    disk = _disk_dir(dev)
+    disk = disk_dir(dev)
     if disk is not None:
         facts.update(block_facts(disk))
-    why = ram_backing(path)
-    facts["ram_backed"] = why is not None
-    if why:
-        facts["ram_backing"] = why
+    found = storage.classify(path, direct=direct, extents=extents)
+    facts["storage"] = found.as_dict()
+    facts["ram_backed"] = found.kind in storage.RAM_KINDS
+    if facts["ram_backed"]:
+        facts["ram_backing"] = found.kind
     align = dio_alignment(path)
     if align:
         facts["dio_mem_align"], facts["dio_offset_align"] = align

@@ -4,7 +4,7 @@ The kernel exports everything a result needs next to its numbers (identify data,
 namespace, the queues, the multipath topology) as sysfs attributes readable without root;
 libnvme reads the same attributes to build its tree, and neither libnvme's Python bindings
 (no wheel on PyPI) nor nvme-cli (a binary whose JSON changed between its 1.x and 2.x) are
-there on most machines. docs/NVME-RIG.md says more.
+there on most machines. docs/design/NVME-RIG.md says more.
 
 Native multipath: a namespace shared by controllers shows as a head ``nvmeXnZ`` (its sysfs
 ``device`` is the subsystem) over hidden path disks ``nvmeXcYnZ``, one per controller. The

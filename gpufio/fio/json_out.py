@@ -1,11 +1,14 @@
-"""``--format fio-json``: a result in fio's own JSON schema, for fio's tools and fio-plot.
+"""``--format fio-json``: a result as fio's ``json+``, for fio's tools and fio-plot.
 
-gpufio measures one latency per I/O, from issue to completion; fio splits it into submission
-(slat) and completion (clat) latency. Here it is reported as both ``clat_ns`` (with
-percentiles, where fio's tools look) and ``lat_ns``. Fields gpufio does not measure
-(submission latency, context switches, page faults, queue-depth distributions, disk
-utilisation) are left out rather than written as zeros; a direction the job did not do, and
-trim, are zero blocks as in fio.
+gpufio measures one latency per I/O, from issue to completion, fio's ``lat``; fio splits it
+into submission (slat) and completion (clat) latency. Here it is reported as both
+``clat_ns`` and ``lat_ns``, each with its percentiles and json+'s histogram (``bins``: each
+non-empty bucket's value in ns, as text, and its count), where fio's tools look for either.
+Fields gpufio does not measure (submission latency, context switches, page faults,
+queue-depth distributions, disk utilisation) are left out rather than written as zeros; a
+direction the job did not do, and trim, are zero blocks as in fio. The job options are
+fio's names and values, as text (``ioengine: io_uring``, ``direct: "1"``, ``filename`` the
+':'-joined files).
 """
 
 from __future__ import annotations
@@ -17,15 +20,26 @@ import numpy as np
 
 from gpufio.core.job import directions
 from gpufio.core.stats import PLAT_NR, bucket_value
+from gpufio.fio.cmdline import key_names, option_text
+from gpufio.fio.jobfile import fio_engine_names
 
 _US_EDGES = (2, 4, 10, 20, 50, 100, 250, 500, 750, 1000)
 _MS_EDGES = (2, 4, 10, 20, 50, 100, 250, 500, 750, 1000, 2000)
 
 
-def _stat_block(lat: dict[str, Any], with_pct: bool) -> dict[str, Any]:
+# what fio's job options always show of a gpufio job, given or not (fio-plot and scripts
+# read rw, bs, iodepth and numjobs there)
+_ALWAYS = ("rw", "bs", "iodepth", "numjobs", "direct")
+
+
+def _stat_block(lat: dict[str, Any]) -> dict[str, Any]:
+    """fio's clat_ns/lat_ns block: the moments, and where there were I/Os (as fio writes
+    them) the percentiles and the histogram by bucket value."""
     block = {k: lat[k] for k in ("min", "max", "mean", "stddev", "N")}
-    if with_pct:
+    if lat["N"]:
         block["percentile"] = lat["percentile"]
+        block["bins"] = {str(int(bucket_value(int(i)))): int(c)
+                         for i, c in sorted(lat.get("bins", {}).items(), key=lambda b: int(b[0]))}
     return block
 
 
@@ -71,7 +85,7 @@ def _direction(rd: dict[str, Any], samples: list[dict[str, float]]) -> dict[str,
     block = {k: rd[k] for k in ("io_bytes", "io_kbytes", "iops", "total_ios", "short_ios",
                                 "drop_ios")}
     block.update(bw_bytes=int(rd["bw_bytes"]), bw=int(rd["bw"]), runtime=int(rd["runtime"]),
-                 clat_ns=_stat_block(rd["lat_ns"], True), lat_ns=_stat_block(rd["lat_ns"], False),
+                 clat_ns=_stat_block(rd["lat_ns"]), lat_ns=_stat_block(rd["lat_ns"]),
                  bw_min=int(bmin), bw_max=int(bmax), bw_agg=100.0, bw_mean=bmean, bw_dev=bdev,
                  bw_samples=bn, iops_min=int(imin), iops_max=int(imax), iops_mean=imean,
                  iops_stddev=idev, iops_samples=inum)
@@ -88,7 +102,7 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
     hist = job.get("lat_hist", {}).get("bins")
     out = {"jobname": job["jobname"], "groupid": job.get("groupid", 0), "error": job["error"],
            "eta": 0, "elapsed": int(runtime / 1000),
-           "job options": {**job["job options"], "ioengine": job["engine"]},
+           "job options": job_options(job),
            **blocks, "trim": _zero_block(),
            "sync": {"total_ios": sync["total_ios"],
                     "lat_ns": {"min": 0, "max": 0, "mean": sync["lat_ns"]["mean"],
@@ -102,8 +116,57 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# gpufio keys whose values fio reads otherwise: gpufio's verify is its own pattern check,
+# which no value of fio's verify names
+_NOT_FIOS = ("verify",)
+
+
+def _fio_names() -> dict[str, str]:
+    """gpufio key -> fio's name for it (fio's own spelling where it is the same word)."""
+    names: dict[str, str] = {}
+    for fio, ours in key_names().items():
+        if ours not in _NOT_FIOS and (fio == ours or ours not in names):
+            names[ours] = fio
+    return names
+
+
+def _ioengine(engine: str) -> dict[str, str]:
+    """fio's ioengine (and cuda_io) for a gpufio engine: the one it runs as without a note,
+    else the first; a path fio has none for keeps gpufio's name."""
+    found = sorted(((note != "", fio) for fio, (ours, note) in fio_engine_names().items()
+                    if ours == engine))
+    if not found:
+        return {"ioengine": engine}
+    ioengine, _, cuda_io = found[0][1].partition(":")
+    return {"ioengine": ioengine, **({"cuda_io": cuda_io} if cuda_io else {})}
+
+
+def job_options(job: dict[str, Any]) -> dict[str, str]:
+    """A result job's options as fio's "job options": fio's names, values as fio's text;
+    the keys it gave, and those fio's readers look for, as they resolved."""
+    given = job.get("job options", {})
+    resolved = {**job.get("resolved options", {}),
+                **job.get("resolved options", {}).get("workload_options", {})}
+    out = {"name": job["jobname"]}
+    for key, fio in _fio_names().items():
+        if key not in given and key not in _ALWAYS or resolved.get(key) is None:
+            continue
+        value = resolved[key]
+        plain = isinstance(value, (bool, list, tuple)) or key not in given
+        out[fio] = option_text(value) if plain else str(given[key])
+    paths = [t["path"] for t in job.get("targets", []) if "path" in t]
+    if paths:  # what the job ran on: a scratch file gpufio laid out included
+        out["filename"] = option_text(paths)
+    return {**out, **_ioengine(job["engine"])}
+
+
 def to_fio(doc: dict[str, Any]) -> dict[str, Any]:
-    """The fio-schema document for a gpufio result document."""
+    """The fio json+ document for a gpufio result document; "global options" holds what
+    every job shares (each job's options keep it too, for readers that look there only)."""
+    jobs = [_job(j) for j in doc["jobs"]]
+    options = [j["job options"] for j in jobs]
+    shared = {k: v for k, v in options[0].items()
+              if k != "name" and all(o.get(k) == v for o in options)} if options else {}
     return {"fio version": f"gpufio-{doc['gpufio version']}", "timestamp": doc["timestamp"],
             "timestamp_ms": doc["timestamp"] * 1000, "time": doc["time"],
-            "jobs": [_job(j) for j in doc["jobs"]], "disk_util": []}
+            "global options": shared, "jobs": jobs, "disk_util": []}

@@ -84,7 +84,7 @@ def size_pool(cf: Any, io_bytes: int, inflight: int) -> dict[str, Any]:
     In compat mode every batch (and stream) I/O in flight holds one buffer of the smallest
     slab class that fits it, and with none free ``cuFileBatchIOSubmit`` waits for ever
     (nixl #2070; seen on the GPU machine with more 1 MiB writes in flight than the 1 MiB
-    class's 64 default buffers: docs/PERFORMANCE.md). So that class's count is raised to
+    class's 64 default buffers). So that class's count is raised to
     the I/Os in flight. Before the driver opens libcufile may not report the pool: then
     cufile.json's classes are the ones raised."""
     pool = read_pool(cf)

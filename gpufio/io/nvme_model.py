@@ -23,6 +23,7 @@ import mmap
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from gpufio.core import processes
 from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme.memory import carve
 from gpufio.io.nvme_cmd import NVME_FLUSH, NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled, Watchdog
 
@@ -92,14 +94,8 @@ class Memory:
 
     def alloc(self, nbytes: int) -> tuple[np.ndarray, int]:
         """``nbytes`` of host memory, page-aligned and zeroed: (view, IOVA)."""
-        start = -(-self._next // nq.PAGE) * nq.PAGE
-        end = start + max(nbytes, 1)
-        if end > len(self.dma):
-            raise MemoryError(f"model memory: {nbytes} bytes more do not fit in "
-                              f"{len(self.dma)}")
-        self._next = end
-        view = self.dma[start:end]
-        view[:] = 0
+        view, start = carve(self.dma, self._next, nbytes, "model memory")
+        self._next = start + len(view)
         return view, IOVA_BASE + start
 
     def host_address(self, iova: int) -> int:
@@ -183,7 +179,11 @@ class Controller:
             m.bar32[nq.DOORBELLS // 4:] = 0  # as every register, back to its reset value
             m.set_reg(nq.REG_CSTS, 0)
             return True
-        if not self.enabled or m.reg(nq.REG_CSTS) & nq.CSTS_CFS:
+        csts = m.reg(nq.REG_CSTS)
+        if self.enabled and cc & nq.CC_SHN_NORMAL and not csts & nq.CSTS_SHST_DONE:
+            m.set_reg(nq.REG_CSTS, csts | nq.CSTS_SHST_DONE)  # an orderly shutdown: done
+            return True
+        if not self.enabled or csts & nq.CSTS_CFS:
             return False
         worked = False
         for qid, cq in self.cqs.items():
@@ -350,6 +350,8 @@ class Controller:
                                            np.uint8)
                 page[128:132] = np.frombuffer(np.uint32(self.lba_shift << 16).tobytes(),
                                               np.uint8)
+            elif c10 & 0xFF == nq.CNS_ACTIVE_NSIDS:  # the one namespace, past nsid
+                page[0] = int(e["nsid"]) < 1
             else:
                 return nq.SC_INVALID_FIELD, 0
             try:
@@ -507,10 +509,11 @@ class Host:
 STOP_S = 5.0
 
 
-def _main(path: str, backing: str, lba_shift: int, faults: list[Fault]) -> None:
+def _main(path: str, backing: str, lba_shift: int, faults: list[Fault],
+          server: Callable[..., None]) -> None:
     processes.die_with_parent()
     processes.take_stop_signals()
-    serve(path, backing, lba_shift, faults)
+    server(path, backing, lba_shift, faults)
 
 
 class ModelProcess:
@@ -521,15 +524,18 @@ class ModelProcess:
     the parent; deaf to the Ctrl-C and SIGTERM meant for the runner): a GPU kernel, the
     doorbell relay and the CPU driver only share memory with it, as they would with a
     drive's DMA. A context manager: leaving it stops the controller (SIGKILL if it does not
-    stop)."""
+    stop). ``server`` is the loop the process runs (``serve``, this model; or another
+    controller of the same protocol: io/nvme/compiled.server)."""
 
     def __init__(self, directory: str | Path, backing: str | Path, lba_shift: int = 9,
-                 dma_bytes: int = 64 << 20, faults: list[Fault] = ()) -> None:
+                 dma_bytes: int = 64 << 20, faults: list[Fault] = (),
+                 server: Callable[..., None] | None = None) -> None:
         self.path = str(Path(directory) / "nvme-model.shm")
         self.mem = Memory(self.path, dma_bytes, create=True)
         ctx = multiprocessing.get_context("spawn")
         self._proc = ctx.Process(target=_main, daemon=True, name="nvme-model",
-                                 args=(self.path, str(backing), lba_shift, list(faults)))
+                                 args=(self.path, str(backing), lba_shift, list(faults),
+                                       server or serve))
         processes.start(self._proc)
         self.mem.server = self._proc
 
@@ -567,14 +573,16 @@ def shared_directory() -> str:
 class ServedFile:
     """A file served as namespace 1 of a software controller of its own: the process, its
     shared memory (``mem``, ``dma_bytes`` of host memory) and the CPU driver (``host``),
-    enabled; ``close`` stops it and removes the shared file."""
+    enabled; ``close`` stops it and removes the shared file. ``server``: as ModelProcess's."""
 
-    def __init__(self, backing: str, lba_shift: int, dma_bytes: int) -> None:
+    def __init__(self, backing: str, lba_shift: int, dma_bytes: int,
+                 server: Callable[..., None] | None = None) -> None:
         import shutil
 
         self.where = shared_directory()
         try:
-            self.process = ModelProcess(self.where, backing, lba_shift, dma_bytes)
+            self.process = ModelProcess(self.where, backing, lba_shift, dma_bytes,
+                                        server=server)
             self.mem = self.process.mem
             self.host = self.process.host()
         except BaseException:

@@ -106,7 +106,7 @@ extern "C" __global__ void gio_agent(const GioQueue* q)
         } else if (!batch) {
             if (inflight == 0 && warp_word(lane == 0 ? ld_flag(&q->control[C_REQUESTERS]) : 1) == 0) break;
             // back off while the ring is quiet: every CQ-tail poll is a PCIe read of a line
-            // the kernel writes (docs/PERFORMANCE.md has what it gained)
+            // the kernel writes, which costs the kernel's side of a busy ring
             __nanosleep(idle_ns);
             idle_ns = min(idle_ns * 2, AGENT_IDLE_MAX_NS);
         }

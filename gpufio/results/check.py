@@ -36,8 +36,12 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.core.job import directions
+from gpufio.core.units import parse_size, parse_time_ns
 from gpufio.results import DEFAULT_CONFIDENCE, trend
-from gpufio.results.load import METRICS, Metric, jobs_by_name, metrics_of, setup_facts
+from gpufio.results.load import (
+    METRICS, Metric, jobs_by_name, latency_notes, metrics_of, not_storage, setup_facts,
+    target_paths,
+)
 from gpufio.results.runs import JobRuns, pairs, side
 from gpufio.results.spread import (
     Spread,
@@ -437,10 +441,13 @@ def suggest_paired(base: JobRuns, result: JobRuns, mode: Mode,
 
 
 def warnings(result: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[str]:
-    """Why a verdict may mislead: the two sides measured unlike things, or a run's IOPS
-    still trended (a drive settling)."""
+    """Why a verdict may mislead: the two sides measured unlike things, a side's reads did
+    not reach storage, or a run's IOPS still trended (a drive settling)."""
     out = [f"not like for like: {w}" for w in mismatches(result[0], baseline[0])]
+    out += latency_notes([baseline[0], result[0]], ["baseline", "result"])
     for label, docs in (("baseline", baseline), ("result", result)):
+        out += [f"{label}: target {path}: {s['kind']}, not storage: {s['reason']}"
+                for path, s in not_storage(docs[0]).items()]
         for runs in side(docs).values():
             out += trend.warnings(label, runs)
     return out
@@ -457,6 +464,9 @@ def mismatches(result: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     """Why the two runs may not be comparable: other hardware, or other job options."""
     out = []
     rs, bs = setup_facts(result), setup_facts(baseline)
+    fio = "fio version" in result or "fio version" in baseline
+    if fio:  # a fio result names no host, kernel, GPU or drive: its files are compared
+        rs, bs = ({"targets": ", ".join(target_paths(d))} for d in (result, baseline))
     for key in rs:
         if rs[key] != bs[key]:
             out.append(f"{key} differs: baseline '{bs[key]}', result '{rs[key]}'")
@@ -465,7 +475,32 @@ def mismatches(result: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
         if name not in base_jobs:
             continue
         a, b = _options(base_jobs[name]), _options(job)
-        changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        # a fio result holds the options its job gave, in fio's text: those are compared
+        keys = a.keys() & b.keys() if fio else a.keys() | b.keys()
+        changed = sorted(k for k in keys if not same_value(a.get(k), b.get(k)))
         if changed:
             out.append(f"job '{name}': options differ: {', '.join(changed)}")
     return out
+
+
+def _readings(value: Any) -> list[Any]:
+    """What an option's value may mean: itself, and for fio's text (``4k``, ``10``, ``1``)
+    the bytes, nanoseconds (fio's bare times are seconds, as gpufio's) or flag it stands for."""
+    if not isinstance(value, str):
+        return [value]
+    out: list[Any] = [value]
+    for read in (parse_size, parse_time_ns):
+        try:
+            out.append(read(value, "option"))
+        except BadInput:
+            pass
+    if value in ("0", "1"):
+        out.append(value == "1")
+    return out
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two results' values of an option are the same setting: fio's ``bs = "4k"``
+    and gpufio's ``bs = 4096``, ``direct = "1"`` and ``true``, ``runtime = "10"`` and 10 s."""
+    return any(x == y and isinstance(x, bool) == isinstance(y, bool)
+               for x in _readings(a) for y in _readings(b))

@@ -12,7 +12,9 @@ from typing import Any
 from rich.console import Console
 
 from gpufio.core.errors import BadInput
-from gpufio.results.load import job_metrics, jobs_by_name, metrics_of, setup_facts
+from gpufio.results.load import (
+    describe, job_heading, job_metrics, jobs_by_name, metrics_of, setup_facts,
+)
 from gpufio.results.render import render as render_rows
 
 FORMATS = ("table", "markdown", "csv", "json")
@@ -54,6 +56,17 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _kind(docs: list[dict[str, Any]], labels: list[str], row: dict[str, Any], key: str) -> str:
+    """' (clat)' after a latency that a fio result gives of clat, not of lat: its
+    percentiles unless fio ran with lat_percentiles=1, its mean where it has no lat."""
+    metric = row["metric"].removeprefix("write_")
+    if key not in labels or row[key] is None or not metric.startswith("lat_"):
+        return ""
+    job = jobs_by_name(docs[labels.index(key)]).get(row["job"], {})
+    which = "mean" if metric == "lat_mean" else "percentiles"
+    return " (clat)" if job.get("latency", {}).get(which) == "clat" else ""
+
+
 def render(docs: list[dict[str, Any]], labels: list[str], fmt: str, console: Console) -> str:
     """The comparison in ``fmt``; 'table' prints to ``console`` and returns ''."""
     rows = compare_rows(docs, labels)
@@ -62,9 +75,10 @@ def render(docs: list[dict[str, Any]], labels: list[str], fmt: str, console: Con
         return json.dumps({"baseline": labels[0], "setups": setups, "rows": rows}, indent=2) + "\n"
     if fmt == "csv":
         return render_rows(rows, "csv")
-    header = [f"{label}: {s['host']}, kernel {s['kernel']}, GPUs {s['gpus']}; targets {s['targets']}"
-              for label, s in setups.items()]
-    text_rows = [{k: _cell(v) for k, v in r.items()} for r in rows]
+    header = [line for label, d in zip(labels, docs)
+              for line in (f"{label}: {describe(setups[label])}",
+                           *(f"  {job_heading(j)}" for j in d["jobs"]))]
+    text_rows = [{k: _cell(v) + _kind(docs, labels, r, k) for k, v in r.items()} for r in rows]
     if fmt == "markdown":
         return "\n".join(f"- {h}" for h in header) + "\n\n" + render_rows(text_rows, "markdown")
     for h in header:

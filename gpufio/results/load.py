@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 from gpufio.core.errors import BadInput, reading
 from gpufio.core.job import directions, job_direction
+from gpufio.core.units import parse_size
 from gpufio.fio.json_in import from_fio
 
 
@@ -49,8 +50,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
 )}
 
 
-def load(path: str) -> dict[str, Any]:
-    """A result document from ``path`` (gpufio's JSON), or BadInput naming the file."""
+def _read(path: str) -> dict[str, Any]:
+    """A JSON file's document with a 'jobs' list, or BadInput naming the file."""
     with reading(path, "result file"), open(path) as f:
         try:
             doc = json.load(f)
@@ -58,6 +59,24 @@ def load(path: str) -> dict[str, Any]:
             raise BadInput(f"{path}: not JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise BadInput(f"{path}: not a gpufio result (no 'jobs' list)")
+    return doc
+
+
+def saved(path: str) -> dict[str, Any]:
+    """A result document gpufio wrote (``run -f json``), of any workload, as it was written:
+    what ``gpufio show`` prints again."""
+    doc = _read(path)
+    if "gpufio version" not in doc:
+        what = f"a fio result ({doc['fio version']})" if "fio version" in doc else \
+            "not a gpufio result (no 'gpufio version')"
+        raise BadInput(f"{path}: {what}; show prints the results gpufio run -f json writes "
+                       "(compare and check read fio's too)")
+    return doc
+
+
+def load(path: str) -> dict[str, Any]:
+    """A result document from ``path`` (gpufio's JSON), or BadInput naming the file."""
+    doc = _read(path)
     if "workload" in doc and "metric_info" not in doc:  # a workload's own tables only
         title = doc.get("workload_title", doc["workload"])
         raise BadInput(f"{path}: a {title} workload result; compare, check and plot read "
@@ -112,26 +131,131 @@ def headline_iops(job: dict[str, Any]) -> float:
 
 
 def jobs_by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Jobs keyed by name, in file order."""
-    return {job["jobname"]: job for job in doc["jobs"]}
+    """Jobs keyed by name, in file order; a name met again (fio's numjobs clones, which
+    share their job's name) as NAME#2, NAME#3 ..., so no job hides another."""
+    out: dict[str, dict[str, Any]] = {}
+    for job in doc["jobs"]:
+        name, n = job["jobname"], 1
+        while name in out:
+            n += 1
+            name = f"{job['jobname']}#{n}"
+        out[name] = job
+    return out
+
+
+def storage_of(target: dict[str, Any]) -> dict[str, Any] | None:
+    """A result target's ``storage`` fact (what its reads reached: facts/storage); for a
+    result written before there was one, what its ``ram_backed`` said."""
+    if "storage" in target:
+        return target["storage"]
+    if target.get("ram_backed"):
+        kind = target.get("ram_backing", "RAM")
+        return {"kind": kind, "reaches_storage": False, "reason": f"ram-backed: {kind}"}
+    return None
+
+
+def storage_note(target: dict[str, Any]) -> str:
+    """How a table names a result target's storage: '' for a drive, else its kind, with
+    ': not storage' where its reads did not reach storage."""
+    found = storage_of(target)
+    if not found or found["kind"] == "drive":
+        return ""
+    return found["kind"] + ("" if found["reaches_storage"] else ": not storage")
+
+
+def not_storage(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each target of the document whose reads did not reach storage, by path: its
+    ``storage`` fact."""
+    out: dict[str, dict[str, Any]] = {}
+    for job in doc["jobs"]:
+        for t in job.get("targets", []):
+            found = storage_of(t)
+            if found and not found["reaches_storage"]:
+                out.setdefault(t.get("path", "?"), found)
+    return out
 
 
 def setup_facts(doc: dict[str, Any]) -> dict[str, str]:
-    """What was measured: host, kernel, GPUs and each target's drive, for headers and warnings."""
+    """What was measured: host, kernel, GPUs and each target's drive, for headers and
+    warnings; of a fio result (which names no host), fio's version and its targets."""
     host = doc.get("host", {})
-    facts = {"host": f"{host.get('cpu', '?')} x{host.get('cpus', '?')}",
-             "kernel": str(host.get("kernel", "?")),
-             "gpus": ", ".join(g.get("name", "?") for g in doc.get("gpus", [])) or "none"}
+    facts = {"tool": doc["fio version"]} if "fio version" in doc else {
+        "host": f"{host.get('cpu', '?')} x{host.get('cpus', '?')}",
+        "kernel": str(host.get("kernel", "?")),
+        "gpus": ", ".join(g.get("name", "?") for g in doc.get("gpus", [])) or "none"}
     targets = []
     for job in doc["jobs"]:
         for t in job.get("targets", []):
-            desc = t.get("model") or t.get("filesystem") or t.get("kind", "?")
-            if "current_pcie_gen" in t:
-                desc += f" Gen{t['current_pcie_gen']}x{t.get('current_link_width', '?')}"
-            if t.get("ram_backed"):
-                desc += f", ram-backed: {t.get('ram_backing', 'RAM')}"
-            entry = f"{t.get('path', '?')} ({desc})"
+            if set(t) == {"path"}:  # a fio result's file: its name is all it says
+                entry = t["path"]
+            else:
+                entry = f"{t.get('path', '?')} ({_target(t)})"
             if entry not in targets:
                 targets.append(entry)
     facts["targets"] = "; ".join(targets) or "none"
     return facts
+
+
+def _target(t: dict[str, Any]) -> str:
+    """What a target is: its drive's model, or filesystem, or kind; its link; its RAM."""
+    desc = t.get("model") or t.get("filesystem") or t.get("kind", "?")
+    if "current_pcie_gen" in t:
+        desc += f" Gen{t['current_pcie_gen']}x{t.get('current_link_width', '?')}"
+    note = storage_note(t)
+    if note:
+        desc += f", {note}"
+    return desc
+
+
+def target_paths(doc: dict[str, Any]) -> list[str]:
+    """Every target path of a result, once each, in order."""
+    return list(dict.fromkeys(t["path"] for j in doc["jobs"] for t in j.get("targets", [])
+                              if "path" in t))
+
+
+def describe(facts: dict[str, str]) -> str:
+    """A result's setup facts as one line (a compare header)."""
+    if "tool" in facts:
+        return f"{facts['tool']}; targets {facts['targets']}"
+    return (f"{facts['host']}, kernel {facts['kernel']}, GPUs {facts['gpus']}; "
+            f"targets {facts['targets']}")
+
+
+def _size(nbytes: int) -> str:
+    """A block size as fio prints one: 4KiB, 128KiB, 1MiB, 512B."""
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return f"{nbytes}B"
+
+
+def job_heading(job: dict[str, Any]) -> str:
+    """A job's line as fio heads its output with one: ``randread: rw=randread, bs=4KiB,
+    engine=uring, iodepth=32, numjobs=1, target=/dev/nvme0n1`` (a fio result's engine is
+    fio's ioengine, and its latency says which of fio's it is where its percentiles are
+    clat)."""
+    opts = job.get("resolved options", {})
+    parts = [f"rw={opts.get('rw', job_direction(job))}"]
+    if opts.get("bs") is not None:
+        try:
+            parts.append(f"bs={_size(parse_size(opts['bs'], 'bs'))}")
+        except BadInput:
+            parts.append(f"bs={opts['bs']}")
+    parts.append(f"engine={job.get('engine', '?')}")
+    parts += [f"{k}={opts.get(k) if opts.get(k) is not None else d}"
+              for k, d in (("iodepth", 1), ("numjobs", 1))]
+    paths = [t["path"] for t in job.get("targets", []) if "path" in t]
+    if paths:
+        parts.append(f"target{'s' if len(paths) > 1 else ''}={':'.join(paths)}")
+    kinds = job.get("latency")
+    if kinds and kinds["percentiles"] == "clat":
+        parts.append(f"latency: {kinds['mean']} mean, clat percentiles")
+    return f"{job['jobname']}: {', '.join(parts)}"
+
+
+def latency_notes(docs: list[dict[str, Any]], labels: list[str]) -> list[str]:
+    """A line per fio result whose latency percentiles are clat, not lat (gpufio's)."""
+    return [f"{label}: fio's latency percentiles there are clat (completion only, without "
+            "submission), gpufio's are lat; rerun fio with --lat_percentiles=1 to compare "
+            "percentiles of lat" for label, doc in zip(labels, docs)
+            if any(j.get("latency", {}).get("percentiles") == "clat" for j in doc["jobs"])]

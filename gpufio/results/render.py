@@ -65,10 +65,13 @@ def fitted(rows: list[dict[str, Any]], title: str, left: Iterable[str], columns:
 
 def render(rows: list[dict[str, Any]], fmt: str, *, title: str = "",
            left: Iterable[str] = (), columns: Iterable[str] = (),
-           console: Console | None = None, problems: Iterable[str] = ()) -> str:
+           console: Console | None = None, problems: Iterable[str] = (),
+           heading: Iterable[str] = ()) -> str:
     """``rows`` in ``fmt``; 'table' prints to ``console`` (stdout by default) and returns ''.
-    ``columns`` names the header when there are no rows; a table is followed by the
-    ``problems`` (what makes its numbers untrustworthy), in red, under what they are about."""
+    ``columns`` names the header when there are no rows; a table or Markdown is preceded
+    by the ``heading`` lines (what each job was, as fio heads its output) and a table is
+    followed by the ``problems`` (what makes its numbers untrustworthy), in red, under
+    what they are about."""
     if fmt == "json":
         return json.dumps(rows, indent=2) + "\n"
     if fmt == "csv":
@@ -79,6 +82,7 @@ def render(rows: list[dict[str, Any]], fmt: str, *, title: str = "",
         return out.getvalue()
     if fmt == "markdown":
         head = f"{title}\n\n" if title else ""
+        head += "".join(f"- {line}\n" for line in heading) + ("\n" if heading else "")
         from tabulate import tabulate  # only Markdown needs it: a run starts without it
 
         return head + tabulate(rows, headers="keys", tablefmt="github") + "\n"
@@ -88,6 +92,8 @@ def render(rows: list[dict[str, Any]], fmt: str, *, title: str = "",
     from rich.text import Text
 
     console = console or Console()
+    for line in heading:
+        console.print(Text(line))
     for part in fitted(rows, title, left, columns, console.width):
         console.print(part)
     for line in problems:

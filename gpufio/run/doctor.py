@@ -103,13 +103,13 @@ def nvme_checks(area: str, facts: dict, host: Host) -> list[Check]:
     return out
 
 
-def target_checks(path: str, depth: int, gpus: dict[str, Path],
+def target_checks(path: str, depth: int | None, gpus: dict[str, Path],
                   of_a_job: bool = False, host: Host | None = None) -> list[Check]:
-    """A target: a drive or RAM, its O_DIRECT alignment, scheduler, queue limit, PCIe link,
+    """A target: what its reads reach (a drive, RAM, holes ...), its O_DIRECT alignment, scheduler, queue limit, PCIe link,
     NVMe facts and its place against each GPU; ``depth``: the most I/Os the jobs keep in
-    flight on it. ``of_a_job``: a path a profile's job reads or writes, which its run (or
-    ``gpufio prepare``) may still lay out: missing, it is a warning where a file may be
-    created."""
+    flight on it (None: no job reads it, the target alone is described). ``of_a_job``: a
+    path a profile's job reads or writes, which its run (or ``gpufio prepare``) may still
+    lay out: missing, it is a warning where a file may be created."""
     area = f"target {path}"
     try:
         facts = path_facts(path)
@@ -125,10 +125,11 @@ def target_checks(path: str, depth: int, gpus: dict[str, Path],
         return [Check(area, "exists", FAIL, e.strerror or str(e),
                       "name an existing file or block device (gpufio creates files only "
                       "where a profile gives a size)")]
-    out = [verdict(area, "a drive, not RAM", not facts.get("ram_backed"),
-                   f"ram-backed: {facts['ram_backing']}" if facts.get("ram_backed")
-                   else f"{facts.get('model') or facts.get('device') or facts.get('kind')}",
-                   "numbers from RAM say nothing about a drive: point the target at one")]
+    found = facts["storage"]  # the whole target, its holes included
+    out = [verdict(area, "storage", found["reaches_storage"],
+                   f"{found['kind']}: {found['reason']}",
+                   "its reads do not reach a drive, so its numbers say nothing about one: "
+                   "point the target at a drive (a file: write it first)")]
     align = facts.get("dio_offset_align") or facts.get("logical_block_size")
     out.append(Check(area, "O_DIRECT alignment", OK if align else WARN,
                      f"{align} bytes" if align else "unknown (no O_DIRECT here?)",
@@ -140,7 +141,11 @@ def target_checks(path: str, depth: int, gpus: dict[str, Path],
                            f"/sys/block/{facts.get('device')}/queue/scheduler"))
     disk = facts.get("device")
     limit = read_int(f"/sys/block/{disk}/queue/nr_requests") if disk else None
-    if limit is not None:
+    if limit is not None and depth is None:
+        out.append(Check(area, "queue depth limit", OK, f"nr_requests {limit}: the block layer "
+                         f"queues up to {limit} requests for {disk} (doctor PROFILE checks "
+                         "its jobs' depth against it)"))
+    elif limit is not None:
         out.append(verdict(area, "queue depth limit", depth <= limit,
                            f"nr_requests {limit}, jobs keep up to {depth} in flight",
                            f"raise /sys/block/{disk}/queue/nr_requests to {depth} or more"))
@@ -247,13 +252,13 @@ def diagnose(jobs: list[Job], targets: list[str], host: Host | None = None,
             else engine.doctor(host, mine)
     gpus, places = gpu_checks(host)
     out += gpus
-    depths: dict[str, int] = {}
+    depths: dict[str, int | None] = {}
     given = set(targets)
     for j in jobs:
         for t in (paths(j) if paths is not None else j.targets):
-            depths[t] = max(depths.get(t, 0), _depth(j))
+            depths[t] = max(depths.get(t) or 0, _depth(j))
     for t in targets:
-        depths.setdefault(t, 1)
+        depths.setdefault(t, None)  # named on the command line, no job of the profile on it
     for t, depth in depths.items():
         out += target_checks(os.path.expanduser(t), depth, places, of_a_job=t not in given,
                              host=host)

@@ -341,9 +341,9 @@ class JobRun:
         for w in range(len(self.workers)):
             lat.hist += self.shared.live(w)[3]
         lat.n = int(lat.hist.sum())
-        pct = lat.percentiles((50.0, 99.0))
-        iops = self.samples[-1]["iops"] if self.samples else 0.0
-        bw = self.samples[-1]["bw_bytes"] if self.samples else 0.0
+        pct = lat.percentiles((50.0, 99.0)) if lat.n else {50.0: None, 99.0: None}
+        iops = self.samples[-1]["iops"] if self.samples else None
+        bw = self.samples[-1]["bw_bytes"] if self.samples else None
         progress = None
         if self.state != "setup":
             fractions = []
@@ -450,7 +450,7 @@ def per_gpu(job: Job, records: list[tuple[int, Any]]) -> list[dict[str, Any]]:
 def job_advice(job: Job, facts: dict) -> str | None:
     """One line of advice before a job set up in a way that will cost it or may hang: an
     engine's own warning (facts["warning"]), or spawned GPU workers with no MPS daemon, whose
-    contexts the GPU time-slices (docs/PERFORMANCE.md has the cost)."""
+    contexts the GPU time-slices (docs/tutorial/04-gpu-paths.md, "Several workers")."""
     if facts.get("warning"):
         return f"gpufio: job '{job.name}': {facts['warning']}"
     if facts.get("mps") is False and job.numjobs > 1:

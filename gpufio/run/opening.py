@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufio.core import iolog, pattern, space
+from gpufio.core import backing, iolog, pattern, space
 from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import WriteConsent
@@ -105,6 +105,20 @@ def check_trace(job: Job, trace: Any, opened: list[tg.Target]) -> None:
                            "false")
 
 
+def judge_targets(job: Job, engine: type[Engine], opened: list[tg.Target],
+                  regions: list[tuple[int, int]]) -> None:
+    """What each target's region reaches as the job reads it (core/backing): through the
+    page cache where the job is buffered (NVMe passthrough never is) or its engine reads
+    through it; holes matter unless every read follows the job's own writes (a write-only
+    job, or one preconditioned)."""
+    reads_existing = job.reads and job.precondition == "none"
+    cached = engine.capability is not None and engine.capability.page_cache
+    for t, (first, blocks) in zip(opened, regions):
+        backing.judge(t, offset=first, length=blocks * job.bs,
+                      buffered=cached or not (job.direct or t.lba),
+                      reads_existing=reads_existing, allow_unbacked=job.allow_unbacked)
+
+
 def open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], list[tuple[int, int]]]:
     engine = all_engines()[job.engine]
     why = engine.unavailable()
@@ -125,6 +139,8 @@ def open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], list
                    for t in opened]
         if job.read_iolog:
             check_trace(job, iolog.read(job.read_iolog), opened)
+        if engine.touches_storage:
+            judge_targets(job, engine, opened, regions)
     except BaseException:
         for t in opened:
             t.close()

@@ -93,15 +93,16 @@ DONE_BOTH = "done r+w"
 class Snapshot:
     """A job's state for the live display: plain numbers, no rendering. ``state`` is
     setup, ramp, run, ending (the workers finished, their result not yet merged) or DONE /
-    DONE_BOTH."""
+    DONE_BOTH. The rates are None until a first sample covers a whole interval, the
+    latencies until an I/O completed: a job just started has no rate yet, not a zero one."""
 
     name: str
     engine: str
     state: str
-    iops: float
-    bw_bytes: float
-    p50_ns: int
-    p99_ns: int
+    iops: float | None
+    bw_bytes: float | None
+    p50_ns: int | None
+    p99_ns: int | None
     progress: float | None
     eta_s: float | None
 

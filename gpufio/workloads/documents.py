@@ -1,12 +1,13 @@
 """What the workloads' own result documents share: the document rendered whole as JSON or as
 its table (with the problem lines under a terminal table), those problem lines, and the
-targets that live in memory."""
+targets whose reads did not reach storage."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Callable, Sequence
 
+from gpufio.results.load import not_storage
 from gpufio.results.render import render as render_rows
 
 
@@ -33,11 +34,8 @@ def render_document(doc: dict[str, Any], fmt: str, console: Any, *, title: str,
                        console=console, problems=problems if fmt == "table" else ())
 
 
-def ram_backed_targets(doc: dict[str, Any]) -> list[str]:
-    """'path (why)' for each target of the document that lives in memory, not on a drive."""
-    seen: dict[str, str] = {}
-    for job in doc["jobs"]:
-        for t in job.get("targets", []):
-            if t.get("ram_backed"):
-                seen.setdefault(t["path"], f"{t['path']} ({t.get('ram_backing', 'RAM')})")
-    return list(seen.values())
+def not_storage_title(doc: dict[str, Any]) -> str:
+    """What a table's title adds for the targets whose reads did not reach storage
+    ('' when every one did): ' · not storage: PATH (KIND), ...'."""
+    found = [f"{path} ({s['kind']})" for path, s in not_storage(doc).items()]
+    return f" · not storage: {', '.join(found)}" if found else ""

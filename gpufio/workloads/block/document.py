@@ -20,9 +20,10 @@ from gpufio.facts.device import pci_device_of
 from gpufio.facts.host import host_facts
 from gpufio.facts.system import pci_relation
 from gpufio.io.nvme_cmd import error_name
+from gpufio.results.load import job_heading, storage_note
 from gpufio.results.render import render as render_rows
 from gpufio.run.records import JobResult, RunOutcome
-from gpufio.workloads.documents import ram_backed_targets
+from gpufio.workloads.documents import not_storage_title
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -79,7 +80,7 @@ def _cpu_fields(usr: float, sys: float, runtime_ns: int, ios: int) -> dict[str, 
             "cpu_us_per_io": 1e6 * (usr + sys) / ios if ios else 0.0}
 
 
-def _job_document(r: JobResult) -> dict[str, Any]:
+def _job_document(r: JobResult, groupid: int) -> dict[str, Any]:
     job = r.job
     # the options as the profile resolved them (engine and workload settings hold the
     # same values typed, and what the engine picked, which engine_facts report)
@@ -90,7 +91,7 @@ def _job_document(r: JobResult) -> dict[str, Any]:
     resolved.update(job.engine_options)
     per_target = {p["path"]: p for p in r.per_target}
     return {
-        "jobname": job.name, "groupid": 0, "error": 0 if r.ok else 1,
+        "jobname": job.name, "groupid": groupid, "error": 0 if r.ok else 1,
         "engine": job.engine, "engine_facts": r.engine_facts,
         "job options": {k: str(v) for k, v in job.options_as_given.items()},
         "resolved options": resolved,
@@ -189,23 +190,36 @@ def build_document(outcome: RunOutcome, profile: Profile) -> dict[str, Any]:
         "host": host,
         "gpus": _gpus_if_used(outcome),
         "interrupted": outcome.interrupted,
-        "jobs": [_job_document(r) for r in outcome.results],
+        "jobs": [_job_document(r, profile.group_of(i)[1])
+                 for i, r in enumerate(outcome.results)],
     }
     if profile.limits:
         doc["check"] = profile.limits
-    if profile.concurrent and outcome.results:
+    if profile.notes:  # how a fio job file's options run here (verify, engines ...)
+        doc["notes"] = list(profile.notes)
+    groups: dict[int, list[JobResult]] = {}
+    for i, r in enumerate(outcome.results):
+        groups.setdefault(profile.group_of(i)[1], []).append(r)
+    if profile.concurrent and len(groups) == 1 and len(outcome.results) > 1:  # one job is its total
         doc["group_total"] = _group_total(outcome.results)
+    elif profile.concurrent and len(groups) > 1:  # fio's reporting groups (stonewall, new_group)
+        doc["group_totals"] = [{"groupid": g, **_group_total(rs)} for g, rs in groups.items()]
     return doc
 
 
 def _status(job: dict[str, Any]) -> str:
+    """The table's status of a job, with what its targets were where not a drive
+    ('ok (page cache: not storage)')."""
     if job.get("failure"):
         return "failed"
     if job["errors"] or any(job.get(d, {}).get("short_ios") for d in ("read", "write")):
-        return "io-errors"
-    if job["verify"]["failures"]:
-        return "bad-data"
-    return "interrupted" if job.get("interrupted") else "ok"
+        status = "io-errors"
+    elif job["verify"]["failures"]:
+        status = "bad-data"
+    else:
+        status = "interrupted" if job.get("interrupted") else "ok"
+    note = next((n for t in job.get("targets", []) if (n := storage_note(t))), "")
+    return f"{status} ({note})" if note else status
 
 
 def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -214,12 +228,24 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     entries = [(j["jobname"], j.get("engine", ""), j) for j in doc["jobs"]]
     if "group_total" in doc:
         entries.append(("group total", "", doc["group_total"]))
+    entries.extend((f"group {g['groupid']} total", "", g) for g in doc.get("group_totals", []))
     for name, engine, j in entries:
-        for rw in directions(j):
-            rows.append(_row(name, engine, rw, j))
-            rows.extend(_row(part, engine, rw, p) for part, p in _parts(name, j)
+        have = directions(j)
+        for rw in have:
+            shown = _rw_shown(j, rw, len(have) > 1)
+            rows.append(_row(name, engine, rw, j, shown))
+            rows.extend(_row(part, engine, rw, p, shown) for part, p in _parts(name, j)
                         if p.get(rw, {}).get("total_ios"))
     return rows
+
+
+def _rw_shown(job: dict[str, Any], direction: str, mixed: bool) -> str:
+    """A row's rw: the job's rw as its profile wrote it (randread, not read), a mixed job's
+    direction beside it; the direction alone where no job wrote one (the group total)."""
+    written = job.get("job options", {}).get("rw") or job.get("resolved options", {}).get("rw")
+    if not written:
+        return direction
+    return f"{written} ({direction})" if mixed else str(written)
 
 
 def _parts(name: str, job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -234,12 +260,12 @@ def _parts(name: str, job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return gpus + hosts + [(f"{name} · rank {r['rank']}", r) for r in mpi["ranks"]]
 
 
-def _row(name: str, engine: str, rw: str, j: dict[str, Any]) -> dict[str, Any]:
-    """A table row: one direction of one job."""
+def _row(name: str, engine: str, rw: str, j: dict[str, Any], shown: str) -> dict[str, Any]:
+    """A table row: one direction (``rw``) of one job, its rw column ``shown``."""
     rd = j[rw]
     pct = rd["lat_ns"]["percentile"]
     row = {
-        "job": name, "engine": label(engine, j.get("engine_facts", {})), "rw": rw,
+        "job": name, "engine": label(engine, j.get("engine_facts", {})), "rw": shown,
         "IOPS": round(rd["iops"]), "MB/s": round(rd["bw_bytes"] / 1e6, 1),
         "mean_us": round(rd["lat_ns"]["mean"] / 1e3, 1),
         "p50_us": round(pct["50.000000"] / 1e3, 1), "p99_us": round(pct["99.000000"] / 1e3, 1),
@@ -259,9 +285,7 @@ def _row(name: str, engine: str, rw: str, j: dict[str, Any]) -> dict[str, Any]:
 
 
 def _title(doc: dict[str, Any]) -> str:
-    ram = ram_backed_targets(doc)
-    return f"gpufio {doc['gpufio version']} · {doc['profile']}" + (
-        f" · ram-backed (not a drive): {', '.join(ram)}" if ram else "")
+    return f"gpufio {doc['gpufio version']} · {doc['profile']}" + not_storage_title(doc)
 
 
 def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str:
@@ -274,7 +298,8 @@ def render(doc: dict[str, Any], fmt: str, console: Console | None = None) -> str
         return json.dumps(to_fio(doc), indent=2) + "\n"
     return render_rows(summary_rows(doc), fmt, title=_title(doc),
                        left=("job", "engine", "rw", "status"), columns=("job",), console=console,
-                       problems=problems(doc) if fmt == "table" else ())
+                       problems=problems(doc) if fmt == "table" else (),
+                       heading=[job_heading(j) for j in doc["jobs"]])
 
 
 def problems(doc: dict[str, Any]) -> list[str]:

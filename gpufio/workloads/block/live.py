@@ -31,14 +31,23 @@ def _eta(s: Snapshot) -> str:
     return f"{s.eta_s:.0f}s" if s.eta_s is not None and not _done(s) else "-"
 
 
+def _number(value: float | None, scale: float, spec: str) -> str:
+    """``value / scale`` as ``spec`` formats it, or "-" where there is none yet."""
+    return "-" if value is None else format(value / scale, spec)
+
+
+def _numbers(s: Snapshot) -> dict[str, str]:
+    """The rate and latency cells of a job's row or line."""
+    return {"IOPS": _number(s.iops, 1, ",.0f"), "MB/s": _number(s.bw_bytes, 1e6, ",.1f"),
+            "p50 us": _number(s.p50_ns, 1e3, ",.1f"), "p99 us": _number(s.p99_ns, 1e3, ",.1f"),
+            "progress": "-" if s.progress is None else f"{100 * s.progress:.0f}%"}
+
+
 def _table(snaps: list[Snapshot], note: str = "") -> Table:
     """The live table; a finished job's row carries its result's numbers (run/jobrun.JobRun),
     and ``note`` says what the screen's result below is beside them."""
     finished = bool(snaps) and all(_done(s) for s in snaps)
-    rows = [{"job": s.name, "engine": s.engine, "state": s.state, "IOPS": f"{s.iops:,.0f}",
-             "MB/s": f"{s.bw_bytes / 1e6:,.1f}", "p50 us": f"{s.p50_ns / 1e3:,.1f}",
-             "p99 us": f"{s.p99_ns / 1e3:,.1f}",
-             "progress": f"{100 * s.progress:.0f}%" if s.progress is not None else "-",
+    rows = [{"job": s.name, "engine": s.engine, "state": s.state, **_numbers(s),
              "ETA": _eta(s)} for s in snaps]
     title = "gpufio: finished" if finished else "gpufio: running"
     return table(rows, f"{title} ({note})" if note else title,
@@ -78,7 +87,8 @@ class LiveDisplay:
         if not running or not self._plain.due():
             return
         for s in running:
-            progress = f"{100 * s.progress:.0f}%" if s.progress is not None else "-"
-            print(f"gpufio: {s.name} [{s.engine}] {s.state} {progress} iops={s.iops:,.0f} "
-                  f"MB/s={s.bw_bytes / 1e6:,.1f} p50={s.p50_ns / 1e3:,.1f}us "
-                  f"p99={s.p99_ns / 1e3:,.1f}us eta={_eta(s)}", file=self._stream, flush=True)
+            n = _numbers(s)
+            p50, p99 = (n[k] + "us" * (n[k] != "-") for k in ("p50 us", "p99 us"))
+            print(f"gpufio: {s.name} [{s.engine}] {s.state} {n['progress']} iops={n['IOPS']} "
+                  f"MB/s={n['MB/s']} p50={p50} p99={p99} eta={_eta(s)}",
+                  file=self._stream, flush=True)

@@ -38,6 +38,9 @@ JOB_OPTIONS: tuple[Option, ...] = (
     Option("write_device", "str", None, "the one block device this job may write to, named "
            "again to confirm (its data is lost; gpufio refuses a device holding anything "
            "libblkid recognises: a partition table, filesystem, LVM, RAID, LUKS, bcache, swap)"),
+    Option("allow_unbacked", "bool", False, "read a target whose range has holes or "
+           "unwritten (fallocated) extents, whose reads return zeros without reaching the "
+           "drive (the result says so)"),
     Option("precondition", "str", "none", "write the whole region sequentially before the "
            "measured phase: once (seq) or twice (seq2)", choices=("none", "seq", "seq2")),
     Option("steadystate", "str", None, "end the job once its IOPS or bandwidth settle, as "
@@ -62,6 +65,10 @@ JOB_OPTIONS: tuple[Option, ...] = (
     Option("gpu_targets", "gpu_targets", "all", "which targets each GPU's workers read: "
            "\"all\", \"nearest\" (the closest by PCIe topology) or {0 = [...], 1 = [...]}"),
     Option("verify", "bool", False, "check every block read against the data pattern"),
+    Option("invalidate", "bool", True, "drop the targets' pages from the page cache before "
+           "a buffered (direct = false) job runs, so its reads reach storage: posix_fadvise "
+           "DONTNEED on files, the buffer cache flushed (BLKFLSBUF) on block devices, as fio's "
+           "invalidate"),
     Option("continue_on_error", "bool", False, "keep going after I/O errors (they are counted "
            "either way)"),
     Option("read_iolog", "str", None, "replay this fio iolog (version 2 or 3) instead of "

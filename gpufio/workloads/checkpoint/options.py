@@ -28,7 +28,7 @@ CHECKPOINT_OPTIONS: tuple[Option, ...] = (
            "(MLPerf Storage checkpoints: 105 GB and up)", minimum=4096),
     Option("shards", "strlist", (), "tensor sizes, repeated in order until state_size is "
            "reached, e.g. [\"256m\", \"8k\"] (default: the tensors of a Llama layer stack, "
-           "see README)"),
+           "see docs/tutorial/06-checkpoints.md)"),
     Option("layout", "str", "files", "'files': a file per shard in each target directory; "
            "'single': one file (or block device) per target, shards at 4 KiB-aligned offsets",
            choices=("files", "single")),

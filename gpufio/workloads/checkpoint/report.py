@@ -13,7 +13,7 @@ from typing import Any
 from gpufio import __version__
 from gpufio.facts.host import host_facts
 from gpufio.results.load import Metric
-from gpufio.workloads.documents import problem_lines, ram_backed_targets, render_document
+from gpufio.workloads.documents import not_storage_title, problem_lines, render_document
 
 FORMATS = ("table", "json", "markdown", "csv")
 
@@ -100,9 +100,8 @@ def problems(doc: dict[str, Any]) -> list[str]:
 def render(doc: dict[str, Any], fmt: str, console: Any = None) -> str:
     """The document in ``fmt``: the whole document as JSON, else the table (a 'table'
     prints to ``console`` and returns '')."""
-    ram = ram_backed_targets(doc)
     title = (f"gpufio {doc['gpufio version']} · {doc['profile']} · checkpoint save and restore"
-             + (f" · ram-backed (not a drive): {', '.join(ram)}" if ram else ""))
+             + not_storage_title(doc))
     return render_document(doc, fmt, console, title=title, rows=rows(doc),
                            left=("job", "path", "memory", "state", "files"),
                            problems=problems(doc))

@@ -8,9 +8,9 @@ the move stays where it was. The limit is one of page cache: what the process al
 itself after the move (its heap, the GPU runtime's host memory: anonymous memory, which
 without swap cannot be reclaimed) is added to it as it grows, by a watcher process outside
 the group (cgroups.follow_anonymous). A fixed limit is held above by that memory, and then
-every allocation is throttled (v2's memory.high) or the job killed (v1): the stall of issue
-18, a group held above its limit by anonymous memory with almost no page cache in it
-(docs/PERFORMANCE.md). The result records the limit, the control file, the cgroup used, the usage
+every allocation is throttled (v2's memory.high) or the job killed (v1): a group held
+above its limit by anonymous memory with almost no page cache in it stalls. The result
+records the limit, the control file, the cgroup used, the usage
 measured there and the largest anonymous size the watcher saw.
 """
 

@@ -14,7 +14,7 @@ Doorbells go one of two ways, named in every result (``mode``):
 - ``relay``: agents store them into words of host memory; one CPU thread (``Relay``) copies
   each changed word into its doorbell register, one MMIO write per queue per pass however
   many tails the GPU published meanwhile. The fallback where the BAR cannot be registered
-  (NVIDIA's driver on recent kernels: issue 31's Risk).
+  (NVIDIA's driver may refuse it on recent kernels).
 """
 
 from __future__ import annotations
@@ -242,6 +242,32 @@ class RegisteredModel:
         gpu.unregister_host(self._mem.addr)
 
 
+class RegisteredGuest:
+    """QEMU's guest RAM (io/nvme/qemu.QemuNvme), where the controller's queues, PRP lists
+    and landing slots all live, registered with CUDA and mapped into the GPU, as
+    ControllerMemory. BAR0 is reached over qtest only: relayed doorbells, each a qtest
+    register write."""
+
+    def __init__(self, guest: Any) -> None:
+        self._guest = guest
+        self._addr = guest.ram.ctypes.data
+        gpu.register_host(self._addr, len(guest.ram), mapped=True)
+        self.set_reg, self.reg = guest.device.bar0.w32, guest.device.bar0.r32
+
+    def alloc(self, nbytes: int) -> tuple[np.ndarray, int]:
+        buf = self._guest.device.memory(nbytes)
+        return buf.map, buf.iova
+
+    def bar_address(self) -> int | None:
+        return None
+
+    def ended(self) -> str:
+        return self._guest.ended()
+
+    def close(self) -> None:
+        gpu.unregister_host(self._addr)
+
+
 def register_io_memory(addr: int, size: int) -> str | None:
     """Register ``size`` bytes of a BAR mapping at ``addr`` with CUDA as I/O memory
     (CU_MEMHOSTREGISTER_IOMEMORY), so GPU threads may store to it; None once registered,
@@ -344,7 +370,7 @@ def gpu_doctor_checks(area: str, relays: list[tuple[str, int]], cpus: int,
         why = io_memory_probe()
         out = [verdict(area, "BAR as CUDA I/O memory", why is None,
                        "CU_MEMHOSTREGISTER_IOMEMORY taken on the software controller's BAR "
-                       "page (a real BAR may still be refused: issue 31's Risk)"
+                       "page (a real BAR may still be refused)"
                        if why is None else f"refused on a tmpfs page: {why}",
                        "direct doorbells cannot work here; use doorbells = \"relay\"")]
     cost = ("one CPU thread per worker polls the GPU's published tails and heads and writes "

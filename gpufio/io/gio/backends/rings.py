@@ -36,7 +36,7 @@ def ring_sizes(iodepth: int, ring_entries: int | None, where: str = "") -> tuple
 def default_rings(ntargets: int, cpus: int) -> int:
     """Half the cores, at most 8, at least one per target: each ring's SQPOLL thread spins
     on a core, and on RAM-backed targets hands its reads to an io-wq worker that needs
-    another (docs/PERFORMANCE.md, "gpu-uring, fifth session", has the sweep behind it)."""
+    another; more rings than that spun cores without adding IOPS."""
     return max(ntargets, min(8, cpus // 2), 1)
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufio.core.errors import BadInput
-from gpufio.facts.device import ram_backing
+from gpufio.facts.storage import ram_backing
 from gpufio.io import cuda, gpu, uring
 from gpufio.io.gio.backends.rings import GpuRings, ring_sizes, stall_report
 from gpufio.io.gio.queue import (
