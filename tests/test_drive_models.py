@@ -1,0 +1,122 @@
+"""Drive models (io/nvme/drives.py, drive_rate.c): every figure has a source, and the rate
+model never completes faster than its IOPS or link, nor sooner than its latency. Driven by
+a fake clock: the stamps are the model's, no wall clock is read."""
+
+import random
+
+import pytest
+
+from gpufio.core.errors import BadInput
+from gpufio.io.nvme import drives
+
+pytestmark = pytest.mark.skipif(not drives.available(),
+                                reason="the drive rate model needs a C compiler (cc)")
+
+
+def _drive(iops=None, read_bw=None, link_bw=0.0, latency_ns=None) -> drives.DriveModel:
+    return drives.DriveModel("test", "test drive", "none", link_bw, iops, read_bw,
+                             latency_ns, {})
+
+
+def _most_in_window(stamps: list[int], window: int) -> int:
+    """The most completion stamps in any half-open window of ``window`` ns."""
+    stamps = sorted(stamps)
+    best, lo = 0, 0
+    for hi, t in enumerate(stamps):
+        while stamps[lo] <= t - window:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+def test_every_model_names_a_source_for_each_figure_and_says_what_it_lacks():
+    assert {"dapustor-r5101", "dapustor-h5100", "samsung-pm9a3", "micron-9550"} <= \
+        set(drives.names())
+    for key in drives.names():
+        m = drives.model(key)
+        assert m.link in ("gen4x4", "gen5x4") and m.link_bw > 0
+        assert m.sources["link"].startswith("https://")
+        for figure, value in (("iops", m.iops), ("read_bw", m.read_bw),
+                              ("latency", m.latency_ns)):
+            assert (value is None) == (figure not in m.sources), (key, figure)
+            assert value is not None or m.unpublished, (key, figure)  # a gap is said
+        assert drives.label(m) == f"emulated: {key}, rates from {m.source}"
+    gen4, gen5 = drives.model("dapustor-r5101"), drives.model("dapustor-h5100")
+    assert gen5.link_bw == pytest.approx(2 * gen4.link_bw, rel=1e-6)
+
+
+def test_an_unknown_model_is_refused_naming_the_known_ones():
+    with pytest.raises(BadInput, match="drive_model 'nope'.*micron-9550"):
+        drives.model("nope")
+
+
+@pytest.mark.parametrize("iops", [1_000_000, 3_300_000, 900_000])
+def test_a_model_rated_n_iops_never_completes_more_than_n_in_a_window(iops):
+    rate = drives.DriveRate(_drive(iops=iops))
+    rng = random.Random(7)
+    now, stamps = 0, []
+    for _ in range(20):  # bursts of many commands fetched at once, and idle gaps
+        for _ in range(rng.randrange(1, 3000)):
+            due = rate.admit(now, 4096)
+            assert due >= now
+            stamps.append(due)
+            now += rng.choice((0, 0, 0, 50))
+        now += rng.randrange(0, 2_000_000)
+    assert rate.admitted == len(stamps)
+    for window in (1_000, 100_000, 1_000_000):
+        assert _most_in_window(stamps, window) <= window * iops / 1e9 + 1
+    # saturated, it runs at the rating: 10^4 commands at once end 10^4 / iops later
+    busy = drives.DriveRate(_drive(iops=iops))
+    last = max(busy.admit(0, 4096) for _ in range(10_000))
+    assert last == pytest.approx(10_000 / iops * 1e9, rel=1e-3)
+
+
+def test_the_link_caps_bytes_whatever_the_iops():
+    link = 7_876_923_077
+    rate = drives.DriveRate(_drive(iops=100e6, link_bw=link))
+    stamps = [(rate.admit(0, 128 << 10), 128 << 10) for _ in range(2000)]
+    for window in (1_000_000, 10_000_000):
+        by_time = sorted(stamps)
+        lo, worst, total = 0, 0, 0
+        for t, b in by_time:
+            total += b
+            while by_time[lo][0] <= t - window:
+                total -= by_time[lo][1]
+                lo += 1
+            worst = max(worst, total)
+        assert worst <= window * link / 1e9 + (128 << 10)
+    assert max(t for t, _ in stamps) == pytest.approx(2000 * (128 << 10) / link * 1e9,
+                                                     rel=1e-3)
+
+
+def test_the_sequential_read_rating_caps_bytes_below_the_link():
+    rate = drives.DriveRate(_drive(read_bw=6.5e9, link_bw=7.9e9))
+    last = max(rate.admit(0, 1 << 20) for _ in range(100))
+    assert last == pytest.approx(100 * (1 << 20) / 6.5e9 * 1e9, rel=1e-3)
+
+
+def test_no_completion_comes_before_the_latency_floor():
+    rate = drives.DriveRate(_drive(iops=3_300_000, latency_ns=60_000))
+    now = 5_000_000
+    assert rate.admit(now, 4096) == now + 60_000  # an idle drive at depth one: the floor
+    for k in range(1, 5000):  # at depth, the floor and then the rate
+        due = rate.admit(now + k, 4096)
+        assert due >= now + k + 60_000
+    assert due >= now + 4999 / 3.3e6 * 1e9  # the last waited for the 4999 before it
+
+
+def test_a_pollers_completion_times_never_go_back():
+    """A poller with a monotonic clock may hold its modelled completions in a FIFO."""
+    rate = drives.DriveRate(drives.model("micron-9550"))
+    rng = random.Random(3)
+    now, last = 0, 0
+    for _ in range(20_000):
+        now += rng.choice((0, 10, 1000, 100_000))
+        due = rate.admit(now, rng.choice((512, 4096, 131072)))
+        assert due >= last
+        last = due
+
+
+def test_an_unmodelled_drive_completes_at_once():
+    rate = drives.DriveRate(_drive())
+    assert [rate.admit(42, 4096) for _ in range(3)] == [42, 42, 42]
