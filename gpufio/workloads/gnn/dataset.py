@@ -43,8 +43,10 @@ def _feature_paths(job: Job) -> list[str]:
     g = job.workload_settings
     n = max(len(job.targets), 1)
 
+    k = features.stripe_rows(g.feature_dim * 4, g.stripe)
+
     def name(i: int) -> str:  # a stripe of n holds other rows than the whole table
-        part = f"-part{i}of{n}" if n > 1 else ""
+        part = (f"-part{i}of{n}" + (f"-stripe{k}" if k > 1 else "")) if n > 1 else ""
         return f"gnn-features-{g.nodes}x{g.feature_dim}-seed{job.randseed}{part}.f32"
 
     if not job.targets:
@@ -98,7 +100,8 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
             if row != dim * 4:
                 raise BadInput(f"feature file {paths[0]}: rows of {row} bytes, not {dim} "
                                "float32 (key 'feature_dim')")
-        layout = features.Layout(len(paths), dim * 4, header)
+        layout = features.Layout(len(paths), dim * 4, header,
+                                 features.stripe_rows(dim * 4, g.stripe))
         for t, path in enumerate(paths):
             features.check_file(path, layout, t, nodes)
         # gpufio's generated table copied there (onto a device, say) is checked against the
@@ -107,7 +110,7 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
                    for t, path in enumerate(paths))
         return Dataset(gr, paths, layout, generated=ours)
     paths = _feature_paths(job)
-    layout = features.Layout(len(paths), dim * 4)
+    layout = features.Layout(len(paths), dim * 4, 0, features.stripe_rows(dim * 4, g.stripe))
     space.check_layouts([(path, layout.bytes_needed(t, nodes)) for t, path in enumerate(paths)
                          if not os.path.exists(path)], job.allow_large_layout)
     for t, path in enumerate(paths):
