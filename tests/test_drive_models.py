@@ -120,3 +120,40 @@ def test_a_pollers_completion_times_never_go_back():
 def test_an_unmodelled_drive_completes_at_once():
     rate = drives.DriveRate(_drive())
     assert [rate.admit(42, 4096) for _ in range(3)] == [42, 42, 42]
+
+
+def test_the_model_controller_holds_each_completion_to_its_drives_latency(tmp_path):
+    """The Python model controller with a drive model: bytes still exact, a full CQ still
+    holds the SQ back while completions wait, and no read completes sooner than the drive's
+    latency (at depth one, n reads take n latencies at least: a bound load cannot break)."""
+    import functools
+    import time
+
+    import numpy as np
+
+    from gpufio.core import pattern, targets
+    from gpufio.io import nvme_model
+    from gpufio.io import nvme_queue as nq
+
+    backing = tmp_path / "ns.dat"
+    targets.create_file(str(backing), 1 << 20, 99)
+    drive = drives.model("micron-9550")
+    m = nvme_model.ModelProcess(tmp_path, backing, 9, 16 << 20,
+                                server=functools.partial(nvme_model.serve, drive=drive.key))
+    try:
+        pair = m.host().create_pair(1, 4)  # 3 slots: completions held fill its CQ
+        offs = [4096 * k for k in range(40)]
+        views = [m.mem.alloc(4096) for _ in offs]
+        e = nq.io_commands(write=False, nsid=1, lba_shift=9, off=np.array(offs, np.uint64),
+                           length=np.full(len(offs), 4096), cid=np.arange(len(offs)),
+                           prp1=np.array([iova for _, iova in views], np.uint64),
+                           prp2=np.zeros(len(offs), np.uint64))
+        cqes = pair.run(e, 10**10)
+        assert list(nq.result(cqes["status"], np.full(len(offs), 4096))) == [4096] * len(offs)
+        for off, (view, _) in zip(offs, views):
+            assert view.tobytes() == pattern.fill(99, off, 4096)
+        t0 = time.monotonic_ns()
+        pair.run(e, 10**10, depth=1)
+        assert time.monotonic_ns() - t0 >= len(e) * drive.latency_ns
+    finally:
+        m.stop()

@@ -24,13 +24,16 @@ controller back if the process holding it dies.
 With ``controller = "model"`` the controller is gpufio's software NVMe controller
 (io/nvme_model.py) in a process of its own, serving the job's one target file as
 namespace 1: the GPU side runs unchanged on a machine with no NVMe (results say
-``controller = model``; its rate is a Python loop's, not a drive's).
+``controller = model``; its rate is a Python loop's, not a drive's). ``drive_model`` puts a
+drive's published rates in front of it (io/nvme/drives.py): every result then says
+``emulated: <model>, rates from <source>`` in its mode, as a compat cuFile run says compat.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import multiprocessing
 import os
 import sys
@@ -51,6 +54,7 @@ from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.facts.device import path_facts
 from gpufio.io import nvme_cmd, nvme_driver, vfio
+from gpufio.io.nvme import drives
 from gpufio.io import nvme_queue as nq
 from gpufio.io.gio.bench import check_bench_job
 from gpufio.io.gio.gather import QueueGather
@@ -81,6 +85,20 @@ def doorbells(o: Any) -> str:
     if o.doorbells != "auto":
         return o.doorbells
     return "direct" if o.controller == "model" else "relay"
+
+
+def emulated(o: Any) -> str:
+    """The mode's words for a modelled drive (", emulated: <model>, rates from <source>"),
+    else ""."""
+    return f", {drives.label(drives.model(o.drive_model))}" if o.drive_model else ""
+
+
+def model_server(o: Any) -> Any:
+    """The software controller's loop for these settings: at the drive model's rates where
+    one is named (nvme_model.serve's ``drive``), else the model's own (None)."""
+    from gpufio.io import nvme_model
+
+    return functools.partial(nvme_model.serve, drive=o.drive_model) if o.drive_model else None
 
 
 def slot_bytes(bs: int) -> int:
@@ -210,12 +228,12 @@ class _Model(_Held):
     lock = threading.Lock()
     open: dict[str, _Model] = {}
 
-    def __init__(self, path: str, lba_shift: int, dma_bytes: int) -> None:
+    def __init__(self, path: str, lba_shift: int, dma_bytes: int, server: Any = None) -> None:
         from gpufio.io import nvme_model
         from gpufio.io.gio.backends.nvme import RegisteredModel
 
         self.key = path
-        self.served = nvme_model.ServedFile(path, lba_shift, dma_bytes)
+        self.served = nvme_model.ServedFile(path, lba_shift, dma_bytes, server=server)
         try:
             self.registered = RegisteredModel(self.served.mem)
         except BaseException:
@@ -231,7 +249,8 @@ class _Model(_Held):
             if model is None:
                 per = 2 * nq.PAGE + (job.iodepth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
                     job.iodepth * (slot_bytes(job.bs) + nq.PAGE) + nq.PAGE
-                model = cls.open[path] = cls(path, lba_shift, job.numjobs * per + MODEL_SLACK)
+                model = cls.open[path] = cls(path, lba_shift, job.numjobs * per + MODEL_SLACK,
+                                             model_server(Bam.settings(job)))
             model.users += 1
             try:
                 return model, model.served.host.create_pair(worker + 1, job.iodepth + 1)
@@ -286,6 +305,11 @@ class Bam(Engine):
                "relay on a real controller)", choices=("auto", "direct", "relay")),
         Option("model_lba", "int", 512, "the software controller's logical block size",
                minimum=512),
+        Option("drive_model", "str", None, "controller = \"model\": hold each completion to a "
+               "drive's published rates (4 KiB random-read IOPS, sequential read, read "
+               "latency, PCIe link; io/nvme/drives.toml, each figure with its source); every "
+               "result says 'emulated: <model>, rates from <source>'",
+               choices=drives.names()),
         Option("stall_timeout", "time", 10_000_000_000, "stop the GPU kernels and fail when no "
                "command completes for this long", minimum=1_000_000),
     )
@@ -338,6 +362,10 @@ class Bam(Engine):
         if job.bs > nq.PAGE * (nq.PRP_PER_PAGE + 1):
             raise BadInput(f"job '{job.name}': bs {job.bs} needs a chained PRP list; engine "
                            f"'bam' takes at most {nq.PAGE * (nq.PRP_PER_PAGE + 1)}")
+        if o.drive_model and o.controller != "model":
+            raise BadInput(f"job '{job.name}': drive_model = \"{o.drive_model}\" emulates a "
+                           "drive on the software controller (controller = \"model\"); "
+                           "controller = \"vfio\" drives the real one")
         if o.controller == "model":
             if who == "cpu":
                 raise BadInput(f"job '{job.name}': engine 'bam' drives the software "
@@ -367,7 +395,10 @@ class Bam(Engine):
                     "mode": SUBMITTER, "doorbells": "cpu", "controller": where,
                     "queues": "host memory"}
         return {**super().describe(job), "page_cache": False, "submitter": "gpu",
-                "mode": f"gpu, {bells} doorbells, {where} controller", "doorbells": bells,
+                "mode": f"gpu, {bells} doorbells, {where} controller{emulated(o)}",
+                **({"drive": drives.describe(drives.model(o.drive_model))}
+                   if o.drive_model else {}),
+                "doorbells": bells,
                 "controller": where, "queues": "host memory", "gpus": list(job.gpu_list),
                 "lands_in": "written from the slots, the pattern generated there by GPU "
                             "threads" if job.writes else "gpu memory",
@@ -716,15 +747,17 @@ class BamFetch(QueueGather):
         depth = row_depth(request)
         bells = doorbells(o)
         # the result's engine_mode: who submitted, the doorbells, the controller
-        self.mode = f"gpu, {bells} doorbells, model controller"
+        self.mode = f"gpu, {bells} doorbells, model controller{emulated(o)}"
         self.facts: dict[str, Any] = {"iodepth": depth, "submitter": "gpu",
                                       "doorbells": bells, "controller": "model",
                                       "mode": self.mode}
+        if o.drive_model:
+            self.facts["drive"] = drives.describe(drives.model(o.drive_model))
         shift = o.model_lba.bit_length() - 1
         row = slot_bytes(layout.row_bytes)
         dma = 2 * nq.PAGE + (depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
             depth * (row + nq.PAGE) + nq.PAGE + MODEL_SLACK
-        self._served = nvme_model.ServedFile(table.paths[0], shift, dma)
+        self._served = nvme_model.ServedFile(table.paths[0], shift, dma, server=model_server(o))
         self._registered: Any = None
         self.queue: Any = None
         try:

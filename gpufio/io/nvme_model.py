@@ -15,6 +15,8 @@ It is test infrastructure and the bench's ceiling model: the GPU kernels and the
 controller reaches by bus address (IOVA = ``IOVA_BASE`` + its offset there), where queues,
 PRP lists and data buffers live. The model polls its doorbells (a memory write raises no
 event); it is a Python loop, so its rate is far below a drive's, and it says so in results.
+A drive model (io/nvme/drives.py) may stand in front of its backing file: each I/O command's
+completion is then held until the model's rates and latency allow it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import mmap
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +33,7 @@ import numpy as np
 
 from gpufio.core import processes
 from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import drives
 from gpufio.io.nvme_cmd import NVME_FLUSH, NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled, Watchdog
 
@@ -142,6 +146,7 @@ class _Queue:
     head: int = 0     # SQ: next entry to fetch; CQ: the host's head doorbell
     tail: int = 0     # CQ: next entry to post
     phase: int = 1
+    held: int = 0     # CQ: entries kept for completions a drive model holds back
 
 
 @dataclass
@@ -157,8 +162,13 @@ class Controller:
     enabled: bool = False
     fetched: int = 0
     completed: int = 0
+    drive: str | None = None  # a drive model's key (io/nvme/drives.toml): its rates apply
 
     def __post_init__(self) -> None:
+        self.rate = None if self.drive is None else drives.DriveRate(drives.model(self.drive))
+        # completions the drive model holds: (due ns, CQ, SQ id, SQ head, cid, (status,
+        # result)), due times nondecreasing (drive_rate.c), so the first is the next due
+        self.held: list[tuple] = []
         self.nblocks = os.fstat(self.backing).st_size >> self.lba_shift
         self._left = [f.times for f in self.faults]
         m = self.mem
@@ -179,13 +189,13 @@ class Controller:
             m.set_reg(nq.REG_CSTS, nq.CSTS_RDY)
             return True
         if not cc & nq.CC_EN and self.enabled:  # reset: every queue and its state goes
-            self.sqs, self.cqs, self.enabled = {}, {}, False
+            self.sqs, self.cqs, self.enabled, self.held = {}, {}, False, []
             m.bar32[nq.DOORBELLS // 4:] = 0  # as every register, back to its reset value
             m.set_reg(nq.REG_CSTS, 0)
             return True
         if not self.enabled or m.reg(nq.REG_CSTS) & nq.CSTS_CFS:
             return False
-        worked = False
+        worked = self._release()
         for qid, cq in self.cqs.items():
             cq.head = m.reg(nq.doorbell(qid, True))
         for qid, sq in list(self.sqs.items()):
@@ -195,20 +205,43 @@ class Controller:
             if tail >= sq.size:
                 return self._fatal(f"SQ {qid} tail doorbell {tail} >= its {sq.size} entries")
             cq = self.cqs[sq.cqid]
-            while sq.head != tail and (cq.tail + 1) % cq.size != cq.head:
+            while sq.head != tail and (cq.head - cq.tail - 1) % cq.size > cq.held:
                 e = np.frombuffer(self.mem.at(sq.base + sq.head * nq.SQE_BYTES, nq.SQE_BYTES)
                                   .tobytes(), nq.SQE_DTYPE)[0]
                 sq.head = (sq.head + 1) % sq.size
                 self.fetched += 1
                 posted = self._admin(e) if qid == 0 else self._io(e)
-                if posted is not None:
+                if posted is not None and qid and self.rate is not None:
+                    self._hold(e, cq, qid, sq.head, posted)
+                elif posted is not None:
                     self._post(cq, qid, sq.head, int(e["cid"]), *posted)
                 worked = True
         if worked:
             m.bar32[M_FETCHED // 4:M_FETCHED // 4 + 2] = np.array([self.fetched], "<u8").view("<u4")
             m.bar32[M_COMPLETED // 4:M_COMPLETED // 4 + 2] = \
                 np.array([self.completed], "<u8").view("<u4")
-        return worked
+        return worked or bool(self.held)  # held completions: poll on, without backing off
+
+    def _hold(self, e: np.void, cq: _Queue, sqid: int, sq_head: int,
+              posted: tuple[int, int]) -> None:
+        """Keep an I/O command's completion until the drive model's due time."""
+        nbytes = 0 if int(e["opcode"]) == NVME_FLUSH else \
+            ((int(e["cdw12"]) & 0xFFFF) + 1) << self.lba_shift
+        due = self.rate.admit(time.monotonic_ns(), nbytes)
+        self.held.append((due, cq, sqid, sq_head, int(e["cid"]), posted))
+        cq.held += 1
+
+    def _release(self) -> bool:
+        """Post the held completions now due, in order; True if any was."""
+        now, n = time.monotonic_ns(), 0
+        while n < len(self.held) and self.held[n][0] <= now:
+            _, cq, sqid, sq_head, cid, posted = self.held[n]
+            cq.held -= 1
+            if self.cqs.get(self.sqs[sqid].cqid if sqid in self.sqs else -1) is cq:
+                self._post(cq, sqid, sq_head, cid, *posted)  # its queues still there
+            n += 1
+        del self.held[:n]
+        return n > 0
 
     def _fatal(self, why: str) -> bool:
         """Controller Fatal Status, as a drive sets it (until a reset); ``why`` is kept for
@@ -362,17 +395,19 @@ class Controller:
         return nq.SC_INVALID_OPCODE, 0
 
 
-def serve(path: str, backing: str, lba_shift: int, faults: list[Fault]) -> None:
+def serve(path: str, backing: str, lba_shift: int, faults: list[Fault],
+          drive: str | None = None) -> None:
     """The controller process's loop: serve ``path``'s queues from the file ``backing`` until
-    the stop word is set. Busy-polls while there is work, backs off (to IDLE_MAX_S) when
-    there is none."""
+    the stop word is set, at the rates of the drive model ``drive`` where one is named
+    (``functools.partial(serve, drive=key)`` is ModelProcess's ``server``). Busy-polls
+    while there is work, backs off (to IDLE_MAX_S) when there is none."""
     mem = Memory(path)
     try:
         fd = os.open(backing, os.O_RDWR)
     except PermissionError:  # a read-only file (a dataset's features): writes fail
         fd = os.open(backing, os.O_RDONLY)
     try:
-        ctl = Controller(mem, fd, lba_shift, list(faults))
+        ctl = Controller(mem, fd, lba_shift, list(faults), drive=drive)
         mem.set_reg(M_ALIVE, 1)
         idle = 0
         while not mem.reg(M_STOP):
@@ -507,10 +542,11 @@ class Host:
 STOP_S = 5.0
 
 
-def _main(path: str, backing: str, lba_shift: int, faults: list[Fault]) -> None:
+def _main(path: str, backing: str, lba_shift: int, faults: list[Fault],
+          server: Callable[..., None]) -> None:
     processes.die_with_parent()
     processes.take_stop_signals()
-    serve(path, backing, lba_shift, faults)
+    server(path, backing, lba_shift, faults)
 
 
 class ModelProcess:
@@ -521,15 +557,18 @@ class ModelProcess:
     the parent; deaf to the Ctrl-C and SIGTERM meant for the runner): a GPU kernel, the
     doorbell relay and the CPU driver only share memory with it, as they would with a
     drive's DMA. A context manager: leaving it stops the controller (SIGKILL if it does not
-    stop)."""
+    stop). ``server`` is the loop the process runs (``serve``, this model; or another
+    controller of the same protocol: io/nvme/compiled.server)."""
 
     def __init__(self, directory: str | Path, backing: str | Path, lba_shift: int = 9,
-                 dma_bytes: int = 64 << 20, faults: list[Fault] = ()) -> None:
+                 dma_bytes: int = 64 << 20, faults: list[Fault] = (),
+                 server: Callable[..., None] | None = None) -> None:
         self.path = str(Path(directory) / "nvme-model.shm")
         self.mem = Memory(self.path, dma_bytes, create=True)
         ctx = multiprocessing.get_context("spawn")
         self._proc = ctx.Process(target=_main, daemon=True, name="nvme-model",
-                                 args=(self.path, str(backing), lba_shift, list(faults)))
+                                 args=(self.path, str(backing), lba_shift, list(faults),
+                                       server or serve))
         processes.start(self._proc)
         self.mem.server = self._proc
 
@@ -567,14 +606,16 @@ def shared_directory() -> str:
 class ServedFile:
     """A file served as namespace 1 of a software controller of its own: the process, its
     shared memory (``mem``, ``dma_bytes`` of host memory) and the CPU driver (``host``),
-    enabled; ``close`` stops it and removes the shared file."""
+    enabled; ``close`` stops it and removes the shared file. ``server``: as ModelProcess's."""
 
-    def __init__(self, backing: str, lba_shift: int, dma_bytes: int) -> None:
+    def __init__(self, backing: str, lba_shift: int, dma_bytes: int,
+                 server: Callable[..., None] | None = None) -> None:
         import shutil
 
         self.where = shared_directory()
         try:
-            self.process = ModelProcess(self.where, backing, lba_shift, dma_bytes)
+            self.process = ModelProcess(self.where, backing, lba_shift, dma_bytes,
+                                        server=server)
             self.mem = self.process.mem
             self.host = self.process.host()
         except BaseException:
