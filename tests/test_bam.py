@@ -264,7 +264,6 @@ def test_doctor_prices_the_relay_and_says_why_the_registration_was_not_probed() 
 
 @pytest.mark.parametrize("opts, layout, message", [
     ({"submitter": "gpu"}, (1, 512, 0), "from the software controller only"),
-    ({"controller": "model"}, (2, 512, 0), "striped over 2 files"),
     ({"controller": "model", "model_lba": 4096}, (1, 512, 0), "not whole 4096-byte blocks"),
 ])
 def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None:

@@ -93,12 +93,16 @@ def emulated(o: Any) -> str:
     return f", {drives.label(drives.model(o.drive_model))}" if o.drive_model else ""
 
 
-def model_server(o: Any) -> Any:
+def model_server(o: Any, namespaces: Sequence[str] = ()) -> Any:
     """The software controller's loop for these settings: at the drive model's rates where
-    one is named (nvme_model.serve's ``drive``), else the model's own (None)."""
+    one is named (nvme_model.serve's ``drive``), serving ``namespaces`` as namespaces 2, 3
+    ... (each a drive); else the model's own (None)."""
     from gpufio.io import nvme_model
 
-    return functools.partial(nvme_model.serve, drive=o.drive_model) if o.drive_model else None
+    if not o.drive_model and not namespaces:
+        return None
+    return functools.partial(nvme_model.serve, drive=o.drive_model,
+                             namespaces=tuple(namespaces))
 
 
 def slot_bytes(bs: int) -> int:
@@ -717,9 +721,10 @@ class StandIn(Channel):
 class BamFetch(QueueGather):
     """The ``bam`` path for the GNN workload's aggregation: GPU threads read the rows through
     NVMe queue agents (io/gio/backends/nvme.py) with the gather of io/gio/gather.py, as gpu-uring's
-    do through io_uring, through the GPU cache when one is asked. The feature file is served
-    by a software controller of its own (controller = "model"): a real controller's
-    namespace holds no feature file gpufio could lay out and find again."""
+    do through io_uring, through the GPU cache when one is asked. The feature files are
+    served by a software controller of its own (controller = "model"), a namespace each
+    (a table striped over n drives: n namespaces, each at its drive model's rates): a real
+    controller's namespace holds no feature file gpufio could lay out and find again."""
 
     page_cache = False
 
@@ -737,9 +742,6 @@ class BamFetch(QueueGather):
             raise BadInput(f"job '{job.name}': engine 'bam' starts a software controller "
                            "process per row fetcher, which a data-parallel job's trainer "
                            "processes may not: give the job one GPU")
-        if layout.ntargets != 1:
-            raise BadInput(f"job '{job.name}': engine 'bam' serves one feature file as its "
-                           f"namespace; the table is striped over {layout.ntargets} files")
         if layout.header % o.model_lba or layout.row_bytes % o.model_lba:
             raise BadInput(f"job '{job.name}': feature rows of {layout.row_bytes} bytes from "
                            f"byte {layout.header} are not whole {o.model_lba}-byte blocks "
@@ -757,14 +759,17 @@ class BamFetch(QueueGather):
         row = slot_bytes(layout.row_bytes)
         dma = 2 * nq.PAGE + (depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
             depth * (row + nq.PAGE) + nq.PAGE + MODEL_SLACK
-        self._served = nvme_model.ServedFile(table.paths[0], shift, dma, server=model_server(o))
+        # a table striped over n files: a namespace (a drive) each, on the one controller
+        self._served = nvme_model.ServedFile(table.paths[0], shift, dma,
+                                             server=model_server(o, table.paths[1:]))
         self._registered: Any = None
         self.queue: Any = None
         try:
             self._registered = RegisteredModel(self._served.mem)
             pair = self._served.host.create_pair(1, depth + 1)
             self.queue = NvmeQueues(self._registered, [pair], depth=depth, slot_bytes=row,
-                                    nsid=1, lba_shift=shift, mode=bells)
+                                    nsid=1, lba_shift=shift, mode=bells,
+                                    namespaces=layout.ntargets)
             super().__init__(self.queue, table, xp, request.dim, depth, o.stall_timeout,
                              request.cache_bytes)
         except BaseException:

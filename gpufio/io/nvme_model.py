@@ -21,6 +21,7 @@ completion is then held until the model's rates and latency allow it.
 
 from __future__ import annotations
 
+import heapq
 import mmap
 import multiprocessing
 import os
@@ -163,13 +164,19 @@ class Controller:
     fetched: int = 0
     completed: int = 0
     drive: str | None = None  # a drive model's key (io/nvme/drives.toml): its rates apply
+    # namespaces 2, 3 ...: descriptors of their data, each a drive of its own (its own rate
+    # model), as a table striped over several drives needs
+    more: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        self.rate = None if self.drive is None else drives.DriveRate(drives.model(self.drive))
-        # completions the drive model holds: (due ns, CQ, SQ id, SQ head, cid, (status,
-        # result)), due times nondecreasing (drive_rate.c), so the first is the next due
+        self.data = (self.backing, *self.more)  # namespace i + 1's data
+        self.sizes = [os.fstat(fd).st_size >> self.lba_shift for fd in self.data]
+        self.rates = [None if self.drive is None else
+                      drives.DriveRate(drives.model(self.drive)) for _ in self.data]
+        # completions the drive models hold, a heap: (due ns, order, CQ, SQ id, SQ head,
+        # cid, (status, result)); each drive's due times rise, several drives' interleave
         self.held: list[tuple] = []
-        self.nblocks = os.fstat(self.backing).st_size >> self.lba_shift
+        self.nblocks = self.sizes[0]
         self._left = [f.times for f in self.faults]
         m = self.mem
         m.set_reg64(nq.REG_CAP, MQES | 1 << 16 | 20 << 24 | 1 << 37)  # CQR, TO 10 s, NVM set
@@ -211,7 +218,7 @@ class Controller:
                 sq.head = (sq.head + 1) % sq.size
                 self.fetched += 1
                 posted = self._admin(e) if qid == 0 else self._io(e)
-                if posted is not None and qid and self.rate is not None:
+                if posted is not None and qid and self._rate(e) is not None:
                     self._hold(e, cq, qid, sq.head, posted)
                 elif posted is not None:
                     self._post(cq, qid, sq.head, int(e["cid"]), *posted)
@@ -227,20 +234,24 @@ class Controller:
         """Keep an I/O command's completion until the drive model's due time."""
         nbytes = 0 if int(e["opcode"]) == NVME_FLUSH else \
             ((int(e["cdw12"]) & 0xFFFF) + 1) << self.lba_shift
-        due = self.rate.admit(time.monotonic_ns(), nbytes)
-        self.held.append((due, cq, sqid, sq_head, int(e["cid"]), posted))
+        due = self._rate(e).admit(time.monotonic_ns(), nbytes)
+        heapq.heappush(self.held, (due, self.fetched, cq, sqid, sq_head, int(e["cid"]), posted))
         cq.held += 1
+
+    def _rate(self, e: np.void) -> drives.DriveRate | None:
+        """The rate model of the command's namespace (None: none, or no such namespace)."""
+        nsid = int(e["nsid"])
+        return self.rates[nsid - 1] if 1 <= nsid <= len(self.rates) else None
 
     def _release(self) -> bool:
         """Post the held completions now due, in order; True if any was."""
         now, n = time.monotonic_ns(), 0
-        while n < len(self.held) and self.held[n][0] <= now:
-            _, cq, sqid, sq_head, cid, posted = self.held[n]
+        while self.held and self.held[0][0] <= now:
+            _, _, cq, sqid, sq_head, cid, posted = heapq.heappop(self.held)
             cq.held -= 1
             if self.cqs.get(self.sqs[sqid].cqid if sqid in self.sqs else -1) is cq:
                 self._post(cq, sqid, sq_head, cid, *posted)  # its queues still there
             n += 1
-        del self.held[:n]
         return n > 0
 
     def _fatal(self, why: str) -> bool:
@@ -276,17 +287,19 @@ class Controller:
         op = int(e["opcode"])
         if op not in (NVME_READ, NVME_WRITE, NVME_FLUSH):
             return nq.SC_INVALID_OPCODE, 0
-        if int(e["nsid"]) != 1:
+        nsid = int(e["nsid"])
+        if not 1 <= nsid <= len(self.data):
             return 0x0B, 0  # invalid namespace or format
+        fd, nblocks = self.data[nsid - 1], self.sizes[nsid - 1]
         slba = -1 if op == NVME_FLUSH else int(e["cdw10"]) | int(e["cdw11"]) << 32
         fault = self._fault(slba)
         if fault is not None:
             return None if fault.drop else (fault.status, 0)
         if op == NVME_FLUSH:
-            os.fsync(self.backing)
+            os.fsync(fd)
             return 0, 0
         nlb = (int(e["cdw12"]) & 0xFFFF) + 1
-        if slba + nlb > self.nblocks:
+        if slba + nlb > nblocks:
             return nq.SC_LBA_RANGE, 0
         nbytes = nlb << self.lba_shift
         try:
@@ -297,14 +310,14 @@ class Controller:
             return nq.SC_DATA_TRANSFER, 0
         off = slba << self.lba_shift
         if op == NVME_READ:
-            data = np.frombuffer(os.pread(self.backing, nbytes, off), np.uint8)
+            data = np.frombuffer(os.pread(fd, nbytes, off), np.uint8)
             done = 0
             for view in chunks:
                 view[:] = data[done:done + len(view)]
                 done += len(view)
         else:
             try:
-                os.pwrite(self.backing, b"".join(v.tobytes() for v in chunks), off)
+                os.pwrite(fd, b"".join(v.tobytes() for v in chunks), off)
             except OSError:
                 return SC_WRITE_FAULT, 0
         return 0, 0
@@ -396,18 +409,22 @@ class Controller:
 
 
 def serve(path: str, backing: str, lba_shift: int, faults: list[Fault],
-          drive: str | None = None) -> None:
-    """The controller process's loop: serve ``path``'s queues from the file ``backing`` until
-    the stop word is set, at the rates of the drive model ``drive`` where one is named
+          drive: str | None = None, namespaces: tuple[str, ...] = ()) -> None:
+    """The controller process's loop: serve ``path``'s queues from the file ``backing``
+    (namespace 1; ``namespaces``: the files of namespaces 2, 3 ...) until the stop word is
+    set, each namespace at the rates of the drive model ``drive`` where one is named
     (``functools.partial(serve, drive=key)`` is ModelProcess's ``server``). Busy-polls
     while there is work, backs off (to IDLE_MAX_S) when there is none."""
     mem = Memory(path)
+    fds: list[int] = []
     try:
-        fd = os.open(backing, os.O_RDWR)
-    except PermissionError:  # a read-only file (a dataset's features): writes fail
-        fd = os.open(backing, os.O_RDONLY)
-    try:
-        ctl = Controller(mem, fd, lba_shift, list(faults), drive=drive)
+        for name in (backing, *namespaces):
+            try:
+                fds.append(os.open(name, os.O_RDWR))
+            except PermissionError:  # a read-only file (a dataset's features): writes fail
+                fds.append(os.open(name, os.O_RDONLY))
+        fd = fds[0]
+        ctl = Controller(mem, fd, lba_shift, list(faults), drive=drive, more=tuple(fds[1:]))
         mem.set_reg(M_ALIVE, 1)
         idle = 0
         while not mem.reg(M_STOP):
@@ -418,7 +435,8 @@ def serve(path: str, backing: str, lba_shift: int, faults: list[Fault],
             if idle > IDLE_SPINS:
                 time.sleep(min(IDLE_MAX_S, 1e-6 * (idle - IDLE_SPINS)))
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
         mem.close()
 
 
