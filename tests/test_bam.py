@@ -126,7 +126,6 @@ def _bam_job(**opts):
     ({"controller": "model", "model_lba": 1000}, "not a power of two"),
     ({"controller": "model", "rw": "randrw"}, "either read or write"),
     ({"controller": "model", "rw": "write", "fsync": 4}, "use end_fsync"),
-    ({"submitter": "gpu", "targets": ["/dev/nvme0n1", "/dev/nvme1n1"]}, "one namespace"),
     ({"doorbells": "relay"}, "the CPU stand-in rings them itself"),
 ])
 def test_bam_job_refusals(opts: dict, message: str) -> None:

@@ -381,9 +381,6 @@ class Bam(Engine):
                 raise BadInput(f"job '{job.name}': bs {job.bs} is not a multiple of the "
                                f"software controller's {o.model_lba}-byte blocks (model_lba)")
         if who == "gpu":
-            if len(job.targets) > 1:
-                raise BadInput(f"job '{job.name}': engine 'bam' with GPU threads drives one "
-                               f"namespace per job; it names {len(job.targets)} targets")
             check_bench_job(job, cls.name)
         elif o.doorbells != "auto":
             raise BadInput(f"job '{job.name}': doorbells = \"{o.doorbells}\" is for GPU "
@@ -422,6 +419,9 @@ class Bam(Engine):
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         """GPU threads' block job (submitter = "gpu"; the CPU stand-in is ``StandIn``)."""
+        if len(targets) > 1:  # (a GNN table over several files has a namespace each)
+            raise BadInput(f"job '{job.name}': engine 'bam' with GPU threads drives one "
+                           f"namespace per block job; it names {len(targets)} targets")
         super().__init__(job, targets, ctx)
         o = self._opts = self.settings(job)
         self._model: _Model | None = None

@@ -41,7 +41,10 @@ def _feature_paths(job: Job) -> list[str]:
     """Where generated features go: a file per target directory (or the given file paths),
     else one file in the scratch directory."""
     g = job.workload_settings
-    n = max(len(job.targets), 1)
+    if job.targets and g.stripes not in (1, len(job.targets)):
+        raise BadInput(f"key 'stripes': {g.stripes} files, but the job names "
+                       f"{len(job.targets)} targets (a file each)")
+    n = len(job.targets) or g.stripes
 
     k = features.stripe_rows(g.feature_dim * 4, g.stripe)
 
@@ -50,7 +53,8 @@ def _feature_paths(job: Job) -> list[str]:
         return f"gnn-features-{g.nodes}x{g.feature_dim}-seed{job.randseed}{part}.f32"
 
     if not job.targets:
-        return [os.path.join(job.directory or tg.default_scratch_dir(), name(0))]
+        return [os.path.join(job.directory or tg.default_scratch_dir(), name(i))
+                for i in range(n)]
     paths = []
     for i, t in enumerate(job.targets):
         if os.path.isdir(t):
