@@ -11,8 +11,9 @@
  * every cost is rounded up, so a model is never faster than its figures.
  *
  * Several poller threads may share one drive: each server's next free time moves by a
- * compare-and-swap. A caller with a monotonic clock gets nondecreasing completion times, so
- * a poller can hold its modelled completions in a FIFO and post the head once it is due.
+ * compare-and-swap. A caller with a monotonic clock gets nondecreasing completion times from
+ * one drive, so a poller of one drive can hold its completions in a FIFO and post the head
+ * once it is due (of several drives: a heap by due time).
  */
 #include <stdint.h>
 
