@@ -21,6 +21,7 @@ def _job(name, engine, ms, targets, drive=None, per=(), baseline=False):
               "accelerator_utilisation": ms[2] / sum(ms), "timed_iterations": 100}
     fetch = {"drive": drives.describe(drives.model(drive))} if drive else {}
     return {"jobname": name, "engine": engine, "engine_mode": None, "batch_size": 1024,
+            "feature_dim": 1024,
             "targets": [f"/t/{k}" for k in range(targets)], "device": "gpu",
             "fanout": [10, 5, 5], "stages": stages, "baseline": baseline, "fetch": fetch,
             "aggregation": {"rows": 1000, "bytes": 4096000, "iops": sum(per), "bw_bytes": 0.0,
@@ -49,7 +50,10 @@ def test_the_articles_table_gives_seconds_shares_speedups_and_rated_iops(doc):
     assert gen4["drives"] == "1 x dapustor-r5101" and gen4["rated_IOPS"] == "unpublished"
     assert gen5["drives"] == "2 x micron-9550" and gen5["rated_IOPS"] == "3,300,000"
     assert gen5["IOPS/drive"] == "1,200,000 / 1,300,000"
-    assert mmap["drives"] == "1" and mmap["rated_IOPS"] == ""
+    assert mmap["drives"] == "1" and mmap["rated_IOPS"] == "" and mmap["of_rated"] == ""
+    assert gen5["of_rated"] == f"{100 * 1.3e6 / 3.3e6:.0f}%" and gen4["of_rated"] == ""
+    link = drives.model("dapustor-r5101").link_bw
+    assert gen4["of_link"] == f"{100 * 1.5e6 * 4096 / link:.0f}%"
 
 
 def test_every_table_of_a_modelled_drive_says_emulated_and_its_source(doc):

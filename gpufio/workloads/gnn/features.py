@@ -4,8 +4,9 @@ Row i holds node i's ``dim`` float32 features at i * row_bytes, as IGB's files d
 several targets the rows are striped (core/rows.Layout): as BaM stripes its pages, 4 KiB
 page i of the table on target i % n (``stripe = "page"``; a row of 4 KiB or more, or one
 that does not divide a page, is a stripe of its own), or row i on target i % n
-(``stripe = "row"``), so each drive serves an equal share of every mini-batch. Generated values are a pure function of
-(seed, node, column), in [-1, 1), so any fetched row can be checked against the generator
+(``stripe = "row"``), so each drive serves an equal share of every mini-batch. Generated
+values are a pure function of (seed, node, column), in [-1, 1), so any fetched row can be
+checked against the generator
 without reading the file again.
 """
 

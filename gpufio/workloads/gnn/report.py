@@ -74,6 +74,7 @@ def article_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         s, d = j["stages"], _drive(j)
         per = j["aggregation"].get("per_target", [])
         sp = j.get("speedup_vs_mmap")
+        busiest = max((p["iops"] for p in per), default=0.0)
         out.append({
             "job": j["jobname"], "batch": j["batch_size"],
             "drives": f"{len(j['targets'])} x {d['model']}" if d else str(len(j["targets"])),
@@ -84,6 +85,12 @@ def article_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "IOPS/drive": " / ".join(f"{p['iops']:,.0f}" for p in per),
             "rated_IOPS": (f"{d['iops']:,.0f}" if d and d.get("iops") else
                            "unpublished" if d else ""),
+            # how near each drive came to what its model allows: the busiest drive's share
+            # of its rated IOPS and of its link (where aggregation did not move with the
+            # drives or the link, neither bound it)
+            "of_rated": f"{100 * busiest / d['iops']:.0f}%" if d and d.get("iops") else "",
+            "of_link": (f"{100 * busiest * j['feature_dim'] * 4 / d['link_bw']:.0f}%"
+                        if d else ""),
         })
     return out
 
