@@ -16,8 +16,19 @@ random reads through fio io_uring, fio io_uring_cmd (/dev/ngXnY), gpufio gpu-uri
 bam (its CPU stand-in, GPU threads with relayed and with direct doorbells; a refusal, such
 as CUDA not registering the BAR, is a row saying why), IOPS and CPU us per I/O.
 
+With ``--controller compiled`` (any GPU machine; ``--cpu-only`` anywhere): the compiled
+software controller (gpufio/io/nvme/controller.c, ``--backend none``: no data moved, the
+queues' ceiling; ``ram``: the namespace memory-mapped) swept over queue pairs, depth and
+transfer size (512 B, 4 KiB): at each point its own CPU-driven ceiling (as many compiled CPU driver
+threads as the controller has poller threads, each driving its share of the pairs) beside GPU agents with
+relayed and with direct doorbells, in the same run. Goal (``--check``): each GPU mode >=
+GOAL x the CPU-driven ceiling at every point, and, for ``none`` at 512 B, NONE_512_GOAL
+commands/s. The numbers are a software controller's, not a drive's.
+
     python3 -m bench.bam --quick            # from the repository root
     python3 -m bench.bam --check --json bam.json
+    python3 -m bench.bam --controller compiled --backend none --check --json bam-none.json
+    python3 -m bench.bam --controller compiled --backend ram --cpu-only
     python3 -m bench.bam --drive /dev/nvme0n1 --runtime 10
 """
 
@@ -35,6 +46,7 @@ from gpufio import api
 
 GOAL = 0.9
 BS = 4096
+NONE_512_GOAL = 45.8e6  # BaM's own I/O stack on one H100 (512 B, ten drives)
 
 
 def model_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[str]]:
@@ -43,7 +55,7 @@ def model_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[s
     c = statistics.median(cpu)
     rows.append(["model, CPU driver (its ceiling)", f"1 x {args.depth}", round(c), "", ""])
     raw.append({"path": "cpu", "rates": cpu})
-    for mode in ("relay", "direct"):
+    for mode in () if args.cpu_only else ("relay", "direct"):
         g = [api.nvme_model_gpu_rate(mode, args.n, args.depth, args.pairs, args.size)
              for _ in range(args.repeat)]
         r = statistics.median(g)
@@ -54,6 +66,52 @@ def model_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[s
         rows.append([f"model, GPU agents, {mode} doorbells", f"{args.pairs} x {args.depth}",
                      round(r), f"{ratio:.2f}", "ok" if ok else f"MISS ratio<{GOAL}"])
         raw.append({"path": mode, "rates": g})
+    return rows, raw, missed
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def compiled_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[str]]:
+    """The compiled controller swept: per (size, pairs, depth) its CPU-driven ceiling and,
+    unless --cpu-only, GPU agents with relayed and with direct doorbells, medians of
+    --repeat runs, each run ``--n`` reads per pair."""
+    rows, raw, missed = [], [], []
+    best_512 = 0.0
+    for bs in _ints(args.sizes):
+        for pairs in _ints(args.pairs_list):
+            pollers = min(pairs, args.pollers)
+            for depth in _ints(args.depths):
+                point = f"{bs} B, {pairs} x {depth}, {pollers} poller(s)"
+                cpu = [api.nvme_compiled_cpu_rate(args.n, depth, pairs, bs, pollers,
+                                                  args.backend, args.size)
+                       for _ in range(args.repeat)]
+                c = statistics.median(cpu)
+                row = [f"{bs} B", f"{pairs} x {depth}", pollers, round(c)]
+                entry = {"bs": bs, "pairs": pairs, "depth": depth, "pollers": pollers,
+                         "cpu": cpu}
+                verdict = ""
+                for mode in () if args.cpu_only else ("relay", "direct"):
+                    g = [api.nvme_model_gpu_rate(mode, args.n * pairs, depth, pairs, args.size,
+                                                 bs, pollers, args.backend)
+                         for _ in range(args.repeat)]
+                    r = statistics.median(g)
+                    ratio = r / c if c else 0.0
+                    row += [round(r), f"{ratio:.2f}"]
+                    entry[mode] = g
+                    if bs == 512:
+                        best_512 = max(best_512, r)
+                    if ratio < GOAL:
+                        missed.append(f"{point}, {mode} doorbells: {ratio:.2f} of the "
+                                      "CPU-driven ceiling")
+                        verdict = f"MISS ratio<{GOAL}"
+                rows.append(row + ([] if args.cpu_only else [verdict or "ok"]))
+                raw.append(entry)
+    if not args.cpu_only and args.backend == "none" and 512 in _ints(args.sizes) \
+            and best_512 < NONE_512_GOAL:
+        missed.append(f"none, 512 B: {best_512 / 1e6:.2f} M commands/s at best, the goal "
+                      f"{NONE_512_GOAL / 1e6:g} M")
     return rows, raw, missed
 
 
@@ -146,22 +204,52 @@ def main() -> int:
     ap.add_argument("--runtime", type=int, default=5, help="seconds per drive run")
     ap.add_argument("--json", help="also write every run's numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    ap.add_argument("--controller", choices=("model", "compiled"), default="model",
+                    help="the software controller measured without --drive")
+    ap.add_argument("--backend", choices=("none", "ram", "file"), default="none",
+                    help="the compiled controller's data (none: no data moved)")
+    ap.add_argument("--pairs-list", default="1,2,4,8,16,32,64",
+                    help="queue pairs swept (compiled)")
+    ap.add_argument("--depths", default="32,128", help="commands in flight per pair (compiled)")
+    ap.add_argument("--sizes", default="512,4096", help="transfer sizes in bytes (compiled)")
+    ap.add_argument("--pollers", type=int, default=os.cpu_count() or 1,
+                    help="the compiled controller's poller threads, at most one per pair")
+    ap.add_argument("--cpu-only", action="store_true",
+                    help="only the CPU-driven ceiling (no GPU needed)")
     args = ap.parse_args()
+    # a bench stopped by SIGTERM (timeout(1)) unwinds as from Ctrl-C: the controllers stop
+    # and their files in /dev/shm go
+    api.stop_on_sigterm()
     if args.quick:
         args.n, args.repeat, args.runtime = 5_000, 1, 2
-    if args.drive:
+    if args.controller == "compiled" and not args.drive:
+        if not args.cpu_only:
+            count, why = api.gpu_probe()
+            if not count:
+                print(f"bench: no usable GPU: {why} (--cpu-only measures the CPU side)",
+                      file=sys.stderr)
+                return 2
+        rows, raw, missed = compiled_rows(args)
+        head = ["size", "pairs x depth", "pollers", "CPU reads/s"] + (
+            [] if args.cpu_only else ["relay reads/s", "relay / CPU", "direct reads/s",
+                                      "direct / CPU", "goal"])
+        title = (f"compiled software NVMe controller ({args.backend} backend, not a drive): "
+                 f"{args.n} reads a pair a run, medians of {args.repeat}")
+    elif args.drive:
         rows, raw = drive_rows(args)
         missed: list[str] = []
         head = ["path", "queues x depth", "IOPS", "CPU us/IO", ""]
         title = f"{args.drive}: 4 KiB random reads, {args.runtime} s a run"
     else:
-        count, why = api.gpu_probe()  # also asks CUDA for eager module loading: agents spin
+        # the probe also asks CUDA for eager module loading: agents spin
+        count, why = (1, None) if args.cpu_only else api.gpu_probe()
         if not count:
             print(f"bench: no usable GPU: {why}", file=sys.stderr)
             return 2
         rows, raw, missed = model_rows(args)
-        more, extra = engine_rows(args)
-        rows, raw = rows + more, raw + extra
+        if not args.cpu_only:
+            more, extra = engine_rows(args)
+            rows, raw = rows + more, raw + extra
         head = ["path", "queues x depth", "reads/s", "GPU / CPU", "goal"]
         title = (f"software NVMe controller (Python model, not a drive): {args.n} 4 KiB reads "
                  f"a run, medians of {args.repeat}")

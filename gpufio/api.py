@@ -25,9 +25,9 @@ from gpufio.results.render import render as render_rows
 from gpufio.workloads import DEFAULT_WORKLOAD, Workload, all_workloads
 
 __all__ = ["BadInput", "CpuGroup", "RunFailed", "evict", "format_size", "gpu_probe", "lay_out",
-           "load", "nvme_model_cpu_rate", "nvme_model_gpu_rate", "parse_size", "pattern",
-           "read_iolog", "render", "render_rows", "run", "stop_on_sigterm", "workload_of",
-           "workload_of_result"]
+           "load", "nvme_compiled_cpu_rate", "nvme_model_cpu_rate", "nvme_model_gpu_rate",
+           "parse_size", "pattern", "read_iolog", "render", "render_rows", "run",
+           "stop_on_sigterm", "workload_of", "workload_of_result"]
 
 
 def load(profile: Mapping[str, Any] | str | Path,
@@ -86,20 +86,31 @@ def pattern(seed: int, offset: int, nbytes: int) -> bytes:
     return _pattern.fill(seed, offset, nbytes)
 
 
-def nvme_model_cpu_rate(n: int, depth: int, size: int) -> float:
-    """Reads/s of gpufio's software NVMe controller driven by its own CPU driver (its
-    ceiling; run/nvme_rates.py)."""
+def nvme_model_cpu_rate(n: int, depth: int, size: int, pollers: int = 1,
+                        backend: str | None = None) -> float:
+    """Reads/s of gpufio's software NVMe controller driven by its own Python CPU driver
+    (the model's ceiling; with ``backend``, the compiled controller's; run/nvme_rates.py)."""
     from gpufio.run import nvme_rates
 
-    return nvme_rates.cpu_rate(n, depth, size)
+    return nvme_rates.cpu_rate(n, depth, size, pollers, backend)
 
 
-def nvme_model_gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int) -> float:
-    """Reads/s of the software NVMe controller driven by GPU agent warps, ``mode`` "relay"
-    or "direct" doorbells (run/nvme_rates.py)."""
+def nvme_compiled_cpu_rate(n: int, depth: int, pairs: int, bs: int, pollers: int,
+                           backend: str, size: int) -> float:
+    """Reads/s of the compiled NVMe controller driven by compiled CPU threads, as many as
+    its ``pollers``: its own CPU-driven ceiling (run/nvme_rates.py)."""
     from gpufio.run import nvme_rates
 
-    return nvme_rates.gpu_rate(mode, n, depth, pairs, size)
+    return nvme_rates.compiled_cpu_rate(n, depth, pairs, bs, pollers, backend, size)
+
+
+def nvme_model_gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = 4096,
+                        pollers: int = 1, backend: str | None = None) -> float:
+    """Reads/s of the software NVMe controller (the compiled one with ``backend``) driven by
+    GPU agent warps, ``mode`` "relay" or "direct" doorbells (run/nvme_rates.py)."""
+    from gpufio.run import nvme_rates
+
+    return nvme_rates.gpu_rate(mode, n, depth, pairs, size, bs, pollers, backend)
 
 
 def gpu_probe() -> tuple[int, str | None]:

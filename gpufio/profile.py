@@ -19,6 +19,7 @@ from typing import Any
 
 from gpufio.core.errors import BadInput, reading
 from gpufio.core.job import Job, Profile
+from gpufio.core.offsets import DEFAULT_SEED
 from gpufio.core.options import Option
 from gpufio.engines import DEFAULT_ENGINE, all_engines, settle
 from gpufio.workloads import DEFAULT_WORKLOAD, all_workloads, run_keys
@@ -38,7 +39,7 @@ COMMON_OPTIONS: tuple[Option, ...] = (
            "gpufio creates in 'directory')"),
     Option("directory", "str", None, "where gpufio creates target files when no targets are "
            "given (default: $GPUFIO_SCRATCH or ~/.cache/gpufio)"),
-    Option("randseed", "int", 0x89, "seed of the offset streams and of created files", minimum=0),
+    Option("randseed", "int", DEFAULT_SEED, "seed of the offset streams and of created files", minimum=0),
     Option("gpu", "int", 0, "GPU index for GPU engines", minimum=0),
     Option("gpus", "intlist", (), "GPU indexes for GPU engines, given to the job's workers "
            "round-robin (overrides 'gpu')"),
@@ -49,6 +50,15 @@ COMMON_OPTIONS: tuple[Option, ...] = (
 GLOBAL_ONLY: tuple[Option, ...] = (
     Option("concurrent", "bool", False, "run all jobs at once and report a group total"),
 )
+# how a concurrent profile's jobs group, as fio's: keys of the profile's shape, not of a job
+GROUPING: tuple[Option, ...] = (
+    Option("stonewall", "bool", False, "with concurrent = true: this job and those after it "
+           "start once the jobs before it have finished, in a new reporting group (fio's "
+           "stonewall, wait_for_previous)"),
+    Option("new_group", "bool", False, "with concurrent = true: this job starts a new "
+           "reporting group, with a group total of its own (fio's new_group)"),
+)
+_GROUPING = {o.name: o for o in GROUPING}
 _COMMON = {o.name: o for o in COMMON_OPTIONS}
 
 
@@ -238,7 +248,8 @@ def _fio_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], tuple[str
     # fio's flags are 1 and 0 (direct=1)
     overrides = {k: bool(v) if type(v) is int and v in (0, 1) and _kinds(k) == {"bool"} else v
                  for k, v in overrides.items()}
-    fio = {k: v for k, v in overrides.items() if not _is_known(k) and k != "concurrent"}
+    fio = {k: v for k, v in overrides.items()
+           if not _is_known(k) and k != "concurrent" and k not in _GROUPING}
     if not fio:
         return overrides, ()
     from gpufio.fio.cmdline import fio_keys, option_text, translate
@@ -268,6 +279,7 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Pro
     if "concurrent" in overrides:
         concurrent = GLOBAL_ONLY[0].convert(overrides["concurrent"], "--set ")
     set_values = {k: v for k, v in overrides.items() if k != "concurrent"}
+    groups: list[tuple[int, int]] = []
     stem = os.path.splitext(os.path.basename(path))[0]
     combos = _sweep_combinations(sweep, f"{path}: ", set(set_values))
     jobs: list[Job] = []
@@ -275,7 +287,12 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Pro
         base = {**glob, **job_raw, **set_values}
         default_name = stem if len(jobs_raw) == 1 else f"{stem}.{index}"
         base_name = str(base.get("name") or default_name)
-        for combo in combos:
+        shape = {k: o.convert(base.pop(k, False), f"{path}: job '{base_name}': ")
+                 for k, o in _GROUPING.items()}
+        for n, combo in enumerate(combos):
+            first = n == 0  # a job's sweep runs as one group
+            groups.append(_group(groups, concurrent, first and shape["stonewall"],
+                                 first and shape["new_group"]))
             raw = {**base, **combo}
             label = ",".join(f"{k}={v}" for k, v in combo.items())
             raw["name"] = f"{base_name}[{label}]" if label else base_name
@@ -283,7 +300,21 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Pro
     known = {m.name: m for name in dict.fromkeys(j.workload for j in jobs)
              for m in all_workloads()[name].metrics}
     return Profile(path=path, jobs=jobs, concurrent=concurrent,
-                   limits=_check_limits(data.get("check", {}), path, known), notes=notes)
+                   limits=_check_limits(data.get("check", {}), path, known),
+                   groups=tuple(groups), notes=notes)
+
+
+def _group(before: list[tuple[int, int]], concurrent: bool, stonewall: bool,
+           new_group: bool) -> tuple[int, int]:
+    """The next job's (run group, reporting group): a job of its own unless concurrent; with
+    concurrent, the last job's groups, a new run group and reporting group after a
+    stonewall, a new reporting group after new_group, as fio numbers them."""
+    if not before:
+        return (0, 0)
+    run, report = before[-1]
+    if not concurrent:
+        return (run + 1, report + 1)
+    return (run + stonewall, report + (stonewall or new_group))
 
 
 def _check_limits(table: Any, path: str, known: dict[str, Any]) -> dict[str, float]:

@@ -121,11 +121,15 @@ def _bam_job(**opts):
 @pytest.mark.parametrize("opts, message", [
     ({"bs": "6k"}, "bs to divide or be a multiple of 4096"),
     ({"bs": "4m"}, "needs a chained PRP list"),
-    ({"controller": "model", "submitter": "cpu"}, "from GPU threads only"),
+    ({"controller": "qemu", "submitter": "gpu", "doorbells": "direct"},
+     "through the relay only"),
+    ({"controller": "model", "submitter": "cpu", "targets": ["a", "b"]}, "one file as its"),
     ({"controller": "model", "model_lba": 4096, "bs": "2k"}, "not a multiple of the software"),
     ({"controller": "model", "model_lba": 1000}, "not a power of two"),
     ({"controller": "model", "rw": "randrw"}, "either read or write"),
     ({"controller": "model", "rw": "write", "fsync": 4}, "use end_fsync"),
+    ({"controller": "compiled", "controller_backend": "disk"}, "controller_backend"),
+    ({"controller": "vfio", "drive_model": "micron-9550"}, "emulates a drive"),
     ({"doorbells": "relay"}, "the CPU stand-in rings them itself"),
 ])
 def test_bam_job_refusals(opts: dict, message: str) -> None:
@@ -147,6 +151,9 @@ def test_bam_results_name_the_cpu_stand_in() -> None:
 @pytest.mark.parametrize("opts, mode", [
     ({"controller": "model"}, "gpu, direct doorbells, model controller"),
     ({"controller": "model", "doorbells": "relay"}, "gpu, relay doorbells, model controller"),
+    ({"controller": "compiled", "controller_threads": 4},
+     "gpu, direct doorbells, compiled controller"),
+    ({"controller": "qemu", "submitter": "gpu"}, "gpu, relay doorbells, qemu controller"),
     ({"submitter": "gpu"}, "gpu, relay doorbells, real controller"),
     ({"submitter": "gpu", "doorbells": "direct"}, "gpu, direct doorbells, real controller"),
 ])
@@ -160,7 +167,7 @@ def test_bam_results_name_the_doorbells_and_the_controller(opts: dict, mode: str
     facts = engine.describe(job)
     assert label("bam", facts) == f"bam ({mode})"
     assert facts["submitter"] == "gpu" and facts["doorbells"] in mode
-    assert engine.generic_targets(job) is (opts.get("controller") != "model")
+    assert engine.generic_targets(job) is (opts.get("controller") is None)
 
 
 def test_a_cpu_stand_in_write_job_with_fsync_and_end_fsync_is_accepted() -> None:

@@ -161,7 +161,9 @@ def test_hipri_needs_o_direct():
 
 def test_fio_job_files_may_ask_for_hipri(tmp_path):
     f = tmp_path / "j.fio"
-    f.write_text("[global]\nioengine=io_uring\nhipri\nfilename=/dev/nvme0n1\n[a]\nrw=randread\n")
+    # fio's default is buffered I/O, which polled completions cannot use: direct=1
+    f.write_text("[global]\nioengine=io_uring\nhipri\ndirect=1\nfilename=/dev/nvme0n1\n[a]\n"
+                 "rw=randread\n")
     prof = profile.load(str(f))
     assert uring_engine.Uring.settings(prof.jobs[0]).hipri is True
 

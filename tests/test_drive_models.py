@@ -172,12 +172,22 @@ def test_the_model_controller_serves_a_namespace_per_striped_file(tmp_path):
 
     files = [tmp_path / "ssd0.dat", tmp_path / "ssd1.dat"]
     for k, f in enumerate(files):
-        targets.create_file(str(f), 1 << 20, 10 + k)
+        targets.create_file(str(f), (1 + k) << 20, 10 + k)
     m = nvme_model.ModelProcess(tmp_path, files[0], 9, 16 << 20,
                                 server=functools.partial(nvme_model.serve, drive="micron-9550",
                                                          namespaces=(str(files[1]),)))
     try:
-        pair = m.host().create_pair(1, 8)
+        host = m.host()
+
+        def identify(cns, nsid):
+            view, iova = host.mem.alloc(4096)
+            assert host.admin(nq.ADMIN_IDENTIFY, nsid=nsid, prp1=iova, cdw10=cns)[0] == 0
+            return view
+
+        assert identify(1, 0)[516:520].view("<u4")[0] == 2  # NN: two namespaces
+        assert identify(nq.CNS_ACTIVE_NSIDS, 0)[:12].view("<u4").tolist() == [1, 2, 0]
+        assert identify(0, 2)[:8].view("<u8")[0] == (2 << 20) >> 9  # its own size
+        pair = host.create_pair(1, 8)
         nsids = np.array([1, 2, 1, 2, 3])
         offs = np.array([0, 0, 8192, 65536, 0], np.uint64)
         views = [m.mem.alloc(4096) for _ in nsids]

@@ -14,19 +14,29 @@ from gpufio import profile
 from gpufio.engines import all_engines
 from gpufio.cli import app
 from gpufio.core.errors import BadInput
+from gpufio.core.offsets import DEFAULT_SEED
 from gpufio.fio.jobfile import parse
 
 DATA = Path(__file__).parent / "data"
 cli = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """fio lays out a job's files in the directory it runs in, and so does gpufio."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_job_file_keys_map_to_profile_keys():
-    jobs = profile.load(str(DATA / "randread-iouring.fio")).jobs
-    a, b = jobs
+    prof = profile.load(str(DATA / "randread-iouring.fio"))
+    a, a1, b = prof.jobs  # numjobs=2: two clones, each a job on its own file, as fio runs them
     assert (a.name, a.engine, a.rw, a.bs, a.iodepth, a.numjobs, a.direct) == \
-        ("rand-a", "uring", "randread", 4096, 16, 2, True)
+        ("rand-a", "uring", "randread", 4096, 16, 1, True)
+    assert (a.targets, a1.targets, b.targets) == (("rand-a.0.0",), ("rand-a.1.0",),
+                                                  ("rand-b.0.0",))
     assert a.time_based and a.runtime == 300_000_000 and a.size == 1 << 20
     assert b.engine_options["sqpoll"] is True and b.engine_options["fixedbufs"] is True
+    assert prof.batches([0, 1, 2]) == [[0, 1, 2]]  # no stonewall: all at once
     (seq,) = profile.load(str(DATA / "seq-psync.fio")).jobs
     assert (seq.engine, seq.rw, seq.bs, seq.io_size) == ("psync", "read", 65536, 512 << 10)
 
@@ -68,7 +78,6 @@ def test_every_problem_of_a_job_file_comes_in_one_error(monkeypatch):
                  "psync -> psync", "libaio -> uring", "libcufile cuda_io=posix -> cpu-gpu",
                  "line 3 [global]: thinktime is not supported (none)",
                  "line 6 [job1]: iodepth_batch_complete_min is not supported",
-                 "line 7 [job1]: nrfiles is not supported (list the files in filename=a:b)",
                  "line 8 [job1]: ${GPUFIO_SURELY_UNSET_VAR} is not set in the environment",
                  "line 9 [job1]: zonemode is not supported (no gpufio equivalent)"):
         assert part in msg
@@ -79,16 +88,17 @@ def test_libaio_files_run_as_uring_with_a_note(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUFIO_TEST_FILE", str(target))
     monkeypatch.setenv("GPUFIO_TEST_SIZE", "1m")
     prof = profile.load(str(STYLES / "libaio-randread.fio"))
-    (job,) = prof.jobs
-    assert (job.engine, job.iodepth, job.numjobs, job.bs, job.size) == ("uring", 32, 2, 4096,
+    job, clone = prof.jobs  # numjobs=2 on one filename: two jobs on the same file, as fio's
+    assert (job.engine, job.iodepth, job.numjobs, job.bs, job.size) == ("uring", 32, 1, 4096,
                                                                         1 << 20)
-    assert job.targets == (str(target),) and job.percentile_list == (50.0, 99.0, 99.99)
-    assert prof.notes == ("ioengine=libaio runs as gpufio's uring engine (io_uring at the same "
-                          "iodepth)",)
+    assert job.targets == clone.targets == (str(target),)
+    assert job.percentile_list == (50.0, 99.0, 99.99)
+    assert prof.notes[0] == ("ioengine=libaio runs as gpufio's uring engine (io_uring at the "
+                             "same iodepth)")
     res = cli.invoke(app, ["run", str(STYLES / "libaio-randread.fio"), "-q", "-f", "json"])
     assert res.exit_code == 0, res.output
     assert "gpufio: note: ioengine=libaio runs as gpufio's uring engine" in res.stderr
-    (job_doc,) = json.loads(res.stdout)["jobs"]
+    job_doc, _ = json.loads(res.stdout)["jobs"]
     assert job_doc["engine"] == "uring" and job_doc["read"]["total_ios"] > 0
     assert set(job_doc["read"]["lat_ns"]["percentile"]) == {
         "50.000000", "99.000000", "99.900000", "99.990000"}
@@ -101,7 +111,8 @@ def test_libcufile_files_map_cuda_io_and_gpu_dev_ids():
     prof = profile.load(str(STYLES / "libcufile-posix.fio"))
     a, b = prof.jobs
     assert (a.engine, a.gpus, b.engine) == ("cpu-gpu", (0, 1), "cufile")
-    assert len(prof.notes) == 1 and "fio's is synchronous and pageable" in prof.notes[0]
+    assert len(prof.notes) == 2 and "fio's is synchronous and pageable" in prof.notes[0]
+    assert "gpufio draws random offsets with replacement" in prof.notes[1]
 
 
 @pytest.mark.parametrize("text,message", [
@@ -263,13 +274,17 @@ def test_directory_and_filename_inherit_from_global(tmp_path):
     # fio puts even an absolute name under the directory
     assert [j["targets"] for j in data["job"]] == [[f"{d}/x", f"{d}/y"], [f"{d}/abs/z"]]
     data, _ = parse(f"[global]\nfilename=f\n[a]\ndirectory={d}\n[b]\n", "x.fio")
-    assert data["job"][0]["targets"] == [f"{d}/f"]
-    assert "targets" not in data["job"][1] and data["global"]["targets"] == ["f"]
+    assert [j["targets"] for j in data["job"]] == [[f"{d}/f"], ["f"]]
 
 
-def test_several_directories_are_refused(tmp_path):
-    with pytest.raises(BadInput, match="directory=/a:/b: several directories are not supported"):
-        parse("[j]\ndirectory=/a:/b\n", "x.fio")
+def test_several_directories_take_the_clones_in_turn(tmp_path):
+    """fio's directory=a:b: clone k's files go to the directory k modulo their number."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    data, _ = parse(f"[j]\ndirectory={tmp_path}/a:{tmp_path}/b\nnumjobs=3\nnrfiles=2\n",
+                    "x.fio")
+    assert [j["targets"] for j in data["job"]] == [
+        [f"{tmp_path}/{d}/j.{k}.{i}" for i in (0, 1)] for k, d in enumerate("aba")]
 
 
 def test_aio_read_buffered_0_is_direct_1(tmp_path):
@@ -277,15 +292,17 @@ def test_aio_read_buffered_0_is_direct_1(tmp_path):
     data_dir.mkdir()
     path = _example("aio-read.fio", tmp_path, data_dir)
     prof = profile.load(str(path))
-    assert [(j.name, j.iodepth, j.direct, j.bs, j.directory) for j in prof.jobs] == [
-        (f"file{i}", d, True, 128 << 10, str(data_dir)) for i, d in ((1, 4), (2, 32), (3, 8),
-                                                                     (4, 16))]
+    assert [(j.name, j.iodepth, j.direct, j.bs, j.targets) for j in prof.jobs] == [
+        (f"file{i}", d, True, 128 << 10, (f"{data_dir}/file{i}.0.0",))
+        for i, d in ((1, 4), (2, 32), (3, 8), (4, 16))]
+    assert prof.batches(prof.jobs) == [prof.jobs]  # fio runs the four at once
     assert "buffered=0 runs as direct=1" in prof.notes
     res = cli.invoke(app, ["run", str(path), "-q", "-f", "json", "--set", "size=1m"])
     assert res.exit_code == 0, res.output
     assert "gpufio: note: buffered=0 runs as direct=1\n" in res.stderr
-    assert len(json.loads(res.stdout)["jobs"]) == 4
-    assert os.listdir(data_dir)  # laid out in the job file's directory
+    doc = json.loads(res.stdout)
+    assert len(doc["jobs"]) == 4 and doc["group_total"]["read"]["total_ios"] == 4 * 8
+    assert sorted(os.listdir(data_dir)) == [f"file{i}.0.0" for i in range(1, 5)]
     data, _ = parse("[j]\nbuffered=1\n", "x.fio")
     assert data["job"][0]["direct"] is False
 
@@ -323,7 +340,9 @@ def test_null_lays_out_nothing_however_large_its_size(tmp_path):
                                  "disable_bw_measurement=1", "disable_lat"])
 def test_reporting_only_options_are_accepted_with_a_note(key):
     data, notes = parse(f"[j]\n{key}\nrw=read\n", "x.fio")
-    assert data["job"][0] == {"name": "j", "rw": "read"}
+    assert data["job"][0] == {"name": "j", "rw": "read", "direct": False, "engine": "psync",
+                              "targets": ["j.0.0"], "randseed": DEFAULT_SEED,
+                              "stonewall": False, "new_group": False}
     assert len(notes) == 1 and notes[0].startswith(key if "=" in key else f"{key}=1")
 
 

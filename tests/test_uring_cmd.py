@@ -39,7 +39,7 @@ def test_fio_io_uring_cmd_files_map_to_it(tmp_path):
     assert (j.engine, j.targets, j.iodepth) == (ENGINE, ("/dev/ng0n1",), 32)
     assert j.engine_options["hipri"] and j.engine_options["fixedbufs"]
     path.write_text("[r]\nioengine=io_uring_cmd\ncmd_type=bsg\nfilename=/dev/ng0n1\n")
-    with pytest.raises(BadInput, match=r"line 3 \[r\]: cmd_type is not supported "
+    with pytest.raises(BadInput, match=r"line 3 \[r\]: cmd_type=bsg is not supported "
                                        r"\(only cmd_type=nvme\)"):
         profile.load(str(path))
 

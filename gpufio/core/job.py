@@ -45,6 +45,7 @@ class Job:
     workload: str
     gpu_targets: Any
     verify: bool
+    invalidate: bool
     rwmixread: int
     fsync: int
     fdatasync: int
@@ -124,6 +125,29 @@ class Profile:
     limits: dict[str, float] = field(default_factory=dict)
     # what the user should know about how the profile was read (a fio engine's mapping)
     notes: tuple[str, ...] = ()
+    # each job's (run group, reporting group), as fio's stonewall and new_group make them:
+    # the jobs of a run group run at once, each group after the one before; () runs them
+    # all at once where ``concurrent``, else one after another
+    groups: tuple[tuple[int, int], ...] = ()
+
+    def group_of(self, index: int) -> tuple[int, int]:
+        """Job ``index``'s (run group, reporting group)."""
+        if self.groups:
+            return self.groups[index]
+        return (0, 0) if self.concurrent else (index, index)
+
+    def batches(self, items: list[Any]) -> list[list[Any]]:
+        """``items`` (one per job, in job order, possibly fewer) cut into the run groups
+        that run one after another, each group's items at once."""
+        out: dict[int, list[Any]] = {}
+        for i, item in enumerate(items):
+            out.setdefault(self.group_of(i)[0], []).append(item)
+        return list(out.values())
+
+    @property
+    def runs_together(self) -> bool:
+        """Whether some jobs run at the same time as others."""
+        return len(self.batches(self.jobs)) < len(self.jobs)
 
 
 def job_direction(job: Mapping[str, Any]) -> str:

@@ -18,6 +18,8 @@ import numpy as np
 from gpufio.core.errors import BadInput
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+# the seed of offset streams and of created files where a profile gives none
+DEFAULT_SEED = 0x89
 CHUNK = 16384
 
 

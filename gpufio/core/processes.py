@@ -107,6 +107,20 @@ def die_with_parent() -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
+def die_with_parent_exec() -> Callable[[], None]:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the program it starts (QEMU) gets SIGKILL
+    when the thread that started it dies, however it dies; one whose parent is already gone
+    by then ends at once."""
+    parent = os.getpid()
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
 def start(process: Any) -> None:
     """``process.start()`` (a multiprocessing Process) under ``held``, the child told
     whether a thread other than the main one started it (``die_with_parent``: the Process

@@ -445,6 +445,28 @@ def check_region(target: Target, *, offset: int, size: int | None, bs: int, dire
     return offset, length // bs
 
 
+# ioctl(2) request that writes out and drops a block device's buffer cache (linux/fs.h)
+BLKFLSBUF = 0x1261
+
+
+def invalidate(targets: list[Target]) -> None:
+    """fio's ``invalidate``: drop the targets' pages before a buffered job reads them, so
+    its reads reach storage: posix_fadvise DONTNEED on a file, the buffer cache flushed
+    (BLKFLSBUF) on a block device. As in fio, a target that will not let go (a device
+    without CAP_SYS_ADMIN) gets a warning, not an error."""
+    for t in targets:
+        if t.fd < 0 or t.lba:  # no storage, or a namespace's char device: no page cache
+            continue
+        try:
+            if t.is_block:
+                fcntl.ioctl(t.fd, BLKFLSBUF)
+            else:
+                os.posix_fadvise(t.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as e:
+            events.emit("advice", f"gpufio: warning: cannot drop the page cache of {t.path} "
+                        f"(invalidate): {e.strerror}; its reads may come from memory")
+
+
 def evict(paths: list[str] | tuple[str, ...]) -> None:
     """Drop the files' pages from the page cache (posix_fadvise DONTNEED), for cold runs."""
     for path in paths:

@@ -24,8 +24,10 @@ controller back if the process holding it dies.
 With ``controller = "model"`` the controller is gpufio's software NVMe controller
 (io/nvme_model.py) in a process of its own, serving the job's one target file as
 namespace 1: the GPU side runs unchanged on a machine with no NVMe (results say
-``controller = model``; its rate is a Python loop's, not a drive's). ``drive_model`` puts a
-drive's published rates in front of it (io/nvme/drives.py): every result then says
+``controller = model``; its rate is a Python loop's, not a drive's). With
+``controller = "compiled"`` it is the same protocol served by compiled poller threads
+(io/nvme/controller.c: ``controller_threads``, ``controller_backend``). ``drive_model`` puts
+a drive's published rates in front of the model (io/nvme/drives.py): every result then says
 ``emulated: <model>, rates from <source>`` in its mode, as a compat cuFile run says compat.
 """
 
@@ -40,6 +42,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -68,12 +71,14 @@ if TYPE_CHECKING:
 
 SUBMITTER = "cpu-stand-in"
 MODEL_SLACK = 64 * nq.PAGE  # the model's admin queue, Identify pages, alignment
+SOFTWARE = ("model", "compiled")  # the software controllers: one protocol, one process each
+EMULATED = (*SOFTWARE, "qemu")  # controllers the job starts itself, serving its one file
 
 
 def submitter(o: Any) -> str:
     """Who writes the commands: the option, else GPU threads on the software controller
     (which exists for them) and the CPU stand-in on a real one."""
-    return o.submitter or ("gpu" if o.controller == "model" else "cpu")
+    return o.submitter or ("gpu" if o.controller in SOFTWARE else "cpu")
 
 
 def doorbells(o: Any) -> str:
@@ -84,25 +89,42 @@ def doorbells(o: Any) -> str:
         return "cpu"
     if o.doorbells != "auto":
         return o.doorbells
-    return "direct" if o.controller == "model" else "relay"
+    return "direct" if o.controller in SOFTWARE else "relay"
+
+
+def server(o: Any, namespaces: Sequence[str] = ()) -> Any:
+    """The loop a software controller's process runs: the compiled controller's with the
+    job's threads and backend; the Python model's at the drive model's rates where one is
+    named, serving ``namespaces`` as namespaces 2, 3 ... (each a drive); else None (the
+    model's own)."""
+    if o.controller == "compiled":
+        from gpufio.io.nvme import compiled
+
+        return compiled.server(o.controller_threads, o.controller_backend)
+    if not o.drive_model and not namespaces:
+        return None
+    from gpufio.io import nvme_model
+
+    return functools.partial(nvme_model.serve, drive=o.drive_model,
+                             namespaces=tuple(namespaces))
+
+
+def _compiled_available() -> bool:
+    from gpufio.io.nvme import compiled
+
+    return compiled.available()
+
+
+def _qemu_missing() -> bool:
+    from gpufio.io.nvme import qemu
+
+    return qemu.binary() is None
 
 
 def emulated(o: Any) -> str:
     """The mode's words for a modelled drive (", emulated: <model>, rates from <source>"),
     else ""."""
     return f", {drives.label(drives.model(o.drive_model))}" if o.drive_model else ""
-
-
-def model_server(o: Any, namespaces: Sequence[str] = ()) -> Any:
-    """The software controller's loop for these settings: at the drive model's rates where
-    one is named (nvme_model.serve's ``drive``), serving ``namespaces`` as namespaces 2, 3
-    ... (each a drive); else the model's own (None)."""
-    from gpufio.io import nvme_model
-
-    if not o.drive_model and not namespaces:
-        return None
-    return functools.partial(nvme_model.serve, drive=o.drive_model,
-                             namespaces=tuple(namespaces))
 
 
 def slot_bytes(bs: int) -> int:
@@ -158,9 +180,10 @@ class _Shared(_Held):
     lock = threading.Lock()
     open: dict[str, _Shared] = {}
 
-    def __init__(self, bdf: str, writes: bool, pairs: int, depth: int) -> None:
+    def __init__(self, bdf: str, writes: bool, pairs: int, depth: int,
+                 opener: Callable[[], Any] | None = None) -> None:
         self.bdf = self.key = bdf
-        self.session = nvme_driver.Session(bdf, writes=writes)
+        self.session = opener() if opener else nvme_driver.Session(bdf, writes=writes)
         try:
             assert self.session.controller is not None
             self.pairs = self.session.controller.create_pairs(pairs, depth)
@@ -170,16 +193,19 @@ class _Shared(_Held):
         self.free = list(self.pairs)
         self.users = 0
         self.registered: Any = None
+        self.emulated = opener is not None
 
     @classmethod
-    def acquire(cls, bdf: str, writes: bool, pairs: int, depth: int
+    def acquire(cls, bdf: str, writes: bool, pairs: int, depth: int,
+                opener: Callable[[], Any] | None = None
                 ) -> tuple[_Shared, nvme_driver.QueuePair]:
         """The job's controller (brought up with ``pairs`` queue pairs of ``depth`` entries
-        by the first taker) and a queue pair of its own."""
+        by the first taker; ``opener``: its session where gpufio starts the controller
+        itself, else the drive at ``bdf`` is taken) and a queue pair of its own."""
         with cls.lock:
             shared = cls.open.get(bdf)
             if shared is None:
-                shared = cls.open[bdf] = cls(bdf, writes, pairs, depth)
+                shared = cls.open[bdf] = cls(bdf, writes, pairs, depth, opener)
             if not shared.free:
                 raise BadInput(f"controller {bdf}: its {len(shared.pairs)} I/O queue pairs "
                                "are all in use")
@@ -205,9 +231,11 @@ class _Shared(_Held):
     def gpu_memory(self, direct: bool) -> Any:
         """The controller's memory as the GPU side takes it (io/gio/backends/nvme.RegisteredVfio,
         made by the first GPU worker, every pair's rings registered): call under ``lock``."""
-        from gpufio.io.gio.backends.nvme import RegisteredVfio
+        from gpufio.io.gio.backends.nvme import RegisteredGuest, RegisteredVfio
 
-        if self.registered is None:
+        if self.registered is None and self.emulated:  # QEMU's: its guest RAM holds it all
+            self.registered = RegisteredGuest(self.session.qemu)
+        elif self.registered is None:
             self.registered = RegisteredVfio(self.session.device, direct)
             for p in self.pairs:
                 self.registered.adopt(p)
@@ -232,12 +260,12 @@ class _Model(_Held):
     lock = threading.Lock()
     open: dict[str, _Model] = {}
 
-    def __init__(self, path: str, lba_shift: int, dma_bytes: int, server: Any = None) -> None:
+    def __init__(self, path: str, lba_shift: int, dma_bytes: int, serve: Any = None) -> None:
         from gpufio.io import nvme_model
         from gpufio.io.gio.backends.nvme import RegisteredModel
 
         self.key = path
-        self.served = nvme_model.ServedFile(path, lba_shift, dma_bytes, server=server)
+        self.served = nvme_model.ServedFile(path, lba_shift, dma_bytes, serve)
         try:
             self.registered = RegisteredModel(self.served.mem)
         except BaseException:
@@ -254,7 +282,7 @@ class _Model(_Held):
                 per = 2 * nq.PAGE + (job.iodepth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
                     job.iodepth * (slot_bytes(job.bs) + nq.PAGE) + nq.PAGE
                 model = cls.open[path] = cls(path, lba_shift, job.numjobs * per + MODEL_SLACK,
-                                             model_server(Bam.settings(job)))
+                                             server(Bam.settings(job)))
             model.users += 1
             try:
                 return model, model.served.host.create_pair(worker + 1, job.iodepth + 1)
@@ -297,17 +325,28 @@ class Bam(Engine):
         Option("controller", "str", "vfio", "'vfio': the NVMe controller behind the targets, "
                "taken from the nvme driver over vfio-pci; 'model': gpufio's software NVMe "
                "controller (io/nvme_model.py) in a process of its own, serving the job's one "
-               "target file as namespace 1 (no NVMe needed; its rate is a Python loop's)",
-               choices=("vfio", "model")),
+               "target file as namespace 1 (no NVMe needed; its rate is a Python loop's); "
+               "'compiled': the same protocol served by compiled poller threads "
+               "(io/nvme/controller.c); 'qemu': QEMU's hw/nvme over qtest, no guest "
+               "(io/nvme/qemu.py; GPU threads through the doorbell relay)",
+               choices=("vfio", "model", "compiled", "qemu")),
+        Option("controller_threads", "int", 1, "the compiled controller's poller threads, "
+               "each serving a share of the queue pairs", minimum=1),
+        Option("controller_backend", "str", "ram", "the compiled controller's data: 'ram' "
+               "(the target file memory-mapped), 'file' (read and written through io_uring, "
+               "O_DIRECT where the file system allows), 'none' (no data moved, PRPs still "
+               "checked: the queues' ceiling)",
+               choices=("none", "ram", "file")),
         Option("submitter", "str", None, "who writes the NVMe commands: 'gpu' (GPU threads, "
-               "BaM's mechanism) or 'cpu' (a CPU stand-in on the same queues; real "
-               "controllers only). Default: gpu on the model, cpu on a real controller",
+               "BaM's mechanism) or 'cpu' (a CPU stand-in on the same queues). Default: gpu "
+               "on the software controllers, cpu on a real controller and on QEMU's",
                choices=("gpu", "cpu")),
         Option("doorbells", "str", "auto", "how GPU threads ring doorbells: 'direct' (stores "
                "into BAR0, registered with CUDA as I/O memory), 'relay' (into host memory, "
                "one CPU thread per worker writes the registers), 'auto' (direct on the model, "
                "relay on a real controller)", choices=("auto", "direct", "relay")),
-        Option("model_lba", "int", 512, "the software controller's logical block size",
+        Option("model_lba", "int", 512, "the logical block size of the controller the job "
+               "starts (model, compiled, qemu)",
                minimum=512),
         Option("drive_model", "str", None, "controller = \"model\": hold each completion to a "
                "drive's published rates (4 KiB random-read IOPS, sequential read, read "
@@ -368,12 +407,22 @@ class Bam(Engine):
                            f"'bam' takes at most {nq.PAGE * (nq.PRP_PER_PAGE + 1)}")
         if o.drive_model and o.controller != "model":
             raise BadInput(f"job '{job.name}': drive_model = \"{o.drive_model}\" emulates a "
-                           "drive on the software controller (controller = \"model\"); "
-                           "controller = \"vfio\" drives the real one")
-        if o.controller == "model":
-            if who == "cpu":
-                raise BadInput(f"job '{job.name}': engine 'bam' drives the software "
-                               "controller from GPU threads only (submitter = \"gpu\")")
+                           "drive on the Python software controller (controller = \"model\"), "
+                           f"not on controller = \"{o.controller}\"")
+        if o.controller in EMULATED:
+            if o.controller == "compiled" and not _compiled_available():
+                raise BadInput(f"job '{job.name}': controller = \"compiled\" needs a C "
+                               "compiler (cc) to build io/nvme/controller.c")
+            if o.controller == "qemu" and who == "gpu" and doorbells(o) == "direct":
+                raise BadInput(f"job '{job.name}': GPU threads reach QEMU's doorbells "
+                               "through the relay only (doorbells = \"relay\")")
+            if o.controller == "qemu" and _qemu_missing():
+                raise BadInput(f"job '{job.name}': controller = \"qemu\" needs "
+                               "qemu-system-x86_64 (apt-get install qemu-system-x86)")
+            if who == "cpu" and len(job.targets) > 1:
+                raise BadInput(f"job '{job.name}': controller = \"{o.controller}\" serves "
+                               f"one file as its namespace; the job names "
+                               f"{len(job.targets)} targets")
             if o.model_lba & (o.model_lba - 1) or o.model_lba > nq.PAGE:
                 raise BadInput(f"job '{job.name}': model_lba {o.model_lba} is not a power "
                                f"of two from 512 to {nq.PAGE}")
@@ -390,7 +439,7 @@ class Bam(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         o = cls.settings(job)
         who, bells = submitter(o), doorbells(o)
-        where = "model" if o.controller == "model" else "real"
+        where = o.controller if o.controller in EMULATED else "real"
         if who == "cpu":
             return {**super().describe(job), "page_cache": False, "submitter": SUBMITTER,
                     "mode": SUBMITTER, "doorbells": "cpu", "controller": where,
@@ -436,7 +485,7 @@ class Bam(Engine):
         if why:
             raise BadInput(f"engine 'bam' with submitter = \"gpu\" needs a GPU: {why}")
         gpu.use(job.gpu_of(ctx.worker))  # before any registration: this worker's GPU
-        if o.controller == "model":
+        if o.controller in SOFTWARE:
             shift = o.model_lba.bit_length() - 1
             self._model, self.pair = _Model.acquire(job, targets[0].path, shift, ctx.worker)
             try:
@@ -445,13 +494,18 @@ class Bam(Engine):
                 self._model.release()
                 raise
             return
-        bdf, nsids = _namespaces(job, targets)
+        opener = None
+        if o.controller == "qemu":
+            bdf, nsids = f"qemu {targets[0].path}", np.ones(1, np.uint32)
+            opener = _emulated(job, targets[0].path, slot_bytes(job.bs), job.iodepth)
+        else:
+            bdf, nsids = _namespaces(job, targets)
         # open descriptors would pin the controller's old instance: the nvme driver would
         # give it a new name on return
         for t in targets:
             t.close()
         self._shared, self.pair = _Shared.acquire(bdf, job.writes, job.numjobs,
-                                                  job.iodepth + 1)
+                                                  job.iodepth + 1, opener)
         try:
             _check_transfer(job, self._shared, job.bs)
             with _Shared.lock:
@@ -528,6 +582,21 @@ def _check_transfer(job: Job, shared: _Shared, largest: int) -> None:
                        f"{shared.bdf}'s largest (MDTS: {most} bytes)")
 
 
+def _emulated(job: Job, path: str, largest: int, depth: int) -> Callable[[], Any]:
+    """The session of the controller the job starts to serve ``path`` (EMULATED), sized
+    for every worker's queue pair of ``depth`` commands, their slots of ``largest`` bytes
+    and PRP lists."""
+    from gpufio.io.nvme.emulated import EmulatedSession
+
+    o = Bam.settings(job)
+    slot = -(-largest // nq.PAGE) * nq.PAGE
+    per = 3 * nq.PAGE + (depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
+        depth * (slot + nq.PAGE)
+    dma = max(job.numjobs, 1) * per + MODEL_SLACK
+    shift = o.model_lba.bit_length() - 1
+    return lambda: EmulatedSession(o.controller, path, shift, dma, server(o))
+
+
 class StandIn(Channel):
     """The CPU stand-in: requests as the 64-byte SQEs of io/nvme_queue.py written into a
     queue pair of the controller over vfio-pci (io/nvme_driver.QueuePair: SQ at the tail,
@@ -549,10 +618,16 @@ class StandIn(Channel):
                            "only")
         # the files come unopened or closed (Capability.descriptors: the block loop closes
         # its targets, the gather opens none)
-        bdf, self._nsid = _namespaces(job, files)
+        o = Bam.settings(job)
         depth = spec.depth
+        opener = None
+        if o.controller in EMULATED:  # gpufio starts the controller, serving the one file
+            bdf, self._nsid = f"{o.controller} {files[0].path}", np.ones(1, np.uint32)
+            opener = _emulated(job, files[0].path, spec.largest, spec.depth)
+        else:
+            bdf, self._nsid = _namespaces(job, files)
         self._shared, self.pair = _Shared.acquire(bdf, spec.writes, max(job.numjobs, 1),
-                                                  depth + 1)
+                                                  depth + 1, opener)
         self._mapped: vfio.Memory | None = None
         self._bounce: vfio.Memory | None = None
         self._lists: vfio.Memory | None = None
@@ -566,7 +641,7 @@ class StandIn(Channel):
             assert device is not None
             self._device = device
             self._slot = -(-spec.largest // nq.PAGE) * nq.PAGE
-            if spec.region is not None:
+            if spec.region is not None and device.maps_host_memory:
                 lo = spec.region[0] - spec.region[0] % nq.PAGE
                 self._mapped = device.memory(sum(spec.region) - lo, lo)
             else:
@@ -583,7 +658,8 @@ class StandIn(Channel):
         self._write = np.zeros(depth, bool)
         self._refused: list[tuple[np.ndarray, np.ndarray]] = []  # completions never sent
         self.facts = {"iodepth": depth, "submitter": SUBMITTER, "mode": SUBMITTER,
-                      "controller": "real", "queue": self.pair.qid,
+                      "controller": o.controller if opener else "real",
+                      "queue": self.pair.qid,
                       "buffers": "mapped" if self._mapped is not None else "bounced"}
 
     @property
@@ -734,7 +810,7 @@ class BamFetch(QueueGather):
 
         o = Bam.settings(job)
         layout = table.layout
-        if o.controller != "model":
+        if o.controller not in SOFTWARE:
             raise BadInput(f"job '{job.name}': engine 'bam' fetches GNN rows from the software "
                            "controller only (controller = \"model\"): a namespace taken over "
                            "vfio holds no feature file")
@@ -749,9 +825,9 @@ class BamFetch(QueueGather):
         depth = row_depth(request)
         bells = doorbells(o)
         # the result's engine_mode: who submitted, the doorbells, the controller
-        self.mode = f"gpu, {bells} doorbells, model controller{emulated(o)}"
+        self.mode = f"gpu, {bells} doorbells, {o.controller} controller{emulated(o)}"
         self.facts: dict[str, Any] = {"iodepth": depth, "submitter": "gpu",
-                                      "doorbells": bells, "controller": "model",
+                                      "doorbells": bells, "controller": o.controller,
                                       "mode": self.mode}
         if o.drive_model:
             self.facts["drive"] = drives.describe(drives.model(o.drive_model))
@@ -761,7 +837,7 @@ class BamFetch(QueueGather):
             depth * (row + nq.PAGE) + nq.PAGE + MODEL_SLACK
         # a table striped over n files: a namespace (a drive) each, on the one controller
         self._served = nvme_model.ServedFile(table.paths[0], shift, dma,
-                                             server=model_server(o, table.paths[1:]))
+                                             server(o, table.paths[1:]))
         self._registered: Any = None
         self.queue: Any = None
         try:

@@ -22,6 +22,15 @@ _COMMENT = re.compile(r"[#;\n]")
 _LINE = re.compile(r"line \d+ \[")
 
 
+# fio's options that jobfile reads itself (LAYOUT) and that set one gpufio key as written
+_LAYOUT_NAMES = {"bs": "bs", "blocksize": "bs", "size": "size", "filesize": "size",
+                 "offset": "offset", "io_size": "io_size", "io_limit": "io_size",
+                 "numjobs": "numjobs", "directory": "directory", "verify": "verify"}
+# what else --set takes by fio's name: the files, the engine, buffered (direct's negation)
+_SETS = {**_LAYOUT_NAMES, "filename": "targets", "ioengine": "engine", "cuda_io": "engine",
+         "buffered": "direct"}
+
+
 def _line(token: str) -> tuple[str, str]:
     """One ``--key=value`` (or ``--flag``) as its key and job-file line."""
     if not token.startswith("--") or len(token) == 2:
@@ -70,12 +79,13 @@ def key_names() -> dict[str, str]:
     """fio's name -> the gpufio key the job-file reader sets from it, for the options that
     pass key by key (the files, ``filename``, and the engine, ``ioengine``, aside): what
     fio's results read back (json_in) and fio-json writes (json_out) name the same way."""
-    return {fio: ours for fio, ours in jobfile.KEYS.items() if ours != "targets"}
+    return {**{fio: ours for fio, ours in jobfile.KEYS.items() if ours != "targets"},
+            **_LAYOUT_NAMES}
 
 
 def fio_keys() -> list[str]:
     """fio's options that the job-file reader knows of (maps, notes or refuses with a hint)."""
-    return list(dict.fromkeys([*jobfile.KEYS, *jobfile.ENGINE_KEYS, *jobfile.NEGATED,
+    return list(dict.fromkeys([*jobfile.KEYS, *jobfile.LAYOUT, *jobfile.ACCEPTED,
                                *jobfile.EQUIVALENTS, *jobfile.REPORTING_ONLY]))
 
 
@@ -90,12 +100,19 @@ def option_text(value: Any) -> str:
 
 def translate(options: dict[str, str], where: str) -> tuple[dict[str, Any], list[str]]:
     """fio's ``key=value`` options (``--set filename=/dev/x``) as gpufio's keys and values,
-    with the notes of their mapping (an engine that runs as another)."""
-    text = "[global]\n" + "".join(f"{key}={value}\n" for key, value in options.items())
+    with the notes of their mapping (an engine that runs as another). Read as the [global]
+    lines of a one-job file; only the keys those options set are kept, not fio's defaults."""
     if any(_COMMENT.search(v) for v in options.values()):
         raise BadInput(f"{where}: a fio option's value cannot hold '#', ';' or a newline")
+    shaping = [k for k in options if k in jobfile.LAYOUT and k not in _SETS]
+    if shaping:
+        raise BadInput(f"{where}: fio option '{shaping[0]}' shapes a fio job file's files or "
+                       "groups; in a profile, list the files in targets and use its own keys")
+    text = "[global]\n" + "".join(f"{key}={value}\n" for key, value in options.items())
     try:
-        data, notes = jobfile.parse(text, where)
+        data, notes = jobfile.parse(text + "[set]\n", where)
     except BadInput as e:
         raise _reworded(e, "fio options") from None
-    return data["global"], notes
+    job = data["job"][0]
+    names = {**key_names(), **_SETS}
+    return {names[k]: job[names[k]] for k in options if names.get(k) in job}, notes

@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -275,7 +275,38 @@ class Controller:
                 self.device.bus_master(False)
 
 
-class Session:
+class Enabled:
+    """A controller brought up by the host driver (``controller``, ``info``: Identify) on
+    the device a transport opens, and on ``close`` shut down before the transport lets go
+    of the rest (``release``): what a session over any transport shares."""
+
+    controller: Controller | None = None
+    info: dict[str, object]
+
+    def bring_up(self, open_device: Callable[[], Any]) -> None:
+        """``device`` = ``open_device()``, enabled and identified; closed on any failure."""
+        try:
+            self.device = open_device()
+            self.controller = Controller(self.device)
+            self.info = self.controller.identify()
+        except BaseException:
+            self.close()
+            raise
+
+    def release(self) -> None:
+        """What the transport lets go of once the controller is shut down."""
+
+    def close(self) -> None:
+        """The orderly shutdown, then ``release`` (idempotent)."""
+        try:
+            if self.controller is not None:
+                self.controller.shutdown()
+        finally:
+            self.controller = None
+            self.release()
+
+
+class Session(Enabled):
     """A controller gpufio drives: guarded (io/nvme_guardian: given back if this process
     dies, kill -9 included), taken from its driver, opened over vfio, enabled; and on
     ``close`` (every other exit path) shut down, unmapped and given back to its driver."""
@@ -289,30 +320,18 @@ class Session:
             raise
         self.sys_pci = sys_pci
         self.device: vfio.Device | None = None
-        self.controller: Controller | None = None
-        try:
-            self.device = vfio.Device(bdf, sys_pci)
-            self.controller = Controller(self.device)
-            self.info = self.controller.identify()
-        except BaseException:
-            self.close()
-            raise
+        self.bring_up(lambda: vfio.Device(bdf, sys_pci))
 
-    def close(self) -> None:
-        """Shut the controller down, unmap its memory, give it back (idempotent)."""
+    def release(self) -> None:
+        """Unmap its memory, give it back (after the shutdown: ``close``)."""
+        if self.device is not None:
+            self.device.close()
+            self.device = None
         try:
-            if self.controller is not None:
-                self.controller.shutdown()
+            if self.taken.driver != "vfio-pci":
+                self.taken.give_back(self.sys_pci)
         finally:
-            self.controller = None
-            if self.device is not None:
-                self.device.close()
-                self.device = None
-            try:
-                if self.taken.driver != "vfio-pci":
-                    self.taken.give_back(self.sys_pci)
-            finally:
-                self.guard.release()
+            self.guard.release()
 
 
 NVME_CLASS = "0x010802"

@@ -35,6 +35,7 @@ import numpy as np
 from gpufio.core import processes
 from gpufio.io import nvme_queue as nq
 from gpufio.io.nvme import drives
+from gpufio.io.nvme.memory import carve
 from gpufio.io.nvme_cmd import NVME_FLUSH, NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled, Watchdog
 
@@ -97,14 +98,8 @@ class Memory:
 
     def alloc(self, nbytes: int) -> tuple[np.ndarray, int]:
         """``nbytes`` of host memory, page-aligned and zeroed: (view, IOVA)."""
-        start = -(-self._next // nq.PAGE) * nq.PAGE
-        end = start + max(nbytes, 1)
-        if end > len(self.dma):
-            raise MemoryError(f"model memory: {nbytes} bytes more do not fit in "
-                              f"{len(self.dma)}")
-        self._next = end
-        view = self.dma[start:end]
-        view[:] = 0
+        view, start = carve(self.dma, self._next, nbytes, "model memory")
+        self._next = start + len(view)
         return view, IOVA_BASE + start
 
     def host_address(self, iova: int) -> int:
@@ -176,7 +171,6 @@ class Controller:
         # completions the drive models hold, a heap: (due ns, order, CQ, SQ id, SQ head,
         # cid, (status, result)); each drive's due times rise, several drives' interleave
         self.held: list[tuple] = []
-        self.nblocks = self.sizes[0]
         self._left = [f.times for f in self.faults]
         m = self.mem
         m.set_reg64(nq.REG_CAP, MQES | 1 << 16 | 20 << 24 | 1 << 37)  # CQR, TO 10 s, NVM set
@@ -200,7 +194,11 @@ class Controller:
             m.bar32[nq.DOORBELLS // 4:] = 0  # as every register, back to its reset value
             m.set_reg(nq.REG_CSTS, 0)
             return True
-        if not self.enabled or m.reg(nq.REG_CSTS) & nq.CSTS_CFS:
+        csts = m.reg(nq.REG_CSTS)
+        if self.enabled and cc & nq.CC_SHN_NORMAL and not csts & nq.CSTS_SHST_DONE:
+            m.set_reg(nq.REG_CSTS, csts | nq.CSTS_SHST_DONE)  # an orderly shutdown: done
+            return True
+        if not self.enabled or csts & nq.CSTS_CFS:
             return False
         worked = self._release()
         for qid, cq in self.cqs.items():
@@ -390,12 +388,16 @@ class Controller:
                 page[4:24] = np.frombuffer(b"gpufio-model".ljust(20), np.uint8)
                 page[24:64] = np.frombuffer(b"gpufio software NVMe controller".ljust(40),
                                             np.uint8)
-                page[516:520] = np.frombuffer(np.uint32(1).tobytes(), np.uint8)  # NN
-            elif c10 & 0xFF == 0 and int(e["nsid"]) == 1:  # namespace: size, one LBA format
-                page[0:24] = np.frombuffer(np.array([self.nblocks] * 3, "<u8").tobytes(),
-                                           np.uint8)
+                page[516:520] = np.frombuffer(np.uint32(len(self.data)).tobytes(),
+                                              np.uint8)  # NN
+            elif c10 & 0xFF == 0 and 1 <= int(e["nsid"]) <= len(self.data):
+                blocks = self.sizes[int(e["nsid"]) - 1]  # namespace: size, one LBA format
+                page[0:24] = np.frombuffer(np.array([blocks] * 3, "<u8").tobytes(), np.uint8)
                 page[128:132] = np.frombuffer(np.uint32(self.lba_shift << 16).tobytes(),
                                               np.uint8)
+            elif c10 & 0xFF == nq.CNS_ACTIVE_NSIDS:  # the namespaces past nsid
+                ids = np.arange(max(int(e["nsid"]), 0) + 1, len(self.data) + 1, dtype="<u4")
+                page[:4 * len(ids)] = ids.view(np.uint8)
             else:
                 return nq.SC_INVALID_FIELD, 0
             try:

@@ -158,6 +158,8 @@ class Device:
     """A PCI function bound to vfio-pci, opened: container (type1 IOMMU), group, device
     descriptor, config space, BAR0, and an IOVA allocator for the memory it maps."""
 
+    maps_host_memory = True  # any of this process's pages can be mapped for its DMA
+
     IOVA_BASE = 1 << 32
 
     def __init__(self, bdf: str, sys_pci: Path = SYS_PCI) -> None:

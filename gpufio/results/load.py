@@ -143,8 +143,16 @@ def headline_iops(job: dict[str, Any]) -> float:
 
 
 def jobs_by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Jobs keyed by name, in file order."""
-    return {job["jobname"]: job for job in doc["jobs"]}
+    """Jobs keyed by name, in file order; a name met again (fio's numjobs clones, which
+    share their job's name) as NAME#2, NAME#3 ..., so no job hides another."""
+    out: dict[str, dict[str, Any]] = {}
+    for job in doc["jobs"]:
+        name, n = job["jobname"], 1
+        while name in out:
+            n += 1
+            name = f"{job['jobname']}#{n}"
+        out[name] = job
+    return out
 
 
 def storage_of(target: dict[str, Any]) -> dict[str, Any] | None:

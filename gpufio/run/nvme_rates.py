@@ -1,6 +1,8 @@
-"""The software NVMe controller's rates (io/nvme_model.py): driven by its own CPU driver, and
-by GPU agent warps through io/gio/backends/nvme.py, for bench/bam.py (BaM's mechanism's ceiling, as
-bench/nop.py is io_uring's). The numbers are the model's, not a drive's."""
+"""The software NVMe controllers' rates (io/nvme_model.py, and the compiled one of
+io/nvme/compiled.py where ``server`` names it): driven by a CPU driver (the model's Python
+one, or compiled driver threads), and by GPU agent warps through io/gio/backends/nvme.py, for
+bench/bam.py (BaM's mechanism's ceiling, as bench/nop.py is io_uring's). The numbers are
+the software controllers', not a drive's."""
 
 from __future__ import annotations
 
@@ -8,34 +10,70 @@ import os
 import shutil
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
+
+from gpufio.io import nvme_queue as nq
 
 from gpufio.io.nvme_model import ModelProcess
 
 BS = 4096
 
 
-def _model(where: str, size: int) -> ModelProcess:
+def _model(where: str, size: int, server: Any = None) -> ModelProcess:
     from gpufio.core import targets
 
     backing = os.path.join(where, "ns.dat")
     targets.create_file(backing, size, 1, allow_large=True)  # the bench chose the size
-    return ModelProcess(where, backing, 9, 256 << 20)
+    return ModelProcess(where, backing, 9, 256 << 20, server=server)
 
 
-def _offsets(n: int, size: int) -> np.ndarray:
+def _server(pollers: int, backend: str | None) -> Any:
+    """The compiled controller's loop, or None (the Python model) where no backend is named."""
+    if backend is None:
+        return None
+    from gpufio.io.nvme import compiled
+
+    return compiled.server(pollers, backend)
+
+
+def _offsets(n: int, size: int, bs: int = BS) -> np.ndarray:
     rng = np.random.default_rng(1)
-    return rng.integers(0, size // BS, n).astype(np.uint64) * np.uint64(BS)
+    return rng.integers(0, size // bs, n).astype(np.uint64) * np.uint64(bs)
 
 
-def cpu_rate(n: int, depth: int, size: int) -> float:
-    """Reads/s of the model driven by its own CPU driver, ``depth`` outstanding, over ``n``
-    4 KiB reads of a ``size``-byte namespace."""
-    from gpufio.io import nvme_queue as nq
+def compiled_cpu_rate(n: int, depth: int, pairs: int, bs: int, pollers: int, backend: str,
+                      size: int) -> float:
+    """Reads/s of the compiled controller (``pollers`` threads, ``backend``) driven by as
+    many compiled CPU threads (at most one per pair), ``depth`` outstanding on each pair,
+    ``n`` reads of ``bs`` bytes on each: its own CPU-driven ceiling."""
+    from gpufio.io.nvme import compiled
 
     where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
-    model = _model(where, size)
+    model = _model(where, size, _server(pollers, backend))
+    try:
+        host = model.host()
+        made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
+        good, seconds = compiled.cpu_reads(model.mem, made, n, depth, bs, 9, size >> 9,
+                                           pollers)
+        if good != n * pairs:
+            raise SystemExit(f"bench: {n * pairs - good} of {n * pairs} CPU-driven reads "
+                             "failed on the compiled controller")
+        return good / seconds
+    finally:
+        model.stop()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def cpu_rate(n: int, depth: int, size: int, pollers: int = 1,
+             backend: str | None = None) -> float:
+    """Reads/s of the model (or the compiled controller: ``backend``, ``pollers`` threads)
+    driven by the model's
+    own Python CPU driver, ``depth`` outstanding, over ``n`` 4 KiB reads of a ``size``-byte
+    namespace."""
+    where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
+    model = _model(where, size, _server(pollers, backend))
     try:
         host = model.host()
         pair = host.create_pair(1, depth + 1)
@@ -56,28 +94,31 @@ def cpu_rate(n: int, depth: int, size: int) -> float:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int) -> float:
-    """Reads/s of the model driven by GPU agent warps (``mode`` doorbells), the landed bytes
-    left in the landing slots (the copy to GPU memory is not the mechanism)."""
+def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = BS,
+             pollers: int = 1, backend: str | None = None) -> float:
+    """Reads/s of ``bs`` bytes from the model (or the compiled controller: ``backend``,
+    ``pollers`` threads) driven by GPU agent warps (``mode`` doorbells), the landed bytes left in
+    the landing slots (the copy to GPU memory is not the mechanism)."""
     import cupy as cp
 
     from gpufio.io import cuda
     from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 
     where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
-    model = _model(where, size)
+    model = _model(where, size, _server(pollers, backend))
     reg = q = None
+    slot = -(-bs // nq.PAGE) * nq.PAGE
     try:
         reg = RegisteredModel(model.mem)
         host = model.host()
         made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
-        q = NvmeQueues(reg, made, depth=depth, slot_bytes=BS, nsid=1, lba_shift=9, mode=mode)
+        q = NvmeQueues(reg, made, depth=depth, slot_bytes=slot, nsid=1, lba_shift=9, mode=mode)
         fn = cuda.module("bam_io").get_function("bam_requests")
         threads = pairs * depth
         tpb = min(32, threads)
         threads -= threads % tpb
-        offs = cp.asarray(_offsets(n, size))
-        lens = cp.full(n, BS, cp.uint32)
+        offs = cp.asarray(_offsets(n, size, bs))
+        lens = cp.full(n, bs, cp.uint32)
         kinds = cp.zeros(n, cp.uint8)
         res = cp.zeros(n, cp.int32)
         stream = cp.cuda.Stream(non_blocking=True)
@@ -88,7 +129,7 @@ def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int) -> float:
            stream=stream)
         q.wait((stream,), 10**10)
         rate = n / (time.perf_counter() - t)
-        bad = int((res != BS).sum())
+        bad = int((res != bs).sum())
         if bad:
             raise SystemExit(f"bench: {bad} of {n} GPU reads failed ({mode} doorbells)")
         return rate

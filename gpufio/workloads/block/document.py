@@ -80,7 +80,7 @@ def _cpu_fields(usr: float, sys: float, runtime_ns: int, ios: int) -> dict[str, 
             "cpu_us_per_io": 1e6 * (usr + sys) / ios if ios else 0.0}
 
 
-def _job_document(r: JobResult) -> dict[str, Any]:
+def _job_document(r: JobResult, groupid: int) -> dict[str, Any]:
     job = r.job
     # the options as the profile resolved them (engine and workload settings hold the
     # same values typed, and what the engine picked, which engine_facts report)
@@ -91,7 +91,7 @@ def _job_document(r: JobResult) -> dict[str, Any]:
     resolved.update(job.engine_options)
     per_target = {p["path"]: p for p in r.per_target}
     return {
-        "jobname": job.name, "groupid": 0, "error": 0 if r.ok else 1,
+        "jobname": job.name, "groupid": groupid, "error": 0 if r.ok else 1,
         "engine": job.engine, "engine_facts": r.engine_facts,
         "job options": {k: str(v) for k, v in job.options_as_given.items()},
         "resolved options": resolved,
@@ -190,12 +190,20 @@ def build_document(outcome: RunOutcome, profile: Profile) -> dict[str, Any]:
         "host": host,
         "gpus": _gpus_if_used(outcome),
         "interrupted": outcome.interrupted,
-        "jobs": [_job_document(r) for r in outcome.results],
+        "jobs": [_job_document(r, profile.group_of(i)[1])
+                 for i, r in enumerate(outcome.results)],
     }
     if profile.limits:
         doc["check"] = profile.limits
-    if profile.concurrent and outcome.results:
+    if profile.notes:  # how a fio job file's options run here (verify, engines ...)
+        doc["notes"] = list(profile.notes)
+    groups: dict[int, list[JobResult]] = {}
+    for i, r in enumerate(outcome.results):
+        groups.setdefault(profile.group_of(i)[1], []).append(r)
+    if profile.concurrent and len(groups) == 1 and len(outcome.results) > 1:  # one job is its total
         doc["group_total"] = _group_total(outcome.results)
+    elif profile.concurrent and len(groups) > 1:  # fio's reporting groups (stonewall, new_group)
+        doc["group_totals"] = [{"groupid": g, **_group_total(rs)} for g, rs in groups.items()]
     return doc
 
 
@@ -220,6 +228,7 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     entries = [(j["jobname"], j.get("engine", ""), j) for j in doc["jobs"]]
     if "group_total" in doc:
         entries.append(("group total", "", doc["group_total"]))
+    entries.extend((f"group {g['groupid']} total", "", g) for g in doc.get("group_totals", []))
     for name, engine, j in entries:
         have = directions(j)
         for rw in have:

@@ -44,10 +44,11 @@ def check_machine_limits(profile: Profile) -> None:
     """BadInput, before any target is laid out, for jobs this machine cannot start: more
     open files than RLIMIT_NOFILE allows (the soft limit is raised to the hard one when that
     suffices, as a user's ulimit -n would), more processes than the kernel has room for."""
-    batches = [profile.jobs] if profile.concurrent else [[j] for j in profile.jobs]
-    if profile.concurrent and any(j.cpu_accounting == "cgroup" for j in profile.jobs):
+    batches = profile.batches(profile.jobs)
+    if profile.runs_together and any(j.cpu_accounting == "cgroup" for j in profile.jobs):
         raise BadInput("cpu_accounting = \"cgroup\" counts one job at a time: it cannot be "
-                       "used with concurrent = true")
+                       "used with concurrent = true (nor with a fio job file's jobs that run "
+                       "at once)")
     target_fds = sum(max(len(j.targets), 1) for j in profile.jobs)
     worst = max(batches, key=lambda b: sum(j.numjobs for j in b))
     need = _open_fds() + FDS_SPARE + target_fds + FDS_PER_WORKER * sum(j.numjobs for j in worst)

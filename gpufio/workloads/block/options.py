@@ -65,6 +65,10 @@ JOB_OPTIONS: tuple[Option, ...] = (
     Option("gpu_targets", "gpu_targets", "all", "which targets each GPU's workers read: "
            "\"all\", \"nearest\" (the closest by PCIe topology) or {0 = [...], 1 = [...]}"),
     Option("verify", "bool", False, "check every block read against the data pattern"),
+    Option("invalidate", "bool", True, "drop the targets' pages from the page cache before "
+           "a buffered (direct = false) job runs, so its reads reach storage: posix_fadvise "
+           "DONTNEED on files, the buffer cache flushed (BLKFLSBUF) on block devices, as fio's "
+           "invalidate"),
     Option("continue_on_error", "bool", False, "keep going after I/O errors (they are counted "
            "either way)"),
     Option("read_iolog", "str", None, "replay this fio iolog (version 2 or 3) instead of "

@@ -10,6 +10,7 @@ from gpufio.core import events
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
 from gpufio.core.rate import unpaced
+from gpufio.core.targets import Target, invalidate
 from gpufio.run.jobrun import JobRun, drive
 from gpufio.run.records import JobResult
 
@@ -66,6 +67,13 @@ def preconditions(batch: list[tuple], quiet: bool) -> dict[str, list[dict[str, A
     return out
 
 
+def invalidate_before(job: Job, targets: list[Target]) -> None:
+    """fio's invalidate: a buffered job's targets leave the page cache before it (or its
+    read-back) starts, so its reads reach storage."""
+    if job.invalidate and not job.direct:
+        invalidate(targets)
+
+
 def read_back(run: JobRun, result: JobResult, quiet: bool) -> JobResult:
     """Verify what a write job wrote: read it back, and put the failures in its result."""
     job = run.job
@@ -76,6 +84,7 @@ def read_back(run: JobRun, result: JobResult, quiet: bool) -> JobResult:
         events.emit("progress", f"gpufio: job '{job.name}': reading back what it wrote, "
                                 "to verify it")
     back = readback_job(job)
+    invalidate_before(back, run.targets)
     rb_run = JobRun(back, run.engine, run.targets,
                     [(t0, n) for t0, n in run.stream_regions], budgets=budgets)
     drive([rb_run], [], None, 1.0)

@@ -1,5 +1,6 @@
-"""Runs a profile: check the machine's limits, open every job's targets, then each job (or
-all at once, concurrent) with its preconditioning before it and its read-back after it."""
+"""Runs a profile: check the machine's limits, open every job's targets, then each run
+group's jobs at once (one job, all of them with concurrent, or those between two of fio's
+stonewalls) with their preconditioning before and read-back after."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from gpufio.core.job import Profile
 from gpufio.run.jobrun import JobRun, drive, job_advice, stop_all
 from gpufio.workloads.block.limits import check_machine_limits
 from gpufio.run.opening import open_job
-from gpufio.workloads.block.phases import preconditions, read_back
+from gpufio.workloads.block.phases import invalidate_before, preconditions, read_back
 from gpufio.run.records import JobResult, RunOutcome, Snapshot
 
 
 def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | None = None,
                 quiet: bool = False, tick_every_s: float = 0.25,
                 gate: Callable[[str], None] | None = None) -> RunOutcome:
-    """Run every job of ``profile`` (sequentially, or all at once if concurrent): each
+    """Run every job of ``profile`` (one run group after another, a group's jobs at once:
+    each job alone, all at once if concurrent, or as fio's stonewalls cut them): each
     job's preconditioning first, then the job, then the read-back of a verified write job;
     ``gate`` holds each job's clock until the other ranks of an MPI run are ready."""
     check_machine_limits(profile)
@@ -26,7 +28,7 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
     try:
         for job in profile.jobs:
             prepared.append((job, *open_job(job, quiet)))
-        batches = [prepared] if profile.concurrent else [[p] for p in prepared]
+        batches = profile.batches(prepared)
         outcome = RunOutcome()
         finished: list[JobRun] = []
         results: list[JobResult] = []
@@ -36,6 +38,8 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
             except KeyboardInterrupt:
                 outcome.interrupted = True
                 break
+            for job, _, tgts, _ in batch:  # after the preconditioning's writes, as fio
+                invalidate_before(job, tgts)
             runs = [JobRun(job, engine, tgts, regions, gate=gate)
                     for job, engine, tgts, regions in batch]
             for r in runs:

@@ -246,6 +246,32 @@ class RegisteredModel:
         gpu.unregister_host(self._mem.addr)
 
 
+class RegisteredGuest:
+    """QEMU's guest RAM (io/nvme/qemu.QemuNvme), where the controller's queues, PRP lists
+    and landing slots all live, registered with CUDA and mapped into the GPU, as
+    ControllerMemory. BAR0 is reached over qtest only: relayed doorbells, each a qtest
+    register write."""
+
+    def __init__(self, guest: Any) -> None:
+        self._guest = guest
+        self._addr = guest.ram.ctypes.data
+        gpu.register_host(self._addr, len(guest.ram), mapped=True)
+        self.set_reg, self.reg = guest.device.bar0.w32, guest.device.bar0.r32
+
+    def alloc(self, nbytes: int) -> tuple[np.ndarray, int]:
+        buf = self._guest.device.memory(nbytes)
+        return buf.map, buf.iova
+
+    def bar_address(self) -> int | None:
+        return None
+
+    def ended(self) -> str:
+        return self._guest.ended()
+
+    def close(self) -> None:
+        gpu.unregister_host(self._addr)
+
+
 def register_io_memory(addr: int, size: int) -> str | None:
     """Register ``size`` bytes of a BAR mapping at ``addr`` with CUDA as I/O memory
     (CU_MEMHOSTREGISTER_IOMEMORY), so GPU threads may store to it; None once registered,

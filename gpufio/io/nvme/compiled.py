@@ -1,0 +1,151 @@
+"""gpufio's compiled software NVMe controller (controller.c): the protocol of
+io/nvme_model.py served by ``threads`` poller threads in C, from one of three backends:
+
+- ``none``: every command completes without moving data (PRPs still walked and checked):
+  the queue mechanism's ceiling (not "null": that word names an engine);
+- ``ram``: the backing file memory-mapped; reads copy into the landing pages, writes out
+  of them;
+- ``file``: the backing file read and written through an io_uring of each poller thread,
+  at depth, with O_DIRECT where its file system and the transfer's alignment allow (not on
+  tmpfs: buffered there, so from RAM): an emulated drive as fast as the storage under it.
+
+It runs in a process of its own exactly as the model does (io/nvme_model.ModelProcess with
+``serve`` = ``server(threads, backend)``), so the host driver, the CPU driver of the model
+and the GPU agents drive it unchanged. Built by core/native.py; ``available()`` is False
+where there is no C compiler. ``cpu_reads`` drives queue pairs from compiled CPU threads
+(driver.c): the controller's own CPU-driven ceiling.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufio.core import native
+from gpufio.io import nvme_model
+from gpufio.io.watchdog import Stalled
+
+SOURCES = (Path(__file__).with_name("controller.c"),)
+BACKENDS = ("none", "ram", "file")
+FAULT_DTYPE = np.dtype([("slba", "<i8"), ("status", "<i8"), ("drop", "<i8"), ("times", "<i8")])
+
+
+def _library() -> ctypes.CDLL | None:
+    lib = native.library("nvme_controller", SOURCES)
+    if lib is not None and not hasattr(lib, "_gpufio_typed"):
+        fn = lib.gnc_serve
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        fn.restype = ctypes.c_int64
+        lib._gpufio_typed = True
+    return lib
+
+
+def available() -> bool:
+    """Whether the compiled controller is built (now, where it was not) and loads."""
+    return _library() is not None
+
+
+def serve(path: str, backing: str, lba_shift: int, faults: Sequence, *, threads: int = 1,
+          backend: str = "ram") -> None:
+    """Serve the shared file ``path``'s queues from ``backing`` until its stop word is set
+    (the model's ``serve``, compiled); the call lets go of the interpreter lock."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the compiled NVMe controller needs a C compiler (cc) and "
+                           "GPUFIO_NATIVE unset")
+    table = np.array([(f.slba, f.status, int(f.drop), f.times) for f in faults], FAULT_DTYPE)
+    rc = lib.gnc_serve(path.encode(), str(backing).encode(), lba_shift, threads,
+                       BACKENDS.index(backend), table.ctypes.data if len(table) else None,
+                       len(table))
+    if rc:
+        raise OSError(-rc, f"compiled NVMe controller: serving {backing} through {path}")
+
+
+def server(threads: int, backend: str) -> Callable[..., None]:
+    """``serve`` with its threads and backend bound: what io/nvme_model.ModelProcess runs in
+    the controller's process (picklable, for a spawned process)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"compiled NVMe controller: backend {backend!r} is not one of "
+                         f"{', '.join(BACKENDS)}")
+    return functools.partial(serve, threads=max(1, threads), backend=backend)
+
+
+DRIVER_SOURCES = (Path(__file__).with_name("driver.c"),)
+STALL_S = 10.0
+_U64 = ctypes.c_uint64
+
+
+class _Pair(ctypes.Structure):
+    """struct gnd_pair (driver.c): every field 64 bits, in its order."""
+
+    _fields_ = [(n, _U64) for n in ("sq", "cq", "sq_db", "cq_db", "entries", "depth",
+                                    "slots_iova", "slot_bytes", "bs", "lba_shift", "blocks",
+                                    "seed", "nsid")]
+
+
+def _driver() -> ctypes.CDLL | None:
+    lib = native.library("nvme_cpu_driver", DRIVER_SOURCES)
+    if lib is not None and not hasattr(lib, "_gpufio_typed"):
+        lib.gnd_reads.argtypes = [ctypes.POINTER(_Pair), ctypes.c_int64, _U64, ctypes.c_void_p]
+        lib.gnd_reads.restype = ctypes.c_int64
+        lib._gpufio_typed = True
+    return lib
+
+
+def cpu_reads(mem: Any, pairs: Sequence[Any], n: int, depth: int, bs: int, lba_shift: int,
+              blocks: int, threads: int) -> tuple[int, float]:
+    """``n`` random reads of ``bs`` bytes (at most a page) on each of ``pairs`` (the model's
+    QueuePairs over ``mem``, fresh), ``depth`` in flight on each, by ``threads`` compiled
+    driver threads (driver.c), each driving its share of the pairs in turn: (reads that
+    succeeded, seconds from the first thread's start to the last one's end)."""
+    lib = _driver()
+    if lib is None:
+        raise RuntimeError("the compiled NVMe CPU driver needs a C compiler (cc)")
+    stop = np.zeros(1, np.int64)
+    structs = (_Pair * len(pairs))()
+    for i, pair in enumerate(pairs):
+        _, slots = mem.alloc(depth * bs)
+        structs[i] = _Pair(
+            sq=pair.sq.ctypes.data, cq=pair.cq.ctypes.data,
+            sq_db=mem.addr + pair.sq_db, cq_db=mem.addr + pair.cq_db, entries=pair.entries,
+            depth=depth, slots_iova=slots, slot_bytes=bs, bs=bs, lba_shift=lba_shift,
+            blocks=blocks, seed=i + 1, nsid=1)
+    threads = max(1, min(threads, len(pairs)))
+    # thread t drives the pairs t, t + threads, ...: copies of its share, side by side
+    shares = [(_Pair * len(structs[t::threads]))(*structs[t::threads]) for t in range(threads)]
+    good = [0] * threads
+
+    def drive(t: int) -> None:
+        good[t] = lib.gnd_reads(shares[t], len(shares[t]), n, stop.ctypes.data)
+
+    workers = [threading.Thread(target=drive, args=(t,), name=f"nvme-driver-{t}")
+               for t in range(threads)]
+    t = time.perf_counter()
+    for w in workers:
+        w.start()
+    seen, since = -1, time.monotonic()
+    try:
+        for w in workers:
+            while w.is_alive():  # the controller's counter moves, or the drivers stop
+                w.join(0.1)
+                done = mem.reg64(nvme_model.M_COMPLETED)
+                if done != seen:
+                    seen, since = done, time.monotonic()
+                elif time.monotonic() - since > STALL_S or mem.ended():
+                    raise Stalled(f"compiled NVMe controller: no completion for "
+                                  f"{STALL_S:g} s{mem.ended()}")
+    finally:
+        stop[0] = 1
+        for w in workers:
+            w.join()
+    if min(good) < 0:
+        raise MemoryError("the compiled NVMe CPU driver: no memory for its slots")
+    return sum(good), time.perf_counter() - t

@@ -1,0 +1,51 @@
+"""engine = "bam"'s CPU stand-in on the controllers a job starts itself: the Python model,
+the compiled controller and QEMU's hw/nvme over qtest (no guest). The same block jobs a
+drive gets, the bytes that land and the bytes written checked at their offsets."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufio.core import pattern
+from gpufio.io.nvme import compiled, qemu
+from gpufio.profile import from_dict
+from gpufio.workloads.block import runner
+
+CONTROLLERS = [
+    {"controller": "model"},
+    pytest.param({"controller": "compiled", "controller_threads": 2},
+                 marks=pytest.mark.skipif(not compiled.available(), reason="no C compiler")),
+    pytest.param({"controller": "compiled", "controller_backend": "file"},
+                 marks=pytest.mark.skipif(not compiled.available(), reason="no C compiler")),
+    pytest.param({"controller": "qemu"}, marks=[
+        pytest.mark.qemu,
+        pytest.mark.skipif(qemu.binary() is None, reason="no qemu-system-x86_64 here")]),
+]
+IDS = ["model", "compiled-ram", "compiled-file", "qemu"]
+
+
+def run(path, **opts):
+    prof = from_dict({"global": {"engine": "bam", "submitter": "cpu", "targets": [str(path)],
+                                 **opts}}, "t.toml", {})
+    return runner.run_profile(prof, quiet=True).results
+
+
+@pytest.mark.parametrize("ctl", CONTROLLERS, ids=IDS)
+def test_the_stand_in_writes_the_pattern_and_reads_it_back_verified(ctl, tmp_path):
+    target = tmp_path / "ns.img"
+    target.write_bytes(bytes(512 << 10))
+    (w,) = run(target, **ctl, rw="write", bs="8k", iodepth=8, numjobs=2, overwrite=True,
+               verify=True, end_fsync=True)
+    assert w.ok, (w.failure, w.errors)
+    assert w.write.ios == 2 * 64 and w.verify_failures == 0 and w.syncs == 2  # each worker
+    assert target.read_bytes() == pattern.fill(0x89, 0, 512 << 10)
+    assert w.engine_facts["controller"] == ctl["controller"]
+    (r,) = run(target, **ctl, rw="randread", bs="64k", iodepth=4, verify=True)  # PRP lists
+    assert r.ok and r.read.ios == 8 and r.verify_failures == 0
+
+
+@pytest.mark.parametrize("ctl", [CONTROLLERS[1], CONTROLLERS[3]], ids=["compiled", "qemu"])
+def test_4k_blocks_refuse_what_is_not_whole_blocks(ctl, pattern_file):
+    (r,) = run(pattern_file, **ctl, model_lba=4096, rw="randread", bs="4k", io_size="256k",
+               verify=True)
+    assert r.ok and r.read.ios == 64 and r.verify_failures == 0
