@@ -267,12 +267,13 @@ def plot(
     files: list[Path] = typer.Argument(..., metavar="RESULT.json...", help="result files"),
     output: Path = typer.Option(..., "--output", "-o", help="FILE.png or FILE.svg"),
 ) -> None:
-    """Draw IOPS over time, latency percentiles and per-job IOPS bars (needs gpufio[plot])."""
+    """Draw IOPS over time, latency percentiles and per-job IOPS bars, or a GNN result's
+    stages stacked per job (needs gpufio[plot])."""
     from gpufio.results import load as results
     from gpufio.results import plot as plotting
 
     with _exit_codes():
-        docs = [results.load(str(f)) for f in files]
+        docs = [results.plottable(str(f)) for f in files]
         plotting.draw(docs, [f.stem for f in files], str(output))
         typer.echo(f"{output}: written")
 

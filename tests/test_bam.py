@@ -129,7 +129,7 @@ def _bam_job(**opts):
     ({"controller": "model", "rw": "randrw"}, "either read or write"),
     ({"controller": "model", "rw": "write", "fsync": 4}, "use end_fsync"),
     ({"controller": "compiled", "controller_backend": "disk"}, "controller_backend"),
-    ({"submitter": "gpu", "targets": ["/dev/nvme0n1", "/dev/nvme1n1"]}, "one namespace"),
+    ({"controller": "vfio", "drive_model": "micron-9550"}, "emulates a drive"),
     ({"doorbells": "relay"}, "the CPU stand-in rings them itself"),
 ])
 def test_bam_job_refusals(opts: dict, message: str) -> None:
@@ -270,7 +270,6 @@ def test_doctor_prices_the_relay_and_says_why_the_registration_was_not_probed() 
 
 @pytest.mark.parametrize("opts, layout, message", [
     ({"submitter": "gpu"}, (1, 512, 0), "from the software controller only"),
-    ({"controller": "model"}, (2, 512, 0), "striped over 2 files"),
     ({"controller": "model", "model_lba": 4096}, (1, 512, 0), "not whole 4096-byte blocks"),
 ])
 def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None:

@@ -17,7 +17,7 @@ from gpufio.cli import app
 
 PROFILES = sorted((Path(__file__).resolve().parent.parent / "profiles").glob("*.toml"))
 # each workload's keys that keep a layout small
-SMALL = {"block": ["size=64k"], "gnn": ["nodes=8192", "feature_dim=8"],
+SMALL = {"block": ["size=64k"], "gnn": ["nodes=8192", "feature_dim=128"],
          "checkpoint": ["state_size=1m", "bs=64k"]}
 cli = CliRunner()
 

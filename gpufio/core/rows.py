@@ -17,20 +17,36 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Layout:
-    """Where row i is: file i % ntargets, byte header + (i // ntargets) * row_bytes."""
+    """Where row i is: the rows go round the files in stripes of ``stripe_rows`` rows, so
+    stripe s = i // stripe_rows is on file s % ntargets, at byte header + ((s // ntargets)
+    * stripe_rows + i % stripe_rows) * row_bytes. One row a stripe: row i on file i %
+    ntargets; a 4 KiB page of rows a stripe: page i on file i % ntargets, as BaM stripes."""
 
     ntargets: int
     row_bytes: int
     header: int = 0
+    stripe_rows: int = 1
 
     def locate(self, nodes: np.ndarray, xp=np) -> tuple:
         """(target index, byte offset) of each row."""
         n = xp.asarray(nodes, dtype=xp.int64)
-        return n % self.ntargets, self.header + (n // self.ntargets) * self.row_bytes
+        k, s = self.stripe_rows, n // self.stripe_rows
+        return s % self.ntargets, self.header + ((s // self.ntargets) * k + n % k) * self.row_bytes
+
+    def rows_of(self, target: int, nodes: int) -> np.ndarray:
+        """The rows target ``target`` holds for ``nodes`` rows in all, in its file's order."""
+        k = self.stripe_rows
+        starts = np.arange(target * k, nodes, self.ntargets * k, dtype=np.int64)
+        ids = (starts[:, None] + np.arange(k, dtype=np.int64)[None, :]).ravel()
+        return ids[ids < nodes]
 
     def rows_on(self, target: int, nodes: int) -> int:
         """How many rows target ``target`` holds for ``nodes`` rows in all."""
-        return len(range(target, nodes, self.ntargets))
+        k = self.stripe_rows
+        stripes = -(-nodes // k)
+        mine = len(range(target, stripes, self.ntargets))
+        short = stripes * k - nodes  # the last stripe's missing rows, if it is this target's
+        return mine * k - (short if stripes and (stripes - 1) % self.ntargets == target else 0)
 
     def bytes_needed(self, target: int, nodes: int) -> int:
         return self.header + self.rows_on(target, nodes) * self.row_bytes

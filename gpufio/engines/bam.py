@@ -26,13 +26,16 @@ With ``controller = "model"`` the controller is gpufio's software NVMe controlle
 namespace 1: the GPU side runs unchanged on a machine with no NVMe (results say
 ``controller = model``; its rate is a Python loop's, not a drive's). With
 ``controller = "compiled"`` it is the same protocol served by compiled poller threads
-(io/nvme/controller.c: ``controller_threads``, ``controller_backend``).
+(io/nvme/controller.c: ``controller_threads``, ``controller_backend``). ``drive_model`` puts
+a drive's published rates in front of the model (io/nvme/drives.py): every result then says
+``emulated: <model>, rates from <source>`` in its mode, as a compat cuFile run says compat.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import multiprocessing
 import os
 import sys
@@ -54,6 +57,7 @@ from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.facts.device import path_facts
 from gpufio.io import nvme_cmd, nvme_driver, vfio
+from gpufio.io.nvme import drives
 from gpufio.io import nvme_queue as nq
 from gpufio.io.gio.bench import check_bench_job
 from gpufio.io.gio.gather import QueueGather
@@ -88,14 +92,21 @@ def doorbells(o: Any) -> str:
     return "direct" if o.controller in SOFTWARE else "relay"
 
 
-def server(o: Any) -> Any:
-    """The loop a software controller's process runs: None (the Python model's) or the
-    compiled controller's with the job's threads and backend."""
-    if o.controller != "compiled":
-        return None
-    from gpufio.io.nvme import compiled
+def server(o: Any, namespaces: Sequence[str] = ()) -> Any:
+    """The loop a software controller's process runs: the compiled controller's with the
+    job's threads and backend; the Python model's at the drive model's rates where one is
+    named, serving ``namespaces`` as namespaces 2, 3 ... (each a drive); else None (the
+    model's own)."""
+    if o.controller == "compiled":
+        from gpufio.io.nvme import compiled
 
-    return compiled.server(o.controller_threads, o.controller_backend)
+        return compiled.server(o.controller_threads, o.controller_backend)
+    if not o.drive_model and not namespaces:
+        return None
+    from gpufio.io import nvme_model
+
+    return functools.partial(nvme_model.serve, drive=o.drive_model,
+                             namespaces=tuple(namespaces))
 
 
 def _compiled_available() -> bool:
@@ -108,6 +119,12 @@ def _qemu_missing() -> bool:
     from gpufio.io.nvme import qemu
 
     return qemu.binary() is None
+
+
+def emulated(o: Any) -> str:
+    """The mode's words for a modelled drive (", emulated: <model>, rates from <source>"),
+    else ""."""
+    return f", {drives.label(drives.model(o.drive_model))}" if o.drive_model else ""
 
 
 def slot_bytes(bs: int) -> int:
@@ -331,6 +348,11 @@ class Bam(Engine):
         Option("model_lba", "int", 512, "the logical block size of the controller the job "
                "starts (model, compiled, qemu)",
                minimum=512),
+        Option("drive_model", "str", None, "controller = \"model\": hold each completion to a "
+               "drive's published rates (4 KiB random-read IOPS, sequential read, read "
+               "latency, PCIe link; io/nvme/drives.toml, each figure with its source); every "
+               "result says 'emulated: <model>, rates from <source>'",
+               choices=drives.names()),
         Option("stall_timeout", "time", 10_000_000_000, "stop the GPU kernels and fail when no "
                "command completes for this long", minimum=1_000_000),
     )
@@ -383,6 +405,10 @@ class Bam(Engine):
         if job.bs > nq.PAGE * (nq.PRP_PER_PAGE + 1):
             raise BadInput(f"job '{job.name}': bs {job.bs} needs a chained PRP list; engine "
                            f"'bam' takes at most {nq.PAGE * (nq.PRP_PER_PAGE + 1)}")
+        if o.drive_model and o.controller != "model":
+            raise BadInput(f"job '{job.name}': drive_model = \"{o.drive_model}\" emulates a "
+                           "drive on the Python software controller (controller = \"model\"), "
+                           f"not on controller = \"{o.controller}\"")
         if o.controller in EMULATED:
             if o.controller == "compiled" and not _compiled_available():
                 raise BadInput(f"job '{job.name}': controller = \"compiled\" needs a C "
@@ -404,9 +430,6 @@ class Bam(Engine):
                 raise BadInput(f"job '{job.name}': bs {job.bs} is not a multiple of the "
                                f"software controller's {o.model_lba}-byte blocks (model_lba)")
         if who == "gpu":
-            if len(job.targets) > 1:
-                raise BadInput(f"job '{job.name}': engine 'bam' with GPU threads drives one "
-                               f"namespace per job; it names {len(job.targets)} targets")
             check_bench_job(job, cls.name)
         elif o.doorbells != "auto":
             raise BadInput(f"job '{job.name}': doorbells = \"{o.doorbells}\" is for GPU "
@@ -422,7 +445,10 @@ class Bam(Engine):
                     "mode": SUBMITTER, "doorbells": "cpu", "controller": where,
                     "queues": "host memory"}
         return {**super().describe(job), "page_cache": False, "submitter": "gpu",
-                "mode": f"gpu, {bells} doorbells, {where} controller", "doorbells": bells,
+                "mode": f"gpu, {bells} doorbells, {where} controller{emulated(o)}",
+                **({"drive": drives.describe(drives.model(o.drive_model))}
+                   if o.drive_model else {}),
+                "doorbells": bells,
                 "controller": where, "queues": "host memory", "gpus": list(job.gpu_list),
                 "lands_in": "written from the slots, the pattern generated there by GPU "
                             "threads" if job.writes else "gpu memory",
@@ -442,6 +468,9 @@ class Bam(Engine):
 
     def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
         """GPU threads' block job (submitter = "gpu"; the CPU stand-in is ``StandIn``)."""
+        if len(targets) > 1:  # (a GNN table over several files has a namespace each)
+            raise BadInput(f"job '{job.name}': engine 'bam' with GPU threads drives one "
+                           f"namespace per block job; it names {len(targets)} targets")
         super().__init__(job, targets, ctx)
         o = self._opts = self.settings(job)
         self._model: _Model | None = None
@@ -768,9 +797,10 @@ class StandIn(Channel):
 class BamFetch(QueueGather):
     """The ``bam`` path for the GNN workload's aggregation: GPU threads read the rows through
     NVMe queue agents (io/gio/backends/nvme.py) with the gather of io/gio/gather.py, as gpu-uring's
-    do through io_uring, through the GPU cache when one is asked. The feature file is served
-    by a software controller of its own (controller = "model"): a real controller's
-    namespace holds no feature file gpufio could lay out and find again."""
+    do through io_uring, through the GPU cache when one is asked. The feature files are
+    served by a software controller of its own (controller = "model"), a namespace each
+    (a table striped over n drives: n namespaces, each at its drive model's rates): a real
+    controller's namespace holds no feature file gpufio could lay out and find again."""
 
     page_cache = False
 
@@ -788,9 +818,6 @@ class BamFetch(QueueGather):
             raise BadInput(f"job '{job.name}': engine 'bam' starts a software controller "
                            "process per row fetcher, which a data-parallel job's trainer "
                            "processes may not: give the job one GPU")
-        if layout.ntargets != 1:
-            raise BadInput(f"job '{job.name}': engine 'bam' serves one feature file as its "
-                           f"namespace; the table is striped over {layout.ntargets} files")
         if layout.header % o.model_lba or layout.row_bytes % o.model_lba:
             raise BadInput(f"job '{job.name}': feature rows of {layout.row_bytes} bytes from "
                            f"byte {layout.header} are not whole {o.model_lba}-byte blocks "
@@ -798,22 +825,27 @@ class BamFetch(QueueGather):
         depth = row_depth(request)
         bells = doorbells(o)
         # the result's engine_mode: who submitted, the doorbells, the controller
-        self.mode = f"gpu, {bells} doorbells, {o.controller} controller"
+        self.mode = f"gpu, {bells} doorbells, {o.controller} controller{emulated(o)}"
         self.facts: dict[str, Any] = {"iodepth": depth, "submitter": "gpu",
                                       "doorbells": bells, "controller": o.controller,
                                       "mode": self.mode}
+        if o.drive_model:
+            self.facts["drive"] = drives.describe(drives.model(o.drive_model))
         shift = o.model_lba.bit_length() - 1
         row = slot_bytes(layout.row_bytes)
         dma = 2 * nq.PAGE + (depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
             depth * (row + nq.PAGE) + nq.PAGE + MODEL_SLACK
-        self._served = nvme_model.ServedFile(table.paths[0], shift, dma, server(o))
+        # a table striped over n files: a namespace (a drive) each, on the one controller
+        self._served = nvme_model.ServedFile(table.paths[0], shift, dma,
+                                             server(o, table.paths[1:]))
         self._registered: Any = None
         self.queue: Any = None
         try:
             self._registered = RegisteredModel(self._served.mem)
             pair = self._served.host.create_pair(1, depth + 1)
             self.queue = NvmeQueues(self._registered, [pair], depth=depth, slot_bytes=row,
-                                    nsid=1, lba_shift=shift, mode=bells)
+                                    nsid=1, lba_shift=shift, mode=bells,
+                                    namespaces=layout.ntargets)
             super().__init__(self.queue, table, xp, request.dim, depth, o.stall_timeout,
                              request.cache_bytes)
         except BaseException:

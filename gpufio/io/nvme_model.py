@@ -15,10 +15,13 @@ It is test infrastructure and the bench's ceiling model: the GPU kernels and the
 controller reaches by bus address (IOVA = ``IOVA_BASE`` + its offset there), where queues,
 PRP lists and data buffers live. The model polls its doorbells (a memory write raises no
 event); it is a Python loop, so its rate is far below a drive's, and it says so in results.
+A drive model (io/nvme/drives.py) may stand in front of its backing file: each I/O command's
+completion is then held until the model's rates and latency allow it.
 """
 
 from __future__ import annotations
 
+import heapq
 import mmap
 import multiprocessing
 import os
@@ -31,6 +34,7 @@ import numpy as np
 
 from gpufio.core import processes
 from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import drives
 from gpufio.io.nvme.memory import carve
 from gpufio.io.nvme_cmd import NVME_FLUSH, NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled, Watchdog
@@ -138,6 +142,7 @@ class _Queue:
     head: int = 0     # SQ: next entry to fetch; CQ: the host's head doorbell
     tail: int = 0     # CQ: next entry to post
     phase: int = 1
+    held: int = 0     # CQ: entries kept for completions a drive model holds back
 
 
 @dataclass
@@ -153,9 +158,19 @@ class Controller:
     enabled: bool = False
     fetched: int = 0
     completed: int = 0
+    drive: str | None = None  # a drive model's key (io/nvme/drives.toml): its rates apply
+    # namespaces 2, 3 ...: descriptors of their data, each a drive of its own (its own rate
+    # model), as a table striped over several drives needs
+    more: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        self.nblocks = os.fstat(self.backing).st_size >> self.lba_shift
+        self.data = (self.backing, *self.more)  # namespace i + 1's data
+        self.sizes = [os.fstat(fd).st_size >> self.lba_shift for fd in self.data]
+        self.rates = [None if self.drive is None else
+                      drives.DriveRate(drives.model(self.drive)) for _ in self.data]
+        # completions the drive models hold, a heap: (due ns, order, CQ, SQ id, SQ head,
+        # cid, (status, result)); each drive's due times rise, several drives' interleave
+        self.held: list[tuple] = []
         self._left = [f.times for f in self.faults]
         m = self.mem
         m.set_reg64(nq.REG_CAP, MQES | 1 << 16 | 20 << 24 | 1 << 37)  # CQR, TO 10 s, NVM set
@@ -175,7 +190,7 @@ class Controller:
             m.set_reg(nq.REG_CSTS, nq.CSTS_RDY)
             return True
         if not cc & nq.CC_EN and self.enabled:  # reset: every queue and its state goes
-            self.sqs, self.cqs, self.enabled = {}, {}, False
+            self.sqs, self.cqs, self.enabled, self.held = {}, {}, False, []
             m.bar32[nq.DOORBELLS // 4:] = 0  # as every register, back to its reset value
             m.set_reg(nq.REG_CSTS, 0)
             return True
@@ -185,7 +200,7 @@ class Controller:
             return True
         if not self.enabled or csts & nq.CSTS_CFS:
             return False
-        worked = False
+        worked = self._release()
         for qid, cq in self.cqs.items():
             cq.head = m.reg(nq.doorbell(qid, True))
         for qid, sq in list(self.sqs.items()):
@@ -195,20 +210,47 @@ class Controller:
             if tail >= sq.size:
                 return self._fatal(f"SQ {qid} tail doorbell {tail} >= its {sq.size} entries")
             cq = self.cqs[sq.cqid]
-            while sq.head != tail and (cq.tail + 1) % cq.size != cq.head:
+            while sq.head != tail and (cq.head - cq.tail - 1) % cq.size > cq.held:
                 e = np.frombuffer(self.mem.at(sq.base + sq.head * nq.SQE_BYTES, nq.SQE_BYTES)
                                   .tobytes(), nq.SQE_DTYPE)[0]
                 sq.head = (sq.head + 1) % sq.size
                 self.fetched += 1
                 posted = self._admin(e) if qid == 0 else self._io(e)
-                if posted is not None:
+                if posted is not None and qid and self._rate(e) is not None:
+                    self._hold(e, cq, qid, sq.head, posted)
+                elif posted is not None:
                     self._post(cq, qid, sq.head, int(e["cid"]), *posted)
                 worked = True
         if worked:
             m.bar32[M_FETCHED // 4:M_FETCHED // 4 + 2] = np.array([self.fetched], "<u8").view("<u4")
             m.bar32[M_COMPLETED // 4:M_COMPLETED // 4 + 2] = \
                 np.array([self.completed], "<u8").view("<u4")
-        return worked
+        return worked or bool(self.held)  # held completions: poll on, without backing off
+
+    def _hold(self, e: np.void, cq: _Queue, sqid: int, sq_head: int,
+              posted: tuple[int, int]) -> None:
+        """Keep an I/O command's completion until the drive model's due time."""
+        nbytes = 0 if int(e["opcode"]) == NVME_FLUSH else \
+            ((int(e["cdw12"]) & 0xFFFF) + 1) << self.lba_shift
+        due = self._rate(e).admit(time.monotonic_ns(), nbytes)
+        heapq.heappush(self.held, (due, self.fetched, cq, sqid, sq_head, int(e["cid"]), posted))
+        cq.held += 1
+
+    def _rate(self, e: np.void) -> drives.DriveRate | None:
+        """The rate model of the command's namespace (None: none, or no such namespace)."""
+        nsid = int(e["nsid"])
+        return self.rates[nsid - 1] if 1 <= nsid <= len(self.rates) else None
+
+    def _release(self) -> bool:
+        """Post the held completions now due, in order; True if any was."""
+        now, n = time.monotonic_ns(), 0
+        while self.held and self.held[0][0] <= now:
+            _, _, cq, sqid, sq_head, cid, posted = heapq.heappop(self.held)
+            cq.held -= 1
+            if self.cqs.get(self.sqs[sqid].cqid if sqid in self.sqs else -1) is cq:
+                self._post(cq, sqid, sq_head, cid, *posted)  # its queues still there
+            n += 1
+        return n > 0
 
     def _fatal(self, why: str) -> bool:
         """Controller Fatal Status, as a drive sets it (until a reset); ``why`` is kept for
@@ -243,17 +285,19 @@ class Controller:
         op = int(e["opcode"])
         if op not in (NVME_READ, NVME_WRITE, NVME_FLUSH):
             return nq.SC_INVALID_OPCODE, 0
-        if int(e["nsid"]) != 1:
+        nsid = int(e["nsid"])
+        if not 1 <= nsid <= len(self.data):
             return 0x0B, 0  # invalid namespace or format
+        fd, nblocks = self.data[nsid - 1], self.sizes[nsid - 1]
         slba = -1 if op == NVME_FLUSH else int(e["cdw10"]) | int(e["cdw11"]) << 32
         fault = self._fault(slba)
         if fault is not None:
             return None if fault.drop else (fault.status, 0)
         if op == NVME_FLUSH:
-            os.fsync(self.backing)
+            os.fsync(fd)
             return 0, 0
         nlb = (int(e["cdw12"]) & 0xFFFF) + 1
-        if slba + nlb > self.nblocks:
+        if slba + nlb > nblocks:
             return nq.SC_LBA_RANGE, 0
         nbytes = nlb << self.lba_shift
         try:
@@ -264,14 +308,14 @@ class Controller:
             return nq.SC_DATA_TRANSFER, 0
         off = slba << self.lba_shift
         if op == NVME_READ:
-            data = np.frombuffer(os.pread(self.backing, nbytes, off), np.uint8)
+            data = np.frombuffer(os.pread(fd, nbytes, off), np.uint8)
             done = 0
             for view in chunks:
                 view[:] = data[done:done + len(view)]
                 done += len(view)
         else:
             try:
-                os.pwrite(self.backing, b"".join(v.tobytes() for v in chunks), off)
+                os.pwrite(fd, b"".join(v.tobytes() for v in chunks), off)
             except OSError:
                 return SC_WRITE_FAULT, 0
         return 0, 0
@@ -344,14 +388,16 @@ class Controller:
                 page[4:24] = np.frombuffer(b"gpufio-model".ljust(20), np.uint8)
                 page[24:64] = np.frombuffer(b"gpufio software NVMe controller".ljust(40),
                                             np.uint8)
-                page[516:520] = np.frombuffer(np.uint32(1).tobytes(), np.uint8)  # NN
-            elif c10 & 0xFF == 0 and int(e["nsid"]) == 1:  # namespace: size, one LBA format
-                page[0:24] = np.frombuffer(np.array([self.nblocks] * 3, "<u8").tobytes(),
-                                           np.uint8)
+                page[516:520] = np.frombuffer(np.uint32(len(self.data)).tobytes(),
+                                              np.uint8)  # NN
+            elif c10 & 0xFF == 0 and 1 <= int(e["nsid"]) <= len(self.data):
+                blocks = self.sizes[int(e["nsid"]) - 1]  # namespace: size, one LBA format
+                page[0:24] = np.frombuffer(np.array([blocks] * 3, "<u8").tobytes(), np.uint8)
                 page[128:132] = np.frombuffer(np.uint32(self.lba_shift << 16).tobytes(),
                                               np.uint8)
-            elif c10 & 0xFF == nq.CNS_ACTIVE_NSIDS:  # the one namespace, past nsid
-                page[0] = int(e["nsid"]) < 1
+            elif c10 & 0xFF == nq.CNS_ACTIVE_NSIDS:  # the namespaces past nsid
+                ids = np.arange(max(int(e["nsid"]), 0) + 1, len(self.data) + 1, dtype="<u4")
+                page[:4 * len(ids)] = ids.view(np.uint8)
             else:
                 return nq.SC_INVALID_FIELD, 0
             try:
@@ -364,17 +410,23 @@ class Controller:
         return nq.SC_INVALID_OPCODE, 0
 
 
-def serve(path: str, backing: str, lba_shift: int, faults: list[Fault]) -> None:
-    """The controller process's loop: serve ``path``'s queues from the file ``backing`` until
-    the stop word is set. Busy-polls while there is work, backs off (to IDLE_MAX_S) when
-    there is none."""
+def serve(path: str, backing: str, lba_shift: int, faults: list[Fault],
+          drive: str | None = None, namespaces: tuple[str, ...] = ()) -> None:
+    """The controller process's loop: serve ``path``'s queues from the file ``backing``
+    (namespace 1; ``namespaces``: the files of namespaces 2, 3 ...) until the stop word is
+    set, each namespace at the rates of the drive model ``drive`` where one is named
+    (``functools.partial(serve, drive=key)`` is ModelProcess's ``server``). Busy-polls
+    while there is work, backs off (to IDLE_MAX_S) when there is none."""
     mem = Memory(path)
+    fds: list[int] = []
     try:
-        fd = os.open(backing, os.O_RDWR)
-    except PermissionError:  # a read-only file (a dataset's features): writes fail
-        fd = os.open(backing, os.O_RDONLY)
-    try:
-        ctl = Controller(mem, fd, lba_shift, list(faults))
+        for name in (backing, *namespaces):
+            try:
+                fds.append(os.open(name, os.O_RDWR))
+            except PermissionError:  # a read-only file (a dataset's features): writes fail
+                fds.append(os.open(name, os.O_RDONLY))
+        fd = fds[0]
+        ctl = Controller(mem, fd, lba_shift, list(faults), drive=drive, more=tuple(fds[1:]))
         mem.set_reg(M_ALIVE, 1)
         idle = 0
         while not mem.reg(M_STOP):
@@ -385,7 +437,8 @@ def serve(path: str, backing: str, lba_shift: int, faults: list[Fault]) -> None:
             if idle > IDLE_SPINS:
                 time.sleep(min(IDLE_MAX_S, 1e-6 * (idle - IDLE_SPINS)))
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
         mem.close()
 
 

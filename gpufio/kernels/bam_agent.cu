@@ -44,7 +44,10 @@ extern "C" __global__ void bam_agent(const GioQueue* q, const BamRing* rings)
                 const u64 host = q->landing + g * q->slot_bytes;
                 const u64 iova = host + R.delta;
                 u64 w[8];
-                bam_sqe(w, write && len == 0, write, s | gen << NQ_CID_GEN_SHIFT, nsid, shift,
+                // the request's file, where it names one, is its namespace (a table striped
+                // over the namespaces of the controller); else the pair's
+                const unsigned ns = (unsigned)(lf >> 32) ? (unsigned)(lf >> 32) : nsid;
+                bam_sqe(w, write && len == 0, write, s | gen << NQ_CID_GEN_SHIFT, ns, shift,
                         q->off[g], len, iova,
                         bam_prp2(iova, len, R.prp_lists + (u64)s * NQ_PAGE + R.delta));
                 u64* sqe = (u64*)(R.sqes + (u64)((tail + batch + rank) % sq_n) * NQ_SQE_BYTES);

@@ -14,9 +14,10 @@
 //  - lanes that take up a new row in the same pass and want the same node are coalesced
 //    (__match_any_sync): the lowest one fetches, the others copy its row once it is in dst;
 //  - each fetching lane looks its row up in the cache: a hit is copied from the cache page;
-//    a miss (or every row, without a cache) is read from storage (target node % ntargets,
-//    offset header + (node / ntargets) * row_bytes: the striped layout of
-//    gpufio/workloads/gnn/features.py) into the thread's slot;
+//    a miss (or every row, without a cache) is read from storage (stripe s = node /
+//    stripe_rows on target s % ntargets, offset header + ((s / ntargets) * stripe_rows +
+//    node % stripe_rows) * row_bytes: the striped layout of gpufio/core/rows.py) into the
+//    thread's slot;
 //  - the warp copies the rows of every lane whose hit or read is ready into dst (and a fill
 //    into its cache page) with coalesced 16-byte loads, then those lanes take their next rows.
 // A lane whose row another thread is filling asks again in a later pass, while its warp goes
@@ -45,7 +46,8 @@ __device__ __forceinline__ void warp_count(u64* counter, bool flag, unsigned lan
 }
 
 extern "C" __global__ void gio_gather(const GioQueue* q, const GioCache* cache, const int* fds,
-                                      u64 ntargets, u64 header, u64 row_bytes,
+                                      u64 ntargets, u64 stripe_rows, u64 header,
+                                      u64 row_bytes,
                                       const long long* nodes, u64 n, uint4* dst, u64 dst_row16,
                                       u64* stats)
 {
@@ -86,8 +88,10 @@ extern "C" __global__ void gio_gather(const GioQueue* q, const GioCache* cache, 
                 res = (int)row_bytes;
                 phase = ROW_READY;
             } else if (look == LOOK_FILL) {  // the slot is this thread's, so it is free
-                const u64 t = (u64)node % ntargets;
-                posted = gio_try_post(q, gtid, fds[t], header + ((u64)node / ntargets) * row_bytes,
+                const u64 s = (u64)node / stripe_rows, t = s % ntargets;
+                posted = gio_try_post(q, gtid, fds[t],
+                                      header + ((s / ntargets) * stripe_rows +
+                                                (u64)node % stripe_rows) * row_bytes,
                                       (unsigned)row_bytes);
                 // a post refused (the queue aborted) fails the row instead of waiting forever
                 res = -GIO_EBUSY;

@@ -94,6 +94,18 @@ def load(path: str) -> dict[str, Any]:
     return doc
 
 
+def plottable(path: str) -> dict[str, Any]:
+    """A result document ``gpufio plot`` draws: those ``load`` reads, and a workload's whose
+    jobs are timed in stages (its ``stages``: their names, in order), or BadInput naming
+    the file."""
+    doc = _read(path)
+    if "stages" not in doc:
+        return load(path)
+    if not all(isinstance(j, dict) and "jobname" in j and "stages" in j for j in doc["jobs"]):
+        raise BadInput(f"{path}: a job lacks 'jobname' or 'stages'")
+    return doc
+
+
 def metrics_of(doc: dict[str, Any]) -> dict[str, Metric]:
     """The metrics of a document: the I/O metrics, or those a workload's document declares
     in its ``metric_info`` (each job then carries its values in ``metrics``)."""
@@ -259,3 +271,18 @@ def latency_notes(docs: list[dict[str, Any]], labels: list[str]) -> list[str]:
             "submission), gpufio's are lat; rerun fio with --lat_percentiles=1 to compare "
             "percentiles of lat" for label, doc in zip(labels, docs)
             if any(j.get("latency", {}).get("percentiles") == "clat" for j in doc["jobs"])]
+
+
+def stage_seconds(job: dict[str, Any], stages: Iterable[str]) -> dict[str, float]:
+    """A job's seconds per stage (and in all: 'total') over its timed iterations, from its
+    ``stages`` summary (``<stage>_ms`` per iteration, ``timed_iterations``)."""
+    s = job.get("stages") or {}
+    return {st: s.get(f"{st}_ms", 0.0) * s.get("timed_iterations", 0) / 1e3
+            for st in (*stages, "total")}
+
+
+def emulated_labels(jobs: Iterable[dict[str, Any]]) -> list[str]:
+    """Each drive model's "emulated: <model>, rates from <source>" that ``jobs`` read
+    through (their fetch facts' ``drive``), once each, in order."""
+    return list(dict.fromkeys(d["label"] for j in jobs
+                              if (d := j.get("fetch", {}).get("drive"))))

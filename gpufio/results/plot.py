@@ -3,7 +3,10 @@
 One figure with four panels: IOPS and bandwidth over time per job (from the interval
 samples), latency against percentile per job (fio's percentile list, on a "nines" axis so
 that p99, p99.9 and p99.99 are apart), and grouped IOPS bars, one group per job and one bar
-per result file, for engine or drive comparisons.
+per result file, for engine or drive comparisons. A result timed in stages (a GNN
+iteration's sampling, aggregation, training: the document's ``stages``) is drawn as the
+seed article draws it: a bar per job, its stages stacked, in seconds over the timed
+iterations, each drive model's "emulated: ..." label under the figure.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any, Callable
 
 from gpufio.core.errors import BadInput
 from gpufio.core.job import directions
-from gpufio.results.load import headline_iops
+from gpufio.results.load import emulated_labels, headline_iops, stage_seconds
 
 FIGSIZE = (12, 13)
 NINES = (50.0, 90.0, 99.0, 99.9, 99.99)
@@ -41,6 +44,9 @@ def draw(docs: list[dict[str, Any]], labels: list[str], output: str) -> None:
     if not output.endswith((".png", ".svg")):
         raise BadInput(f"-o {output}: give a .png or .svg file name")
     plt = _matplotlib()
+    if any("stages" in d for d in docs):
+        _save(_draw_stages(plt, docs, labels), output, plt)
+        return
     if any("metric_info" in d for d in docs):
         _save(_draw_headline(plt, docs, labels), output, plt)
         return
@@ -97,6 +103,32 @@ def _draw_headline(plt: Any, docs: list[dict[str, Any]], labels: list[str]) -> A
         _bars(ax, docs, labels, lambda j, n=name: j.get("metrics", {}).get(n, 0))
         ax.set(title=f"{name} per job", ylabel=unit)
     _finish(fig, axes[:, 0])
+    return fig
+
+
+def _draw_stages(plt: Any, docs: list[dict[str, Any]], labels: list[str]) -> Any:
+    """Results timed in stages: a bar per job (per file and job), its stages stacked."""
+    if not all("stages" in d for d in docs) or len({tuple(d["stages"]) for d in docs}) > 1:
+        raise BadInput("plot: these files mix results timed in stages with others; plot "
+                       "them apart")
+    stages = docs[0]["stages"]
+    multi = len(docs) > 1
+    jobs = [(f"{label}: {j['jobname']}" if multi else j["jobname"], j)
+            for label, d in zip(labels, docs) for j in d["jobs"]]
+    fig, ax = plt.subplots(figsize=(FIGSIZE[0], 6), dpi=DPI)
+    bottom = [0.0] * len(jobs)
+    for st in stages:
+        secs = [stage_seconds(j, stages)[st] for _, j in jobs]
+        ax.bar(range(len(jobs)), secs, bottom=bottom, label=st)
+        bottom = [b + v for b, v in zip(bottom, secs)]
+    ax.set_xticks(range(len(jobs)), [name for name, _ in jobs], rotation=30, ha="right")
+    ax.set(title="time per stage over the timed iterations", ylabel="seconds")
+    emulated = emulated_labels(j for _, j in jobs)
+    if emulated:  # beside the numbers, as a compat cuFile run says compat
+        fig.text(0.01, 0.005, "\n".join(emulated), fontsize="small")
+    _finish(fig, [ax])
+    if emulated:
+        fig.subplots_adjust(bottom=0.25 + 0.03 * len(emulated))
     return fig
 
 

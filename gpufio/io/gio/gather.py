@@ -66,7 +66,8 @@ class QueueGather:
             q.start(requesters=blocks * TPB, keep=(ids, out))  # the gather writes them
             self._gather((blocks,), (TPB,), (
                 q.descriptor, self.cache.descriptor if self.cache else np.uint64(0),
-                self._d_fds, np.uint64(self.layout.ntargets), np.uint64(self.layout.header),
+                self._d_fds, np.uint64(self.layout.ntargets),
+                np.uint64(self.layout.stripe_rows), np.uint64(self.layout.header),
                 np.uint64(self.layout.row_bytes), ids, np.uint64(n), out,
                 np.uint64(self.dim * 4 // 16), self._stats), stream=self._stream)
             q.wait((self._stream,), self.stall_ns, poll_s=GATHER_POLL_S)

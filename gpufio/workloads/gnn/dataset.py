@@ -41,14 +41,20 @@ def _feature_paths(job: Job) -> list[str]:
     """Where generated features go: a file per target directory (or the given file paths),
     else one file in the scratch directory."""
     g = job.workload_settings
-    n = max(len(job.targets), 1)
+    if job.targets and g.stripes not in (1, len(job.targets)):
+        raise BadInput(f"key 'stripes': {g.stripes} files, but the job names "
+                       f"{len(job.targets)} targets (a file each)")
+    n = len(job.targets) or g.stripes
+
+    k = features.stripe_rows(g.feature_dim * 4, g.stripe)
 
     def name(i: int) -> str:  # a stripe of n holds other rows than the whole table
-        part = f"-part{i}of{n}" if n > 1 else ""
+        part = (f"-part{i}of{n}" + (f"-stripe{k}" if k > 1 else "")) if n > 1 else ""
         return f"gnn-features-{g.nodes}x{g.feature_dim}-seed{job.randseed}{part}.f32"
 
     if not job.targets:
-        return [os.path.join(job.directory or tg.default_scratch_dir(), name(0))]
+        return [os.path.join(job.directory or tg.default_scratch_dir(), name(i))
+                for i in range(n)]
     paths = []
     for i, t in enumerate(job.targets):
         if os.path.isdir(t):
@@ -98,7 +104,8 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
             if row != dim * 4:
                 raise BadInput(f"feature file {paths[0]}: rows of {row} bytes, not {dim} "
                                "float32 (key 'feature_dim')")
-        layout = features.Layout(len(paths), dim * 4, header)
+        layout = features.Layout(len(paths), dim * 4, header,
+                                 features.stripe_rows(dim * 4, g.stripe))
         for t, path in enumerate(paths):
             features.check_file(path, layout, t, nodes)
         # gpufio's generated table copied there (onto a device, say) is checked against the
@@ -107,7 +114,7 @@ def prepare(job: Job, xp: Any = np) -> Dataset:
                    for t, path in enumerate(paths))
         return Dataset(gr, paths, layout, generated=ours)
     paths = _feature_paths(job)
-    layout = features.Layout(len(paths), dim * 4)
+    layout = features.Layout(len(paths), dim * 4, 0, features.stripe_rows(dim * 4, g.stripe))
     space.check_layouts([(path, layout.bytes_needed(t, nodes)) for t, path in enumerate(paths)
                          if not os.path.exists(path)], job.allow_large_layout)
     for t, path in enumerate(paths):

@@ -1,9 +1,12 @@
 """The node-feature table: values, file layout, striping over targets, and .npy inputs.
 
 Row i holds node i's ``dim`` float32 features at i * row_bytes, as IGB's files do. With
-several targets the rows are striped: node i lives on target i % n at row i // n, so each
-drive serves an equal share of every mini-batch. Generated values are a pure function of
-(seed, node, column), in [-1, 1), so any fetched row can be checked against the generator
+several targets the rows are striped (core/rows.Layout): as BaM stripes its pages, 4 KiB
+page i of the table on target i % n (``stripe = "page"``; a row of 4 KiB or more, or one
+that does not divide a page, is a stripe of its own), or row i on target i % n
+(``stripe = "row"``), so each drive serves an equal share of every mini-batch. Generated
+values are a pure function of (seed, node, column), in [-1, 1), so any fetched row can be
+checked against the generator
 without reading the file again.
 """
 
@@ -25,6 +28,23 @@ from gpufio.core.targets import aligned_buffer
 # (one written while the next is generated)
 WRITE_BYTES = 64 << 20
 PROGRESS_S = 2.0
+
+
+PAGE = 4096
+
+
+def stripe_rows(row_bytes: int, stripe: str) -> int:
+    """Rows a stripe holds: a page's worth for ``stripe = "page"`` where rows divide a page,
+    else one."""
+    if stripe == "page" and row_bytes < PAGE and PAGE % row_bytes == 0:
+        return PAGE // row_bytes
+    return 1
+
+
+def target_counts(layout: Layout, nodes: np.ndarray) -> np.ndarray:
+    """How many of ``nodes`` (host ids) each target holds: the rows asked of each drive."""
+    tgt, _ = layout.locate(nodes)
+    return np.bincount(tgt, minlength=layout.ntargets)
 
 
 def values(seed: int, nodes: np.ndarray, dim: int, xp=np) -> "np.ndarray":
@@ -71,7 +91,7 @@ def write_share(path: str, target: int, layout: Layout, nodes: int, dim: int,
     two host buffers (pinned for CuPy) while a thread writes the other with large
     sequential writes (O_DIRECT where the rows are page-aligned), with progress lines
     giving the rate and the time left."""
-    ids = np.arange(target, nodes, layout.ntargets, dtype=np.int64)
+    ids = layout.rows_of(target, nodes)
     per = max(1, WRITE_BYTES // layout.row_bytes)
     total = layout.bytes_needed(target, nodes)
     direct = layout.header % 4096 == 0 and (per * layout.row_bytes) % 4096 == 0
@@ -200,7 +220,8 @@ def holds_generated(path: str, target: int, layout: Layout, dim: int, seed: int)
     with open(path, "rb") as f:
         f.seek(layout.header)
         row = np.frombuffer(f.read(dim * 4), dtype=np.float32)
-    return len(row) == dim and bool(np.array_equal(row, values(seed, np.array([target]), dim)[0]))
+    first = np.array([target * layout.stripe_rows])
+    return len(row) == dim and bool(np.array_equal(row, values(seed, first, dim)[0]))
 
 
 def file_rows(paths: list[str], layout: Layout, nodes: np.ndarray, dim: int) -> np.ndarray:

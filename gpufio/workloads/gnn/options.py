@@ -33,6 +33,12 @@ GNN_OPTIONS: tuple[Option, ...] = (
            "target, instead of generated ones"),
     Option("feature_offset", "size", 0, "bytes before the first row of a raw feature file "
            "(.npy files: read from their header)", minimum=0),
+    Option("stripe", "str", "page", "how a table over several targets (or feature files) is "
+           "striped: 'page' (BaM's: 4 KiB page i on target i % n), 'row' (row i on target "
+           "i % n); the same for rows of 4 KiB or more", choices=("page", "row")),
+    Option("stripes", "int", 1, "with no targets: stripe the generated table over this many "
+           "files in the scratch directory (each a drive of its own to engine 'bam''s "
+           "software controller); with targets, one file per target", minimum=1),
     Option("batch_size", "int", 1024, "seed nodes per mini-batch", minimum=1),
     Option("fanout", "intlist", (10, 5, 5), "neighbours sampled per node, per layer"),
     Option("model", "str", "sage", "what trains on the fetched rows: gpufio's own GraphSAGE "

@@ -66,6 +66,8 @@ class _Tally:
     cache_at_warmup: dict[str, int] = field(default_factory=dict)
     trace: Any = None  # the gnn_iolog being written (core/iolog.Writer)
     trace_counts: list[int] = field(default_factory=list)  # its reads, per iteration
+    # the timed iterations' rows asked of each target (striped tables: each drive's share)
+    target_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def run_job(job: Job, stop: Any = None, progress: Any = None,
@@ -78,7 +80,8 @@ def run_job(job: Job, stop: Any = None, progress: Any = None,
     xp = array_module(job)
     ds = dataset.prepare(job, xp)
     fetcher = _fetcher(job, ds, xp)
-    tally = _Tally(np.zeros((g.iterations, 3), dtype=np.int64))
+    tally = _Tally(np.zeros((g.iterations, 3), dtype=np.int64),
+                   target_rows=np.zeros(ds.layout.ntargets, np.int64))
     limit, asked = memlimit.resolve(g.memory_limit, ds.graph.nodes * ds.layout.row_bytes)
     if limit:
         _rehearse(job, ds, xp, fetcher)
@@ -187,8 +190,9 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
         t3 = time.perf_counter_ns()
         tally.stage_ns[it] = (t1 - t0, t2 - t1, t3 - t2)
         tally.losses.append(loss)
-        if it >= g.warmup:
+        if it >= g.warmup:  # outside the stages: the ids come back from the GPU for it
             tally.rows_timed += len(mb.input_nodes)
+            tally.target_rows += features.target_counts(ds.layout, _host(xp, mb.input_nodes))
         if g.verify_rows and moves_data(job):
             k = min(g.verify_rows, len(mb.input_nodes))
             want = (features.values(job.randseed, mb.input_nodes[:k], g.feature_dim, xp)
@@ -233,6 +237,7 @@ def _result(job: Job, ds: dataset.Dataset, t: _Tally, fetcher: Any) -> dict[str,
         "degree": {"mean": float(ds.graph.degrees.mean()), "max": int(ds.graph.degrees.max())},
         "feature_dim": g.feature_dim, "batch_size": g.batch_size,
         "fanout": list(g.fanout), "hidden": g.hidden, "targets": ds.paths,
+        "stripe": {"rows": ds.layout.stripe_rows, "bytes": ds.layout.stripe_rows * row_bytes},
         "feature_bytes": ds.graph.nodes * row_bytes, "page_cache": fetcher.page_cache,
         "iodepth": fetcher.facts.get("iodepth"), "fetch": dict(fetcher.facts),
         "drop_cache": bool(fetcher.facts.get("drop_cache", False)),
@@ -244,7 +249,11 @@ def _result(job: Job, ds: dataset.Dataset, t: _Tally, fetcher: Any) -> dict[str,
         "stages": stages,
         "aggregation": {"rows": rows_timed, "bytes": rows_timed * row_bytes,
                         "iops": rows_timed / agg_s if agg_s else 0.0,
-                        "bw_bytes": rows_timed * row_bytes / agg_s if agg_s else 0.0},
+                        "bw_bytes": rows_timed * row_bytes / agg_s if agg_s else 0.0,
+                        # rows asked of each target: a read each, except GPU-cache hits
+                        "per_target": [{"target": p, "rows": int(r),
+                                        "iops": int(r) / agg_s if agg_s else 0.0}
+                                       for p, r in zip(ds.paths, t.target_rows)]},
         "verify": {"rows_checked": t.checked, "mismatches": t.mismatches,
                    **({} if moves_data(job) else
                       {"skipped": f"engine '{job.engine}' moves no data: the rows hold none"})},

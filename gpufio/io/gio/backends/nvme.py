@@ -113,10 +113,13 @@ class Relay:
 class NvmeQueues(RequestQueue):
     """``len(pairs)`` NVMe queue pairs driven by GPU agent warps, ``depth`` request slots of
     ``slot_bytes`` each per pair (depth < every pair's entries), for namespace ``nsid`` of
-    1 << ``lba_shift`` byte blocks. ``mode``: "direct" or "relay" (MODES)."""
+    1 << ``lba_shift`` byte blocks, or, with ``namespaces`` > 1, namespaces 1 to
+    ``namespaces``, which kernels name as files 0 to ``namespaces`` - 1 (a table striped
+    over the controller's namespaces). ``mode``: "direct" or "relay" (MODES)."""
 
     def __init__(self, mem: ControllerMemory, pairs: Sequence[QueuePairMemory], *, depth: int,
-                 slot_bytes: int, nsid: int, lba_shift: int, mode: str) -> None:
+                 slot_bytes: int, nsid: int, lba_shift: int, mode: str,
+                 namespaces: int = 1) -> None:
         refuse_serialised("GPU-driven NVMe queues")
         if mode not in MODES:
             raise ValueError(f"doorbell mode {mode!r}: one of {', '.join(MODES)}")
@@ -155,9 +158,10 @@ class NvmeQueues(RequestQueue):
                   "progress": self.progress.ctypes.data + 32 * r}
                  for r, p in enumerate(self.pairs)]
         self._agent = cuda.module("bam_agent").get_function("bam_agent")
-        # what the request kernels pass as a request's file: the agents send every request
-        # to the one namespace of the queues (nsid)
-        self.file_refs = np.zeros(1, np.int32)
+        # what the request kernels pass as a request's file: 0 sends it to the one namespace
+        # of the queues (nsid); another number is the namespace itself (bam_agent.cu)
+        self.file_refs = (np.zeros(1, np.int32) if namespaces == 1
+                          else np.arange(1, namespaces + 1, dtype=np.int32))
         self.relay: Relay | None = None
         # the agents take their pairs as an argument: the GioQueue's rings stay 0
         self._arrays(np.concatenate([contract.build(contract.BAM_RING, r) for r in rings]),

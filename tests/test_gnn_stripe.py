@@ -1,0 +1,84 @@
+"""The GNN feature table striped over several drives in 4 KiB pages, as BaM stripes it
+(page i on drive i % n): each drive's share of the pages, the rows gathered from a striped
+table byte-identical to an unstriped one's, and the rows asked of each drive in the result.
+CPU path (device = "cpu"), as profiles/gnn-cpu-check.toml runs."""
+
+import numpy as np
+import pytest
+
+from gpufio.core.rows import Layout
+from gpufio.profile import from_dict
+from gpufio.workloads.gnn import dataset, features
+from gpufio.workloads.gnn.run import _fetcher, run_job
+
+
+@pytest.mark.parametrize("ntargets", [1, 2, 3, 4])
+@pytest.mark.parametrize("row_bytes,nodes", [(128, 10_001), (4096, 999), (512, 64)])
+def test_each_drive_holds_every_nth_page_whole_and_in_order(ntargets, row_bytes, nodes):
+    k = features.stripe_rows(row_bytes, "page")
+    assert k * row_bytes == 4096
+    layout = Layout(ntargets, row_bytes, 0, k)
+    pages = -(-nodes // k)
+    seen = []
+    for t in range(ntargets):
+        rows = layout.rows_of(t, nodes)
+        assert len(rows) == layout.rows_on(t, nodes)
+        assert layout.bytes_needed(t, nodes) == len(rows) * row_bytes
+        mine = sorted(set((rows * row_bytes // 4096).tolist()))
+        assert mine == list(range(t, pages, ntargets))  # page i on drive i % n
+        tgt, off = layout.locate(rows)
+        assert (tgt == t).all()
+        assert off.tolist() == list(range(0, len(rows) * row_bytes, row_bytes))  # packed
+        seen.extend(rows.tolist())
+    assert sorted(seen) == list(range(nodes))
+    shares = [len(range(t, pages, ntargets)) for t in range(ntargets)]
+    assert max(shares) - min(shares) <= 1
+
+
+def test_rows_of_a_page_or_more_and_the_row_stripe_go_a_row_at_a_time():
+    assert features.stripe_rows(4096, "page") == features.stripe_rows(6144, "page") == 1
+    assert features.stripe_rows(128, "row") == 1 and features.stripe_rows(96, "page") == 1
+    tgt, off = Layout(2, 4096, 0, 1).locate(np.array([0, 1, 2, 3]))
+    assert tgt.tolist() == [0, 1, 0, 1] and off.tolist() == [0, 0, 4096, 4096]
+
+
+def _job(tmp_path, targets, engine, **extra):
+    g = {"workload": "gnn", "engine": engine, "device": "cpu", "nodes": 5003,
+         "feature_dim": 32, "hidden": 16, "batch_size": 64, "fanout": [4, 3],
+         "iterations": 6, "warmup": 2, "directory": str(tmp_path), **extra}
+    if targets:
+        g["targets"] = [str(t) for t in targets]
+    return from_dict({"global": g}, "g.toml", {}).jobs[0]
+
+
+@pytest.mark.parametrize("engine", ["mmap", "cpu-gpu"])
+def test_rows_from_a_striped_table_are_the_unstriped_tables_bytes(tmp_path, engine):
+    drives = [tmp_path / f"ssd{i}" for i in range(3)]
+    for d in drives:
+        d.mkdir()
+    fetched = []
+    nodes = np.random.default_rng(5).integers(0, 5003, 2000)
+    for targets in ([], drives):
+        job = _job(tmp_path, targets, engine)
+        ds = dataset.prepare(job)
+        assert ds.layout.ntargets == max(1, len(targets)) and ds.layout.stripe_rows == 32
+        fetcher = _fetcher(job, ds, np)
+        try:
+            fetched.append(np.ascontiguousarray(fetcher.fetch(nodes)).tobytes())
+        finally:
+            fetcher.close()
+    assert fetched[0] == fetched[1]
+    assert fetched[0] == features.values(137, nodes, 32).tobytes()
+
+
+def test_the_result_counts_the_rows_asked_of_each_drive(tmp_path):
+    drives = [tmp_path / "ssd0", tmp_path / "ssd1"]
+    for d in drives:
+        d.mkdir()
+    r = run_job(_job(tmp_path, drives, "mmap"))
+    a = r["aggregation"]
+    assert r["error"] == 0 and r["stripe"] == {"rows": 32, "bytes": 4096}
+    assert [p["target"] for p in a["per_target"]] == r["targets"]
+    assert sum(p["rows"] for p in a["per_target"]) == a["rows"]
+    assert all(p["rows"] > 0 for p in a["per_target"])
+    assert sum(p["iops"] for p in a["per_target"]) == pytest.approx(a["iops"])
