@@ -117,16 +117,31 @@ def test_a_pollers_completion_times_never_go_back():
         last = due
 
 
+def _server(kind: str, drive, namespaces=()):
+    """The loop of the software controller ``kind`` ("model", "compiled") at ``drive``'s
+    rates, serving ``namespaces`` as namespaces 2, 3 ..."""
+    import functools
+
+    from gpufio.io import nvme_model
+    from gpufio.io.nvme import compiled
+
+    if kind == "model":
+        return functools.partial(nvme_model.serve, drive=drive, namespaces=tuple(namespaces))
+    if not compiled.available():
+        pytest.skip("no C compiler: the compiled controller is not built")
+    return compiled.server(2, "ram", drive=drive, namespaces=namespaces)
+
+
 def test_an_unmodelled_drive_completes_at_once():
     rate = drives.DriveRate(_drive())
     assert [rate.admit(42, 4096) for _ in range(3)] == [42, 42, 42]
 
 
-def test_the_model_controller_holds_each_completion_to_its_drives_latency(tmp_path):
-    """The Python model controller with a drive model: bytes still exact, a full CQ still
-    holds the SQ back while completions wait, and no read completes sooner than the drive's
+@pytest.mark.parametrize("kind", ["model", "compiled"])
+def test_the_controller_holds_each_completion_to_its_drives_latency(tmp_path, kind):
+    """A software controller with a drive model: bytes still exact, a full CQ still holds
+    the SQ back while completions wait, and no read completes sooner than the drive's
     latency (at depth one, n reads take n latencies at least: a bound load cannot break)."""
-    import functools
     import time
 
     import numpy as np
@@ -139,7 +154,7 @@ def test_the_model_controller_holds_each_completion_to_its_drives_latency(tmp_pa
     targets.create_file(str(backing), 1 << 20, 99)
     drive = drives.model("micron-9550")
     m = nvme_model.ModelProcess(tmp_path, backing, 9, 16 << 20,
-                                server=functools.partial(nvme_model.serve, drive=drive.key))
+                                server=_server(kind, drive.key))
     try:
         pair = m.host().create_pair(1, 4)  # 3 slots: completions held fill its CQ
         offs = [4096 * k for k in range(40)]
@@ -159,11 +174,10 @@ def test_the_model_controller_holds_each_completion_to_its_drives_latency(tmp_pa
         m.stop()
 
 
-def test_the_model_controller_serves_a_namespace_per_striped_file(tmp_path):
+@pytest.mark.parametrize("kind", ["model", "compiled"])
+def test_the_controller_serves_a_namespace_per_striped_file(tmp_path, kind):
     """Several drives behind one software controller: file i is namespace i + 1, each read
     byte-exact from its own file; a namespace past them fails with Invalid Namespace."""
-    import functools
-
     import numpy as np
 
     from gpufio.core import pattern, targets
@@ -174,8 +188,7 @@ def test_the_model_controller_serves_a_namespace_per_striped_file(tmp_path):
     for k, f in enumerate(files):
         targets.create_file(str(f), (1 + k) << 20, 10 + k)
     m = nvme_model.ModelProcess(tmp_path, files[0], 9, 16 << 20,
-                                server=functools.partial(nvme_model.serve, drive="micron-9550",
-                                                         namespaces=(str(files[1]),)))
+                                server=_server(kind, "micron-9550", (str(files[1]),)))
     try:
         host = m.host()
 

@@ -93,14 +93,15 @@ def doorbells(o: Any) -> str:
 
 
 def server(o: Any, namespaces: Sequence[str] = ()) -> Any:
-    """The loop a software controller's process runs: the compiled controller's with the
-    job's threads and backend; the Python model's at the drive model's rates where one is
-    named, serving ``namespaces`` as namespaces 2, 3 ... (each a drive); else None (the
-    model's own)."""
+    """The loop a software controller's process runs, serving ``namespaces`` as namespaces
+    2, 3 ... (each a drive), each at the drive model's rates where one is named: the
+    compiled controller's with the job's threads and backend; the Python model's; None
+    for the model with neither (its own loop)."""
     if o.controller == "compiled":
         from gpufio.io.nvme import compiled
 
-        return compiled.server(o.controller_threads, o.controller_backend)
+        return compiled.server(o.controller_threads, o.controller_backend,
+                               drive=o.drive_model, namespaces=tuple(namespaces))
     if not o.drive_model and not namespaces:
         return None
     from gpufio.io import nvme_model
@@ -348,7 +349,8 @@ class Bam(Engine):
         Option("model_lba", "int", 512, "the logical block size of the controller the job "
                "starts (model, compiled, qemu)",
                minimum=512),
-        Option("drive_model", "str", None, "controller = \"model\": hold each completion to a "
+        Option("drive_model", "str", None, "controller = \"model\" or \"compiled\": hold "
+               "each completion (each namespace's, a drive each) to a "
                "drive's published rates (4 KiB random-read IOPS, sequential read, read "
                "latency, PCIe link; io/nvme/drives.toml, each figure with its source); every "
                "result says 'emulated: <model>, rates from <source>'",
@@ -405,10 +407,10 @@ class Bam(Engine):
         if job.bs > nq.PAGE * (nq.PRP_PER_PAGE + 1):
             raise BadInput(f"job '{job.name}': bs {job.bs} needs a chained PRP list; engine "
                            f"'bam' takes at most {nq.PAGE * (nq.PRP_PER_PAGE + 1)}")
-        if o.drive_model and o.controller != "model":
+        if o.drive_model and o.controller not in SOFTWARE:
             raise BadInput(f"job '{job.name}': drive_model = \"{o.drive_model}\" emulates a "
-                           "drive on the Python software controller (controller = \"model\"), "
-                           f"not on controller = \"{o.controller}\"")
+                           "drive on a software controller (controller = \"model\" or "
+                           f"\"compiled\"), not on controller = \"{o.controller}\"")
         if o.controller in EMULATED:
             if o.controller == "compiled" and not _compiled_available():
                 raise BadInput(f"job '{job.name}': controller = \"compiled\" needs a C "
@@ -798,7 +800,8 @@ class BamFetch(QueueGather):
     """The ``bam`` path for the GNN workload's aggregation: GPU threads read the rows through
     NVMe queue agents (io/gio/backends/nvme.py) with the gather of io/gio/gather.py, as gpu-uring's
     do through io_uring, through the GPU cache when one is asked. The feature files are
-    served by a software controller of its own (controller = "model"), a namespace each
+    served by a software controller of its own (controller = "model" or "compiled"), a
+    namespace each
     (a table striped over n drives: n namespaces, each at its drive model's rates): a real
     controller's namespace holds no feature file gpufio could lay out and find again."""
 
@@ -811,9 +814,9 @@ class BamFetch(QueueGather):
         o = Bam.settings(job)
         layout = table.layout
         if o.controller not in SOFTWARE:
-            raise BadInput(f"job '{job.name}': engine 'bam' fetches GNN rows from the software "
-                           "controller only (controller = \"model\"): a namespace taken over "
-                           "vfio holds no feature file")
+            raise BadInput(f"job '{job.name}': engine 'bam' fetches GNN rows from a software "
+                           "controller only (controller = \"model\" or \"compiled\"): a "
+                           "namespace taken over vfio holds no feature file")
         if multiprocessing.current_process().daemon:  # a data-parallel job's trainer
             raise BadInput(f"job '{job.name}': engine 'bam' starts a software controller "
                            "process per row fetcher, which a data-parallel job's trainer "

@@ -11,7 +11,9 @@ io/nvme_model.py served by ``threads`` poller threads in C, from one of three ba
 
 It runs in a process of its own exactly as the model does (io/nvme_model.ModelProcess with
 ``serve`` = ``server(threads, backend)``), so the host driver, the CPU driver of the model
-and the GPU agents drive it unchanged. Built by core/native.py; ``available()`` is False
+and the GPU agents drive it unchanged. ``namespaces`` are the files of namespaces 2, 3 ...
+(a table striped over drives); with a ``drive`` model each namespace has its own rate model
+(io/nvme/drives.py), which holds every I/O completion until its time. Built by core/native.py; ``available()`` is False
 where there is no C compiler. ``cpu_reads`` drives queue pairs from compiled CPU threads
 (driver.c): the controller's own CPU-driven ceiling.
 """
@@ -30,19 +32,23 @@ import numpy as np
 
 from gpufio.core import native
 from gpufio.io import nvme_model
+from gpufio.io.nvme import drives
 from gpufio.io.watchdog import Stalled
 
-SOURCES = (Path(__file__).with_name("controller.c"),)
+SOURCES = (Path(__file__).with_name("controller.c"), *drives.SOURCES)
 BACKENDS = ("none", "ram", "file")
 FAULT_DTYPE = np.dtype([("slba", "<i8"), ("status", "<i8"), ("drop", "<i8"), ("times", "<i8")])
+MAX_NAMESPACES = 16  # controller.c's MAX_NS
+M_ADMITTED = 0xF40  # BAR0: the commands each namespace's drive model admitted, 64 bits each
 
 
 def _library() -> ctypes.CDLL | None:
     lib = native.library("nvme_controller", SOURCES)
     if lib is not None and not hasattr(lib, "_gpufio_typed"):
         fn = lib.gnc_serve
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64,
-                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                       ctypes.c_void_p]
         fn.restype = ctypes.c_int64
         lib._gpufio_typed = True
     return lib
@@ -54,28 +60,48 @@ def available() -> bool:
 
 
 def serve(path: str, backing: str, lba_shift: int, faults: Sequence, *, threads: int = 1,
-          backend: str = "ram") -> None:
-    """Serve the shared file ``path``'s queues from ``backing`` until its stop word is set
-    (the model's ``serve``, compiled); the call lets go of the interpreter lock."""
+          backend: str = "ram", drive: str | drives.DriveModel | None = None,
+          namespaces: Sequence[str] = ()) -> None:
+    """Serve the shared file ``path``'s queues from ``backing`` (namespace 1) and
+    ``namespaces`` (2, 3 ...) until its stop word is set, each namespace behind a rate model
+    of its own of ``drive`` (a drives.toml key or a model) where one is named (the model's
+    ``serve``, compiled); the call lets go of the interpreter lock."""
     lib = _library()
     if lib is None:
         raise RuntimeError("the compiled NVMe controller needs a C compiler (cc) and "
                            "GPUFIO_NATIVE unset")
+    names = [str(n).encode() for n in (backing, *namespaces)]
+    if len(names) > MAX_NAMESPACES:
+        raise ValueError(f"compiled NVMe controller: {len(names)} namespaces; it serves at "
+                         f"most {MAX_NAMESPACES}")
+    m = drives.model(drive) if isinstance(drive, str) else drive
+    rates = [drives.DriveRate(m) for _ in names] if m is not None else []  # one per drive
     table = np.array([(f.slba, f.status, int(f.drop), f.times) for f in faults], FAULT_DTYPE)
-    rc = lib.gnc_serve(path.encode(), str(backing).encode(), lba_shift, threads,
+    paths = (ctypes.c_char_p * len(names))(*names)
+    ptrs = (ctypes.c_void_p * len(names))(*[ctypes.addressof(r.struct) for r in rates])
+    rc = lib.gnc_serve(path.encode(), paths, len(names), lba_shift, threads,
                        BACKENDS.index(backend), table.ctypes.data if len(table) else None,
-                       len(table))
+                       len(table), ptrs if rates else None)
     if rc:
         raise OSError(-rc, f"compiled NVMe controller: serving {backing} through {path}")
 
 
-def server(threads: int, backend: str) -> Callable[..., None]:
-    """``serve`` with its threads and backend bound: what io/nvme_model.ModelProcess runs in
-    the controller's process (picklable, for a spawned process)."""
+def server(threads: int, backend: str, drive: str | drives.DriveModel | None = None,
+           namespaces: Sequence[str] = ()) -> Callable[..., None]:
+    """``serve`` with its threads, backend, drive model and further namespaces bound: what
+    io/nvme_model.ModelProcess runs in the controller's process (picklable, for a spawned
+    process)."""
     if backend not in BACKENDS:
         raise ValueError(f"compiled NVMe controller: backend {backend!r} is not one of "
                          f"{', '.join(BACKENDS)}")
-    return functools.partial(serve, threads=max(1, threads), backend=backend)
+    return functools.partial(serve, threads=max(1, threads), backend=backend, drive=drive,
+                             namespaces=tuple(str(n) for n in namespaces))
+
+
+def admitted(mem: Any, namespaces: int) -> list[int]:
+    """The commands each of the first ``namespaces`` drive models admitted so far (the
+    controller's counters in ``mem``, the shared file's BAR)."""
+    return [mem.reg64(M_ADMITTED + 8 * i) for i in range(namespaces)]
 
 
 DRIVER_SOURCES = (Path(__file__).with_name("driver.c"),)
@@ -101,9 +127,10 @@ def _driver() -> ctypes.CDLL | None:
 
 
 def cpu_reads(mem: Any, pairs: Sequence[Any], n: int, depth: int, bs: int, lba_shift: int,
-              blocks: int, threads: int) -> tuple[int, float]:
+              blocks: int, threads: int, nsids: Sequence[int] = ()) -> tuple[int, float]:
     """``n`` random reads of ``bs`` bytes (at most a page) on each of ``pairs`` (the model's
-    QueuePairs over ``mem``, fresh), ``depth`` in flight on each, by ``threads`` compiled
+    QueuePairs over ``mem``, fresh; pair i reads namespace ``nsids[i]``, else 1, of
+    ``blocks`` blocks), ``depth`` in flight on each, by ``threads`` compiled
     driver threads (driver.c), each driving its share of the pairs in turn: (reads that
     succeeded, seconds from the first thread's start to the last one's end)."""
     lib = _driver()
@@ -117,7 +144,7 @@ def cpu_reads(mem: Any, pairs: Sequence[Any], n: int, depth: int, bs: int, lba_s
             sq=pair.sq.ctypes.data, cq=pair.cq.ctypes.data,
             sq_db=mem.addr + pair.sq_db, cq_db=mem.addr + pair.cq_db, entries=pair.entries,
             depth=depth, slots_iova=slots, slot_bytes=bs, bs=bs, lba_shift=lba_shift,
-            blocks=blocks, seed=i + 1, nsid=1)
+            blocks=blocks, seed=i + 1, nsid=nsids[i] if nsids else 1)
     threads = max(1, min(threads, len(pairs)))
     # thread t drives the pairs t, t + threads, ...: copies of its share, side by side
     shares = [(_Pair * len(structs[t::threads]))(*structs[t::threads]) for t in range(threads)]

@@ -14,6 +14,11 @@
  * written through an io_uring of each poller thread, at depth, with O_DIRECT where the
  * file system and the transfer's alignment allow, else buffered; a command completes
  * when its io_uring completion comes).
+ *
+ * Namespaces 1 to nns are backing files of their own (a table striped over drives), each
+ * optionally behind a drive's rate model (drive_rate.c): a command's completion is posted
+ * no earlier than the time gdr_admit gives it at fetch; until then it waits in its poller's
+ * heap (its CQ entry reserved) while the poller goes on serving other commands.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -47,6 +52,8 @@
 #define M_ERROR 0xF08
 #define M_FETCHED 0xF10
 #define M_COMPLETED 0xF18
+#define M_ADMITTED 0xF40  /* commands each namespace's drive model admitted, 64 bits each */
+#define MAX_NS 16         /* namespaces a controller serves (M_ADMITTED's room) */
 #define CSTS_RDY 1u
 #define CSTS_CFS 2u
 #define CSTS_SHST_DONE (2u << 2)
@@ -120,8 +127,9 @@ struct ring {
 
 struct inflight {  /* a command on the io_uring, until its completion posts it */
     struct iovec iov[RING_IOVS];
-    int n, write, direct;
+    int n, write, direct, fd;  /* fd: the namespace's buffered descriptor */
     uint64_t off, want;
+    int64_t due;               /* its drive model's time (ns; 0: none) */
     uint32_t gen;
     uint16_t sqid, cqid, sq_head, cid;
 };
@@ -140,6 +148,23 @@ struct queue {
     int live;
 };
 
+struct gdr_drive;  /* drive_rate.c */
+int64_t gdr_admit(struct gdr_drive *d, int64_t now_ns, int64_t bytes);
+
+struct held {  /* a completion its drive model does not let post before due */
+    int64_t due;
+    uint32_t gen, result;
+    int status;
+    uint16_t sqid, cqid, sq_head, cid;
+};
+
+struct ns {  /* a namespace: its backing file and its drive model (NULL: none) */
+    int fd, dfd, writable;  /* dfd: O_DIRECT, or -1 */
+    uint8_t *ram;
+    uint64_t nbytes, nblocks;
+    struct gdr_drive *drive;
+};
+
 struct ctl;
 struct worker {
     struct ctl *c;
@@ -155,6 +180,10 @@ struct worker {
     uint16_t *free;
     int nfree;
     uint16_t sqid, cqid, sq_head, cid;  /* the command being executed */
+    uint32_t nsid;                      /* its namespace (0: none valid) */
+    uint64_t nbytes;                    /* its bytes */
+    struct held *held;                  /* a binary heap by due time */
+    size_t nheld, held_room;
 };
 
 struct ctl {
@@ -162,9 +191,8 @@ struct ctl {
     size_t map_bytes;
     uint8_t *dma;
     uint64_t dma_bytes;
-    int fd, dfd, backend, writable, lba_shift;  /* dfd: O_DIRECT, or -1 */
-    uint8_t *ram;
-    uint64_t nbytes, nblocks;
+    int backend, lba_shift, nns;
+    struct ns *ns;
     struct queue sq[MAX_QUEUES + 1], cq[MAX_QUEUES + 1];
     int enabled, nthreads;
     uint32_t gens;
@@ -263,20 +291,20 @@ static const struct gnc_fault *fault_for(struct ctl *c, int64_t slba) {
     return hit;
 }
 
-static int flush(struct ctl *c) {
-    if (c->backend == B_RAM && c->nbytes && c->writable)
-        return msync(c->ram, c->nbytes, MS_SYNC) ? SC_WRITE_FAULT : 0;
-    if (c->backend != B_NONE) fsync(c->fd);  /* as the model: a read-only file's fsync may fail */
+static int flush(struct ctl *c, struct ns *ns) {
+    if (c->backend == B_RAM && ns->nbytes && ns->writable)
+        return msync(ns->ram, ns->nbytes, MS_SYNC) ? SC_WRITE_FAULT : 0;
+    if (c->backend != B_NONE) fsync(ns->fd);  /* as the model: a read-only file's fsync may fail */
     return 0;
 }
 
-static int file_io(struct ctl *c, struct iovec *iov, size_t n, uint64_t off, int write) {
+static int file_io(int fd, struct iovec *iov, size_t n, uint64_t off, int write) {
     while (n) {
         int cnt = n > 1024 ? 1024 : (int)n;
         ssize_t want = 0;
         for (int i = 0; i < cnt; i++) want += iov[i].iov_len;
-        ssize_t got = write ? pwritev(c->fd, iov, cnt, (off_t)off)
-                            : preadv(c->fd, iov, cnt, (off_t)off);
+        ssize_t got = write ? pwritev(fd, iov, cnt, (off_t)off)
+                            : preadv(fd, iov, cnt, (off_t)off);
         if (got != want) return write ? SC_WRITE_FAULT : SC_READ_ERROR;
         off += want;
         iov += cnt;
@@ -324,11 +352,12 @@ static int aligned(const struct iovec *iov, int n, uint64_t off) {
 
 /* A read or write of the file backend: onto the poller's io_uring (ASYNC) where it has
  * room, else now (preadv/pwritev). */
-static int file_command(struct worker *w, size_t n, uint64_t off, uint64_t nbytes, int write) {
+static int file_command(struct worker *w, struct ns *ns, size_t n, uint64_t off,
+                        uint64_t nbytes, int write) {
     struct ctl *c = w->c;
     struct ring *r = &w->ring;
     if (r->fd < 0 || !w->nfree || n > RING_IOVS)
-        return file_io(c, w->iov, n, off, write);
+        return file_io(ns->fd, w->iov, n, off, write);
     uint16_t s = w->free[--w->nfree];
     struct inflight *f = &w->slots[s];
     memcpy(f->iov, w->iov, n * sizeof *f->iov);
@@ -336,7 +365,9 @@ static int file_command(struct worker *w, size_t n, uint64_t off, uint64_t nbyte
     f->write = write;
     f->off = off;
     f->want = nbytes;
-    f->direct = c->dfd >= 0 && aligned(f->iov, f->n, off);
+    f->direct = ns->dfd >= 0 && aligned(f->iov, f->n, off);
+    f->fd = ns->fd;
+    f->due = 0;
     f->sqid = w->sqid;
     f->cqid = w->cqid;
     f->sq_head = w->sq_head;
@@ -346,7 +377,7 @@ static int file_command(struct worker *w, size_t n, uint64_t off, uint64_t nbyte
     struct uring_sqe *e = &r->sqes[i];
     memset(e, 0, sizeof *e);
     e->opcode = write ? OP_WRITEV : OP_READV;
-    e->fd = f->direct ? c->dfd : c->fd;
+    e->fd = f->direct ? ns->dfd : ns->fd;
     e->off = off;
     e->addr = (uint64_t)(uintptr_t)f->iov;
     e->len = (uint32_t)n;
@@ -359,6 +390,58 @@ static int file_command(struct worker *w, size_t n, uint64_t off, uint64_t nbyte
 
 static void post(struct ctl *c, struct queue *cq, uint16_t sqid, uint16_t sq_head, uint16_t cid,
                  int status, uint32_t result);
+
+static int64_t now_ns(void) {  /* CLOCK_MONOTONIC: the clock the drive models are given */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Keep a completion (its CQ entry already reserved) until due: onto the worker's heap.
+ * -1 where there is no memory for it (the controller goes fatal). */
+static int hold(struct worker *w, const struct held *h) {
+    if (w->nheld == w->held_room) {
+        size_t room = w->held_room ? 2 * w->held_room : 256;
+        struct held *more = realloc(w->held, room * sizeof *more);
+        if (!more) return -1;
+        w->held = more;
+        w->held_room = room;
+    }
+    size_t i = w->nheld++;
+    while (i && w->held[(i - 1) / 2].due > h->due) {  /* sift up */
+        w->held[i] = w->held[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    w->held[i] = *h;
+    return 0;
+}
+
+/* Post every held completion now due whose CQ is still the one it was fetched for; the
+ * completions posted. */
+static int64_t release(struct worker *w) {
+    struct ctl *c = w->c;
+    int64_t posted = 0, now = w->nheld ? now_ns() : 0;
+    while (w->nheld && w->held[0].due <= now) {
+        struct held h = w->held[0], last = w->held[--w->nheld];
+        size_t i = 0;
+        for (;;) {  /* sift the last entry down from the top */
+            size_t k = 2 * i + 1;
+            if (k >= w->nheld) break;
+            if (k + 1 < w->nheld && w->held[k + 1].due < w->held[k].due) k++;
+            if (w->held[k].due >= last.due) break;
+            w->held[i] = w->held[k];
+            i = k;
+        }
+        if (w->nheld) w->held[i] = last;
+        struct queue *cq = &c->cq[h.cqid];
+        if (cq->live && cq->gen == h.gen) {  /* not deleted or reset meanwhile */
+            cq->reserved--;
+            post(c, cq, h.sqid, h.sq_head, h.cid, h.status, h.result);
+            posted++;
+        }
+    }
+    return posted;
+}
 
 /* Submit what the passes put on the io_uring; post what completed. The completions posted. */
 static int64_t ring_pass(struct worker *w) {
@@ -376,13 +459,19 @@ static int64_t ring_pass(struct worker *w) {
         struct inflight *f = &w->slots[e->user_data];
         int64_t res = e->res;
         if (res == -EINVAL && f->direct)  /* O_DIRECT refused this one: buffered, now */
-            res = file_io(c, f->iov, (size_t)f->n, f->off, f->write) ? -EIO : (int64_t)f->want;
+            res = file_io(f->fd, f->iov, (size_t)f->n, f->off, f->write) ? -EIO
+                                                                        : (int64_t)f->want;
         struct queue *cq = &c->cq[f->cqid];
         if (cq->live && cq->gen == f->gen) {  /* not deleted or reset meanwhile */
             int status = res == (int64_t)f->want ? 0 : f->write ? SC_WRITE_FAULT : SC_READ_ERROR;
-            cq->reserved--;
-            post(c, cq, f->sqid, f->sq_head, f->cid, status, 0);
-            posted++;
+            struct held h = {f->due, f->gen, 0, status, f->sqid, f->cqid, f->sq_head, f->cid};
+            if (f->due > now_ns()) {  /* its drive model's time has not come: held */
+                if (hold(w, &h)) fatal(c);
+            } else {
+                cq->reserved--;
+                post(c, cq, f->sqid, f->sq_head, f->cid, status, 0);
+                posted++;
+            }
         }
         w->free[w->nfree++] = (uint16_t)e->user_data;
     }
@@ -401,26 +490,31 @@ static int io(struct worker *w, const uint8_t *e) {
     memcpy(&c10, e + 40, 4);
     memcpy(&c11, e + 44, 4);
     memcpy(&c12, e + 48, 4);
+    w->nsid = 0;
+    w->nbytes = 0;
     if (op != OP_READ && op != OP_WRITE && op != OP_FLUSH) return SC_INVALID_OPCODE;
-    if (nsid != 1) return SC_INVALID_NS;
+    if (nsid < 1 || nsid > (uint32_t)c->nns) return SC_INVALID_NS;
+    struct ns *ns = &c->ns[nsid - 1];
+    w->nsid = nsid;
     uint64_t slba = op == OP_FLUSH ? UINT64_MAX : ((uint64_t)c11 << 32 | c10);
     if (c->nfaults) {
         const struct gnc_fault *f = fault_for(c, (int64_t)slba);
         if (f) return f->drop ? NO_POST : (int)f->status;
     }
-    if (op == OP_FLUSH) return flush(c);
+    if (op == OP_FLUSH) return flush(c, ns);
     uint64_t nlb = (c12 & 0xFFFF) + 1;
-    if (slba > c->nblocks || nlb > c->nblocks - slba) return SC_LBA_RANGE;
     uint64_t nbytes = nlb << c->lba_shift, off = slba << c->lba_shift;
+    w->nbytes = nbytes;
+    if (slba > ns->nblocks || nlb > ns->nblocks - slba) return SC_LBA_RANGE;
     size_t n;
     int st = prps(w, prp1, prp2, nbytes, &n);
     if (st) return st == SC_INVALID_FIELD ? SC_DATA_TRANSFER : st;
     if (c->backend == B_NONE) return 0;
-    if (op == OP_WRITE && !c->writable) return SC_WRITE_FAULT;
-    if (c->backend == B_FILE) return file_command(w, n, off, nbytes, op == OP_WRITE);
+    if (op == OP_WRITE && !ns->writable) return SC_WRITE_FAULT;
+    if (c->backend == B_FILE) return file_command(w, ns, n, off, nbytes, op == OP_WRITE);
     for (size_t i = 0; i < n; i++) {
-        if (op == OP_READ) memcpy(w->iov[i].iov_base, c->ram + off, w->iov[i].iov_len);
-        else memcpy(c->ram + off, w->iov[i].iov_base, w->iov[i].iov_len);
+        if (op == OP_READ) memcpy(w->iov[i].iov_base, ns->ram + off, w->iov[i].iov_len);
+        else memcpy(ns->ram + off, w->iov[i].iov_base, w->iov[i].iov_len);
         off += w->iov[i].iov_len;
     }
     return 0;
@@ -478,8 +572,21 @@ static int64_t serve_sq(struct ctl *c, struct worker *w, uint32_t qid) {
         w->sq_head = (uint16_t)sq->head;
         w->cid = cid;
         int status = qid == 0 ? admin(c, w, e, &result) : io(w, e);
+        struct gdr_drive *d = qid && w->nsid ? c->ns[w->nsid - 1].drive : NULL;
+        int64_t due = 0;
+        if (d && status != NO_POST) {
+            due = gdr_admit(d, now_ns(), (int64_t)w->nbytes);
+            __atomic_add_fetch((uint64_t *)(c->map + M_ADMITTED + 8 * (w->nsid - 1)), 1,
+                               __ATOMIC_RELAXED);
+        }
         if (status == ASYNC) {
             cq->reserved++;
+            w->slots[w->free[w->nfree]].due = due;  /* the slot file_command just took */
+        } else if (status != NO_POST && due > now_ns()) {
+            struct held h = {due, cq->gen, result, status, (uint16_t)qid, sq->cqid,
+                             (uint16_t)sq->head, cid};
+            cq->reserved++;  /* its CQ entry kept until it posts */
+            if (hold(w, &h)) { fatal(c); return -1; }
         } else if (status != NO_POST) {
             post(c, cq, (uint16_t)qid, (uint16_t)sq->head, cid, status, result);
             w->posted++;
@@ -514,15 +621,15 @@ static int identify(struct ctl *c, struct worker *w, const uint8_t *e, uint32_t 
         memcpy(mn, "gpufio compiled NVMe controller", 31);
         put(page, 4, sn, 20);
         put(page, 24, mn, 40);
-        uint32_t nn = 1;
+        uint32_t nn = (uint32_t)c->nns;
         put(page, 516, &nn, 4);
-    } else if (cns == 0 && nsid == 1) {  /* namespace: size, one LBA format */
-        for (int i = 0; i < 3; i++) put(page, 8 * i, &c->nblocks, 8);
+    } else if (cns == 0 && nsid >= 1 && nsid <= (uint32_t)c->nns) {  /* size, one format */
+        for (int i = 0; i < 3; i++) put(page, 8 * i, &c->ns[nsid - 1].nblocks, 8);
         uint32_t lbaf = (uint32_t)c->lba_shift << 16;
         put(page, 128, &lbaf, 4);
-    } else if (cns == 2) {  /* the active namespace list */
-        uint32_t one = 1;
-        if (nsid < 1) put(page, 0, &one, 4);
+    } else if (cns == 2) {  /* the active namespace list: those past nsid */
+        for (uint32_t id = nsid + 1, k = 0; id <= (uint32_t)c->nns && nsid < 0xFFFFFFFEu; id++)
+            put(page, 4 * k++, &id, 4);
     } else {
         return SC_INVALID_FIELD;
     }
@@ -629,6 +736,7 @@ static void *poll_loop(void *arg) {
         int changed = 0;
         if (w->index == 0) fetched += control(c, w, &changed);
         pthread_mutex_lock(&w->lock);
+        int64_t landed = release(w);
         if (c->enabled && !(reg(c, REG_CSTS) & CSTS_CFS)) {
             for (uint32_t qid = 1; qid <= MAX_QUEUES; qid++) {
                 struct queue *sq = &c->sq[qid];
@@ -639,7 +747,7 @@ static void *poll_loop(void *arg) {
                 fetched += n;
             }
         }
-        int64_t landed = ring_pass(w);
+        landed += ring_pass(w);
         w->posted += landed;
         pthread_mutex_unlock(&w->lock);
         if (fetched > 0 || w->posted) {  /* what a stall report reads (a dropped command:
@@ -650,8 +758,8 @@ static void *poll_loop(void *arg) {
         }
         if (fetched > 0 || changed || landed > 0) {
             idle = 0;
-        } else if (w->nfree < RING_ENTRIES && w->ring.fd >= 0) {
-            sched_yield();  /* commands on the file: their completions come soon */
+        } else if ((w->nfree < RING_ENTRIES && w->ring.fd >= 0) || w->nheld) {
+            sched_yield();  /* commands on the file or held: their completions come soon */
         } else {
             idle_wait(&idle);
         }
@@ -659,14 +767,55 @@ static void *poll_loop(void *arg) {
     return NULL;
 }
 
-/* Serve the shared file shm_path's queues from backing (lba_shift: its block size) with
+/* Namespace ns opened on its backing file (and mapped, for the ram backend); -errno where
+ * it cannot be. */
+static int64_t ns_open(struct ctl *c, struct ns *ns, const char *backing) {
+    struct stat st;
+    ns->writable = 1;
+    ns->fd = open(backing, O_RDWR);
+    if (ns->fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+        ns->fd = open(backing, O_RDONLY);  /* a read-only file (a dataset's features) */
+        ns->writable = 0;
+    }
+    if (ns->fd < 0) return -errno;
+    ns->dfd = c->backend == B_FILE ? open(backing, (ns->writable ? O_RDWR : O_RDONLY) | O_DIRECT)
+                                   : -1;  /* -1 where the file system has no O_DIRECT (tmpfs) */
+    fstat(ns->fd, &st);
+    ns->nbytes = (uint64_t)st.st_size;
+    if (S_ISBLK(st.st_mode)) {
+        off_t end = lseek(ns->fd, 0, SEEK_END);
+        ns->nbytes = end > 0 ? (uint64_t)end : 0;
+    }
+    ns->nblocks = ns->nbytes >> c->lba_shift;
+    if (c->backend == B_RAM && ns->nbytes) {  /* populated: no page fault in a command's copy */
+        ns->ram = mmap(NULL, ns->nbytes, PROT_READ | (ns->writable ? PROT_WRITE : 0),
+                       MAP_SHARED | MAP_POPULATE, ns->fd, 0);
+        if (ns->ram == MAP_FAILED) {
+            ns->ram = NULL;
+            return -errno;
+        }
+    }
+    return 0;
+}
+
+static void ns_close(struct ns *ns) {
+    if (ns->ram) munmap(ns->ram, ns->nbytes);
+    if (ns->dfd >= 0) close(ns->dfd);
+    if (ns->fd >= 0) close(ns->fd);
+}
+
+/* Serve the shared file shm_path's queues from backings[0 .. nns - 1] (namespaces 1 to
+ * nns; lba_shift: their block size), each behind drives[i] where that is not NULL, with
  * nthreads pollers until the stop word is set; 0, or -errno where setting up failed. */
-int64_t gnc_serve(const char *shm_path, const char *backing, int64_t lba_shift, int64_t nthreads,
-                  int64_t backend, const struct gnc_fault *faults, int64_t nfaults) {
+int64_t gnc_serve(const char *shm_path, const char *const *backings, int64_t nns,
+                  int64_t lba_shift, int64_t nthreads, int64_t backend,
+                  const struct gnc_fault *faults, int64_t nfaults,
+                  struct gdr_drive *const *drives) {
     static struct ctl ctl;  /* one controller a process */
     struct ctl *c = &ctl;
     int64_t rc = 0;
     memset(c, 0, sizeof *c);
+    if (nns < 1 || nns > MAX_NS) return -E2BIG;
     c->backend = (int)backend;
     c->lba_shift = (int)lba_shift;
     c->nthreads = nthreads < 1 ? 1 : (int)nthreads;
@@ -683,26 +832,13 @@ int64_t gnc_serve(const char *shm_path, const char *backing, int64_t lba_shift, 
     if (c->map == MAP_FAILED) return -errno;
     c->dma = c->map + BAR_BYTES;
     c->dma_bytes = c->map_bytes - BAR_BYTES;
-    c->writable = 1;
-    c->fd = open(backing, O_RDWR);
-    if (c->fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
-        c->fd = open(backing, O_RDONLY);  /* a read-only file (a dataset's features) */
-        c->writable = 0;
-    }
-    if (c->fd < 0) { rc = -errno; goto unmap; }
-    c->dfd = c->backend == B_FILE ? open(backing, (c->writable ? O_RDWR : O_RDONLY) | O_DIRECT)
-                                  : -1;  /* -1 where the file system has no O_DIRECT (tmpfs) */
-    fstat(c->fd, &st);
-    c->nbytes = (uint64_t)st.st_size;
-    if (S_ISBLK(st.st_mode)) {
-        off_t end = lseek(c->fd, 0, SEEK_END);
-        c->nbytes = end > 0 ? (uint64_t)end : 0;
-    }
-    c->nblocks = c->nbytes >> c->lba_shift;
-    if (c->backend == B_RAM && c->nbytes) {  /* populated: no page fault in a command's copy */
-        c->ram = mmap(NULL, c->nbytes, PROT_READ | (c->writable ? PROT_WRITE : 0),
-                      MAP_SHARED | MAP_POPULATE, c->fd, 0);
-        if (c->ram == MAP_FAILED) { rc = -errno; goto close_fd; }
+    c->ns = calloc((size_t)nns, sizeof *c->ns);
+    if (!c->ns) { rc = -ENOMEM; goto unmap; }
+    for (int i = 0; i < nns; i++) c->ns[i].fd = c->ns[i].dfd = -1;
+    for (c->nns = 0; c->nns < nns; c->nns++) {
+        struct ns *ns = &c->ns[c->nns];
+        ns->drive = drives ? drives[c->nns] : NULL;
+        if ((rc = ns_open(c, ns, backings[c->nns]))) goto close_ns;
     }
     c->left = calloc((size_t)(nfaults > 0 ? nfaults : 1), sizeof *c->left);
     c->workers = calloc((size_t)c->nthreads, sizeof *c->workers);
@@ -746,13 +882,13 @@ int64_t gnc_serve(const char *shm_path, const char *backing, int64_t lba_shift, 
         free(w->entries);
         free(w->slots);
         free(w->free);
+        free(w->held);
     }
     free(c->workers);
     free(c->left);
-    if (c->ram && c->ram != MAP_FAILED) munmap(c->ram, c->nbytes);
-close_fd:
-    if (c->dfd >= 0) close(c->dfd);
-    close(c->fd);
+close_ns:
+    for (int i = 0; i < nns; i++) ns_close(&c->ns[i]);
+    free(c->ns);
 unmap:
     munmap(c->map, c->map_bytes);
     return rc;
