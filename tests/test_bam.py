@@ -123,7 +123,7 @@ def _bam_job(**opts):
     ({"bs": "4m"}, "needs a chained PRP list"),
     ({"controller": "qemu", "submitter": "gpu", "doorbells": "direct"},
      "through the relay only"),
-    ({"controller": "model", "submitter": "cpu", "targets": ["a", "b"]}, "one file as its"),
+    ({"controller": "qemu", "submitter": "cpu", "targets": ["a", "b"]}, "one file as its"),
     ({"controller": "model", "model_lba": 4096, "bs": "2k"}, "not a multiple of the software"),
     ({"controller": "model", "model_lba": 1000}, "not a power of two"),
     ({"controller": "model", "rw": "randrw"}, "either read or write"),
@@ -269,7 +269,7 @@ def test_doctor_prices_the_relay_and_says_why_the_registration_was_not_probed() 
 
 
 @pytest.mark.parametrize("opts, layout, message", [
-    ({"submitter": "gpu"}, (1, 512, 0), "from the software controller only"),
+    ({"submitter": "gpu"}, (1, 512, 0), "from a software controller only"),
     ({"controller": "model", "model_lba": 4096}, (1, 512, 0), "not whole 4096-byte blocks"),
 ])
 def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None:

@@ -49,3 +49,27 @@ def test_4k_blocks_refuse_what_is_not_whole_blocks(ctl, pattern_file):
     (r,) = run(pattern_file, **ctl, model_lba=4096, rw="randread", bs="4k", io_size="256k",
                verify=True)
     assert r.ok and r.read.ios == 64 and r.verify_failures == 0
+
+
+@pytest.mark.parametrize("ctl", CONTROLLERS[:2], ids=IDS[:2])
+def test_a_software_controller_serves_each_target_as_a_modelled_namespace(ctl, tmp_path):
+    """Two targets: namespaces 1 and 2 of the one controller, each behind a drive model of
+    its own; each file gets its own pattern, read back verified; results say emulated."""
+    targets = [tmp_path / "ssd0.img", tmp_path / "ssd1.img"]
+    for t in targets:
+        t.write_bytes(bytes(256 << 10))
+
+    def both(**opts):
+        prof = from_dict({"global": {"engine": "bam", "submitter": "cpu", **ctl,
+                                     "targets": [str(t) for t in targets],
+                                     "drive_model": "micron-9550", **opts}}, "t.toml", {})
+        return runner.run_profile(prof, quiet=True).results
+
+    (w,) = both(rw="write", bs="8k", iodepth=8, overwrite=True, verify=True, end_fsync=True)
+    assert w.ok, (w.failure, w.errors)
+    assert w.write.ios == 64 and w.verify_failures == 0
+    assert "emulated: micron-9550" in w.engine_facts["mode"]
+    for t in targets:
+        assert t.read_bytes() == pattern.fill(0x89, 0, 256 << 10)
+    (r,) = both(rw="randread", bs="64k", iodepth=4, verify=True)
+    assert r.ok and r.read.ios == 8 and r.verify_failures == 0

@@ -3,6 +3,7 @@ model never completes faster than its IOPS or link, nor sooner than its latency.
 a fake clock: the stamps are the model's, no wall clock is read."""
 
 import random
+import time
 
 import pytest
 
@@ -216,3 +217,103 @@ def test_the_controller_serves_a_namespace_per_striped_file(tmp_path, kind):
             assert view.tobytes() == pattern.fill(10 + int(ns) - 1, int(off), 4096)
     finally:
         m.stop()
+
+
+def _compiled_or_skip():
+    from gpufio.io.nvme import compiled
+
+    if not compiled.available():
+        pytest.skip("no C compiler: the compiled controller is not built")
+    return compiled
+
+
+# The compiled controller at a drive model's rates, driven by its compiled CPU driver
+# (driver.c). Each bound below is a floor that follows from the model, for any load: the
+# k-th command a model of N IOPS admits completes no sooner than k / N after the first
+# one's fetch, which comes after the driver starts its clock. Never an upper bound.
+SLACK_S = 1e-3  # the clocks' granularity, on the safe side
+
+
+def test_the_compiled_controller_never_completes_faster_than_its_drives_iops(tmp_path):
+    from gpufio.io import nvme_model
+
+    compiled = _compiled_or_skip()
+    iops, n = 20_000.0, 1000
+    backing = tmp_path / "ns.dat"
+    backing.write_bytes(b"\x5a" * (1 << 20))
+    with nvme_model.ModelProcess(tmp_path, backing,
+                                 server=compiled.server(2, "ram", drive=_drive(iops))) as p:
+        host = p.host()
+        pairs = [host.create_pair(1 + i, 17) for i in range(2)]
+        good, seconds = compiled.cpu_reads(p.mem, pairs, n, 16, 4096, 9, (1 << 20) >> 9, 2)
+        assert good == 2 * n
+        assert compiled.admitted(p.mem, 1) == [2 * n]  # each read went through the model
+        assert seconds >= 2 * n / iops - SLACK_S
+
+
+def test_each_namespace_has_a_rate_model_of_its_own(tmp_path):
+    """Two namespaces behind models of N IOPS each: each model admits exactly its own
+    namespace's reads (neither is charged the other's), and each namespace's n reads take
+    n / N at least; the bytes landed are each namespace's own."""
+    import numpy as np
+
+    from gpufio.io import nvme_model
+
+    compiled = _compiled_or_skip()
+    iops, n = 20_000.0, 1000
+    files = [tmp_path / "ssd0.dat", tmp_path / "ssd1.dat"]
+    for k, f in enumerate(files):
+        f.write_bytes(bytes([0x10 + k]) * (1 << 20))
+    with nvme_model.ModelProcess(tmp_path, files[0], server=compiled.server(
+            2, "ram", drive=_drive(iops), namespaces=[str(files[1])])) as p:
+        host = p.host()
+        pairs = [host.create_pair(1 + i, 17) for i in range(2)]
+        good, seconds = compiled.cpu_reads(p.mem, pairs, n, 16, 4096, 9, (1 << 20) >> 9, 2,
+                                           nsids=[1, 2])
+        assert good == 2 * n
+        assert compiled.admitted(p.mem, 2) == [n, n]
+        assert seconds >= n / iops - SLACK_S
+        # the driver's slots follow the queues, pair by pair: pair i's hold namespace i + 1's
+        end = pairs[-1].cq_iova - nvme_model.IOVA_BASE + 17 * 16
+        first = -(-end // 4096) * 4096
+        for i in range(2):
+            slots = p.mem.dma[first + i * 16 * 4096:first + (i + 1) * 16 * 4096]
+            assert np.count_nonzero(slots == 0x10 + i) > 0
+            assert np.count_nonzero(slots == 0x11 - i) == 0
+
+
+def test_the_link_caps_the_compiled_controllers_large_transfers(tmp_path):
+    """64 KiB reads (PRP lists) behind a model of no IOPS rating and a slow link: every
+    byte lands where it should, and the reads take their bytes over the link at least."""
+    import numpy as np
+
+    from gpufio.core import pattern, targets
+    from gpufio.io import nvme_model
+    from gpufio.io import nvme_queue as nq
+
+    compiled = _compiled_or_skip()
+    size, count, link = 64 << 10, 24, float(8 << 20)  # 8 MiB/s: 24 reads take 0.19 s at least
+    backing = tmp_path / "ns.dat"
+    targets.create_file(str(backing), 4 << 20, 7)
+    with nvme_model.ModelProcess(tmp_path, backing, 9, 16 << 20, server=compiled.server(
+            1, "ram", drive=_drive(link_bw=link))) as p:
+        pair = p.host().create_pair(1, 9)
+        offs = [size * (3 * k % 64) for k in range(count)]
+        bufs = [p.mem.alloc(size) for _ in offs]
+        lists = [p.mem.alloc(nq.PAGE) for _ in offs]
+        prp1, prp2 = [], []
+        for (_, iova), (lst, lst_iova) in zip(bufs, lists):
+            a, b, rest = nq.prp_pointers(iova, size, lst_iova)
+            lst[:rest.nbytes] = rest.view(np.uint8)
+            prp1.append(a)
+            prp2.append(b)
+        e = nq.io_commands(write=False, nsid=1, lba_shift=9, off=np.array(offs, np.uint64),
+                           length=np.full(count, size), cid=np.arange(count),
+                           prp1=np.array(prp1, np.uint64), prp2=np.array(prp2, np.uint64))
+        t0 = time.monotonic_ns()
+        cqes = pair.run(e, 10**10)
+        elapsed = (time.monotonic_ns() - t0) / 1e9
+        assert list(nq.result(cqes["status"], np.full(count, size))) == [size] * count
+        for off, (view, _) in zip(offs, bufs):
+            assert view.tobytes() == pattern.fill(7, off, size)
+        assert elapsed >= count * size / link - SLACK_S

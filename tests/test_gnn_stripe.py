@@ -82,3 +82,28 @@ def test_the_result_counts_the_rows_asked_of_each_drive(tmp_path):
     assert sum(p["rows"] for p in a["per_target"]) == a["rows"]
     assert all(p["rows"] > 0 for p in a["per_target"])
     assert sum(p["iops"] for p in a["per_target"]) == pytest.approx(a["iops"])
+
+
+@pytest.mark.parametrize("controller", ["model", "compiled"])
+def test_bam_serves_a_striped_table_as_a_modelled_namespace_per_drive(tmp_path, controller):
+    """engine 'bam' (the CPU stand-in) on a software controller with a drive model: the
+    table's two stripe files are namespaces 1 and 2, each behind its own rate model, and
+    the rows that land are the unstriped table's bytes; the result says it is emulated."""
+    from gpufio.io.nvme import compiled
+
+    if controller == "compiled" and not compiled.available():
+        pytest.skip("no C compiler: the compiled controller is not built")
+    job = _job(tmp_path, [], "bam", stripes=2, submitter="cpu", controller=controller,
+               drive_model="micron-9550", feature_dim=128)  # rows of whole 512 B blocks
+    ds = dataset.prepare(job)
+    assert ds.layout.ntargets == 2
+    nodes = np.random.default_rng(9).integers(0, 5003, 500)
+    fetcher = _fetcher(job, ds, np)
+    try:
+        got = np.ascontiguousarray(fetcher.fetch(nodes)).tobytes()
+    finally:
+        fetcher.close()
+    assert got == features.values(137, nodes, 128).tobytes()
+    r = run_job(job)
+    assert r["error"] == 0 and "emulated: micron-9550" in r["engine_mode"]
+    assert all(p["rows"] > 0 for p in r["aggregation"]["per_target"])

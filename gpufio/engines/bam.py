@@ -26,9 +26,11 @@ With ``controller = "model"`` the controller is gpufio's software NVMe controlle
 namespace 1: the GPU side runs unchanged on a machine with no NVMe (results say
 ``controller = model``; its rate is a Python loop's, not a drive's). With
 ``controller = "compiled"`` it is the same protocol served by compiled poller threads
-(io/nvme/controller.c: ``controller_threads``, ``controller_backend``). ``drive_model`` puts
-a drive's published rates in front of the model (io/nvme/drives.py): every result then says
-``emulated: <model>, rates from <source>`` in its mode, as a compat cuFile run says compat.
+(io/nvme/controller.c: ``controller_threads``, ``controller_backend``). A software
+controller serves several files (a job's targets, a striped feature table's files) as
+namespaces 1, 2 ... ``drive_model`` puts a drive's published rates in front of each
+namespace (io/nvme/drives.py): every result then says ``emulated: <model>, rates from
+<source>`` in its mode, as a compat cuFile run says compat.
 """
 
 from __future__ import annotations
@@ -412,6 +414,10 @@ class Bam(Engine):
                            "drive on a software controller (controller = \"model\" or "
                            f"\"compiled\"), not on controller = \"{o.controller}\"")
         if o.controller in EMULATED:
+            if who == "cpu" and len(job.targets) > 1 and o.controller not in SOFTWARE:
+                raise BadInput(f"job '{job.name}': controller = \"{o.controller}\" serves "
+                               f"one file as its namespace; the job names "
+                               f"{len(job.targets)} targets")
             if o.controller == "compiled" and not _compiled_available():
                 raise BadInput(f"job '{job.name}': controller = \"compiled\" needs a C "
                                "compiler (cc) to build io/nvme/controller.c")
@@ -421,10 +427,6 @@ class Bam(Engine):
             if o.controller == "qemu" and _qemu_missing():
                 raise BadInput(f"job '{job.name}': controller = \"qemu\" needs "
                                "qemu-system-x86_64 (apt-get install qemu-system-x86)")
-            if who == "cpu" and len(job.targets) > 1:
-                raise BadInput(f"job '{job.name}': controller = \"{o.controller}\" serves "
-                               f"one file as its namespace; the job names "
-                               f"{len(job.targets)} targets")
             if o.model_lba & (o.model_lba - 1) or o.model_lba > nq.PAGE:
                 raise BadInput(f"job '{job.name}': model_lba {o.model_lba} is not a power "
                                f"of two from 512 to {nq.PAGE}")
@@ -442,14 +444,13 @@ class Bam(Engine):
         o = cls.settings(job)
         who, bells = submitter(o), doorbells(o)
         where = o.controller if o.controller in EMULATED else "real"
+        drive = {"drive": drives.describe(drives.model(o.drive_model))} if o.drive_model else {}
         if who == "cpu":
             return {**super().describe(job), "page_cache": False, "submitter": SUBMITTER,
-                    "mode": SUBMITTER, "doorbells": "cpu", "controller": where,
-                    "queues": "host memory"}
+                    "mode": f"{SUBMITTER}{emulated(o)}", **drive, "doorbells": "cpu",
+                    "controller": where, "queues": "host memory"}
         return {**super().describe(job), "page_cache": False, "submitter": "gpu",
-                "mode": f"gpu, {bells} doorbells, {where} controller{emulated(o)}",
-                **({"drive": drives.describe(drives.model(o.drive_model))}
-                   if o.drive_model else {}),
+                "mode": f"gpu, {bells} doorbells, {where} controller{emulated(o)}", **drive,
                 "doorbells": bells,
                 "controller": where, "queues": "host memory", "gpus": list(job.gpu_list),
                 "lands_in": "written from the slots, the pattern generated there by GPU "
@@ -584,10 +585,11 @@ def _check_transfer(job: Job, shared: _Shared, largest: int) -> None:
                        f"{shared.bdf}'s largest (MDTS: {most} bytes)")
 
 
-def _emulated(job: Job, path: str, largest: int, depth: int) -> Callable[[], Any]:
-    """The session of the controller the job starts to serve ``path`` (EMULATED), sized
-    for every worker's queue pair of ``depth`` commands, their slots of ``largest`` bytes
-    and PRP lists."""
+def _emulated(job: Job, path: str, largest: int, depth: int,
+              namespaces: Sequence[str] = ()) -> Callable[[], Any]:
+    """The session of the controller the job starts to serve ``path`` (EMULATED; a
+    software one also ``namespaces`` as namespaces 2, 3 ...), sized for every worker's
+    queue pair of ``depth`` commands, their slots of ``largest`` bytes and PRP lists."""
     from gpufio.io.nvme.emulated import EmulatedSession
 
     o = Bam.settings(job)
@@ -596,7 +598,7 @@ def _emulated(job: Job, path: str, largest: int, depth: int) -> Callable[[], Any
         depth * (slot + nq.PAGE)
     dma = max(job.numjobs, 1) * per + MODEL_SLACK
     shift = o.model_lba.bit_length() - 1
-    return lambda: EmulatedSession(o.controller, path, shift, dma, server(o))
+    return lambda: EmulatedSession(o.controller, path, shift, dma, server(o, namespaces))
 
 
 class StandIn(Channel):
@@ -623,9 +625,15 @@ class StandIn(Channel):
         o = Bam.settings(job)
         depth = spec.depth
         opener = None
-        if o.controller in EMULATED:  # gpufio starts the controller, serving the one file
-            bdf, self._nsid = f"{o.controller} {files[0].path}", np.ones(1, np.uint32)
-            opener = _emulated(job, files[0].path, spec.largest, spec.depth)
+        if o.controller in EMULATED:  # gpufio starts the controller, a namespace per file
+            if len(files) > 1 and o.controller not in SOFTWARE:
+                raise BadInput(f"job '{job.name}': controller = \"{o.controller}\" serves "
+                               f"one file; a table striped over {len(files)} files needs a "
+                               "software controller (\"model\" or \"compiled\")")
+            bdf = f"{o.controller} {files[0].path}"
+            self._nsid = np.arange(1, len(files) + 1, dtype=np.uint32)
+            opener = _emulated(job, files[0].path, spec.largest, spec.depth,
+                               [f.path for f in files[1:]])
         else:
             bdf, self._nsid = _namespaces(job, files)
         self._shared, self.pair = _Shared.acquire(bdf, spec.writes, max(job.numjobs, 1),
@@ -659,7 +667,8 @@ class StandIn(Channel):
         self._addr = np.zeros(depth, np.uint64)
         self._write = np.zeros(depth, bool)
         self._refused: list[tuple[np.ndarray, np.ndarray]] = []  # completions never sent
-        self.facts = {"iodepth": depth, "submitter": SUBMITTER, "mode": SUBMITTER,
+        self.facts = {"iodepth": depth, "submitter": SUBMITTER,
+                      "mode": f"{SUBMITTER}{emulated(o)}",
                       "controller": o.controller if opener else "real",
                       "queue": self.pair.qid,
                       "buffers": "mapped" if self._mapped is not None else "bounced"}
