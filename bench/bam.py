@@ -25,10 +25,17 @@ relayed and with direct doorbells, in the same run. Goal (``--check``): each GPU
 GOAL x the CPU-driven ceiling at every point, and, for ``none`` at 512 B, NONE_512_GOAL
 commands/s. The numbers are a software controller's, not a drive's.
 
+With ``--drive-model NAME`` as well (a model of gpufio/io/nvme/drives.toml): every
+completion is held to that drive's published rates, each namespace's by a rate model of its
+own, so the sweep shows an emulated drive (the title says so, with the rates' source): each
+point's observed IOPS beside the model's rated IOPS and the most the model allows there
+(the least of its IOPS, sequential read / size, link / size, pairs x depth / latency).
+
     python3 -m bench.bam --quick            # from the repository root
     python3 -m bench.bam --check --json bam.json
     python3 -m bench.bam --controller compiled --backend none --check --json bam-none.json
     python3 -m bench.bam --controller compiled --backend ram --cpu-only
+    python3 -m bench.bam --controller compiled --backend ram --drive-model micron-9550
     python3 -m bench.bam --drive /dev/nvme0n1 --runtime 10
 """
 
@@ -73,11 +80,23 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def model_bound(drive: dict, bs: int, inflight: int) -> float | None:
+    """The most reads/s of ``bs`` bytes the drive model (api.drive_model) allows with
+    ``inflight`` commands outstanding: the least of its published limits (None: none is)."""
+    limits = [drive["iops"]] if drive["iops"] else []
+    limits += [drive[k] / bs for k in ("read_bw", "link_bw") if drive[k]]
+    if drive["latency_ns"]:
+        limits.append(inflight / (drive["latency_ns"] / 1e9))  # Little's law
+    return min(limits) if limits else None
+
+
 def compiled_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[str]]:
     """The compiled controller swept: per (size, pairs, depth) its CPU-driven ceiling and,
     unless --cpu-only, GPU agents with relayed and with direct doorbells, medians of
-    --repeat runs, each run ``--n`` reads per pair."""
+    --repeat runs, each run ``--n`` reads per pair; with --drive-model, the model's rated
+    IOPS and its bound at the point beside them."""
     rows, raw, missed = [], [], []
+    drive = api.drive_model(args.drive_model) if args.drive_model else None
     best_512 = 0.0
     for bs in _ints(args.sizes):
         for pairs in _ints(args.pairs_list):
@@ -85,16 +104,22 @@ def compiled_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], lis
             for depth in _ints(args.depths):
                 point = f"{bs} B, {pairs} x {depth}, {pollers} poller(s)"
                 cpu = [api.nvme_compiled_cpu_rate(args.n, depth, pairs, bs, pollers,
-                                                  args.backend, args.size)
+                                                  args.backend, args.size, args.drive_model)
                        for _ in range(args.repeat)]
                 c = statistics.median(cpu)
-                row = [f"{bs} B", f"{pairs} x {depth}", pollers, round(c)]
+                row = [f"{bs} B", f"{pairs} x {depth}", pollers]
                 entry = {"bs": bs, "pairs": pairs, "depth": depth, "pollers": pollers,
                          "cpu": cpu}
+                if drive is not None:
+                    bound = model_bound(drive, bs, pairs * depth)
+                    row += [round(drive["iops"]) if drive["iops"] else "unpublished",
+                            round(bound) if bound else "none"]
+                    entry["rated_iops"], entry["model_bound"] = drive["iops"], bound
+                row.append(round(c))
                 verdict = ""
                 for mode in () if args.cpu_only else ("relay", "direct"):
                     g = [api.nvme_model_gpu_rate(mode, args.n * pairs, depth, pairs, args.size,
-                                                 bs, pollers, args.backend)
+                                                 bs, pollers, args.backend, args.drive_model)
                          for _ in range(args.repeat)]
                     r = statistics.median(g)
                     ratio = r / c if c else 0.0
@@ -109,7 +134,7 @@ def compiled_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], lis
                 rows.append(row + ([] if args.cpu_only else [verdict or "ok"]))
                 raw.append(entry)
     if not args.cpu_only and args.backend == "none" and 512 in _ints(args.sizes) \
-            and best_512 < NONE_512_GOAL:
+            and best_512 < NONE_512_GOAL and drive is None:
         missed.append(f"none, 512 B: {best_512 / 1e6:.2f} M commands/s at best, the goal "
                       f"{NONE_512_GOAL / 1e6:g} M")
     return rows, raw, missed
@@ -216,13 +241,24 @@ def main() -> int:
                     help="the compiled controller's poller threads, at most one per pair")
     ap.add_argument("--cpu-only", action="store_true",
                     help="only the CPU-driven ceiling (no GPU needed)")
+    ap.add_argument("--drive-model", help="compiled: hold completions to this drive model's "
+                    "published rates (gpufio/io/nvme/drives.toml): an emulated drive")
     args = ap.parse_args()
     # a bench stopped by SIGTERM (timeout(1)) unwinds as from Ctrl-C: the controllers stop
     # and their files in /dev/shm go
     api.stop_on_sigterm()
     if args.quick:
         args.n, args.repeat, args.runtime = 5_000, 1, 2
+    if args.drive_model and (args.controller != "compiled" or args.drive):
+        print("bench: --drive-model emulates a drive on the compiled controller "
+              "(--controller compiled, no --drive)", file=sys.stderr)
+        return 2
     if args.controller == "compiled" and not args.drive:
+        try:
+            drive = api.drive_model(args.drive_model) if args.drive_model else None
+        except api.BadInput as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 2
         if not args.cpu_only:
             count, why = api.gpu_probe()
             if not count:
@@ -230,10 +266,12 @@ def main() -> int:
                       file=sys.stderr)
                 return 2
         rows, raw, missed = compiled_rows(args)
-        head = ["size", "pairs x depth", "pollers", "CPU reads/s"] + (
+        head = ["size", "pairs x depth", "pollers"] + (
+            [] if drive is None else ["rated IOPS", "model bound"]) + ["CPU reads/s"] + (
             [] if args.cpu_only else ["relay reads/s", "relay / CPU", "direct reads/s",
                                       "direct / CPU", "goal"])
-        title = (f"compiled software NVMe controller ({args.backend} backend, not a drive): "
+        what = "not a drive" if drive is None else drive["label"]
+        title = (f"compiled software NVMe controller ({args.backend} backend, {what}): "
                  f"{args.n} reads a pair a run, medians of {args.repeat}")
     elif args.drive:
         rows, raw = drive_rows(args)

@@ -25,7 +25,7 @@ from gpufio.results.render import render as render_rows
 from gpufio.workloads import DEFAULT_WORKLOAD, Workload, all_workloads
 
 __all__ = ["BadInput", "CpuGroup", "RunFailed", "evict", "format_size", "gpu_probe", "lay_out",
-           "load", "nvme_compiled_cpu_rate", "nvme_model_cpu_rate", "nvme_model_gpu_rate",
+           "load", "drive_model", "nvme_compiled_cpu_rate", "nvme_model_cpu_rate", "nvme_model_gpu_rate",
            "parse_size", "pattern", "read_iolog", "render", "render_rows", "run",
            "stop_on_sigterm", "workload_of", "workload_of_result"]
 
@@ -96,21 +96,32 @@ def nvme_model_cpu_rate(n: int, depth: int, size: int, pollers: int = 1,
 
 
 def nvme_compiled_cpu_rate(n: int, depth: int, pairs: int, bs: int, pollers: int,
-                           backend: str, size: int) -> float:
+                           backend: str, size: int, drive: str | None = None) -> float:
     """Reads/s of the compiled NVMe controller driven by compiled CPU threads, as many as
-    its ``pollers``: its own CPU-driven ceiling (run/nvme_rates.py)."""
+    its ``pollers``: its own CPU-driven ceiling, or, with ``drive``, an emulated drive's
+    (run/nvme_rates.py)."""
     from gpufio.run import nvme_rates
 
-    return nvme_rates.compiled_cpu_rate(n, depth, pairs, bs, pollers, backend, size)
+    return nvme_rates.compiled_cpu_rate(n, depth, pairs, bs, pollers, backend, size, drive)
 
 
 def nvme_model_gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = 4096,
-                        pollers: int = 1, backend: str | None = None) -> float:
-    """Reads/s of the software NVMe controller (the compiled one with ``backend``) driven by
-    GPU agent warps, ``mode`` "relay" or "direct" doorbells (run/nvme_rates.py)."""
+                        pollers: int = 1, backend: str | None = None,
+                        drive: str | None = None) -> float:
+    """Reads/s of the software NVMe controller (the compiled one with ``backend``; at the
+    drive model ``drive``'s rates where named) driven by GPU agent warps, ``mode`` "relay"
+    or "direct" doorbells (run/nvme_rates.py)."""
     from gpufio.run import nvme_rates
 
-    return nvme_rates.gpu_rate(mode, n, depth, pairs, size, bs, pollers, backend)
+    return nvme_rates.gpu_rate(mode, n, depth, pairs, size, bs, pollers, backend, drive)
+
+
+def drive_model(name: str) -> dict[str, Any]:
+    """A drive model of io/nvme/drives.toml as a result records it: its published figures
+    (None: not published), their sources and its ``label`` (BadInput for an unknown name)."""
+    from gpufio.io.nvme import drives
+
+    return drives.describe(drives.model(name))
 
 
 def gpu_probe() -> tuple[int, str | None]:

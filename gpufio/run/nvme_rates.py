@@ -2,7 +2,8 @@
 io/nvme/compiled.py where ``server`` names it): driven by a CPU driver (the model's Python
 one, or compiled driver threads), and by GPU agent warps through io/gio/backends/nvme.py, for
 bench/bam.py (BaM's mechanism's ceiling, as bench/nop.py is io_uring's). The numbers are
-the software controllers', not a drive's."""
+the software controllers', not a drive's; with ``drive`` (a drives.toml model) every
+completion is held to that drive's published rates: an emulated drive's."""
 
 from __future__ import annotations
 
@@ -29,13 +30,20 @@ def _model(where: str, size: int, server: Any = None) -> ModelProcess:
     return ModelProcess(where, backing, 9, 256 << 20, server=server)
 
 
-def _server(pollers: int, backend: str | None) -> Any:
-    """The compiled controller's loop, or None (the Python model) where no backend is named."""
+def _server(pollers: int, backend: str | None, drive: str | None = None) -> Any:
+    """The compiled controller's loop, or the Python model's where no backend is named (None:
+    its own), at ``drive``'s rates where one is named."""
     if backend is None:
-        return None
+        if drive is None:
+            return None
+        import functools
+
+        from gpufio.io import nvme_model
+
+        return functools.partial(nvme_model.serve, drive=drive)
     from gpufio.io.nvme import compiled
 
-    return compiled.server(pollers, backend)
+    return compiled.server(pollers, backend, drive=drive)
 
 
 def _offsets(n: int, size: int, bs: int = BS) -> np.ndarray:
@@ -44,14 +52,14 @@ def _offsets(n: int, size: int, bs: int = BS) -> np.ndarray:
 
 
 def compiled_cpu_rate(n: int, depth: int, pairs: int, bs: int, pollers: int, backend: str,
-                      size: int) -> float:
+                      size: int, drive: str | None = None) -> float:
     """Reads/s of the compiled controller (``pollers`` threads, ``backend``) driven by as
     many compiled CPU threads (at most one per pair), ``depth`` outstanding on each pair,
     ``n`` reads of ``bs`` bytes on each: its own CPU-driven ceiling."""
     from gpufio.io.nvme import compiled
 
     where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
-    model = _model(where, size, _server(pollers, backend))
+    model = _model(where, size, _server(pollers, backend, drive))
     try:
         host = model.host()
         made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
@@ -95,7 +103,7 @@ def cpu_rate(n: int, depth: int, size: int, pollers: int = 1,
 
 
 def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = BS,
-             pollers: int = 1, backend: str | None = None) -> float:
+             pollers: int = 1, backend: str | None = None, drive: str | None = None) -> float:
     """Reads/s of ``bs`` bytes from the model (or the compiled controller: ``backend``,
     ``pollers`` threads) driven by GPU agent warps (``mode`` doorbells), the landed bytes left in
     the landing slots (the copy to GPU memory is not the mechanism)."""
@@ -105,7 +113,7 @@ def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = BS,
     from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 
     where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
-    model = _model(where, size, _server(pollers, backend))
+    model = _model(where, size, _server(pollers, backend, drive))
     reg = q = None
     slot = -(-bs // nq.PAGE) * nq.PAGE
     try:
