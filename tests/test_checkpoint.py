@@ -314,3 +314,17 @@ def test_a_checkpoint_without_bs_moves_4m_pieces_and_a_given_bs_wins(tmp_path):
     doc = driver.run_profile(from_dict({"global": {**glob, "naive": False}}, "ck.toml", {}),
                              quiet=True)
     assert doc["jobs"][0]["bs"] == 4 << 20 and doc["jobs"][0]["error"] == 0
+
+
+def test_a_path_that_cannot_run_here_is_one_line_before_any_round(tmp_path, monkeypatch):
+    """A missing library (KvikIO for cufile, say) is the job's one-line refusal, exit 2,
+    before any file is laid out, never its import error."""
+    from gpufio.engines import all_engines
+
+    monkeypatch.setattr(all_engines()["uring"], "unavailable",
+                        classmethod(lambda cls: "liburing is elsewhere"))
+    res = cli.invoke(app, ["run", str(_toml(tmp_path, 'engine = "uring"'))])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == ("gpufio: error: job 'ck': engine 'uring' cannot run here: "
+                                  "liburing is elsewhere")
+    assert not [p for p in tmp_path.iterdir() if p.suffix != ".toml"]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gpufio.core import pattern
+from gpufio.engines import all_engines
 from gpufio.profile import from_dict
 from gpufio.workloads.checkpoint import driver, layout
 from gpufio.workloads.checkpoint import run as ckrun
@@ -17,6 +18,8 @@ pytestmark = pytest.mark.gpu
 
 
 def run(tmp_path, **opts):
+    if why := all_engines()[opts.get("engine", "cpu-gpu")].unavailable():
+        pytest.skip(f"{opts.get('engine')}: {why}")
     glob = {"workload": "checkpoint", "state_size": "24m", "iterations": 2, "bs": "256k",
             "iodepth": 2, "targets": [str(tmp_path)], "shards": ["5m", "8k", "3m"], **opts}
     prof = from_dict({"global": glob}, "ck.toml", {})

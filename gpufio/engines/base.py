@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from gpufio.core.checks import Check
+from gpufio.core.errors import BadInput
 from gpufio.core.options import Option, settings_class
 from gpufio.core.requests import GPU, HOST, Capability, Channel, ChannelSpec, File
 
@@ -243,6 +244,14 @@ class Engine(ABC):
         """Why this path cannot move host memory here (``host_memory``), or None if it can:
         a GPU path's host side needs no GPU."""
         return None if cls.uses_gpu else cls.unavailable()
+
+    @classmethod
+    def refuse_if_unavailable(cls, job_name: str, gpu: bool = True) -> None:
+        """BadInput naming the job where this path cannot run here: on the GPU (``gpu``),
+        else in host memory; one line, never the import error of a missing library."""
+        why = cls.unavailable() if gpu else cls.host_unavailable()
+        if why:
+            raise BadInput(f"job '{job_name}': engine '{cls.name}' cannot run here: {why}")
 
     @classmethod
     def doctor(cls, host: "Host", jobs: list["Job"]) -> list[Check]:

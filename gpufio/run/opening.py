@@ -121,9 +121,7 @@ def judge_targets(job: Job, engine: type[Engine], opened: list[tg.Target],
 
 def open_job(job: Job, quiet: bool) -> tuple[type[Engine], list[tg.Target], list[tuple[int, int]]]:
     engine = all_engines()[job.engine]
-    why = engine.unavailable()
-    if why:
-        raise BadInput(f"job '{job.name}': engine '{job.engine}' cannot run here: {why}")
+    engine.refuse_if_unavailable(job.name)
     opened: list[tg.Target] = []
     try:
         paths = job_targets(job, quiet)

@@ -11,6 +11,7 @@ from gpufio.core import events
 from gpufio.core import targets as tg
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job, Profile
+from gpufio.engines import all_engines
 from gpufio.workloads.checkpoint import layout
 from gpufio.workloads.checkpoint.report import document
 from gpufio.workloads.checkpoint.run import Round, run_job, sizes_of
@@ -33,6 +34,9 @@ def _group(job: Job) -> tuple:
 def run_profile(prof: Profile, quiet: bool = False) -> dict[str, Any]:
     """Every job's rounds, with the naive rounds after the first job of each group."""
     firsts: dict[tuple, str] = {}
+    for job in prof.jobs:  # before any job runs: a path that cannot run here says so
+        all_engines()[job.engine].refuse_if_unavailable(
+            job.name, gpu=job.workload_settings.device == "gpu")
     for job in prof.jobs:
         if job.workload_settings.naive:
             firsts.setdefault(_group(job), job.name)
