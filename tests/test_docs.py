@@ -69,3 +69,10 @@ def test_nothing_points_at_the_work_log_or_outside_the_repository():
              for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
              if _OUTSIDE.search(line) or (p in code and _UNANCHORED.search(line))]
     assert found == []
+
+
+def test_the_readme_and_the_current_numbers_stay_short():
+    """The README is the way in (the rest is the tutorial's), and PERFORMANCE.md holds the
+    current numbers, not a log: each keeps to its length."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+    assert len((ROOT / "docs" / "PERFORMANCE.md").read_text().splitlines()) <= 300
