@@ -42,6 +42,8 @@ def load(profile: Mapping[str, Any] | str | Path,
 def workload_of(prof: Profile) -> Workload:
     """The workload the profile's jobs run (a profile runs one)."""
     names = sorted({job.workload for job in prof.jobs})
+    if not names:
+        raise BadInput(f"{prof.path}: no job to run")
     if len(names) > 1:
         raise BadInput(f"{prof.path}: a profile runs jobs of one workload, not "
                        f"{' and '.join(names)}")

@@ -425,3 +425,43 @@ def test_toml_profiles_group_as_fio_files_do():
     assert len(every.batches(every.jobs)) == 5
     with pytest.raises(BadInput, match="key 'stonewall'"):
         profile.from_dict({"job": [{"stonewall": "often"}]}, "g.toml", {})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[j]\nnumjobs=0\nsize=1m\n", "numjobs and nrfiles take whole numbers of at least 1"),
+    ("[j]\nkb_base=abc\nsize=1m\n", "kb_base=abc: 1000 or 1024"),
+    ("[j]\ntime_based=abc\nsize=1m\n", "time_based=abc: a flag is 0 or 1"),
+    ("[j]\nsize=-5\n", "size=-5: not a size"),
+    ("[j]\nbs=4k-16k\nsize=1m\n", "bs=4k-16k: gpufio runs one block size"),
+    ("[j]\nbs=0\nsize=1m\n", "bs=0: a block needs at least one byte"),
+])
+def test_a_value_fio_would_not_take_is_one_line_naming_it(text, message, tmp_path,
+                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.fio").write_text(text)
+    res = cli.invoke(app, ["run", "bad.fio", "-q"])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and len(res.output.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.fio"]  # nothing laid out
+
+
+def test_a_profile_of_no_job_is_one_line(tmp_path):
+    (tmp_path / "empty.toml").write_text("job = []\n")
+    res = cli.invoke(app, ["run", str(tmp_path / "empty.toml"), "-q"])
+    assert res.exit_code == 2 and res.output.strip().endswith("empty.toml: no job to run")
+
+
+def test_invalidate_takes_an_engine_that_reads_through_the_page_cache_as_buffered(
+        monkeypatch):
+    """mmap reads through the page cache whatever ``direct`` says: fio's invalidate (on by
+    default) drops its targets' pages as it does a buffered job's, and not a direct job's."""
+    from gpufio.engines import all_engines
+    from gpufio.profile import from_dict
+    from gpufio.workloads.block import phases
+
+    dropped = []
+    monkeypatch.setattr(phases, "invalidate", lambda targets: dropped.append(list(targets)))
+    (job,) = from_dict({"global": {"direct": True, "size": "1m"}}, "p.toml", {}).jobs
+    phases.invalidate_before(job, all_engines()["mmap"], ["t"])
+    phases.invalidate_before(job, all_engines()["psync"], ["t"])
+    assert dropped == [["t"]]

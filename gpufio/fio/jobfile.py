@@ -237,11 +237,16 @@ def from_sections(found: list[Section], problems: _Problems | None = None
     return {"global": {"concurrent": True}, "job": jobs}, notes
 
 
+# the values fio takes for a flag (a bare flag is on)
+_FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True,
+               "0": False, "false": False, "no": False, "off": False}
+
+
 def _value(key: str, raw: str | None) -> Any:
     if raw is None:
         return True if key in _FLAG_KEYS else "1"
     if key in _FLAG_KEYS:
-        return raw.strip() not in ("0", "false")
+        return _FLAG_WORDS.get(raw.strip().lower(), True)
     if key in ("gpu_dev_ids", "percentile_list"):
         return [v for v in re.split(r"[:,]", raw) if v]
     return raw
@@ -271,14 +276,19 @@ def _size(opts: dict[str, tuple[int, str | None]], key: str, section: str,
         return None
     lineno, raw = opts[key]
     raw = raw or ""
-    kb_base = int((opts.get("kb_base", (0, "1024"))[1] or "1024"))
+    base_line, base = opts.get("kb_base", (0, "1024"))
+    if (base or "1024").strip() not in ("1000", "1024"):
+        problems.add(base_line, section, f"kb_base={base}: 1000 or 1024")
+        return None
+    kb_base = int(base or "1024")
     parts = [p for p in re.split(r"[,:]", raw) if p]
     try:
         values = {fio_size(p, kb_base) for p in parts or [raw]}
     except ValueError:
+        ranged = re.fullmatch(r"\s*[\w.]+\s*-\s*[\w.]+\s*", raw) or "," in raw
         problems.add(lineno, section, f"{key}={raw}: " + (
             "gpufio runs one block size (no ranges or read,write pairs that differ)"
-            if "-" in raw or "," in raw else "not a size"))
+            if ranged else "not a size"))
         return None
     if len(values) != 1:
         problems.add(lineno, section, f"{key}={raw}: gpufio runs one block size (no ranges "
@@ -378,6 +388,8 @@ def _translate(section: Section, problems: _Problems, notes: list[str]) -> dict[
         if key in REPORTING_ONLY:
             _add(notes, f"{key}={'1' if raw is None else raw} {REPORTING_ONLY[key]}")
         elif key in KEYS:
+            if key in _FLAG_KEYS and raw is not None and raw.strip().lower() not in _FLAG_WORDS:
+                problems.add(lineno, section.name, f"{key}={raw}: a flag is 0 or 1")
             out[KEYS[key]] = _value(key, raw)
         else:
             problems.add(lineno, section.name, f"{key} is not supported "
@@ -451,8 +463,9 @@ def _not_regular(name: str) -> bool:
 
 
 def _flag(opts: dict[str, tuple[int, str | None]], key: str) -> bool:
-    """Whether a fio flag is on: given bare, or as anything but 0."""
-    return key in opts and opts[key][1] not in ("0", "false")
+    """Whether a fio flag is on: given bare, or as 1 (true, yes, on)."""
+    return key in opts and (opts[key][1] is None
+                            or _FLAG_WORDS.get(opts[key][1].strip().lower(), True))
 
 
 def _job(section: Section, problems: _Problems, notes: list[str],
@@ -465,10 +478,15 @@ def _job(section: Section, problems: _Problems, notes: list[str],
         numjobs = int(opts.get("numjobs", (0, "1"))[1] or "1")
         nrfiles = int(opts.get("nrfiles", (0, "1"))[1] or "1")
     except ValueError:
-        problems.add(section.lineno, section.name, "numjobs and nrfiles take whole numbers")
+        numjobs = nrfiles = 0
+    if numjobs < 1 or nrfiles < 1:
+        problems.add(section.lineno, section.name, "numjobs and nrfiles take whole numbers "
+                     "of at least 1")
         return []
-    bs = _size(opts, "bs", section.name, problems) or _size(opts, "blocksize", section.name,
-                                                            problems)
+    given = _size(opts, "bs", section.name, problems)
+    if given == 0:
+        problems.add(opts["bs"][0], section.name, "bs=0: a block needs at least one byte")
+    bs = given or _size(opts, "blocksize", section.name, problems)
     size = _size(opts, "size", section.name, problems)
     filesize = _size(opts, "filesize", section.name, problems)
     offset = _size(opts, "offset", section.name, problems)

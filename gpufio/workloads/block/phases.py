@@ -11,6 +11,7 @@ from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
 from gpufio.core.rate import unpaced
 from gpufio.core.targets import Target, invalidate
+from gpufio.engines.base import Engine
 from gpufio.run.jobrun import JobRun, drive
 from gpufio.run.records import JobResult
 
@@ -67,10 +68,12 @@ def preconditions(batch: list[tuple], quiet: bool) -> dict[str, list[dict[str, A
     return out
 
 
-def invalidate_before(job: Job, targets: list[Target]) -> None:
+def invalidate_before(job: Job, engine: type[Engine], targets: list[Target]) -> None:
     """fio's invalidate: a buffered job's targets leave the page cache before it (or its
-    read-back) starts, so its reads reach storage."""
-    if job.invalidate and not job.direct:
+    read-back) starts, so its reads reach storage; buffered as the storage judgement has
+    it (run/opening.py): direct off, or an engine that reads through the page cache (mmap)."""
+    cached = engine.capability is not None and engine.capability.page_cache
+    if job.invalidate and (cached or not job.direct):
         invalidate(targets)
 
 
@@ -84,7 +87,7 @@ def read_back(run: JobRun, result: JobResult, quiet: bool) -> JobResult:
         events.emit("progress", f"gpufio: job '{job.name}': reading back what it wrote, "
                                 "to verify it")
     back = readback_job(job)
-    invalidate_before(back, run.targets)
+    invalidate_before(back, run.engine, run.targets)
     rb_run = JobRun(back, run.engine, run.targets,
                     [(t0, n) for t0, n in run.stream_regions], budgets=budgets)
     drive([rb_run], [], None, 1.0)

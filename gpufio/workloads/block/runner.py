@@ -38,8 +38,8 @@ def run_profile(profile: Profile, on_tick: Callable[[list[Snapshot]], None] | No
             except KeyboardInterrupt:
                 outcome.interrupted = True
                 break
-            for job, _, tgts, _ in batch:  # after the preconditioning's writes, as fio
-                invalidate_before(job, tgts)
+            for job, engine, tgts, _ in batch:  # after the preconditioning's writes, as fio
+                invalidate_before(job, engine, tgts)
             runs = [JobRun(job, engine, tgts, regions, gate=gate)
                     for job, engine, tgts, regions in batch]
             for r in runs:
