@@ -496,3 +496,20 @@ def test_fio_plot_draws_fio_json(plus_doc, tmp_path, graph):
                          capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert out.stat().st_size > 1000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fio_json_names_a_target_that_is_not_storage(tmp_path):
+    """A buffered job's reads are the page cache's: fio-json says so under a key of gpufio's
+    own, which fio's tools pass over, so the file never reads as a drive's."""
+    target = tmp_path / "t.dat"
+    doc, _ = _run_json(["--name=j", f"--filename={target}", "--rw=randread", "--bs=4k",
+                        "--size=1m", "--io_size=64k", "--ioengine=psync", "--direct=0"],
+                       tmp_path)
+    (job,) = to_fio(doc)["jobs"]
+    (entry,) = job["gpufio not storage"]
+    assert entry["path"] == str(target) and entry["kind"] == "page cache"
+    assert entry["reaches_storage"] is False
+    direct, _ = _run_json(["--name=j", f"--filename={target}", "--rw=randread", "--bs=4k",
+                           "--size=1m", "--io_size=64k", "--ioengine=psync", "--direct=1"],
+                          tmp_path)
+    assert "gpufio not storage" not in to_fio(direct)["jobs"][0]  # a disk's file, direct

@@ -6,6 +6,7 @@ into submission (slat) and completion (clat) latency. Here it is reported as bot
 non-empty bucket's value in ns, as text, and its count), where fio's tools look for either.
 Fields gpufio does not measure (submission latency, context switches, page faults,
 queue-depth distributions, disk utilisation) are left out rather than written as zeros; a
+target whose reads did not reach storage is named under ``gpufio not storage``; a
 direction the job did not do, and trim, are zero blocks as in fio. The job options are
 fio's names and values, as text (``ioengine: io_uring``, ``direct: "1"``, ``filename`` the
 ':'-joined files).
@@ -109,6 +110,12 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
                                "stddev": 0.0, "N": sync["total_ios"]}},
            "job_runtime": runtime, "usr_cpu": job["usr_cpu"],
            "sys_cpu": job["sys_cpu"], "latency_target": 0, "latency_percentile": 100.0, "latency_window": 0}
+    # fio has no such field: a key of gpufio's own, which fio's tools pass over, so a result
+    # whose reads did not reach storage never reads as a drive's
+    unbacked = [{"path": t.get("path", "?"), **t["storage"]} for t in job.get("targets", [])
+                if t.get("storage") and not t["storage"]["reaches_storage"]]
+    if unbacked:
+        out["gpufio not storage"] = unbacked
     if hist:
         out["latency_ns"] = _distribution(hist, 1, _US_EDGES)
         out["latency_us"] = _distribution(hist, 1_000, _US_EDGES)
