@@ -246,6 +246,12 @@ class Engine(ABC):
         return None if cls.uses_gpu else cls.unavailable()
 
     @classmethod
+    def buffered(cls, job: "Job") -> bool:
+        """Whether the job's reads go through the page cache: direct off, or a path that
+        reads through it whatever ``direct`` says (a mapping)."""
+        return not job.direct or (cls.capability is not None and cls.capability.page_cache)
+
+    @classmethod
     def refuse_if_unavailable(cls, job_name: str, gpu: bool = True) -> None:
         """BadInput naming the job where this path cannot run here: on the GPU (``gpu``),
         else in host memory; one line, never the import error of a missing library."""

@@ -112,10 +112,9 @@ def judge_targets(job: Job, engine: type[Engine], opened: list[tg.Target],
     through it; holes matter unless every read follows the job's own writes (a write-only
     job, or one preconditioned)."""
     reads_existing = job.reads and job.precondition == "none"
-    cached = engine.capability is not None and engine.capability.page_cache
     for t, (first, blocks) in zip(opened, regions):
         backing.judge(t, offset=first, length=blocks * job.bs,
-                      buffered=cached or not (job.direct or t.lba),
+                      buffered=engine.buffered(job) and not t.lba,
                       reads_existing=reads_existing, allow_unbacked=job.allow_unbacked)
 
 

@@ -72,8 +72,7 @@ def invalidate_before(job: Job, engine: type[Engine], targets: list[Target]) -> 
     """fio's invalidate: a buffered job's targets leave the page cache before it (or its
     read-back) starts, so its reads reach storage; buffered as the storage judgement has
     it (run/opening.py): direct off, or an engine that reads through the page cache (mmap)."""
-    cached = engine.capability is not None and engine.capability.page_cache
-    if job.invalidate and (cached or not job.direct):
+    if job.invalidate and engine.buffered(job):
         invalidate(targets)
 
 
