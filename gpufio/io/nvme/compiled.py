@@ -2,7 +2,7 @@
 io/nvme_model.py served by ``threads`` poller threads in C, from one of three backends:
 
 - ``none``: every command completes without moving data (PRPs still walked and checked):
-  the queue mechanism's ceiling (not "null": that word names an engine);
+  the queue mechanism's ceiling;
 - ``ram``: the backing file memory-mapped; reads copy into the landing pages, writes out
   of them;
 - ``file``: the backing file read and written through an io_uring of each poller thread,
