@@ -1,7 +1,8 @@
 """Latency is fio's ``lat``, held by Little's law: on a target whose I/Os take real time (a
 loop device with direct I/O on, over a file in the test's directory), the I/Os a job keeps
 in its slots equal IOPS x mean latency, within 5%, for the compiled uring loop at either
-iodepth_batch_submit, psync jobs (one read each) and mmap's batches. A
+iodepth_batch_submit, psync jobs (one read each), mmap's batches and, on a GPU machine,
+cpu-gpu (a read in flight until its bytes land in GPU memory) and gpu-uring. A
 latency that missed part of an I/O's life in its slot (a slot free, unstamped, while its I/O
 waits for a submit call; a stamp taken after the gather it should time) comes out short of
 the depth; one that counted twice, above it. Little's law is about the stamps, not about
@@ -90,3 +91,20 @@ def test_mmap_keeps_a_batch_in_flight(slow_device, host_mmap):  # noqa: F811
     product, r = in_flight(slow_device, iodepth=32, engine="test-mmap", drop_cache=True)
     assert_depth(product, 32, r)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("depth", [32, 128])
+def test_cpu_gpu_keeps_its_depth_until_the_bytes_land(slow_device, depth):
+    # a read is in flight from its issue until its segment's copy into GPU memory is done:
+    # iodepth counts the copying reads too, and a segment is topped up to what it has room for
+    product, r = in_flight(slow_device, iodepth=depth, engine="cpu-gpu")
+    assert_depth(product, depth, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("depth", [8, 32])
+def test_gpu_uring_keeps_rings_times_depth(slow_device, depth):
+    # each of the rings keeps iodepth reads in flight; GPU threads stamp submit and reap
+    product, r = in_flight(slow_device, iodepth=depth, engine="gpu-uring", rings=2)
+    assert_depth(product, 2 * depth, r)

@@ -10,8 +10,10 @@ from gpufio.workloads.gnn.run import run_job
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize("controller", ["model", "compiled"])
 @pytest.mark.parametrize("drives,model", [(1, "dapustor-h5100"), (2, "micron-9550")])
-def test_bam_on_emulated_drives_lands_every_row_and_says_emulated(tmp_path, drives, model):
+def test_bam_on_emulated_drives_lands_every_row_and_says_emulated(tmp_path, drives, model,
+                                                                 controller):
     from gpufio.engines import all_engines
 
     if why := all_engines()["bam"].unavailable():
@@ -20,7 +22,7 @@ def test_bam_on_emulated_drives_lands_every_row_and_says_emulated(tmp_path, driv
     for d in dirs:
         d.mkdir()
     prof = from_dict({"global": {
-        "workload": "gnn", "engine": "bam", "controller": "model", "drive_model": model,
+        "workload": "gnn", "engine": "bam", "controller": controller, "drive_model": model,
         "device": "gpu", "nodes": 20_000, "feature_dim": 256, "hidden": 32,
         "batch_size": 128, "fanout": [5, 3], "iterations": 6, "warmup": 2,
         "verify_rows": 100_000, "directory": str(tmp_path), "iodepth": 32,

@@ -29,11 +29,11 @@ SPARE = 2  # landing slots per request that may be in flight
 
 
 def segment_shape(segments: int, iodepth: int) -> tuple[int, int]:
-    """(segments the ``iodepth`` requests in flight are grouped in, slots per segment); there
-    are SPARE times as many segments in all, so one waiting for its slowest request or its
-    copy does not hold back new ones."""
+    """(segments the ``iodepth`` requests in flight are grouped in, slots per segment: enough
+    that the segments hold all ``iodepth``); there are SPARE times as many segments in all,
+    so one waiting for its slowest request or its copy does not hold back new ones."""
     nseg = min(segments, iodepth)
-    return nseg, iodepth // nseg
+    return nseg, -(-iodepth // nseg)
 
 
 class SegmentedStaging:

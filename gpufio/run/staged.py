@@ -7,7 +7,9 @@ own CUDA stream, so many small reads share a copy and the next segments' reads o
 There are SPARE times as many segments as the requests in flight need, so one waiting for
 its slowest read or its copy holds back no new reads. A read is complete when its bytes are
 in GPU memory: its latency runs from issue until its segment's copy is observed done (with
-verify, checked there). Writes go the other way: a segment's pattern is generated in GPU
+verify, checked there), and iodepth counts the reads in that span, copying ones too, so
+IOPS x mean latency is the depth (Little's law); a segment is topped up to what the depth
+has room for. Writes go the other way: a segment's pattern is generated in GPU
 memory, copied down to its slots in one transfer and written from there; a write's latency
 runs from the start of its segment's copy until the write completes.
 """
@@ -53,7 +55,7 @@ class StagedLoop:
         self.job, self.targets, self.ctx = job, targets, ctx
         nseg, self._seg = staging_shape(engine, job)
         self._nseg = SPARE * nseg
-        self._cap = nseg * self._seg  # requests in flight, at most
+        self._cap = job.iodepth  # requests between issue and landing, at most
         # a synchronous channel writes a segment inside submit: nothing stays in flight, so
         # the segments copying down need no room kept for them and the next ones copy down
         # while it writes
@@ -94,7 +96,7 @@ class StagedLoop:
         if self.job.writes:
             self._run_writes()
             return
-        ctx, ch, seg = self.ctx, self.channel, self._seg
+        ctx, seg = self.ctx, self._seg
         state = np.full(self._nseg, FREE, dtype=np.int8)
         seg_n = np.zeros(self._nseg, dtype=np.int64)      # reads issued in each segment
         seg_done = np.zeros(self._nseg, dtype=np.int64)   # reads completed in each segment
@@ -105,9 +107,10 @@ class StagedLoop:
         dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0  # reads + copies
         while True:
             for s in np.flatnonzero(state == FREE).tolist() if issuing else ():
-                if ch.inflight + seg > self._cap:
+                room = self._cap - int(seg_n[state != FREE].sum())
+                if room <= 0:
                     break
-                tgt, offs = ctx.next_batch(seg)
+                tgt, offs = ctx.next_batch(min(seg, room))
                 k = len(offs)
                 if not k:
                     issuing = False
@@ -151,10 +154,11 @@ class StagedLoop:
                 ctx.sync(self._fds)
                 syncing = False
             for s in np.flatnonzero(state == FREE).tolist() if issuing and not syncing else ():
-                copying = int(seg_n[state == COPYING].sum())
-                if not self._sync and ch.inflight + copying + seg > self._cap:
+                room = self._cap - ch.inflight - int(seg_n[state == COPYING].sum())
+                if not self._sync and room <= 0:
                     break
-                tgt, offs = ctx.next_batch(min(seg, ctx.until_sync))
+                tgt, offs = ctx.next_batch(min(seg, ctx.until_sync,
+                                               seg if self._sync else room))
                 k = len(offs)
                 if not k:
                     issuing = False
