@@ -525,6 +525,17 @@ def test_memory_limit_where_no_cgroup_can_be_made_is_exit_2(tmp_path, monkeypatc
         run_job(prof.jobs[0])
 
 
+def test_a_v1_limit_too_small_to_hold_the_job_is_refused_not_killed(tmp_path, monkeypatch):
+    # 25% of a small table on cgroup v1 (a hard limit) had the kernel kill gpufio, exit 137
+    from gpufio.workloads.gnn import memlimit
+
+    monkeypatch.setattr(memlimit, "_parent", lambda: (tmp_path, tmp_path, memlimit.V1))
+    prof = from_dict(_gnn(tmp_path, memory_limit="25%"), "g.toml", {})
+    with pytest.raises(BadInput, match=r"key 'memory_limit': \d+\.\d MiB is below 64 MiB"):
+        run_job(prof.jobs[0])
+    assert not list(tmp_path.glob("gpufio-*"))  # no group made
+
+
 def test_io_commands_refuse_a_gnn_result_in_one_line(tmp_path, write_profile):
     text = (f'[global]\nworkload = "gnn"\nengine = "mmap"\ndevice = "cpu"\nnodes = 5000\n'
             f'feature_dim = 32\nhidden = 16\nbatch_size = 64\nfanout = [4, 3]\n'

@@ -35,6 +35,9 @@ from gpufio.facts.device import read_int
 # v1 has only the hard limit.
 V1 = {"limit": "memory.limit_in_bytes", "peak": "memory.max_usage_in_bytes",
       "usage": "memory.usage_in_bytes", "anon": "rss"}
+# v1's hard limit kills the job when its allocations outrun the watcher (a few MiB of
+# Python and runtime heap at once): a smaller limit is refused rather than killed
+V1_FLOOR = 64 << 20
 V2 = {"limit": "memory.high", "peak": "memory.peak", "usage": "memory.current", "anon": "anon"}
 
 
@@ -121,6 +124,10 @@ def limited(limit: int) -> Iterator[dict[str, Any]]:
     watcher = None
     try:
         parent, home, files = _parent()
+        if files is V1 and limit < V1_FLOOR:
+            raise BadInput(f"key 'memory_limit': {limit / 2**20:.1f} MiB is below "
+                           f"{V1_FLOOR >> 20} MiB, the least cgroup v1's hard limit holds "
+                           "without the kernel killing the job; give a larger size or table")
         cgroups.remove_stale(parent)
         child = parent / f"gpufio-{os.getpid()}"
         child.mkdir(exist_ok=True)
