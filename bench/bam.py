@@ -54,6 +54,9 @@ from gpufio import api
 GOAL = 0.9
 BS = 4096
 NONE_512_GOAL = 45.8e6  # BaM's own I/O stack on one H100 (512 B, ten drives)
+RAM_4K_FLOOR = 2e6  # the seed article's observed IOPS
+H2D_GOAL = 0.7  # verified 4 KiB reads/s over the pinned host-to-device copy ceiling's
+PRICE_GOAL, PRICE_RATE = 0.9, 10e6  # a compute kernel's share kept beside this many reads/s
 
 
 def model_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[str]]:
@@ -97,7 +100,7 @@ def compiled_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], lis
     IOPS and its bound at the point beside them."""
     rows, raw, missed = [], [], []
     drive = api.drive_model(args.drive_model) if args.drive_model else None
-    best_512 = 0.0
+    best_512, best_4k = 0.0, 0.0
     for bs in _ints(args.sizes):
         for pairs in _ints(args.pairs_list):
             pollers = min(pairs, args.pollers)
@@ -118,10 +121,11 @@ def compiled_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], lis
                 row.append(round(c))
                 verdict = ""
                 for mode in () if args.cpu_only else ("relay", "direct"):
-                    g = [api.nvme_model_gpu_rate(mode, args.n * pairs, depth, pairs, args.size,
-                                                 bs, pollers, args.backend, args.drive_model)
+                    g = [_gpu(args, mode, args.n * pairs, depth, pairs, bs, pollers, entry)
                          for _ in range(args.repeat)]
                     r = statistics.median(g)
+                    if bs == 4096:
+                        best_4k = max(best_4k, r)
                     ratio = r / c if c else 0.0
                     row += [round(r), f"{ratio:.2f}"]
                     entry[mode] = g
@@ -137,7 +141,51 @@ def compiled_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], lis
             and best_512 < NONE_512_GOAL and drive is None:
         missed.append(f"none, 512 B: {best_512 / 1e6:.2f} M commands/s at best, the goal "
                       f"{NONE_512_GOAL / 1e6:g} M")
+    if args.verify and best_4k:
+        ceiling = args.h2d / 4096
+        for what, ok in ((f"{RAM_4K_FLOOR / 1e6:g} M (the seed's observed IOPS)",
+                          best_4k >= RAM_4K_FLOOR),
+                         (f"{H2D_GOAL} x the pinned H2D ceiling ({ceiling / 1e6:.2f} M "
+                          "4 KiB copies/s)", best_4k >= H2D_GOAL * ceiling)):
+            if not ok:
+                missed.append(f"verified 4 KiB reads: {best_4k / 1e6:.2f} M/s at best, the "
+                              f"goal {what}")
     return rows, raw, missed
+
+
+def _gpu(args: argparse.Namespace, mode: str, n: int, depth: int, pairs: int, bs: int,
+         pollers: int, entry: dict) -> float:
+    """One GPU run's reads/s; with --verify each read is copied into GPU memory and checked
+    there, and a read that failed or landed wrong bytes ends the bench."""
+    if not args.verify:
+        return api.nvme_model_gpu_rate(mode, n, depth, pairs, args.size, bs, pollers,
+                                       args.backend, args.drive_model)
+    v = api.nvme_gpu_verified_rate(mode, n, depth, pairs, args.size, bs, pollers, args.backend)
+    entry.setdefault(f"{mode}_verified", []).append(v)
+    if v["failed"] or v["mismatches"]:
+        raise SystemExit(f"bench: {v['failed']} failed and {v['mismatches']} wrong of "
+                         f"{v['checked']} verified reads ({mode} doorbells)")
+    return v["rate"]
+
+
+def price_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[str]]:
+    """The SM price: a 4096 x 4096 float32 matrix product's rate alone and beside GPU agents
+    (direct doorbells) serving --price's pairs x depth on the compiled controller."""
+    pairs, depth = _ints(args.price)
+    pollers = min(pairs, args.pollers)
+    bs = _ints(args.sizes)[0]
+    p = api.nvme_sm_price("direct", args.n * pairs, depth, pairs, args.size, bs, pollers,
+                          args.backend)
+    missed = []
+    if p["rate"] < PRICE_RATE:
+        missed.append(f"SM price: the agents made {p['rate'] / 1e6:.2f} M reads/s beside the "
+                      f"product, under the {PRICE_RATE / 1e6:g} M the goal asks")
+    if p["kept"] < PRICE_GOAL:
+        missed.append(f"SM price: the product kept {p['kept']:.2f} of its solo rate")
+    row = [f"{bs} B", f"{pairs} x {depth}", pollers, f"{p['matmul_solo']:.1f}",
+           f"{p['matmul_beside']:.1f}", f"{p['kept']:.2f}", round(p["rate"]),
+           f"{p['agent_warps']} warps / {p['sms']} SMs"]
+    return [row], [p], missed
 
 
 def _fio(target: str, engine: str, runtime: int, iodepth: int) -> dict:
@@ -243,6 +291,10 @@ def main() -> int:
                     help="only the CPU-driven ceiling (no GPU needed)")
     ap.add_argument("--drive-model", help="compiled: hold completions to this drive model's "
                     "published rates (gpufio/io/nvme/drives.toml): an emulated drive")
+    ap.add_argument("--verify", action="store_true", help="compiled: GPU reads copied into "
+                    "GPU memory and checked there, beside the pinned H2D copy ceiling")
+    ap.add_argument("--price", metavar="PAIRS,DEPTH", help="compiled: a matrix product's "
+                    "rate alone and beside the agents at this point, instead of the sweep")
     args = ap.parse_args()
     # a bench stopped by SIGTERM (timeout(1)) unwinds as from Ctrl-C: the controllers stop
     # and their files in /dev/shm go
@@ -265,6 +317,14 @@ def main() -> int:
                 print(f"bench: no usable GPU: {why} (--cpu-only measures the CPU side)",
                       file=sys.stderr)
                 return 2
+        if args.price:
+            rows, raw, missed = price_rows(args)
+            head = ["size", "pairs x depth", "pollers", "products/s alone",
+                    "products/s beside", "kept", "reads/s beside", "agents"]
+            title = (f"the SM price of the GPU side ({args.backend} backend, not a drive): "
+                     "4096^2 float32 products beside the agents, direct doorbells")
+            return _report(args, rows, raw, missed, head, title)
+        args.h2d = api.h2d_ceiling() if args.verify else 0.0
         rows, raw, missed = compiled_rows(args)
         head = ["size", "pairs x depth", "pollers"] + (
             [] if drive is None else ["rated IOPS", "model bound"]) + ["CPU reads/s"] + (
@@ -272,7 +332,9 @@ def main() -> int:
                                       "direct / CPU", "goal"])
         what = "not a drive" if drive is None else drive["label"]
         title = (f"compiled software NVMe controller ({args.backend} backend, {what}): "
-                 f"{args.n} reads a pair a run, medians of {args.repeat}")
+                 f"{args.n} reads a pair a run, medians of {args.repeat}"
+                 + (f"; GPU reads verified in GPU memory; pinned H2D ceiling "
+                    f"{args.h2d / 1e9:.1f} GB/s" if args.verify else ""))
     elif args.drive:
         rows, raw = drive_rows(args)
         missed: list[str] = []
@@ -291,11 +353,19 @@ def main() -> int:
         head = ["path", "queues x depth", "reads/s", "GPU / CPU", "goal"]
         title = (f"software NVMe controller (Python model, not a drive): {args.n} 4 KiB reads "
                  f"a run, medians of {args.repeat}")
+    return _report(args, rows, raw, missed, head, title)
+
+
+def _report(args: argparse.Namespace, rows: list[list], raw: list[dict], missed: list[str],
+            head: list[str], title: str) -> int:
+    """The table, the JSON (--json), the missed goals; exit 1 for a miss with --check."""
     api.render_rows([dict(zip(head, r)) for r in rows], "table", title=title,
                     left=(head[0],), columns=head)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"title": title, "runs": raw}, f, indent=1)
+            json.dump({"title": title, "runs": raw, **({"h2d_bytes_per_s": args.h2d}
+                                                      if getattr(args, "h2d", 0) else {})},
+                      f, indent=1)
     for m in missed:
         print(f"bench: goal missed: {m}", file=sys.stderr)
     return 1 if args.check and missed else 0

@@ -118,6 +118,31 @@ def nvme_model_gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs
     return nvme_rates.gpu_rate(mode, n, depth, pairs, size, bs, pollers, backend, drive)
 
 
+def nvme_gpu_verified_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int,
+                           pollers: int, backend: str) -> dict[str, Any]:
+    """As nvme_model_gpu_rate on the compiled controller, each read copied into GPU memory
+    and checked there: its rate and the reads that failed or landed wrong bytes."""
+    from gpufio.run import nvme_rates
+
+    return nvme_rates.gpu_verified_rate(mode, n, depth, pairs, size, bs, pollers, backend)
+
+
+def h2d_ceiling() -> float:
+    """Bytes/s of page-locked host-to-device copies on this GPU (run/nvme_rates.py)."""
+    from gpufio.run import nvme_rates
+
+    return nvme_rates.h2d_ceiling()
+
+
+def nvme_sm_price(mode: str, n: int, depth: int, pairs: int, size: int, bs: int,
+                  pollers: int, backend: str) -> dict[str, Any]:
+    """A matrix product's rate alone and beside GPU agents serving ``n`` reads on the
+    compiled controller, and their reads/s meanwhile (run/nvme_rates.py)."""
+    from gpufio.run import nvme_rates
+
+    return nvme_rates.sm_price(mode, n, depth, pairs, size, bs, pollers, backend)
+
+
 def drive_model(name: str) -> dict[str, Any]:
     """A drive model of io/nvme/drives.toml as a result records it: its published figures
     (None: not published), their sources and its ``label`` (BadInput for an unknown name)."""

@@ -11,7 +11,8 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -102,45 +103,25 @@ def cpu_rate(n: int, depth: int, size: int, pollers: int = 1,
         shutil.rmtree(where, ignore_errors=True)
 
 
-def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = BS,
-             pollers: int = 1, backend: str | None = None, drive: str | None = None) -> float:
-    """Reads/s of ``bs`` bytes from the model (or the compiled controller: ``backend``,
-    ``pollers`` threads) driven by GPU agent warps (``mode`` doorbells), the landed bytes left in
-    the landing slots (the copy to GPU memory is not the mechanism)."""
-    import cupy as cp
-
+@contextmanager
+def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: int,
+               backend: str | None, drive: str | None) -> Iterator[tuple[Any, Any]]:
+    """(the queues of ``pairs`` pairs driven by GPU agent warps with ``mode`` doorbells, the
+    requester kernel) on a new controller serving a ``size``-byte namespace of pattern seed
+    1; everything goes on the way out."""
     from gpufio.io import cuda
     from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 
     where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
     model = _model(where, size, _server(pollers, backend, drive))
     reg = q = None
-    slot = -(-bs // nq.PAGE) * nq.PAGE
     try:
         reg = RegisteredModel(model.mem)
         host = model.host()
         made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
-        q = NvmeQueues(reg, made, depth=depth, slot_bytes=slot, nsid=1, lba_shift=9, mode=mode)
-        fn = cuda.module("bam_io").get_function("bam_requests")
-        threads = pairs * depth
-        tpb = min(32, threads)
-        threads -= threads % tpb
-        offs = cp.asarray(_offsets(n, size, bs))
-        lens = cp.full(n, bs, cp.uint32)
-        kinds = cp.zeros(n, cp.uint8)
-        res = cp.zeros(n, cp.int32)
-        stream = cp.cuda.Stream(non_blocking=True)
-        q.start(threads)
-        t = time.perf_counter()
-        fn((threads // tpb,), (tpb,), (q.descriptor, np.uint64(n), offs, lens, kinds,
-                                       cp.zeros(16, cp.uint8), np.uint64(0), np.int32(0), res),
-           stream=stream)
-        q.wait((stream,), 10**10)
-        rate = n / (time.perf_counter() - t)
-        bad = int((res != bs).sum())
-        if bad:
-            raise SystemExit(f"bench: {bad} of {n} GPU reads failed ({mode} doorbells)")
-        return rate
+        q = NvmeQueues(reg, made, depth=depth, slot_bytes=-(-bs // nq.PAGE) * nq.PAGE,
+                       nsid=1, lba_shift=9, mode=mode)
+        yield q, cuda.module("bam_io").get_function("bam_requests")
     finally:
         if q is not None:
             q.close()
@@ -148,3 +129,122 @@ def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = BS,
         if reg is not None:
             reg.close()
         shutil.rmtree(where, ignore_errors=True)
+
+
+def _requests(q: Any, fn: Any, n: int, depth: int, pairs: int, size: int, bs: int,
+              rows: Any = None, during: Callable[[Callable[[], bool]], Any] | None = None
+              ) -> tuple[float, Any, np.ndarray, Any]:
+    """Run ``n`` random ``bs``-byte reads through the started agents, ``pairs`` x ``depth``
+    requester threads: (reads/s, each read's result, the offsets, what ``during`` returned).
+    ``rows``: a CuPy (n, bs) uint8 array each read's bytes are copied into (GPU memory),
+    else they stay in the landing slots. ``during(busy)`` runs on this thread while the
+    reads do; ``busy()`` says whether they still do."""
+    import cupy as cp
+
+    threads = pairs * depth
+    tpb = min(32, threads)
+    threads -= threads % tpb
+    offs = _offsets(n, size, bs)
+    res = cp.zeros(n, cp.int32)
+    data = rows if rows is not None else cp.zeros(16, cp.uint8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    q.start(threads)
+    t = time.perf_counter()
+    fn((threads // tpb,), (tpb,), (q.descriptor, np.uint64(n), cp.asarray(offs),
+                                   cp.full(n, bs, cp.uint32), cp.zeros(n, cp.uint8), data,
+                                   np.uint64(bs // 16 if rows is not None else 0),
+                                   np.int32(rows is not None), res), stream=stream)
+    done = stream.record()
+    side = during((lambda: not done.done)) if during is not None else None
+    q.wait((stream,), 10**10)
+    return n / (time.perf_counter() - t), res, offs, side
+
+
+def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = BS,
+             pollers: int = 1, backend: str | None = None, drive: str | None = None) -> float:
+    """Reads/s of ``bs`` bytes from the model (or the compiled controller: ``backend``,
+    ``pollers`` threads) driven by GPU agent warps (``mode`` doorbells), the landed bytes left in
+    the landing slots (the copy to GPU memory is not the mechanism)."""
+    with _gpu_pairs(mode, depth, pairs, size, bs, pollers, backend, drive) as (q, fn):
+        rate, res, _, _ = _requests(q, fn, n, depth, pairs, size, bs)
+    bad = int((res != bs).sum())
+    if bad:
+        raise SystemExit(f"bench: {bad} of {n} GPU reads failed ({mode} doorbells)")
+    return rate
+
+
+def gpu_verified_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int,
+                      pollers: int, backend: str) -> dict[str, Any]:
+    """Reads/s of ``bs`` bytes as gpu_rate, each read's bytes copied by its requester
+    thread from the landing slot into GPU memory and checked there against the pattern at
+    its offset afterwards; with the reads that failed or landed wrong bytes counted."""
+    import cupy as cp
+
+    from gpufio.io.verify import landed_mismatches
+
+    rows = cp.zeros((n, bs), cp.uint8)
+    with _gpu_pairs(mode, depth, pairs, size, bs, pollers, backend, None) as (q, fn):
+        rate, res, offs, _ = _requests(q, fn, n, depth, pairs, size, bs, rows)
+    res = res.get()
+    wrong = landed_mismatches(rows, np.ones(n, np.uint64), offs, res)
+    return {"rate": rate, "failed": int((res != bs).sum()), "mismatches": len(wrong),
+            "checked": n}
+
+
+def h2d_ceiling(nbytes: int = 256 << 20, seconds: float = 1.0) -> float:
+    """Bytes/s of host-to-device copies from page-locked host memory (``nbytes`` a copy,
+    repeated for about ``seconds``): the most any path that lands host memory in GPU
+    memory can move."""
+    import cupy as cp
+
+    host = cp.cuda.alloc_pinned_memory(nbytes)
+    dev = cp.cuda.alloc(nbytes)
+    stream = cp.cuda.Stream(non_blocking=True)
+    dev.copy_from_host_async(host, nbytes, stream)  # the first copy pays for setup
+    stream.synchronize()
+    copies, t = 0, time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        for _ in range(4):
+            dev.copy_from_host_async(host, nbytes, stream)
+        stream.synchronize()
+        copies += 4
+    return copies * nbytes / (time.perf_counter() - t)
+
+
+def _matmul_rate(stop: Callable[[float], bool], side: int = 4096) -> float:
+    """Matrix products per second (``side`` x ``side``, float32, on a stream of their own),
+    four at a time until ``stop(seconds so far)``."""
+    import cupy as cp
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        a = cp.ones((side, side), cp.float32)
+        b = a @ a  # cuBLAS's handle and workspace, before the clock
+        stream.synchronize()
+        done, t = 0, time.perf_counter()
+        while not done or not stop(time.perf_counter() - t):
+            for _ in range(4):
+                b = a @ a
+            stream.synchronize()
+            done += 4
+        del b
+    return done / (time.perf_counter() - t)
+
+
+def sm_price(mode: str, n: int, depth: int, pairs: int, size: int, bs: int, pollers: int,
+             backend: str, seconds: float = 2.0) -> dict[str, Any]:
+    """What the GPU side costs a compute kernel: matrix products/s alone (``seconds``), then
+    while the agents serve ``n`` reads (``pairs`` agent warps, ``pairs`` x ``depth`` requester
+    threads), the reads/s they made meanwhile, and the GPU's SM count."""
+    import cupy as cp
+
+    solo = _matmul_rate(lambda elapsed: elapsed >= seconds)
+    with _gpu_pairs(mode, depth, pairs, size, bs, pollers, backend, None) as (q, fn):
+        rate, res, _, beside = _requests(q, fn, n, depth, pairs, size, bs,
+                                         during=lambda busy: _matmul_rate(lambda _: not busy()))
+    if int((res != bs).sum()):
+        raise SystemExit(f"bench: {int((res != bs).sum())} of {n} GPU reads failed")
+    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+    return {"matmul_solo": solo, "matmul_beside": beside, "kept": beside / solo,
+            "rate": rate, "agent_warps": pairs, "requester_threads": pairs * depth,
+            "sms": sms}
