@@ -1,5 +1,5 @@
 """The GPU side of BaM's mechanism (io/gio/backends/nvme.py, kernels/bam_*.cu) against the software
-NVMe controller (io/nvme_model.py in its own process), on a GPU: GPU-built commands equal
+NVMe controller (io/nvme/model.py in its own process), on a GPU: GPU-built commands equal
 the CPU builder's byte for byte; reads land verified in GPU memory with relay and direct
 doorbells over odd geometry (queue depths not powers of two, 4096-byte LBAs, transfers that
 need PRP lists, two queue pairs); writes and Flush; an injected status is one failed I/O;
@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 
 from gpufio.core import pattern, targets
-from gpufio.io import cuda, nvme_cmd, verify
-from gpufio.io import nvme_queue as nq
+from gpufio.io import cuda, verify
+from gpufio.io.nvme import passthru
+from gpufio.io.nvme import spec as nq
 from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 from gpufio.io.gio.queue import QueueStalled
-from gpufio.io.nvme_model import Fault, ModelProcess
+from gpufio.io.nvme.model import Fault, ModelProcess
 
 SEED = 1234
 SIZE = 8 << 20
@@ -180,7 +181,7 @@ def test_an_injected_status_is_one_failed_io(controller):
         offs = np.arange(16, dtype=np.uint64) * np.uint64(4096)
         res, _ = run(q, offs, [4096] * 16, [READ] * 16)
         assert [i for i, r in enumerate(res) if r != 4096] == [5]
-        assert nvme_cmd.error_name(-int(res[5])) == \
+        assert passthru.error_name(-int(res[5])) == \
             "NVMe status 0x281: media and data integrity, unrecovered read error"
     finally:
         q.close()

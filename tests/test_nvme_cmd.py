@@ -1,4 +1,4 @@
-"""NVMe passthrough entries (io/nvme_cmd.py) on the CPU: the one layout against the kernel's
+"""NVMe passthrough entries (io/nvme/passthru.py) on the CPU: the one layout against the kernel's
 headers (struct io_uring_sqe, struct nvme_uring_cmd, the ioctl number), the Python builder
 against a C builder written as fio's io_uring_cmd engine builds its commands, and the CUDA
 builder (gio_queue.cuh's pt_sqe, compiled for the host by nvcc) against the Python one, byte
@@ -18,7 +18,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from gpufio.io import cuda, nvme_cmd, uring
+from gpufio.io import cuda, uring
+from gpufio.io.nvme import passthru
 from gpufio.io.gio import contract
 
 HEADERS = "/usr/include/linux/nvme_ioctl.h"
@@ -41,7 +42,7 @@ def sweep() -> list[tuple[int, int, int, int, bool, int, int, int, int]]:
 
 def python_words(cases) -> np.ndarray:
     fd, flags, nsid, shift, write, off, length, addr, ud = (np.array(c) for c in zip(*cases))
-    return nvme_cmd.build(write=write.astype(bool), fd=fd, nsid=nsid, lba_shift=shift,
+    return passthru.build(write=write.astype(bool), fd=fd, nsid=nsid, lba_shift=shift,
                           off=off.astype(np.uint64), length=length, addr=addr.astype(np.uint64),
                           user_data=ud.astype(np.uint64), sqe_flags=flags)
 
@@ -132,13 +133,13 @@ def test_the_layout_is_the_kernels_structs(tmp_path):
     out = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True)
     got = {line.split()[0]: tuple(int(v) for v in line.split()[1:])
            for line in out.stdout.splitlines()}
-    for name, off, size in nvme_cmd.SQE128_FIELDS:
-        key = f"cmd_{name.removeprefix('nvme_')}" if off >= nvme_cmd.CMD_OFFSET else name
+    for name, off, size in passthru.SQE128_FIELDS:
+        key = f"cmd_{name.removeprefix('nvme_')}" if off >= passthru.CMD_OFFSET else name
         assert got[key] == (off, size), name
-    assert got["cmd"] == (nvme_cmd.CMD_OFFSET,) and got["size"] == (nvme_cmd.CMD_BYTES,)
-    assert got["ioctl"] == (nvme_cmd.NVME_URING_CMD_IO,)
-    assert got["op"] == (nvme_cmd.OP_URING_CMD,)
-    assert got["fixed"] == (nvme_cmd.URING_CMD_FIXED,)
+    assert got["cmd"] == (passthru.CMD_OFFSET,) and got["size"] == (passthru.CMD_BYTES,)
+    assert got["ioctl"] == (passthru.NVME_URING_CMD_IO,)
+    assert got["op"] == (passthru.OP_URING_CMD,)
+    assert got["fixed"] == (passthru.URING_CMD_FIXED,)
     assert (got["sqe128"], got["cqe32"], got["iopoll"]) == (
         (uring.SETUP_SQE128,), (uring.SETUP_CQE32,), (uring.SETUP_IOPOLL,))
 
@@ -146,11 +147,11 @@ def test_the_layout_is_the_kernels_structs(tmp_path):
 def test_no_field_crosses_a_word_and_none_overlap():
     """What the CUDA builder's one-shift-per-field stores rely on."""
     taken = set()
-    for name, off, size in nvme_cmd.SQE128_FIELDS:
+    for name, off, size in passthru.SQE128_FIELDS:
         assert off // 8 == (off + size - 1) // 8 and off % size == 0, name
         assert not taken & set(range(off, off + size)), name
         taken |= set(range(off, off + size))
-    assert max(taken) < nvme_cmd.SQE_BYTES
+    assert max(taken) < passthru.SQE_BYTES
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="gcc or linux/nvme_ioctl.h with nvme_uring_cmd missing")
@@ -170,23 +171,23 @@ def test_the_cuda_builder_builds_what_the_python_builder_builds(tmp_path):
 
 
 def test_a_command_names_its_blocks():
-    (w,) = nvme_cmd.build(write=True, fd=7, nsid=2, lba_shift=12, off=np.array([5 << 12]),
+    (w,) = passthru.build(write=True, fd=7, nsid=2, lba_shift=12, off=np.array([5 << 12]),
                           length=3 << 12, addr=np.array([0xABC000], np.uint64),
                           user_data=np.array([9], np.uint64), fixed_buffer=0)
-    e = nvme_cmd.entries(w[None, :].copy())[0]
+    e = passthru.entries(w[None, :].copy())[0]
     assert (e["opcode"], e["fd"], e["cmd_op"]) == (46, 7, 0xC0484E80)
     assert (e["nvme_opcode"], e["nsid"], e["cdw10"], e["cdw11"], e["cdw12"]) == (1, 2, 5, 0, 2)
     assert (e["addr"], e["data_len"], e["user_data"]) == (0xABC000, 3 << 12, 9)
-    assert (e["uring_cmd_flags"], e["buf_index"]) == (nvme_cmd.URING_CMD_FIXED, 0)
+    assert (e["uring_cmd_flags"], e["buf_index"]) == (passthru.URING_CMD_FIXED, 0)
 
 
 def test_completions_become_bytes_or_named_codes():
-    res = nvme_cmd.result(np.array([0, 0x281, 0x4281, -5]), 4096)
+    res = passthru.result(np.array([0, 0x281, 0x4281, -5]), 4096)
     assert res.tolist() == [4096, -(4096 + 0x281), -(4096 + 0x281), -5]
-    assert nvme_cmd.error_name(4096 + 0x281) == ("NVMe status 0x281: media and data "
+    assert passthru.error_name(4096 + 0x281) == ("NVMe status 0x281: media and data "
                                                  "integrity, unrecovered read error")
-    assert nvme_cmd.error_name(4096 + 0x80) == "NVMe status 0x080: generic, LBA out of range"
-    assert nvme_cmd.error_name(5) == "EIO"
+    assert passthru.error_name(4096 + 0x80) == "NVMe status 0x080: generic, LBA out of range"
+    assert passthru.error_name(5) == "EIO"
     assert contract.CONSTANTS["ERRNO_SLOTS"] > 4096 + 0x7FF
 
 
@@ -251,7 +252,7 @@ def test_gpu_threads_build_the_cpus_entries_byte_for_byte():
                                              cp.asarray(res), decoded))
     gpu_words = out.get().reshape(len(cases), 16)
     assert np.array_equal(gpu_words, python_words(cases))
-    assert np.array_equal(decoded.get(), nvme_cmd.result(res, lens))
+    assert np.array_equal(decoded.get(), passthru.result(res, lens))
 
 
 @pytest.mark.gpu

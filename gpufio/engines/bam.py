@@ -9,7 +9,7 @@ entries (numjobs pairs; iodepth at most CAP.MQES + 1 less the one slot a ring ke
 Data lands in pinned host memory mapped for the controller's DMA; transfers over two pages
 go through per-slot PRP lists.
 
-Two submitters write the SQEs of io/nvme_queue.py, ring the doorbells, poll the CQ's phase
+Two submitters write the SQEs of io/nvme/spec.py, ring the doorbells, poll the CQ's phase
 tags and ring the CQ head doorbell, and every result names which (``submitter``):
 - ``gpu``: GPU threads, BaM's mechanism (io/gio/backends/nvme.py's agent warps under the block
   benchmark of io/gio/bench.py, as gpu-uring's). Reads land in GPU memory and are verified
@@ -18,11 +18,11 @@ tags and ring the CQ head doorbell, and every result names which (``submitter``)
 - ``cpu``: a CPU stand-in (``cpu-stand-in``) on the same queue pairs, for hosts without a
   GPU (the NVMe rig): the engine's channel (``StandIn``, core/requests), so the block loop,
   the GNN row gather and any loop written over channels run on it unchanged.
-A guardian process (io/nvme_guardian.py, started by io/nvme_driver.Session) gives the
+A guardian process (io/nvme/guardian.py, started by io/nvme/pcie_vfio.Session) gives the
 controller back if the process holding it dies.
 
 With ``controller = "model"`` the controller is gpufio's software NVMe controller
-(io/nvme_model.py) in a process of its own, serving the job's one target file as
+(io/nvme/model.py) in a process of its own, serving the job's one target file as
 namespace 1: the GPU side runs unchanged on a machine with no NVMe (results say
 ``controller = model``; its rate is a Python loop's, not a drive's). With
 ``controller = "compiled"`` it is the same protocol served by compiled poller threads
@@ -58,9 +58,9 @@ from gpufio.core.rows import RowRequest, RowSupport, RowTable, row_depth
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.facts.device import path_facts
-from gpufio.io import nvme_cmd, nvme_driver, vfio
+from gpufio.io.nvme import passthru, pcie_vfio, vfio
 from gpufio.io.nvme import drives
-from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import spec as nq
 from gpufio.io.gio.bench import check_bench_job
 from gpufio.io.gio.gather import QueueGather
 from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
@@ -106,9 +106,9 @@ def server(o: Any, namespaces: Sequence[str] = ()) -> Any:
                                drive=o.drive_model, namespaces=tuple(namespaces))
     if not o.drive_model and not namespaces:
         return None
-    from gpufio.io import nvme_model
+    from gpufio.io.nvme import model
 
-    return functools.partial(nvme_model.serve, drive=o.drive_model,
+    return functools.partial(model.serve, drive=o.drive_model,
                              namespaces=tuple(namespaces))
 
 
@@ -186,7 +186,7 @@ class _Shared(_Held):
     def __init__(self, bdf: str, writes: bool, pairs: int, depth: int,
                  opener: Callable[[], Any] | None = None) -> None:
         self.bdf = self.key = bdf
-        self.session = opener() if opener else nvme_driver.Session(bdf, writes=writes)
+        self.session = opener() if opener else pcie_vfio.Session(bdf, writes=writes)
         try:
             assert self.session.controller is not None
             self.pairs = self.session.controller.create_pairs(pairs, depth)
@@ -201,7 +201,7 @@ class _Shared(_Held):
     @classmethod
     def acquire(cls, bdf: str, writes: bool, pairs: int, depth: int,
                 opener: Callable[[], Any] | None = None
-                ) -> tuple[_Shared, nvme_driver.QueuePair]:
+                ) -> tuple[_Shared, pcie_vfio.QueuePair]:
         """The job's controller (brought up with ``pairs`` queue pairs of ``depth`` entries
         by the first taker; ``opener``: its session where gpufio starts the controller
         itself, else the drive at ``bdf`` is taken) and a queue pair of its own."""
@@ -215,7 +215,7 @@ class _Shared(_Held):
             shared.users += 1
             return shared, shared.free.pop(0)
 
-    def give(self, pair: nvme_driver.QueuePair) -> None:
+    def give(self, pair: pcie_vfio.QueuePair) -> None:
         """``pair`` is free again (nothing of it in flight), then ``release``."""
         with self.lock:
             self.free.append(pair)
@@ -256,7 +256,7 @@ class _Shared(_Held):
 
 
 class _Model(_Held):
-    """A job's software controller (io/nvme_model.ServedFile) serving its one target,
+    """A job's software controller (io/nvme/model.ServedFile) serving its one target,
     started by the first worker, each worker taking one queue pair; the last to close
     stops it."""
 
@@ -264,11 +264,11 @@ class _Model(_Held):
     open: dict[str, _Model] = {}
 
     def __init__(self, path: str, lba_shift: int, dma_bytes: int, serve: Any = None) -> None:
-        from gpufio.io import nvme_model
+        from gpufio.io.nvme import model
         from gpufio.io.gio.backends.nvme import RegisteredModel
 
         self.key = path
-        self.served = nvme_model.ServedFile(path, lba_shift, dma_bytes, serve)
+        self.served = model.ServedFile(path, lba_shift, dma_bytes, serve)
         try:
             self.registered = RegisteredModel(self.served.mem)
         except BaseException:
@@ -327,7 +327,7 @@ class Bam(Engine):
     options = (
         Option("controller", "str", "vfio", "'vfio': the NVMe controller behind the targets, "
                "taken from the nvme driver over vfio-pci; 'model': gpufio's software NVMe "
-               "controller (io/nvme_model.py) in a process of its own, serving the job's one "
+               "controller (io/nvme/model.py) in a process of its own, serving the job's one "
                "target file as namespace 1 (no NVMe needed; its rate is a Python loop's); "
                "'compiled': the same protocol served by compiled poller threads "
                "(io/nvme/controller.c); 'qemu': QEMU's hw/nvme over qtest, no guest "
@@ -464,7 +464,7 @@ class Bam(Engine):
 
         real = [j for j in jobs if cls.settings(j).controller == "vfio"]
         relays = [(j.name, j.numjobs) for j in jobs if doorbells(cls.settings(j)) == "relay"]
-        out = nvme_driver.doctor_checks(host, cls.name, needed=bool(real))
+        out = pcie_vfio.doctor_checks(host, cls.name, needed=bool(real))
         if host.root != Path("/"):  # a recorded tree: nothing of this machine's GPU applies
             return out
         return out + nvme.gpu_doctor_checks(cls.name, relays, host.cpus(), gpu.probe()[1])
@@ -558,7 +558,7 @@ class Bam(Engine):
                 where = self._shared.bdf if self._shared is not None else \
                     "the software controller"
                 raise RuntimeError(f"NVMe Flush from a GPU thread on {where}: "
-                                   f"{nvme_cmd.error_name(-res)}")
+                                   f"{passthru.error_name(-res)}")
             self.ctx.synced(1, time.perf_counter_ns() - t0)
 
     def close(self) -> None:
@@ -602,8 +602,8 @@ def _emulated(job: Job, path: str, largest: int, depth: int,
 
 
 class StandIn(Channel):
-    """The CPU stand-in: requests as the 64-byte SQEs of io/nvme_queue.py written into a
-    queue pair of the controller over vfio-pci (io/nvme_driver.QueuePair: SQ at the tail,
+    """The CPU stand-in: requests as the 64-byte SQEs of io/nvme/spec.py written into a
+    queue pair of the controller over vfio-pci (io/nvme/pcie_vfio.QueuePair: SQ at the tail,
     one SQ doorbell per batch; completions by phase tag, one CQ head doorbell per reap),
     PRP lists for transfers over two pages, an NVMe Flush of each namespace for ``sync``.
 
@@ -725,7 +725,7 @@ class StandIn(Channel):
     def _prps(self, slots: np.ndarray, dma: np.ndarray, length: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
         """PRP1 and PRP2 of each request: the second page, or the slot's PRP list page
-        (written here) for a transfer over two pages (io/nvme_queue.prp_pointers)."""
+        (written here) for a transfer over two pages (io/nvme/spec.prp_pointers)."""
         prp2 = np.zeros(len(dma), np.uint64)
         for i in range(len(dma)):
             list_iova = self._lists.iova + int(slots[i]) * nq.PAGE if self._lists else 0
@@ -782,7 +782,7 @@ class StandIn(Channel):
             res = int(nq.result(status, 0)[0])
             if res:
                 raise RuntimeError(f"NVMe Flush of namespace {nsid} on {self._shared.bdf}: "
-                                   f"{nvme_cmd.error_name(-res)}")
+                                   f"{passthru.error_name(-res)}")
 
     def close(self) -> None:
         """What is in flight lands (bounded), the memory is unmapped (the loop frees its
@@ -817,7 +817,7 @@ class BamFetch(QueueGather):
     page_cache = False
 
     def __init__(self, job: Job, table: RowTable, xp: Any, request: RowRequest) -> None:
-        from gpufio.io import nvme_model
+        from gpufio.io.nvme import model
         from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 
         o = Bam.settings(job)
@@ -848,7 +848,7 @@ class BamFetch(QueueGather):
         dma = 2 * nq.PAGE + (depth + 1) * (nq.SQE_BYTES + nq.CQE_BYTES) + \
             depth * (row + nq.PAGE) + nq.PAGE + MODEL_SLACK
         # a table striped over n files: a namespace (a drive) each, on the one controller
-        self._served = nvme_model.ServedFile(table.paths[0], shift, dma,
+        self._served = model.ServedFile(table.paths[0], shift, dma,
                                              server(o, table.paths[1:]))
         self._registered: Any = None
         self.queue: Any = None

@@ -1,6 +1,6 @@
 // GPU threads driving an NVMe controller's own queues (BaM's mechanism): the queue pair's
 // descriptor, the 64-byte command builder and the completion decoder. The layout comes from
-// gpufio/io/nvme_queue.py as NQ_OFF_<field> / NQ_BITS_<field> macros (nothing here knows a
+// gpufio/io/nvme/spec.py as NQ_OFF_<field> / NQ_BITS_<field> macros (nothing here knows a
 // byte offset of its own); bam_agent.cu is the agent that uses them.
 //
 // The requesting side is the request API of gio_queue.cuh, unchanged: kernels post requests
@@ -48,7 +48,7 @@ struct BamRing {
 
 // The 64-byte NVMe command: a read (or write) of len bytes at byte off of namespace nsid
 // (blocks of 1 << lba_shift bytes), data at PRP1/PRP2, or a Flush (flush: no data, no LBA).
-// What io/nvme_queue.io_commands and flush_command make.
+// What io/nvme/spec.io_commands and flush_command make.
 __host__ __device__ __forceinline__ void bam_sqe(u64 w[8], bool flush, bool write, unsigned cid,
                                                  unsigned nsid, unsigned lba_shift, u64 off,
                                                  unsigned len, u64 prp1, u64 prp2)
@@ -77,7 +77,7 @@ __host__ __device__ __forceinline__ u64 bam_prp2(u64 iova, unsigned len, u64 lis
 
 // A completion's status word (phase tag dropped) as the request API's result: len bytes
 // for success, -(NQ_STATUS_BASE + status) for a status the controller returned (what
-// io/nvme_queue.result gives; io/nvme_cmd.error_name names it).
+// io/nvme/spec.result gives; io/nvme/passthru.error_name names it).
 __host__ __device__ __forceinline__ int bam_result(unsigned status_word, unsigned len)
 {
     const unsigned st = (status_word >> 1) & NQ_STATUS_MASK;

@@ -67,14 +67,14 @@ struct GioQueue {
 };
 
 // ---- NVMe passthrough entries --------------------------------------------------------
-// The layout is io/nvme_cmd.py's SQE128_FIELDS, handed over as PT_OFF_<field> (byte offset)
+// The layout is io/nvme/passthru.py's SQE128_FIELDS, handed over as PT_OFF_<field> (byte offset)
 // and PT_BITS_<field> (width) macros: no field crosses an 8-byte word, so each is one masked
 // shift into the entry's sixteen words, folded to constants by the compiler.
 #define PT_PUT(w, F, v) \
     ((w)[PT_OFF_##F / 8] |= ((u64)(v) & (~0ull >> (64 - PT_BITS_##F))) << (8 * (PT_OFF_##F % 8)))
 
 // The 128-byte URING_CMD SQE of an NVMe read (or write) of len bytes at byte off of namespace
-// nsid (blocks of 1 << lba_shift bytes), to or from addr: what io/nvme_cmd.build makes.
+// nsid (blocks of 1 << lba_shift bytes), to or from addr: what io/nvme/passthru.build makes.
 __host__ __device__ __forceinline__ void pt_sqe(u64 w[16], unsigned fd, unsigned sqe_flags,
                                                 unsigned nsid, unsigned lba_shift, bool write,
                                                 u64 off, unsigned len, u64 addr, u64 user_data)
@@ -96,7 +96,7 @@ __host__ __device__ __forceinline__ void pt_sqe(u64 w[16], unsigned fd, unsigned
     PT_PUT(w, CDW12, (len >> lba_shift) - 1u);
 }
 
-// A passthrough CQE's res as the request API's result (io/nvme_cmd.result): len bytes for 0,
+// A passthrough CQE's res as the request API's result (io/nvme/passthru.result): len bytes for 0,
 // -(PT_STATUS_BASE + status) for an NVMe status the drive returned, a -errno as it is.
 __host__ __device__ __forceinline__ int pt_result(int res, unsigned len)
 {

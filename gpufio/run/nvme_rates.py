@@ -1,4 +1,4 @@
-"""The software NVMe controllers' rates (io/nvme_model.py, and the compiled one of
+"""The software NVMe controllers' rates (io/nvme/model.py, and the compiled one of
 io/nvme/compiled.py where ``server`` names it): driven by a CPU driver (the model's Python
 one, or compiled driver threads), and by GPU agent warps through io/gio/backends/nvme.py, for
 bench/bam.py (BaM's mechanism's ceiling, as bench/nop.py is io_uring's). The numbers are
@@ -16,9 +16,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import spec as nq
 
-from gpufio.io.nvme_model import ModelProcess
+from gpufio.io.nvme.model import ModelProcess
 
 BS = 4096
 
@@ -39,9 +39,9 @@ def _server(pollers: int, backend: str | None, drive: str | None = None) -> Any:
             return None
         import functools
 
-        from gpufio.io import nvme_model
+        from gpufio.io.nvme import model
 
-        return functools.partial(nvme_model.serve, drive=drive)
+        return functools.partial(model.serve, drive=drive)
     from gpufio.io.nvme import compiled
 
     return compiled.server(pollers, backend, drive=drive)

@@ -16,7 +16,7 @@ import numpy as np
 
 from gpufio.core import pattern
 from gpufio.core.stats import PLAT_NR
-from gpufio.io import nvme_cmd, nvme_queue
+from gpufio.io.nvme import passthru, spec
 
 # words of the queue's control array in GPU memory (kernels/gio_queue.cuh, enum Control)
 CONTROL = ("C_STOP", "C_ABORT", "C_MEASURING", "C_REQUESTERS", "C_AGENTS", "C_GEN",
@@ -30,7 +30,7 @@ BENCH_FLAGS = {"B_RANDOM": 1, "B_FILE_RANDOM": 2, "B_LAND_GPU": 4, "B_VERIFY": 8
 # sizes and values both sides use
 CONSTANTS = {
     "PLAT_NR": PLAT_NR,            # fio's latency histogram buckets
-    "ERRNO_SLOTS": nvme_cmd.STATUS_CODES,  # per-target error counters: errnos, NVMe statuses
+    "ERRNO_SLOTS": passthru.STATUS_CODES,  # per-target error counters: errnos, NVMe statuses
     "BAD_KEEP": 8,                 # bad (target, offset) pairs kept
     "GIO_EINVAL": errno.EINVAL,    # a read longer than its slot
     "GIO_EBUSY": errno.EBUSY,      # a post the queue refused
@@ -63,8 +63,8 @@ def defines() -> tuple[str, ...]:
             f"-DGIO_BENCH_FLAGS={_enum(BENCH_FLAGS)}",
             f"-DPATTERN_GOLDEN={int(pattern.GOLDEN)}ULL", f"-DPATTERN_M1={int(pattern.M1)}ULL",
             f"-DPATTERN_M2={int(pattern.M2)}ULL",
-            *(f"-D{k}={v}" for k, v in CONSTANTS.items()), *nvme_cmd.defines(),
-            *nvme_queue.defines())
+            *(f"-D{k}={v}" for k, v in CONSTANTS.items()), *passthru.defines(),
+            *spec.defines())
 
 
 def build(fields: tuple[str, ...], values: dict[str, Any]) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The NVMe backend of GPU-initiated I/O: GPU threads driving NVMe queue pairs (BaM's).
 
 A host driver (vfio-pci on a real controller, or the software controller of
-io/nvme_model.py) brings the controller up and creates the I/O queue pairs; it hands them
+io/nvme/model.py) brings the controller up and creates the I/O queue pairs; it hands them
 over here with its memory (``ControllerMemory``). ``NvmeQueues`` then owns what the GPU
 needs: a request queue (io/gio/queue.RequestQueue, the GioQueue of kernels/gio_queue.cuh,
 so every kernel of the request API runs on it unchanged), landing slots and their PRP
@@ -28,7 +28,7 @@ import numpy as np
 from gpufio.core.checks import OK, WARN, Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu
-from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import spec as nq
 from gpufio.io.gio import contract
 from gpufio.io.gio.queue import RequestQueue, refuse_serialised
 
@@ -229,7 +229,7 @@ class NvmeQueues(RequestQueue):
 
 
 class RegisteredModel:
-    """The software controller's shared memory (io/nvme_model.Memory) registered with CUDA
+    """The software controller's shared memory (io/nvme/model.Memory) registered with CUDA
     and mapped into the GPU, as ControllerMemory: its BAR page registered too, so direct
     doorbells work (on a real controller that is the I/O-memory registration)."""
 
@@ -286,7 +286,7 @@ def register_io_memory(addr: int, size: int) -> str | None:
 
 
 class RegisteredVfio:
-    """A controller over vfio-pci (io/nvme_driver.Session's device) as ControllerMemory: its
+    """A controller over vfio-pci (io/nvme/pcie_vfio.Session's device) as ControllerMemory: its
     DMA-mapped host memory registered with CUDA and mapped into the GPU, the queue pairs'
     memory too (``adopt``); BAR0 registered as I/O memory where ``direct`` is asked
     (BadInput naming CUDA's refusal otherwise)."""
@@ -346,13 +346,13 @@ def io_memory_probe() -> str | None:
 
     import cupy
 
-    from gpufio.io import nvme_model
+    from gpufio.io.nvme import model
 
-    where = nvme_model.shared_directory()
+    where = model.shared_directory()
     try:
-        mem = nvme_model.Memory(f"{where}/probe.shm", 0, create=True)
+        mem = model.Memory(f"{where}/probe.shm", 0, create=True)
         try:
-            why = register_io_memory(mem.addr, nvme_model.BAR_BYTES)
+            why = register_io_memory(mem.addr, model.BAR_BYTES)
             if why is None:
                 cupy.cuda.runtime.hostUnregister(mem.addr)
             return why

@@ -7,7 +7,7 @@ host driver over vfio-pci (admin commands, and the CPU stand-in of the I/O path)
 builder (GPU threads filling SQ slots; it gets every field's offset and width as NVRTC macros
 from ``defines``) and the software controller in the tests (which reads them as a drive
 would). The I/O command's fields (opcode, nsid, starting LBA in cdw10/cdw11, block count less
-one in cdw12) are NVMe's, the same values io/nvme_cmd.py puts into a passthrough entry; the
+one in cdw12) are NVMe's, the same values io/nvme/passthru.py puts into a passthrough entry; the
 data pointer here is PRP1/PRP2 (NVMe base specification 2.0, 4.1 and 4.3) instead of the
 kernel's ``addr``/``data_len``.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpufio.io.nvme_cmd import (
+from gpufio.io.nvme.passthru import (
     NVME_FLUSH,
     NVME_READ,
     NVME_STATUS_BASE,
@@ -217,7 +217,7 @@ def status_of(cqe_status: np.ndarray) -> np.ndarray:
 
 def result(cqe_status: np.ndarray, length: int | np.ndarray) -> np.ndarray:
     """gpufio's result of completions: ``length`` bytes where the status is 0, else
-    -(NVME_STATUS_BASE + status), the convention of io/nvme_cmd.py (``error_name`` there)."""
+    -(NVME_STATUS_BASE + status), the convention of io/nvme/passthru.py (``error_name`` there)."""
     st = status_of(cqe_status)
     return np.where(st == 0, length, -(NVME_STATUS_BASE + st)).astype(np.int32)
 

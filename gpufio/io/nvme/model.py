@@ -7,7 +7,7 @@ entries fetched when their tail doorbell moves, PRP1/PRP2 and PRP lists walked, 
 from and to a backing file at the LBA, completions posted with phase tags and status codes,
 CQ head doorbells honoured (a full CQ holds the SQ back), CC.EN cleared: a reset that drops
 every I/O queue. Faults are injected per command (``Fault``: a status code, or a completion
-never posted). Every entry comes from io/nvme_queue.py's layout, as the GPU builder's do.
+never posted). Every entry comes from io/nvme/spec.py's layout, as the GPU builder's do.
 
 It is test infrastructure and the bench's ceiling model: the GPU kernels and the CPU driver
 (``Host``) run unchanged against it, whatever writes the doorbells. Memory is one file
@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from gpufio.core import processes
-from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme import drives
 from gpufio.io.nvme.memory import carve
-from gpufio.io.nvme_cmd import NVME_FLUSH, NVME_READ, NVME_WRITE
+from gpufio.io.nvme.passthru import NVME_FLUSH, NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled, Watchdog
 
 BAR_BYTES = 0x2000
