@@ -522,6 +522,7 @@ class Host:
         _wait("the controller process", lambda: mem.reg(M_ALIVE) == 1)
         self.admin_entries = admin_entries
         self._cid = 0
+        self._qids = 0  # the I/O queue ids create_pairs has handed out
         self.enable()
 
     def enable(self) -> None:
@@ -557,6 +558,12 @@ class Host:
                 raise RuntimeError(f"NVMe model: creating queue {qid} ({entries} entries): "
                                    f"status {status:#x}")
         return pair
+
+    def create_pairs(self, count: int, depth: int) -> list[QueuePair]:
+        """``count`` pairs of ``depth`` entries past those this method made before (qids
+        from 1): io/nvme/controller.Controller, as the vfio host driver's."""
+        first, self._qids = self._qids + 1, self._qids + count
+        return [self.create_pair(q, depth) for q in range(first, first + count)]
 
 
 STOP_S = 5.0

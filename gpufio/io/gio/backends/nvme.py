@@ -2,7 +2,7 @@
 
 A host driver (vfio-pci on a real controller, or the software controller of
 io/nvme/model.py) brings the controller up and creates the I/O queue pairs; it hands them
-over here with its memory (``ControllerMemory``). ``NvmeQueues`` then owns what the GPU
+over here with its memory (io/nvme/controller.Memory). ``NvmeQueues`` then owns what the GPU
 needs: a request queue (io/gio/queue.RequestQueue, the GioQueue of kernels/gio_queue.cuh,
 so every kernel of the request API runs on it unchanged), landing slots and their PRP
 lists in the controller's DMA-mapped host memory, one agent warp per pair
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu
 from gpufio.io.nvme import spec as nq
 from gpufio.io.gio import contract
+from gpufio.io.nvme.controller import Memory, QueuePair
 from gpufio.io.gio.queue import RequestQueue, refuse_serialised
 
 MODES = ("direct", "relay")
@@ -41,45 +42,11 @@ FLUSH_KIND = 2  # bam_io.cu's BAM_FLUSH
 UNSET = -(1 << 31)
 
 
-class ControllerMemory(Protocol):
-    """What a host driver offers the GPU side: host memory the controller reaches by bus
-    address and the GPU by host address (registered, mapped), and BAR0."""
-
-    def alloc(self, nbytes: int) -> tuple[np.ndarray, int]:
-        """``nbytes`` zeroed, page-aligned: (this process's view, the bus address)."""
-
-    def set_reg(self, off: int, value: int) -> None:
-        """A 32-bit MMIO write to BAR0 at byte ``off`` (the relay's doorbell writes)."""
-
-    def reg(self, off: int) -> int:
-        """A 32-bit MMIO read of BAR0 (CPU only: the stall diagnostic's CSTS)."""
-
-    def bar_address(self) -> int | None:
-        """BAR0 mapped into this process and registered with CUDA as I/O memory, so GPU
-        threads may store to its doorbells; None where it could not be registered."""
-
-    def ended(self) -> str:
-        """Why the controller cannot answer at all, where that is known (a software
-        controller's process has ended), as a clause the stall report appends; else ""."""
-
-
-class QueuePairMemory(Protocol):
-    """An I/O queue pair the host driver created: its id, depth, SQ/CQ memory and the BAR0
-    offsets of its two doorbells (CAP.DSTRD applied)."""
-
-    qid: int
-    entries: int
-    sq: np.ndarray
-    cq: np.ndarray
-    sq_db: int
-    cq_db: int
-
-
 class Relay:
     """The doorbell relay: one CPU thread copying the tails and heads the GPU publishes in
     host memory (``words``: SQ tail, CQ head per pair) into the controller's doorbells."""
 
-    def __init__(self, mem: ControllerMemory, pairs: Sequence[QueuePairMemory],
+    def __init__(self, mem: Memory, pairs: Sequence[QueuePair],
                  words: np.ndarray) -> None:
         self.mem, self.words = mem, words
         self.doorbells = [db for p in pairs for db in (p.sq_db, p.cq_db)]
@@ -117,7 +84,7 @@ class NvmeQueues(RequestQueue):
     ``namespaces``, which kernels name as files 0 to ``namespaces`` - 1 (a table striped
     over the controller's namespaces). ``mode``: "direct" or "relay" (MODES)."""
 
-    def __init__(self, mem: ControllerMemory, pairs: Sequence[QueuePairMemory], *, depth: int,
+    def __init__(self, mem: Memory, pairs: Sequence[QueuePair], *, depth: int,
                  slot_bytes: int, nsid: int, lba_shift: int, mode: str,
                  namespaces: int = 1) -> None:
         refuse_serialised("GPU-driven NVMe queues")
@@ -230,7 +197,7 @@ class NvmeQueues(RequestQueue):
 
 class RegisteredModel:
     """The software controller's shared memory (io/nvme/model.Memory) registered with CUDA
-    and mapped into the GPU, as ControllerMemory: its BAR page registered too, so direct
+    and mapped into the GPU, as controller.Memory: its BAR page registered too, so direct
     doorbells work (on a real controller that is the I/O-memory registration)."""
 
     def __init__(self, mem: Any) -> None:
@@ -249,7 +216,7 @@ class RegisteredModel:
 class RegisteredGuest:
     """QEMU's guest RAM (io/nvme/qemu.QemuNvme), where the controller's queues, PRP lists
     and landing slots all live, registered with CUDA and mapped into the GPU, as
-    ControllerMemory. BAR0 is reached over qtest only: relayed doorbells, each a qtest
+    controller.Memory. BAR0 is reached over qtest only: relayed doorbells, each a qtest
     register write."""
 
     def __init__(self, guest: Any) -> None:
@@ -286,7 +253,7 @@ def register_io_memory(addr: int, size: int) -> str | None:
 
 
 class RegisteredVfio:
-    """A controller over vfio-pci (io/nvme/pcie_vfio.Session's device) as ControllerMemory: its
+    """A controller over vfio-pci (io/nvme/pcie_vfio.Session's device) as controller.Memory: its
     DMA-mapped host memory registered with CUDA and mapped into the GPU, the queue pairs'
     memory too (``adopt``); BAR0 registered as I/O memory where ``direct`` is asked
     (BadInput naming CUDA's refusal otherwise)."""
@@ -308,7 +275,7 @@ class RegisteredVfio:
         gpu.register_host(addr, size, mapped=True)
         self._registered.append(addr)
 
-    def adopt(self, pair: QueuePairMemory) -> None:
+    def adopt(self, pair: QueuePair) -> None:
         """Register a queue pair's SQ and CQ (each its own DMA mapping) for the agents."""
         for ring in (pair.sq, pair.cq):
             self._register(ring.ctypes.data, -(-ring.nbytes // nq.PAGE) * nq.PAGE)
@@ -335,6 +302,28 @@ class RegisteredVfio:
         for addr in reversed(self._registered):
             gpu.unregister_host(addr)
         self._registered = []
+
+
+def shared_memory(shared: Any, direct: bool) -> Memory:
+    """A job's controller (io/nvme/session.Shared) as GPU threads take it, made by its first
+    GPU worker and attached to it (closed before the controller goes): QEMU's guest RAM,
+    which holds it all; else the vfio device's memory with every pair's rings registered,
+    BAR0 as I/O memory where ``direct``."""
+    def register() -> Memory:
+        if shared.emulated:
+            return RegisteredGuest(shared.session.qemu)
+        registered = RegisteredVfio(shared.session.device, direct)
+        for p in shared.pairs:
+            registered.adopt(p)
+        return registered
+
+    return shared.attach(register)
+
+
+def model_memory(model: Any) -> Memory:
+    """A job's software controller (io/nvme/session.Model) as GPU threads take it: its
+    shared file registered once, attached to it."""
+    return model.attach(lambda: RegisteredModel(model.served.mem))
 
 
 def io_memory_probe() -> str | None:
