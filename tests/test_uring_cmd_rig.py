@@ -30,7 +30,7 @@ PAST_END = r"""
 import os, sys, numpy as np
 from gpufio.facts import nvme_generic
 from gpufio.io import uring
-from gpufio.io.nvme import passthru
+from gpufio.io.nvme import passthru, spec
 ng = sys.argv[1]
 ns = nvme_generic.lookup(ng)
 fd = os.open(ng, os.O_RDONLY)
@@ -43,7 +43,7 @@ with uring.Ring(2, big=True) as r:
                           user_data=np.array([1], np.uint64)))
     r.submit(wait=1, timeout_ns=30_000_000_000)
     ud, res = r.reap()
-print("STATUS", int(res[0]), passthru.error_name(-int(passthru.result(res, ns.lba_bytes)[0])))
+print("STATUS", int(res[0]), spec.error_name(-int(passthru.result(res, ns.lba_bytes)[0])))
 """
 
 

@@ -57,7 +57,7 @@ from gpufio.facts.device import path_facts
 from gpufio.io.gio.backends.nvme import model_memory, shared_memory
 from gpufio.io.gio.bench import check_bench_job
 from gpufio.io.gio.gather import QueueGather
-from gpufio.io.nvme import drives, passthru, pcie_vfio, vfio
+from gpufio.io.nvme import drives, pcie_vfio, vfio
 from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme.cpu_channel import SUBMITTER, CpuChannel
 from gpufio.io.nvme.session import Model, Shared, dma_bytes, slot_bytes
@@ -421,7 +421,7 @@ class Bam(Engine):
                 where = self._shared.bdf if self._shared is not None else \
                     "the software controller"
                 raise RuntimeError(f"NVMe Flush from a GPU thread on {where}: "
-                                   f"{passthru.error_name(-res)}")
+                                   f"{nq.error_name(-res)}")
             self.ctx.synced(1, time.perf_counter_ns() - t0)
 
     def close(self) -> None:

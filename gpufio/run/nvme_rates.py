@@ -121,7 +121,7 @@ def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: i
         made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
         q = NvmeQueues(reg, made, depth=depth, slot_bytes=-(-bs // nq.PAGE) * nq.PAGE,
                        nsid=1, lba_shift=9, mode=mode)
-        yield q, cuda.module("bam_io").get_function("bam_requests")
+        yield q, cuda.module("nvme_io").get_function("nvme_requests")
     finally:
         if q is not None:
             q.close()

@@ -16,7 +16,7 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.core.requests import HOST, Channel, ChannelSpec, drain
-from gpufio.io.nvme import passthru, spec as nq
+from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme.session import Shared, slot_bytes
 from gpufio.io.nvme.vfio import Memory
 from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
@@ -195,7 +195,7 @@ class CpuChannel(Channel):
             res = int(nq.result(status, 0)[0])
             if res:
                 raise RuntimeError(f"NVMe Flush of namespace {nsid} on {self._shared.bdf}: "
-                                   f"{passthru.error_name(-res)}")
+                                   f"{nq.error_name(-res)}")
 
     def close(self) -> None:
         """What is in flight lands (bounded), the memory is unmapped (the loop frees its

@@ -36,7 +36,7 @@ from gpufio.core import processes
 from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme import drives
 from gpufio.io.nvme.memory import carve
-from gpufio.io.nvme.passthru import NVME_FLUSH, NVME_READ, NVME_WRITE
+from gpufio.io.nvme.spec import NVME_FLUSH, NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled, Watchdog
 
 BAR_BYTES = 0x2000

@@ -197,7 +197,7 @@ class Controller:
                          nq.doorbell(qid, True, self.cap["dstrd"]), self.bar)
 
     def command(self, build, *args, **kw) -> int:  # type: ignore[no-untyped-def]
-        """Send one admin command (``build(cid, ...)``, a builder of nvme_queue) and wait
+        """Send one admin command (``build(cid, ...)``, a builder of io/nvme/spec.py) and wait
         for it; its result dword, or ControllerError naming the failing status."""
         self._cid = (self._cid + 1) & 0xFFFF
         entry = build(self._cid, *args, **kw)

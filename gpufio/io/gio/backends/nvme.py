@@ -6,7 +6,7 @@ over here with its memory (io/nvme/controller.Memory). ``NvmeQueues`` then owns 
 needs: a request queue (io/gio/queue.RequestQueue, the GioQueue of kernels/gio_queue.cuh,
 so every kernel of the request API runs on it unchanged), landing slots and their PRP
 lists in the controller's DMA-mapped host memory, one agent warp per pair
-(kernels/bam_agent.cu); the doorbell path and the stall report are its own.
+(kernels/nvme_agent.cu); the doorbell path and the stall report are its own.
 
 Doorbells go one of two ways, named in every result (``mode``):
 - ``direct``: agents store the SQ tail and CQ head into BAR0's doorbells, which the GPU
@@ -38,7 +38,7 @@ MAX_SLOT_BYTES = nq.PAGE * (nq.PRP_PER_PAGE + 1)  # one PRP list page per slot
 RELAY_IDLE_SPINS = 1000
 # cudaHostRegisterPortable | Mapped | IoMemory: BaM's cudaHostRegisterIoMemory of a BAR
 IO_MEMORY_FLAGS = 1 | 2 | 4
-FLUSH_KIND = 2  # bam_io.cu's BAM_FLUSH
+FLUSH_KIND = 2  # nvme_io.cu's NVME_FLUSH
 UNSET = -(1 << 31)
 
 
@@ -124,15 +124,14 @@ class NvmeQueues(RequestQueue):
                   "ns": nsid | lba_shift << 32,
                   "progress": self.progress.ctypes.data + 32 * r}
                  for r, p in enumerate(self.pairs)]
-        self._agent = cuda.module("bam_agent").get_function("bam_agent")
+        self._agent = cuda.module("nvme_agent").get_function("nvme_agent")
         # what the request kernels pass as a request's file: 0 sends it to the one namespace
-        # of the queues (nsid); another number is the namespace itself (bam_agent.cu)
+        # of the queues (nsid); another number is the namespace itself (nvme_agent.cu)
         self.file_refs = (np.zeros(1, np.int32) if namespaces == 1
                           else np.arange(1, namespaces + 1, dtype=np.int32))
         self.relay: Relay | None = None
-        # the agents take their pairs as an argument: the GioQueue's rings stay 0
-        self._arrays(np.concatenate([contract.build(contract.BAM_RING, r) for r in rings]),
-                     slot_bytes, rings=0)
+        self._arrays(np.concatenate([contract.build(contract.NVME_RING, r) for r in rings]),
+                     slot_bytes)
 
     def _launch(self) -> None:
         self._agent((self.nrings,), (32,), (self.descriptor, self._dev["rings"]),
@@ -173,7 +172,7 @@ class NvmeQueues(RequestQueue):
         """One NVMe Flush through the agents (a request of write with length 0, from one GPU
         thread): the request API's result, 0 or -(NVME_STATUS_BASE + status)."""
         cp = self._cp
-        fn = cuda.module("bam_io").get_function("bam_requests")  # before the agents run
+        fn = cuda.module("nvme_io").get_function("nvme_requests")  # before the agents run
         res, row = cp.full(1, UNSET, cp.int32), cp.zeros(16, cp.uint8)
         off, length = cp.zeros(1, cp.uint64), cp.zeros(1, cp.uint32)
         kind = cp.full(1, FLUSH_KIND, cp.uint8)

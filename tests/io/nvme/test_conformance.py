@@ -20,7 +20,7 @@ import pytest
 from gpufio.io.nvme import pcie_vfio, model
 from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme import compiled, qemu, shared
-from gpufio.io.nvme.passthru import NVME_READ, NVME_WRITE
+from gpufio.io.nvme.spec import NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled
 
 NS_BYTES = 4 << 20

@@ -2,7 +2,7 @@
 against a CPU writer of the same entries (io/nvme/spec.py): reads byte-exact against the
 pattern through PRP1, PRP2 and PRP lists, writes, Flush, queues that wrap their phase, odd
 depths and 4096-byte LBAs, injected statuses (one failed I/O, named by
-io/nvme/passthru.error_name), a dropped completion caught by the watchdog, and a reset."""
+io/nvme/spec.error_name), a dropped completion caught by the watchdog, and a reset."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from gpufio.core import pattern, targets
-from gpufio.io.nvme import passthru
 from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme.model import Fault, ModelProcess
 from gpufio.io.watchdog import Stalled
@@ -101,7 +100,7 @@ def test_an_injected_status_fails_one_io_and_is_named(model):
     e, _ = reads(m.mem, [0, 8192, 16384], [4096] * 3, 9)
     res = nq.result(pair.run(e, 10**10)["status"], 4096)
     assert list(res[:2]) == [4096, 4096]
-    assert passthru.error_name(-int(res[2])) == \
+    assert nq.error_name(-int(res[2])) == \
         "NVMe status 0x281: media and data integrity, unrecovered read error"
 
 
