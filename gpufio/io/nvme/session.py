@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -64,15 +65,15 @@ class Held:
         """What holds it."""
 
     def release(self) -> None:
-        """One user lets go; the last closes what was attached, then the controller."""
+        """One user lets go; the last closes what was attached (it uses the controller's
+        memory), then the controller, even where the first close raised."""
         if not self._last():
             return
-        try:
-            if self.attached is not None:
-                self.attached.close()
-        finally:
-            self.attached = None
-            self._close()
+        attached, self.attached = self.attached, None
+        with ExitStack() as then:
+            then.callback(self._close)
+            if attached is not None:
+                attached.close()
 
 
 class Shared(Held):
