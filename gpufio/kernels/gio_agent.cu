@@ -11,7 +11,7 @@ struct UringRing {
     u64 sqe_head;        // SQE byte 0 and 1: opcode (READ, or READ_FIXED on registered slots;
                          // a write's is one more: WRITE, WRITE_FIXED)
                          // | flags << 8 (IOSQE_ASYNC, IOSQE_FIXED_FILE)
-    u64 pt;              // NVMe passthrough: device address of, per registered file,
+    u64 ns;              // NVMe passthrough: device address of, per registered file,
                          // nsid | lba_shift << 32, and the ring takes 128-byte SQEs and
                          // 32-byte CQEs; 0: plain reads and writes
 };
@@ -25,9 +25,11 @@ extern "C" __global__ void gio_agent(const GioQueue* q, const UringRing* rings)
     const unsigned sq_n = (unsigned)(R.entries & 0xffffffffu), cq_n = (unsigned)(R.entries >> 32);
     const unsigned depth = (unsigned)q->depth;
     const u64 first = (u64)r * depth, nslots = q->nrings * q->depth;
-    // NVMe passthrough (R.pt): 128-byte SQEs carrying the NVMe command, 32-byte CQEs
-    const u64* pt = (const u64*)R.pt;
-    const u64 sqe_bytes = pt ? PT_SQE_BYTES : 64, cqe_bytes = pt ? PT_CQE_BYTES : 16;
+    // NVMe passthrough (R.ns): 128-byte SQEs carrying the NVMe command, 32-byte CQEs
+    const u64* ns_table = (const u64*)R.ns;
+    const bool passthrough = ns_table != nullptr;
+    const u64 sqe_bytes = passthrough ? PT_SQE_BYTES : 64;
+    const u64 cqe_bytes = passthrough ? PT_CQE_BYTES : 16;
     int* state = q->state + first;
     // every lane takes lane 0's reading of the ring words and control words: the agent's
     // batch, tail and exit must be the same in all 32 lanes
@@ -56,10 +58,10 @@ extern "C" __global__ void gio_agent(const GioQueue* q, const UringRing* rings)
                 const u64 lf = q->len_fd[g];
                 u64* sqe = (u64*)(R.sqes + (u64)((tail + batch + rank) & (sq_n - 1)) * sqe_bytes);
                 const u64 write = (lf & GIO_WRITE_BIT) ? 1ull : 0ull;  // WRITE = READ + 1
-                if (pt) {
+                if (passthrough) {
                     // the NVMe command itself; the file's entry says its namespace and blocks
                     const unsigned ref = (unsigned)(lf >> 32);
-                    const u64 ns = pt[ref];
+                    const u64 ns = ns_table[ref];
                     u64 w[16];
                     nvme_uring_sqe(w, ref, (unsigned)(R.sqe_head >> 8) & 0xffu, (unsigned)ns,
                                    (unsigned)(ns >> 32), write != 0, q->off[g],
@@ -103,8 +105,8 @@ extern "C" __global__ void gio_agent(const GioQueue* q, const UringRing* rings)
                 current = (w0 >> 32) == gen && slot < nslots;
                 if (current) {
                     const int res = (int)(unsigned)(w1 & 0xffffffffu);
-                    q->res[slot] = pt ? nvme_uring_result(res, (unsigned)(q->len_fd[slot] & (GIO_WRITE_BIT - 1ull)))
-                                      : res;
+                    q->res[slot] = !passthrough ? res : nvme_uring_result(
+                        res, (unsigned)(q->len_fd[slot] & (GIO_WRITE_BIT - 1ull)));
                     st_release_gpu(&q->state[slot], DONE);
                 }
             }

@@ -46,7 +46,7 @@ GIO_BENCH = ("fds", "starts", "nblocks", "ntargets", "bs", "flags", "seed", "bud
 GIO_CACHE = ("pages", "nslots", "page16", "map", "ctl", "key", "hand")
 # the backends' rings, each agent's second argument: one io_uring ring (kernels/gio_agent.cu)
 URING_RING = ("sqes", "sq_head", "sq_tail", "sq_flags", "cqes", "cq_head", "cq_tail", "entries",
-              "sqe_head", "pt")
+              "sqe_head", "ns")
 # one NVMe I/O queue pair (kernels/nvme_queue.cuh)
 NVME_RING = ("sqes", "cqes", "entries", "sq_db", "cq_db", "delta", "prp_lists", "ns",
              "progress")

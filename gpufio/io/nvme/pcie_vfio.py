@@ -379,5 +379,5 @@ def doctor_checks(host: Host, area: str, needed: bool) -> list[Check]:
         out.append(Check(area, f"ACS above {bdf}", OK, vfio.acs_path(bdf, sys_pci), ""))
     if not devices:
         out.append(Check(area, "NVMe controllers", WARN, "none on PCI here",
-                         "engine 'bam' needs a PCIe NVMe controller"))
+                         f"{area} needs a PCIe NVMe controller"))
     return out

@@ -107,9 +107,9 @@ class GpuRings:
         except BaseException:
             self.close()
             raise
-        # each ring's words (contract.URING_RING), less the agent's own (sqe_head, pt)
+        # each ring's words (contract.URING_RING), less the agent's own (sqe_head, ns)
         self.descriptors = [{**{k: r.ring_words[k] for k in contract.URING_RING
-                                if k not in ("entries", "sqe_head", "pt")},
+                                if k not in ("entries", "sqe_head", "ns")},
                              "entries": r.sq_entries | r.cq_entries << 32} for r in self.rings]
 
     def wake(self, check: bool = True) -> int:

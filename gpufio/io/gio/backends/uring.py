@@ -83,8 +83,8 @@ class UringQueue(RequestQueue):
             op = (uring.OP_NOP if nop or passthrough else  # passthrough: the command's own
                   uring.OP_READ_FIXED if registered else uring.OP_READ)
             if passthrough:
-                self._dev["pt"] = self._cp.asarray(np.asarray(namespaces, np.uint64))
-            words = {"sqe_head": op | flags << 8, "pt": self.ptr("pt") if passthrough else 0}
+                self._dev["ns"] = self._cp.asarray(np.asarray(namespaces, np.uint64))
+            words = {"sqe_head": op | flags << 8, "ns": self.ptr("ns") if passthrough else 0}
             self._arrays(np.array([contract.build(contract.URING_RING, {**d, **words})
                                    for d in self.rings.descriptors], np.uint64), slot_bytes)
 
@@ -168,7 +168,7 @@ def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
 
 def namespace_table(targets: list[Target]) -> np.ndarray:
     """Per target (opened for passthrough): nsid | lba_shift << 32, what the agents build
-    each NVMe command from (each ring's pt, kernels/gio_agent.cu)."""
+    each NVMe command from (each ring's ns, kernels/gio_agent.cu)."""
     return np.array([t.facts["nsid"] | (t.lba.bit_length() - 1) << 32 for t in targets],
                     np.uint64)
 
