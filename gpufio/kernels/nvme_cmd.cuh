@@ -5,10 +5,12 @@
 // io/nvme/passthru.build; the layout comes from there as NVRTC macros (NQ_OFF_<field> /
 // NQ_BITS_<field> of the command, PT_OFF_<field> / PT_BITS_<field> of the io_uring header),
 // so nothing here knows a byte offset of its own. Used by the NVMe queue agent
-// (nvme_agent.cu) and the io_uring agent's passthrough path (gio_agent.cu).
+// (nvme_agent.cu), the io_uring agent's passthrough path (gio_agent.cu) and the compiled CPU
+// driver (io/nvme/driver.c).
 //
-// Plain C++ besides the qualifiers: tests/io/nvme/test_encoders.py compiles it for the host
-// with the C++ compiler and compares its bytes with the Python encoder's.
+// Plain C or C++ besides the qualifiers: the C compiler builds it into io/nvme/driver.c, and
+// tests/io/nvme/test_encoders.py builds it with the C++ compiler and compares its bytes with
+// the Python encoder's.
 #pragma once
 
 #ifndef NQ_SQE_BYTES
@@ -18,7 +20,10 @@
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)  // a host compiler: plain inline functions
 #define __host__
 #define __device__
-#define __forceinline__ inline
+#define __forceinline__ static inline
+#ifndef __cplusplus
+#include <stdbool.h>
+#endif
 #endif
 
 typedef unsigned long long u64;

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from gpufio.core import native
-from gpufio.io.nvme import model
-from gpufio.io.nvme import drives
+from gpufio.io.cuda import KERNELS
+from gpufio.io.nvme import drives, model, passthru, spec
 from gpufio.io.watchdog import Stalled
 
 SOURCES = (Path(__file__).with_name("controller.c"), *drives.SOURCES)
@@ -105,6 +105,8 @@ def admitted(mem: Any, namespaces: int) -> list[int]:
 
 
 DRIVER_SOURCES = (Path(__file__).with_name("driver.c"),)
+# the one command encoder it includes, with the layout NVRTC gets
+DRIVER_HEADERS = (KERNELS / "nvme_cmd.cuh",)
 STALL_S = 10.0
 _U64 = ctypes.c_uint64
 
@@ -118,7 +120,8 @@ class _Pair(ctypes.Structure):
 
 
 def _driver() -> ctypes.CDLL | None:
-    lib = native.library("nvme_cpu_driver", DRIVER_SOURCES)
+    lib = native.library("nvme_cpu_driver", DRIVER_SOURCES, DRIVER_HEADERS,
+                         (f"-I{KERNELS}", *spec.defines(), *passthru.defines()))
     if lib is not None and not hasattr(lib, "_gpufio_typed"):
         lib.gnd_reads.argtypes = [ctypes.POINTER(_Pair), ctypes.c_int64, _U64, ctypes.c_void_p]
         lib.gnd_reads.restype = ctypes.c_int64
