@@ -82,9 +82,9 @@ class CpuChannel(Channel):
         self._addr = np.zeros(depth, np.uint64)
         self._write = np.zeros(depth, bool)
         self._refused: list[tuple[np.ndarray, np.ndarray]] = []  # completions never sent
-        self.facts = {"iodepth": depth, "submitter": SUBMITTER, "queue": self.pair.qid,
-                      "buffers": "mapped" if self._mapped is not None else "bounced",
-                      **(facts or {})}
+        self.facts = {"iodepth": depth, "submitter": SUBMITTER, **(facts or {}),
+                      "queue": self.pair.qid,
+                      "buffers": "mapped" if self._mapped is not None else "bounced"}
 
     @property
     def inflight(self) -> int:
