@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 
+from bench import _nvme_rates as rates
 from gpufio import api
 
 GOAL = 0.9
@@ -58,12 +59,12 @@ NONE_512_GOAL = 45.8e6  # BaM's own I/O stack on one H100 (512 B, ten drives)
 
 def model_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[str]]:
     rows, raw, missed = [], [], []
-    cpu = [api.nvme_model_cpu_rate(args.n, args.depth, args.size) for _ in range(args.repeat)]
+    cpu = [rates.cpu_rate(args.n, args.depth, args.size) for _ in range(args.repeat)]
     c = statistics.median(cpu)
     rows.append(["model, CPU driver (its ceiling)", f"1 x {args.depth}", round(c), "", ""])
     raw.append({"path": "cpu", "rates": cpu})
     for mode in () if args.cpu_only else ("relay", "direct"):
-        g = [api.nvme_model_gpu_rate(mode, args.n, args.depth, args.pairs, args.size)
+        g = [rates.gpu_rate(mode, args.n, args.depth, args.pairs, args.size)
              for _ in range(args.repeat)]
         r = statistics.median(g)
         ratio = r / c if c else 0.0
@@ -81,7 +82,7 @@ def _ints(text: str) -> list[int]:
 
 
 def model_bound(drive: dict, bs: int, inflight: int) -> float | None:
-    """The most reads/s of ``bs`` bytes the drive model (api.drive_model) allows with
+    """The most reads/s of ``bs`` bytes the drive model (rates.drive_model) allows with
     ``inflight`` commands outstanding: the least of its published limits (None: none is)."""
     limits = [drive["iops"]] if drive["iops"] else []
     limits += [drive[k] / bs for k in ("read_bw", "link_bw") if drive[k]]
@@ -96,15 +97,15 @@ def compiled_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], lis
     --repeat runs, each run ``--n`` reads per pair; with --drive-model, the model's rated
     IOPS and its bound at the point beside them."""
     rows, raw, missed = [], [], []
-    drive = api.drive_model(args.drive_model) if args.drive_model else None
+    drive = rates.drive_model(args.drive_model) if args.drive_model else None
     best_512 = 0.0
     for bs in _ints(args.sizes):
         for pairs in _ints(args.pairs_list):
             pollers = min(pairs, args.pollers)
             for depth in _ints(args.depths):
                 point = f"{bs} B, {pairs} x {depth}, {pollers} poller(s)"
-                cpu = [api.nvme_compiled_cpu_rate(args.n, depth, pairs, bs, pollers,
-                                                  args.backend, args.size, args.drive_model)
+                cpu = [rates.compiled_cpu_rate(args.n, depth, pairs, bs, pollers,
+                                               args.backend, args.size, args.drive_model)
                        for _ in range(args.repeat)]
                 c = statistics.median(cpu)
                 row = [f"{bs} B", f"{pairs} x {depth}", pollers]
@@ -118,8 +119,8 @@ def compiled_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], lis
                 row.append(round(c))
                 verdict = ""
                 for mode in () if args.cpu_only else ("relay", "direct"):
-                    g = [api.nvme_model_gpu_rate(mode, args.n * pairs, depth, pairs, args.size,
-                                                 bs, pollers, args.backend, args.drive_model)
+                    g = [rates.gpu_rate(mode, args.n * pairs, depth, pairs, args.size,
+                                        bs, pollers, args.backend, args.drive_model)
                          for _ in range(args.repeat)]
                     r = statistics.median(g)
                     ratio = r / c if c else 0.0
@@ -255,7 +256,7 @@ def main() -> int:
         return 2
     if args.controller == "compiled" and not args.drive:
         try:
-            drive = api.drive_model(args.drive_model) if args.drive_model else None
+            drive = rates.drive_model(args.drive_model) if args.drive_model else None
         except api.BadInput as e:
             print(f"bench: {e}", file=sys.stderr)
             return 2
