@@ -17,10 +17,17 @@ BANDS = ("pyg", "cli", "api", "profile", "workloads", "results", "fio", "run", "
          "core", "facts", "")
 
 
+# public modules beside api.py, in its band: gpu.py is the GPU request API for kernel authors
+PUBLIC = {"gpu": "api"}
+
+
 def band_of(module: str) -> str:
-    """'gpufio.io.gio.queue' -> 'io'; 'gpufio.cli' -> 'cli'; 'gpufio' -> ''."""
+    """'gpufio.io.gio.queue' -> 'io'; 'gpufio.cli' -> 'cli'; 'gpufio.gpu' -> 'api';
+    'gpufio' -> ''."""
     parts = module.split(".")[1:]
-    return parts[0] if parts and parts[0] != "__main__" else ("cli" if parts else "")
+    if not parts:
+        return ""
+    return "cli" if parts[0] == "__main__" else PUBLIC.get(parts[0], parts[0])
 
 
 def modules() -> dict[str, Path]:
