@@ -425,16 +425,9 @@ class Ring:
         """Write SQEs (rows of 8 little-endian u64 words, see ``sqe_words``) and publish them."""
         self._publish(self.sqes, words)
 
-    def push_slots(self, slots: np.ndarray) -> None:
-        """Publish SQEs already written in place at rows ``slots`` of ``sqes`` (each caller
-        slot owns SQE row ``slot``), through the SQ index array: no 64-byte row is copied
-        per I/O, only the changed fields, as fio's io_uring engine does. Needs the SQ array
-        (not NO_SQARRAY) and slots < sq_entries whose previous I/O has completed."""
-        self._publish(self._sq_array, slots)
-
     def _publish(self, dest: np.ndarray, values: np.ndarray) -> None:
-        """Write ``values`` at the SQ tail of ``dest`` (SQE rows or index array), wrapping
-        around, then move the tail; refuses more than ``space()`` allows."""
+        """Write ``values`` at the SQ tail of ``dest`` (the SQE rows), wrapping around, then
+        move the tail; refuses more than ``space()`` allows."""
         k = len(values)
         if k > self.space():
             raise UringError(f"push of {k} SQEs exceeds the ring's space ({self.space()}): "
