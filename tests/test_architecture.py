@@ -213,13 +213,17 @@ def test_mechanism_modules_exist_and_only_benches_use_them():
 @pytest.mark.parametrize("path", [p for p in BENCH if not p.stem.startswith("_")],
                          ids=[p.name for p in BENCH if not p.stem.startswith("_")])
 def test_every_bench_answers_help(path):
-    """Each bench loads and says how it is run without a GPU, fio or root."""
+    """Each bench loads and says how it is run without a GPU, fio or root: its usage and
+    the first line of its docstring."""
     import subprocess
     import sys
 
     res = subprocess.run([sys.executable, "-m", f"bench.{path.stem}", "--help"],
                          capture_output=True, text=True, cwd=ROOT.parent)
-    assert res.returncode == 0 and "usage:" in res.stdout, res.stderr
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"usage: {path.name} [-h]")
+    first = ast.get_docstring(ast.parse(path.read_text())).splitlines()[0]  # its description
+    assert " ".join(first.split()) in " ".join(res.stdout.split())
 
 
 def test_one_renderer_builds_every_table():
