@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "gpufio"
 # highest first; the package root (gpufio/__init__.py: the version) sits below everything
 BANDS = ("pyg", "cli", "api", "profile", "workloads", "results", "fio", "run", "engines", "io",
-         "core", "facts", "")
+         "core", "facts", "native", "")
 
 
 # public modules beside api.py, in its band: gpu.py is the GPU request API for kernel authors
@@ -355,3 +355,37 @@ def test_cpu_driven_loops_share_the_slot_table(module):
     assert any(t == "gpufio.core.slots" for _, t in imports(ALL[module], module))
     text = ALL[module].read_text()
     assert "t_issue = np.zeros" not in text and "slot_tgt = np.zeros" not in text
+
+
+# NVMe modules that still load their libraries and lay out their structs through ctypes
+# themselves: another branch is moving them into io/nvme/, then onto native/
+NATIVE_PENDING = {"gpufio.engines.bam", "gpufio.io.vfio", "gpufio.io.nvme.compiled",
+                  "gpufio.io.nvme.drives"}
+
+
+def test_only_the_native_layer_talks_to_c():
+    """ctypes, NVRTC (CuPy's RawModule) and cuda.bindings are reached through native/
+    (library loading, signatures, structs, raw memory), so the ABI details live in one band."""
+    reached = []
+    for module, path in ALL.items():
+        if band_of(module) == "native" or module in NATIVE_PENDING:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            reached += [f"{module}:{node.lineno} {n}" for n in names
+                        if n.split(".")[0] == "ctypes" or n.startswith("cuda.bindings")]
+            if isinstance(node, ast.Attribute) and node.attr == "RawModule":
+                reached.append(f"{module}:{node.lineno} RawModule")
+    assert reached == []
+
+
+def test_the_native_layer_is_used_and_names_no_band_above():
+    """native/ sits below facts (statx is a fact about a path): it imports only itself."""
+    native = [m for m in ALL if band_of(m) == "native"]
+    assert {"gpufio.native.libc", "gpufio.native.memory", "gpufio.native.build"} <= set(native)
+    users = {m for m in ALL if band_of(m) != "native"
+             and any(band_of(t) == "native" for _, t in imports(ALL[m], m))}
+    assert {"gpufio.facts.device", "gpufio.core.guard", "gpufio.io.uring",
+            "gpufio.io.loops"} <= users
+
