@@ -1,9 +1,10 @@
 """io_uring through raw system calls: ring setup, memory, SQE/CQE batches, registration.
 
 No compiled helper and no binding: the three system calls and the structs they take
-(native/uring.py), numpy views for the rings, so that a batch of SQEs is written with a handful of vectorised stores. The layer is
-shared by every engine that uses io_uring, including the GPU-initiated one, so the rules
-that keep a ring healthy live here and nowhere else:
+(native/uring.py), numpy views for the rings, so that a batch of SQEs is written with a
+handful of vectorised stores. The layer is shared by every engine that uses io_uring,
+including the GPU-initiated one, so the rules that keep a ring healthy live here and nowhere
+else:
 
 - ring memory may be mapped from the kernel or supplied by the caller
   (IORING_SETUP_NO_MMAP, Linux 6.5+): page-aligned, zero-filled anonymous memory that a GPU
@@ -282,7 +283,7 @@ class Ring:
             sqes = mmap.mmap(self.fd, self.sq_entries * self.sqe_bytes,
                              mmap.MAP_SHARED | mmap.MAP_POPULATE, offset=OFF_SQES)
             self._maps.append(sqes)
-            sq_base, cq_base, sqe_base = memory.address_of(ring), memory.address_of(cq_map), memory.address_of(sqes)
+            sq_base, cq_base, sqe_base = map(memory.address_of, (ring, cq_map, sqes))
         self._sq_head = memory.u32_at(sq_base + sq.head)
         self._sq_tail = memory.u32_at(sq_base + sq.tail)
         self._sq_flags = memory.u32_at(sq_base + sq.flags)

@@ -4,9 +4,9 @@ large writes below what a drive takes; the latency histogram's binning (core/lat
 which every recorded I/O passes through; the CPU engines' per-I/O loops (io/loops.c, bound
 by native/loops.py); the compiled NVMe controller and drive models (io/nvme/). Each is built
 once per machine into gpufio's cache directory and loaded through ctypes, which lets go of
-the interpreter lock during the call, so fill threads run in parallel. Where there is no compiler (or GPUFIO_NATIVE=0) there is no native code: the
-pattern is filled and latencies binned with NumPy and the loops run in Python, the same bytes
-and results, slower.
+the interpreter lock during the call, so fill threads run in parallel. Where there is no
+compiler (or GPUFIO_NATIVE=0) there is no native code: the pattern is filled and latencies
+binned with NumPy and the loops run in Python, the same bytes and results, slower.
 """
 
 from __future__ import annotations
