@@ -1,7 +1,9 @@
 """The software NVMe controllers' rates (io/nvme_model.py, and the compiled one of
 io/nvme/compiled.py where ``server`` names it): driven by a CPU driver (the model's Python
 one, or compiled driver threads), and by GPU agent warps through io/gio/backends/nvme.py, for
-bench/bam.py (BaM's mechanism's ceiling, as bench/nop.py is io_uring's). The numbers are
+bench/bam.py (BaM's mechanism's ceiling, as bench/nop.py is io_uring's). A mechanism below the
+API, so this module reaches gpufio's internals (docs/design/ARCHITECTURE.md allows bench/ that
+where it measures a mechanism); a bench's users see only its rates. The numbers are
 the software controllers', not a drive's; with ``drive`` (a drives.toml model) every
 completion is held to that drive's published rates: an emulated drive's."""
 
@@ -17,10 +19,17 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from gpufio.io import nvme_queue as nq
-
 from gpufio.io.nvme_model import ModelProcess
 
 BS = 4096
+
+
+def drive_model(name: str) -> dict[str, Any]:
+    """A drive model of io/nvme/drives.toml as a result records it: its published figures
+    (None: not published), their sources and its ``label`` (BadInput for an unknown name)."""
+    from gpufio.io.nvme import drives
+
+    return drives.describe(drives.model(name))
 
 
 def _model(where: str, size: int, server: Any = None) -> ModelProcess:
