@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 
+from bench import _nvme_rates as rates
 from gpufio import api
 
 GOAL = 0.9
@@ -61,12 +62,12 @@ PRICE_GOAL, PRICE_RATE = 0.9, 10e6  # a compute kernel's share kept beside this 
 
 def model_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[str]]:
     rows, raw, missed = [], [], []
-    cpu = [api.nvme_model_cpu_rate(args.n, args.depth, args.size) for _ in range(args.repeat)]
+    cpu = [rates.cpu_rate(args.n, args.depth, args.size) for _ in range(args.repeat)]
     c = statistics.median(cpu)
     rows.append(["model, CPU driver (its ceiling)", f"1 x {args.depth}", round(c), "", ""])
     raw.append({"path": "cpu", "rates": cpu})
     for mode in () if args.cpu_only else ("relay", "direct"):
-        g = [api.nvme_model_gpu_rate(mode, args.n, args.depth, args.pairs, args.size)
+        g = [rates.gpu_rate(mode, args.n, args.depth, args.pairs, args.size)
              for _ in range(args.repeat)]
         r = statistics.median(g)
         ratio = r / c if c else 0.0
@@ -84,7 +85,7 @@ def _ints(text: str) -> list[int]:
 
 
 def model_bound(drive: dict, bs: int, inflight: int) -> float | None:
-    """The most reads/s of ``bs`` bytes the drive model (api.drive_model) allows with
+    """The most reads/s of ``bs`` bytes the drive model (rates.drive_model) allows with
     ``inflight`` commands outstanding: the least of its published limits (None: none is)."""
     limits = [drive["iops"]] if drive["iops"] else []
     limits += [drive[k] / bs for k in ("read_bw", "link_bw") if drive[k]]
@@ -99,15 +100,15 @@ def compiled_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], lis
     --repeat runs, each run ``--n`` reads per pair; with --drive-model, the model's rated
     IOPS and its bound at the point beside them."""
     rows, raw, missed = [], [], []
-    drive = api.drive_model(args.drive_model) if args.drive_model else None
+    drive = rates.drive_model(args.drive_model) if args.drive_model else None
     best_512, best_4k = 0.0, 0.0
     for bs in _ints(args.sizes):
         for pairs in _ints(args.pairs_list):
             pollers = min(pairs, args.pollers)
             for depth in _ints(args.depths):
                 point = f"{bs} B, {pairs} x {depth}, {pollers} poller(s)"
-                cpu = [api.nvme_compiled_cpu_rate(args.n, depth, pairs, bs, pollers,
-                                                  args.backend, args.size, args.drive_model)
+                cpu = [rates.compiled_cpu_rate(args.n, depth, pairs, bs, pollers,
+                                               args.backend, args.size, args.drive_model)
                        for _ in range(args.repeat)]
                 c = statistics.median(cpu)
                 row = [f"{bs} B", f"{pairs} x {depth}", pollers]
@@ -158,9 +159,9 @@ def _gpu(args: argparse.Namespace, mode: str, n: int, depth: int, pairs: int, bs
     """One GPU run's reads/s; with --verify each read is copied into GPU memory and checked
     there, and a read that failed or landed wrong bytes ends the bench."""
     if not args.verify:
-        return api.nvme_model_gpu_rate(mode, n, depth, pairs, args.size, bs, pollers,
-                                       args.backend, args.drive_model)
-    v = api.nvme_gpu_verified_rate(mode, n, depth, pairs, args.size, bs, pollers, args.backend)
+        return rates.gpu_rate(mode, n, depth, pairs, args.size, bs, pollers, args.backend,
+                              args.drive_model)
+    v = rates.gpu_verified_rate(mode, n, depth, pairs, args.size, bs, pollers, args.backend)
     entry.setdefault(f"{mode}_verified", []).append(v)
     if v["failed"] or v["mismatches"]:
         raise SystemExit(f"bench: {v['failed']} failed and {v['mismatches']} wrong of "
@@ -174,8 +175,8 @@ def price_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[s
     pairs, depth = _ints(args.price)
     pollers = min(pairs, args.pollers)
     bs = _ints(args.sizes)[0]
-    p = api.nvme_sm_price("direct", args.n * pairs, depth, pairs, args.size, bs, pollers,
-                          args.backend)
+    p = rates.sm_price("direct", args.n * pairs, depth, pairs, args.size, bs, pollers,
+                       args.backend)
     missed = []
     if p["rate"] < PRICE_RATE:
         missed.append(f"SM price: the agents made {p['rate'] / 1e6:.2f} M reads/s beside the "
@@ -307,7 +308,7 @@ def main() -> int:
         return 2
     if args.controller == "compiled" and not args.drive:
         try:
-            drive = api.drive_model(args.drive_model) if args.drive_model else None
+            drive = rates.drive_model(args.drive_model) if args.drive_model else None
         except api.BadInput as e:
             print(f"bench: {e}", file=sys.stderr)
             return 2
@@ -324,7 +325,7 @@ def main() -> int:
             title = (f"the SM price of the GPU side ({args.backend} backend, not a drive): "
                      "4096^2 float32 products beside the agents, direct doorbells")
             return _report(args, rows, raw, missed, head, title)
-        args.h2d = api.h2d_ceiling() if args.verify else 0.0
+        args.h2d = rates.h2d_ceiling() if args.verify else 0.0
         rows, raw, missed = compiled_rows(args)
         head = ["size", "pairs x depth", "pollers"] + (
             [] if drive is None else ["rated IOPS", "model bound"]) + ["CPU reads/s"] + (

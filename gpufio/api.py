@@ -1,9 +1,11 @@
 """gpufio's Python API: what a script (bench/, a user's own) uses instead of the CLI and the
 internals. A profile is the TOML's tables as a dict (``{"global": {...}, "job": [...]}``)
 or a file's path; a result is the document ``gpufio run -f json`` writes, rendered by the
-workload's own renderer. Everything else is a helper a benchmark of gpufio against its
-peers needs: the data pattern laid out in a file, sizes, a cgroup whose CPU use is read,
-the page cache dropped, an I/O log read."""
+workload's own renderer. Beside runs and results, only what a script needs to set up a run
+and read it: the data pattern laid out in a file, sizes, a cgroup whose CPU use is read, the
+page cache dropped, an I/O log read. A bench that measures a mechanism below the API (the
+software NVMe controller's rates) reaches it itself (bench/_nvme_rates.py); kernel authors
+import gpufio.gpu."""
 
 from __future__ import annotations
 
@@ -25,8 +27,7 @@ from gpufio.results.render import render as render_rows
 from gpufio.workloads import DEFAULT_WORKLOAD, Workload, all_workloads
 
 __all__ = ["BadInput", "CpuGroup", "RunFailed", "evict", "format_size", "gpu_probe", "lay_out",
-           "load", "drive_model", "nvme_compiled_cpu_rate", "nvme_model_cpu_rate", "nvme_model_gpu_rate",
-           "parse_size", "pattern", "read_iolog", "render", "render_rows", "run",
+           "load", "parse_size", "pattern", "read_iolog", "render", "render_rows", "run",
            "stop_on_sigterm", "workload_of", "workload_of_result"]
 
 
@@ -86,69 +87,6 @@ def pattern(seed: int, offset: int, nbytes: int) -> bytes:
     """The ``nbytes`` of gpufio's data pattern of ``seed`` at byte ``offset`` of a target
     (for a device a bench fills itself)."""
     return _pattern.fill(seed, offset, nbytes)
-
-
-def nvme_model_cpu_rate(n: int, depth: int, size: int, pollers: int = 1,
-                        backend: str | None = None) -> float:
-    """Reads/s of gpufio's software NVMe controller driven by its own Python CPU driver
-    (the model's ceiling; with ``backend``, the compiled controller's; run/nvme_rates.py)."""
-    from gpufio.run import nvme_rates
-
-    return nvme_rates.cpu_rate(n, depth, size, pollers, backend)
-
-
-def nvme_compiled_cpu_rate(n: int, depth: int, pairs: int, bs: int, pollers: int,
-                           backend: str, size: int, drive: str | None = None) -> float:
-    """Reads/s of the compiled NVMe controller driven by compiled CPU threads, as many as
-    its ``pollers``: its own CPU-driven ceiling, or, with ``drive``, an emulated drive's
-    (run/nvme_rates.py)."""
-    from gpufio.run import nvme_rates
-
-    return nvme_rates.compiled_cpu_rate(n, depth, pairs, bs, pollers, backend, size, drive)
-
-
-def nvme_model_gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = 4096,
-                        pollers: int = 1, backend: str | None = None,
-                        drive: str | None = None) -> float:
-    """Reads/s of the software NVMe controller (the compiled one with ``backend``; at the
-    drive model ``drive``'s rates where named) driven by GPU agent warps, ``mode`` "relay"
-    or "direct" doorbells (run/nvme_rates.py)."""
-    from gpufio.run import nvme_rates
-
-    return nvme_rates.gpu_rate(mode, n, depth, pairs, size, bs, pollers, backend, drive)
-
-
-def nvme_gpu_verified_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int,
-                           pollers: int, backend: str) -> dict[str, Any]:
-    """As nvme_model_gpu_rate on the compiled controller, each read copied into GPU memory
-    and checked there: its rate and the reads that failed or landed wrong bytes."""
-    from gpufio.run import nvme_rates
-
-    return nvme_rates.gpu_verified_rate(mode, n, depth, pairs, size, bs, pollers, backend)
-
-
-def h2d_ceiling() -> float:
-    """Bytes/s of page-locked host-to-device copies on this GPU (run/nvme_rates.py)."""
-    from gpufio.run import nvme_rates
-
-    return nvme_rates.h2d_ceiling()
-
-
-def nvme_sm_price(mode: str, n: int, depth: int, pairs: int, size: int, bs: int,
-                  pollers: int, backend: str) -> dict[str, Any]:
-    """A matrix product's rate alone and beside GPU agents serving ``n`` reads on the
-    compiled controller, and their reads/s meanwhile (run/nvme_rates.py)."""
-    from gpufio.run import nvme_rates
-
-    return nvme_rates.sm_price(mode, n, depth, pairs, size, bs, pollers, backend)
-
-
-def drive_model(name: str) -> dict[str, Any]:
-    """A drive model of io/nvme/drives.toml as a result records it: its published figures
-    (None: not published), their sources and its ``label`` (BadInput for an unknown name)."""
-    from gpufio.io.nvme import drives
-
-    return drives.describe(drives.model(name))
 
 
 def gpu_probe() -> tuple[int, str | None]:

@@ -20,7 +20,7 @@ from gpufio.core import targets
 
 @pytest.fixture(autouse=True, scope="session")
 def _cache_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Build the compiled helpers (core/native.py) into the session's temporary directory,
+    """Build the compiled helpers (native/build.py) into the session's temporary directory,
     never into ~/.cache: one build, before any test, serves every test of the run and the
     gpufio processes they start (a build inside one would move its timing)."""
     from gpufio.core import pattern

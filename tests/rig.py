@@ -231,11 +231,11 @@ def qemu_args(ctrls: tuple[Controller, ...], work: Path, share: Path, kernel: Pa
 
 
 def _build_helpers(out: Path) -> None:
-    """gpufio's compiled helpers (core/native.py) built here for any x86-64, for the guest:
+    """gpufio's compiled helpers (native/build.py) built here for any x86-64, for the guest:
     building them in it, the compiler under TCG, took it minutes; built with -march=native
     here they would carry instructions TCG does not have. tests/rig_batch.py installs them
     under the names the guest's gpufio looks for; where they are missing it builds its own."""
-    from gpufio.core import native
+    from gpufio.native import build as native
     from gpufio.io import loops
 
     cc = shutil.which(os.environ.get("CC", "cc"))

@@ -38,7 +38,8 @@ sys.path.insert(0, str(REPO))  # the checkout under test, as `python3 -m gpufio`
 
 import gpufio  # noqa: E402
 from gpufio import cli  # noqa: E402
-from gpufio.core import native, pattern  # noqa: E402
+from gpufio.core import pattern  # noqa: E402
+from gpufio.native import build as native  # noqa: E402
 from gpufio.io import loops  # noqa: E402
 
 TIMED_OUT = 124

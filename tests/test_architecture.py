@@ -1,7 +1,8 @@
 """The layering rule of docs/design/ARCHITECTURE.md, kept by a test: every module of gpufio imports
 only from its own band or a band below it, lazy and TYPE_CHECKING imports included, and no
-file outside engines/ names an engine. bench/ sits above them all and reaches gpufio only
-through gpufio.api."""
+file outside engines/ names an engine. bench/ sits above them all: a bench reaches gpufio
+through gpufio.api, as users' code does, and only a bench module that measures a mechanism
+below the API (MECHANISMS) reaches gpufio's internals."""
 
 from __future__ import annotations
 
@@ -13,13 +14,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "gpufio"
 # highest first; the package root (gpufio/__init__.py: the version) sits below everything
 BANDS = ("pyg", "cli", "api", "profile", "workloads", "results", "fio", "run", "engines", "io",
-         "core", "facts", "")
+         "core", "facts", "native", "")
+
+
+# public modules beside api.py, in its band: gpu.py is the GPU request API for kernel authors
+PUBLIC = {"gpu": "api"}
 
 
 def band_of(module: str) -> str:
-    """'gpufio.io.gio.queue' -> 'io'; 'gpufio.cli' -> 'cli'; 'gpufio' -> ''."""
+    """'gpufio.io.gio.queue' -> 'io'; 'gpufio.cli' -> 'cli'; 'gpufio.gpu' -> 'api';
+    'gpufio' -> ''."""
     parts = module.split(".")[1:]
-    return parts[0] if parts and parts[0] != "__main__" else ("cli" if parts else "")
+    if not parts:
+        return ""
+    return "cli" if parts[0] == "__main__" else PUBLIC.get(parts[0], parts[0])
 
 
 def modules() -> dict[str, Path]:
@@ -47,6 +55,10 @@ def imports(path: Path, module: str) -> list[tuple[int, str]]:
 
 ALL = modules()
 BENCH = sorted((ROOT.parent / "bench").glob("*.py"))
+# bench modules that measure a mechanism below the API (the software NVMe controller driven
+# by a CPU driver and by GPU agents): they may import any gpufio module, and only benches
+# import them
+MECHANISMS = {"_nvme_rates"}
 
 
 def test_every_module_sits_in_a_known_band():
@@ -170,26 +182,48 @@ def test_no_workload_is_named_outside_workloads():
 
 @pytest.mark.parametrize("path", BENCH, ids=[p.name for p in BENCH])
 def test_bench_is_a_package_over_the_api(path):
-    """A bench imports gpufio only as gpufio.api (no internals), and never edits sys.path:
-    it runs as ``python3 -m bench.NAME`` from the repository root."""
+    """A bench imports gpufio only as gpufio.api (no internals), unless it is a mechanism
+    module (MECHANISMS), which may import any of gpufio; and never edits sys.path: it runs as
+    ``python3 -m bench.NAME`` from the repository root."""
     module = f"bench.{path.stem}"
     reached = sorted({t for _, t in imports(path, module)} - {"gpufio", "gpufio.api"})
+    if path.stem in MECHANISMS:
+        reached = [t for t in reached if t not in ALL]  # internals allowed, if they exist
     edits = [n.lineno for n in ast.walk(ast.parse(path.read_text()))
              if isinstance(n, ast.Attribute) and n.attr == "path"
              and getattr(n.value, "id", None) == "sys"]
     assert reached == [] and edits == [], (reached, edits)
 
 
+def test_mechanism_modules_exist_and_only_benches_use_them():
+    """The exception is named, not guessed: each MECHANISMS module is in bench/, reaches
+    an internal module, and no module of gpufio imports bench."""
+    stems = {p.stem for p in BENCH}
+    assert MECHANISMS <= stems
+    for stem in MECHANISMS:
+        path = ROOT.parent / "bench" / f"{stem}.py"
+        assert any(band_of(t) not in ("api", "") for _, t in imports(path, f"bench.{stem}"))
+    upward = [m for m, path in ALL.items() for node in ast.walk(ast.parse(path.read_text()))
+              if isinstance(node, (ast.Import, ast.ImportFrom))
+              and any((getattr(node, "module", None) or a.name).split(".")[0] == "bench"
+                      for a in node.names)]
+    assert upward == []
+
+
 @pytest.mark.parametrize("path", [p for p in BENCH if not p.stem.startswith("_")],
                          ids=[p.name for p in BENCH if not p.stem.startswith("_")])
 def test_every_bench_answers_help(path):
-    """Each bench loads and says how it is run without a GPU, fio or root."""
+    """Each bench loads and says how it is run without a GPU, fio or root: its usage and
+    the first line of its docstring."""
     import subprocess
     import sys
 
     res = subprocess.run([sys.executable, "-m", f"bench.{path.stem}", "--help"],
                          capture_output=True, text=True, cwd=ROOT.parent)
-    assert res.returncode == 0 and "usage:" in res.stdout, res.stderr
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"usage: {path.name} [-h]")
+    first = ast.get_docstring(ast.parse(path.read_text())).splitlines()[0]  # its description
+    assert " ".join(first.split()) in " ".join(res.stdout.split())
 
 
 def test_one_renderer_builds_every_table():
@@ -321,3 +355,37 @@ def test_cpu_driven_loops_share_the_slot_table(module):
     assert any(t == "gpufio.core.slots" for _, t in imports(ALL[module], module))
     text = ALL[module].read_text()
     assert "t_issue = np.zeros" not in text and "slot_tgt = np.zeros" not in text
+
+
+# NVMe modules that still load their libraries, lay out their structs and copy raw memory
+# through ctypes themselves, until they move onto native/
+NATIVE_PENDING = {"gpufio.io.nvme.cpu_channel", "gpufio.io.nvme.vfio", "gpufio.io.nvme.compiled",
+                  "gpufio.io.nvme.drives"}
+
+
+def test_only_the_native_layer_talks_to_c():
+    """ctypes, NVRTC (CuPy's RawModule) and cuda.bindings are reached through native/
+    (library loading, signatures, structs, raw memory), so the ABI details live in one band."""
+    reached = []
+    for module, path in ALL.items():
+        if band_of(module) == "native" or module in NATIVE_PENDING:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            reached += [f"{module}:{node.lineno} {n}" for n in names
+                        if n.split(".")[0] == "ctypes" or n.startswith("cuda.bindings")]
+            if isinstance(node, ast.Attribute) and node.attr == "RawModule":
+                reached.append(f"{module}:{node.lineno} RawModule")
+    assert reached == []
+
+
+def test_the_native_layer_is_used_and_names_no_band_above():
+    """native/ sits below facts (statx is a fact about a path): it imports only itself."""
+    native = [m for m in ALL if band_of(m) == "native"]
+    assert {"gpufio.native.libc", "gpufio.native.memory", "gpufio.native.build"} <= set(native)
+    users = {m for m in ALL if band_of(m) != "native"
+             and any(band_of(t) == "native" for _, t in imports(ALL[m], m))}
+    assert {"gpufio.facts.device", "gpufio.core.guard", "gpufio.io.uring",
+            "gpufio.io.loops"} <= users
+

@@ -293,7 +293,9 @@ def test_spawned_gpu_workers_without_mps_get_a_hint(tmp_path, monkeypatch):
     assert job_advice(job, cpugpu.describe(job)) is None
 
 
-@pytest.mark.parametrize("iodepth,segments,facts", [(128, 4, (4, 256)), (2, 3, (2, 4)), (10, 3, (3, 18))])
+# segments round up so they hold all of iodepth (10 in 3: 4 each), twice that as slots
+@pytest.mark.parametrize("iodepth,segments,facts",
+                         [(128, 4, (4, 256)), (2, 3, (2, 4)), (10, 3, (3, 24))])
 def test_cpu_gpu_keeps_twice_the_slots_its_reads_in_flight_need(iodepth, segments, facts):
     from gpufio.engines import all_engines
 

@@ -1,6 +1,7 @@
 """The host/kernel contract (io/gio/contract.py) against the CUDA sources, on the CPU: every
 descriptor's field list is its C struct, field for field; the enums take their members only
-from the contract's macros; and every kernel compiles with them where nvcc is installed."""
+from the contract's macros; and a kernel compiled without them says how to compile it (that
+every kernel compiles with them: tests/test_kernel_sources.py)."""
 
 from __future__ import annotations
 
@@ -64,15 +65,6 @@ def test_the_host_takes_its_words_and_states_from_the_contract():
             queue.C_AGENTS, queue.C_GEN, queue.C_BAD_SLOT] == list(range(len(contract.CONTROL)))
     assert queue.SLOT_STATES == ("free", "claimed", "ready", "submitted", "done")
     assert len(contract.CONTROL) <= contract.CONTROL_WORDS
-
-
-@pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed")
-@pytest.mark.parametrize("kernel", ["gio_agent", "gio_bench", "gnn_gather", "verify"])
-def test_every_kernel_compiles_with_the_contracts_macros(kernel, tmp_path):
-    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-std=c++17", f"-I{cuda.KERNELS}",
-                          *contract.defines(), str(cuda.KERNELS / f"{kernel}.cu"),
-                          "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
 
 
 @pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed")

@@ -123,16 +123,15 @@ def test_any_kernel_can_read_through_the_request_api(pattern_file, pattern_fd, r
     import cupy as cp
     import numpy as np
 
-    from gpufio.io import cuda
-    from gpufio.io.gio.backends.uring import UringQueue
-    from gpufio.io.gio.backends.rings import ring_sizes
+    from gpufio import gpu  # as a kernel author does (docs/design/GPU-REQUEST-API.md)
 
-    sq, cq = ring_sizes(16, None)
-    q = UringQueue(nrings=2, depth=16, slot_bytes=4096, sq_entries=sq, cq_entries=cq,
-                    idle_ms=1000, cpus=(), sqe_async=True, fds=[pattern_fd], registered=registered)
+    sq, cq = gpu.ring_sizes(16, None)
+    q = gpu.UringQueue(nrings=2, depth=16, slot_bytes=4096, sq_entries=sq, cq_entries=cq,
+                       idle_ms=1000, cpus=(), sqe_async=True, fds=[pattern_fd],
+                       registered=registered)
     assert q.file_refs.tolist() == [0 if registered else pattern_fd]
     try:
-        mod = cuda.raw_module(READ_EACH)
+        mod = gpu.compile_kernel(READ_EACH)
         read_each = mod.get_function("read_each")  # load before the agents spin (see start)
         n = 2000
         offs = np.random.default_rng(3).integers(0, 1024, n).astype(np.uint64) * 4096

@@ -110,8 +110,22 @@ def test_a_file_without_the_pattern_is_refused(tmp_path):
 
 
 def test_a_file_gpufio_made_is_written_without_asking(tmp_path, pattern_file):
+    """The pattern file is written without overwrite = true, with its own pattern (seed
+    1234): a block zeroed inside the job's range carries the pattern again, one beyond it
+    (the job writes WRITTEN bytes from 0) stays zero."""
+    size = pattern_file.stat().st_size
+    inside, beyond = 8192, WRITTEN + 8192
+    with open(pattern_file, "r+b") as f:
+        for off in (inside, beyond):
+            f.seek(off)
+            f.write(bytes(4096))
     res = cli.invoke(app, write_job(tmp_path, pattern_file))
     assert res.exit_code == 0, res.output
+    data = pattern_file.read_bytes()
+    assert len(data) == size
+    assert data[:WRITTEN] == pattern.fill(1234, 0, WRITTEN)
+    assert data[beyond:beyond + 4096] == bytes(4096)
+    assert data[beyond + 4096:] == pattern.fill(1234, beyond + 4096, size - beyond - 4096)
 
 
 def test_read_jobs_never_need_the_guard(tmp_path):

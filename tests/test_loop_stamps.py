@@ -24,6 +24,7 @@ import pytest
 from gpufio.core.requests import ChannelSpec
 from gpufio.io import loops, uring, uring_channel
 from gpufio.io.uring_channel import RingOptions, UringChannel
+from gpufio.native import loops as native_loops
 
 FAKE = Path(__file__).with_name("data") / "loops_fake_ring.c"
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -68,7 +69,7 @@ def fake_loop(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, depth: int,
         local_heads=lambda: (0, 0))
     stop = np.array([0, 1], np.int64)  # the control words: stop, measuring (the window's)
     bufs = np.zeros(depth * 4096, np.uint8)
-    monkeypatch.setattr(loops.native, "library", lambda name, sources: lib)
+    monkeypatch.setattr(native_loops.build, "library", lambda name, sources: lib)
     loop = loops.NativeLoop(loops.URING, depth=depth, bs=4096, bufs=bufs.ctypes.data,
                             stop=stop.ctypes.data, fds=np.zeros(1, np.int64), seeds=None,
                             magic=0, halt_on_error=True, batch=64, writes=False, ring=ring,

@@ -94,7 +94,7 @@ def test_compiled_and_numpy_fills_write_the_reference_words(monkeypatch, native,
 
 
 def test_no_compiler_or_gpufio_native_0_means_numpy(monkeypatch):
-    from gpufio.core import native
+    from gpufio.native import build as native
 
     def forget() -> None:
         native.fill_function.cache_clear()

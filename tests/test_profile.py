@@ -136,8 +136,22 @@ def test_missing_profile_and_directory(tmp_path):
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parent.parent.glob("profiles/*.toml")),
                          ids=lambda p: p.name)
 def test_every_shipped_profile_loads(path):
+    """Each [[job]] table gives its jobs (a sweep one per point, named NAME[key=value]),
+    every job's name is its own, and its engine and workload are registered ones."""
+    import tomllib
+
+    from gpufio.engines import all_engines
+    from gpufio.workloads import all_workloads
+
     prof = profile.load(str(path))
-    assert prof.jobs
+    tables = tomllib.loads(path.read_text()).get("job", [{}])
+    names = [job.name for job in prof.jobs]
+    assert len(names) >= len(tables) and len(set(names)) == len(names)
+    for table in tables:
+        if "name" in table:
+            assert any(n == table["name"] or n.startswith(f"{table['name']}[") for n in names)
+    assert {job.engine for job in prof.jobs} <= set(all_engines())
+    assert {job.workload for job in prof.jobs} <= set(all_workloads())
 
 
 @pytest.mark.parametrize("workload,extra", [

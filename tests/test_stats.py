@@ -96,7 +96,7 @@ def test_a_job_over_several_gpus_reports_a_row_per_gpu():
 
 
 def test_compiled_binning_matches_numpys_bucket_for_bucket(monkeypatch):
-    from gpufio.core import native
+    from gpufio.native import build as native
     if native.lat_function() is None:
         pytest.skip("no C compiler here: the NumPy path is the only one")
     rng = np.random.default_rng(7)

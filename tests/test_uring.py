@@ -14,6 +14,7 @@ import pytest
 
 from gpufio.core import pattern, targets
 from gpufio.io import uring
+from gpufio.native import uring as sys_uring
 
 pytestmark = pytest.mark.skipif(not uring.probe()["available"],
                                 reason=f"io_uring unavailable: {uring.probe().get('reason')}")
@@ -36,15 +37,15 @@ def test_abi_matches_the_kernel_header_values():
         assert uring.SQE_DTYPE.fields[name][1] == off, name
     for name, off in CQE_FIELDS.items():
         assert uring.CQE_DTYPE.fields[name][1] == off, name
-    for struct, names in ((uring.SqOffsets, SQOFF), (uring.CqOffsets, CQOFF)):
+    for struct, names in ((sys_uring.SqOffsets, SQOFF), (sys_uring.CqOffsets, CQOFF)):
         assert ctypes.sizeof(struct) == 40
         for i, name in enumerate(names):
             assert getattr(struct, name).offset == 4 * i
         assert struct.user_addr.offset == 32
-    assert ctypes.sizeof(uring.Params) == 120
+    assert ctypes.sizeof(sys_uring.Params) == 120
     for name, off in PARAMS.items():
-        assert getattr(uring.Params, name).offset == off, name
-    assert ctypes.sizeof(uring._GeteventsArg) == 24
+        assert getattr(sys_uring.Params, name).offset == off, name
+    assert ctypes.sizeof(sys_uring.GeteventsArg) == 24
 
 
 HEADER = "/usr/include/linux/io_uring.h"
@@ -75,11 +76,11 @@ def test_abi_matches_the_installed_header_compiled(tmp_path):
     for name in CQE_FIELDS:
         assert int(out[f"cqe.{name}"]) == uring.CQE_DTYPE.fields[name][1]
     for name in SQOFF:
-        assert int(out[f"sq.{name}"]) == getattr(uring.SqOffsets, name).offset
+        assert int(out[f"sq.{name}"]) == getattr(sys_uring.SqOffsets, name).offset
     for name in CQOFF:
-        assert int(out[f"cq.{name}"]) == getattr(uring.CqOffsets, name).offset
+        assert int(out[f"cq.{name}"]) == getattr(sys_uring.CqOffsets, name).offset
     for name in PARAMS:
-        assert int(out[f"p.{name}"]) == getattr(uring.Params, name).offset
+        assert int(out[f"p.{name}"]) == getattr(sys_uring.Params, name).offset
     assert (int(out["sizeof.sqe"]), int(out["sizeof.cqe"]), int(out["sizeof.params"])) == \
         (64, 16, 120)
 

@@ -22,19 +22,18 @@ what was found, in libblkid's names (``TYPE="vfat"``, ``PTTYPE="gpt"``).
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import functools
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpufio.core import pattern
 from gpufio.core.errors import BadInput
 from gpufio.facts.device import read_text
 from gpufio.facts.nvme import same_namespace
+from gpufio.native import blkid
 
 if TYPE_CHECKING:
     from gpufio.core.job import Job
@@ -122,75 +121,28 @@ def _read_ends(fd: int, size: int) -> tuple[bytes, bytes]:
     return head, tail
 
 
-# libblkid's flags (blkid.h): what the superblocks chain reports, and that a superblock
-# with a bad checksum is reported too (it is still someone's data)
-_SUBLKS_TYPE, _SUBLKS_USAGE, _SUBLKS_BADCSUM = 1 << 5, 1 << 7, 1 << 10
-_AMBIVALENT = -2
-LIBBLKID = "libblkid.so.1"
+LIBBLKID = blkid.SONAME
 
 
-@functools.cache
-def _libblkid() -> ctypes.CDLL | None:
-    """util-linux's libblkid, or None where it cannot be loaded."""
-    try:
-        lib = ctypes.CDLL(LIBBLKID, use_errno=True)
-    except OSError:
-        return None
-    p, i = ctypes.c_void_p, ctypes.c_int
-    for name, res, args in (
-            ("blkid_new_probe", p, []),
-            ("blkid_free_probe", None, [p]),
-            ("blkid_probe_set_device", i, [p, i, ctypes.c_int64, ctypes.c_int64]),
-            ("blkid_probe_enable_superblocks", i, [p, i]),
-            ("blkid_probe_set_superblocks_flags", i, [p, i]),
-            ("blkid_probe_enable_partitions", i, [p, i]),
-            ("blkid_do_safeprobe", i, [p]),
-            ("blkid_do_fullprobe", i, [p]),
-            ("blkid_probe_lookup_value", i,
-             [p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_void_p])):
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
-    return lib
+def _libblkid() -> Any:
+    """util-linux's libblkid, or None where it cannot be loaded (native/blkid.py)."""
+    return blkid.library()
 
 
-def _value(lib: ctypes.CDLL, pr: int, name: str) -> str | None:
-    data = ctypes.c_char_p()
-    if lib.blkid_probe_lookup_value(pr, name.encode(), ctypes.byref(data), None) != 0:
-        return None
-    return (data.value or b"").decode(errors="replace")
-
-
-def blkid_signatures(lib: ctypes.CDLL, fd: int) -> list[Signature]:
+def blkid_signatures(lib: Any, fd: int) -> list[Signature]:
     """What libblkid finds on the open file or device ``fd``, as ``blkid -p`` probes it:
     superblocks and partition tables. An ambivalent result (more than one superblock) is
     refused like any other, naming the first that libblkid finds."""
-    pr = lib.blkid_new_probe()
-    if not pr:
-        raise OSError(errno.ENOMEM, "libblkid cannot make a probe")
-    try:
-        if lib.blkid_probe_set_device(pr, fd, 0, 0) != 0:
-            raise OSError(ctypes.get_errno() or errno.EIO, "libblkid cannot probe it")
-        lib.blkid_probe_enable_superblocks(pr, 1)
-        lib.blkid_probe_set_superblocks_flags(pr, _SUBLKS_TYPE | _SUBLKS_USAGE | _SUBLKS_BADCSUM)
-        lib.blkid_probe_enable_partitions(pr, 1)
-        rc = lib.blkid_do_safeprobe(pr)
-        ambivalent = rc == _AMBIVALENT
-        if ambivalent:
-            rc = lib.blkid_do_fullprobe(pr)
-        if rc < 0:
-            raise OSError(ctypes.get_errno() or errno.EIO, "libblkid's probe failed")
-        found = []
-        pttype, fstype = _value(lib, pr, "PTTYPE"), _value(lib, pr, "TYPE")
-        if pttype:
-            found.append(Signature("a partition table", "PTTYPE", pttype))
-        if fstype:
-            usage = _USAGE.get(_value(lib, pr, "USAGE") or "other", _USAGE["other"])
-            found.append(Signature(usage, "TYPE", fstype))
-        if ambivalent:
-            found.append(Signature("other superblocks (wipefs -n lists them)", "", ""))
-        return found
-    finally:
-        lib.blkid_free_probe(pr)
+    got = blkid.probe(lib, fd)
+    found = []
+    if got.pttype:
+        found.append(Signature("a partition table", "PTTYPE", got.pttype))
+    if got.fstype:
+        found.append(Signature(_USAGE.get(got.usage or "other", _USAGE["other"]), "TYPE",
+                               got.fstype))
+    if got.ambivalent:
+        found.append(Signature("other superblocks (wipefs -n lists them)", "", ""))
+    return found
 
 
 def probe(fd: int) -> tuple[list[Signature], str]:

@@ -10,7 +10,6 @@ cheat by compressing it).
 
 from __future__ import annotations
 
-import ctypes
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -127,20 +126,19 @@ def _native_work(fill: Any, words: np.ndarray, offs: np.ndarray, seed: np.ndarra
         for r, c in mine:
             rows, cols = min(rows_per, n - r), min(cols_per, width - c)
             part_offs = np.ascontiguousarray(offs[r:r + rows] + np.uint64(8 * c))
-            fill(ctypes.cast(base + 8 * (r * stride + c), _U64P), stride, rows, cols,
-                 part_offs.ctypes.data_as(_U64P), seed[r:r + rows].ctypes.data_as(_U64P), MAGIC)
+            fill(base + 8 * (r * stride + c), stride, rows, cols, part_offs.ctypes.data,
+                 seed[r:r + rows].ctypes.data, MAGIC)
     return work
 
 
 def native_fill() -> Any:
-    """The compiled fill, or None (core/native.py)."""
-    from gpufio.core.native import fill_function
+    """The compiled fill, or None (native/build.py)."""
+    from gpufio.native.build import fill_function
 
     return fill_function()
 
 
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
-_U64P = ctypes.POINTER(ctypes.c_uint64)
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:

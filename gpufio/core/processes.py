@@ -14,7 +14,6 @@ pending signal is delivered as ``held`` ends, to its handlers as they were.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -26,6 +25,7 @@ from typing import Any
 
 from gpufio.core.errors import WorkerHung
 from gpufio.core.signals import ignore_stop_signals, sigterm_as_sigint
+from gpufio.native import libc
 
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 # what a child says once its handlers are in
@@ -92,8 +92,7 @@ def die_with_parent() -> None:
     # main thread (a job's first worker starting the controller its workers share), the
     # signal would come when that thread ends, and the sentinel alone watches the process
     if not getattr(multiprocessing.current_process(), "started_by_thread", False):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     parent = multiprocessing.parent_process()
     if parent is None or parent.sentinel is None:
         return
@@ -114,7 +113,7 @@ def die_with_parent_exec() -> Callable[[], None]:
     parent = os.getpid()
 
     def arm() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:
             os._exit(1)
 

@@ -4,7 +4,6 @@ final record the runner reads when the worker is done."""
 
 from __future__ import annotations
 
-import ctypes
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufio.core import native
+from gpufio.native import build, memory
 from gpufio.core.shared import LIVE_WORDS, READ, WRITE
 from gpufio.core.stats import PLAT_NR, CpuTimes, LatencyStats
 
@@ -43,8 +42,8 @@ class Recorder:
     sync_ns: int = 0
 
     def __post_init__(self) -> None:
-        # ctypes view of the block's counters: an increment costs half a numpy element update
-        self.live = (ctypes.c_int64 * LIVE_WORDS).from_address(self.block.ctypes.data)
+        # a words view of the block's counters: an increment costs half a numpy element update
+        self.live = memory.int64_words(LIVE_WORDS, addr=self.block.ctypes.data)
         self.lats = [LatencyStats(hist=self.block[LIVE_WORDS + d * PLAT_NR:LIVE_WORDS + (d + 1) * PLAT_NR])
                      for d in (READ, WRITE)]
         self.short = np.zeros(self.ntargets, dtype=np.int64)
@@ -55,7 +54,7 @@ class Recorder:
         self._npending = [0, 0]
         self._flushed_at = time.monotonic_ns()
         # built (or found) now, not at the first flush, which falls inside the measured run
-        native.lat_function()
+        build.lat_function()
 
     @property
     def completed(self) -> int:

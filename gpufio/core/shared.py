@@ -4,14 +4,15 @@ whether the workers are threads, forked or spawned processes."""
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import weakref
+from typing import Any
 
 import numpy as np
 
 from gpufio.core.stats import PLAT_NR
+from gpufio.native import memory
 
 # completed, then measured ios and bytes of each direction (read, write), then when the
 # measured counts last moved (monotonic ns), so a sample divides by the time they cover
@@ -50,7 +51,7 @@ class JobShared:
         self._fd = fd if source is None else -1
         wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK) if source is None else -1
         words = np.frombuffer(self._mem, dtype=np.int64)
-        self.control = JobControl((ctypes.c_int64 * 2).from_buffer(self._mem), wake)
+        self.control = JobControl(memory.int64_words(2, buffer=self._mem), wake)
         if wake >= 0:  # open as long as anything may stop the job: a worker's wait polls it
             weakref.finalize(self.control, os.close, wake)
         self.blocks = [words[2 + i * BLOCK_WORDS:2 + (i + 1) * BLOCK_WORDS] for i in range(nworkers)]
@@ -79,15 +80,15 @@ class JobShared:
 class JobControl:
     """The runner's side of steering: stop, and whether the measured phase has begun."""
 
-    def __init__(self, words: ctypes.Array, wake_fd: int = -1) -> None:
-        self._w = words  # ctypes, not numpy: a flag read costs a third as much
+    def __init__(self, words: Any, wake_fd: int = -1) -> None:
+        self._w = words  # ctypes words, not numpy: a flag read costs a third as much
         self.wake_fd = wake_fd
 
     @property
     def stop_address(self) -> int:
         """The address of the control words (stop, then measuring), for a compiled loop
         that reads them per I/O."""
-        return ctypes.addressof(self._w)
+        return memory.words_address(self._w)
 
     @property
     def stopping(self) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpufio.core import native
+from gpufio.native import build
 
 PLAT_BITS = 6
 PLAT_VAL = 1 << PLAT_BITS
@@ -62,7 +62,7 @@ class LatencyStats:
         if len(lat_ns) == 0:
             return
         lat = np.ascontiguousarray(lat_ns, dtype=np.int64)
-        fn = native.lat_function()
+        fn = build.lat_function()
         h = self.hist
         if (fn is not None and h.dtype == np.int64 and h.size == PLAT_NR
                 and h.flags.c_contiguous and h.flags.writeable):

@@ -21,7 +21,6 @@ careful mmap writer does: the reads of the next batch overlap the stores of this
 
 from __future__ import annotations
 
-import ctypes
 import mmap as mm
 import os
 import time
@@ -36,6 +35,7 @@ from gpufio.core.rows import RowSupport
 from gpufio.engines import register
 from gpufio.engines.base import PROCESSES, Engine
 from gpufio.io.staging import segment_shape
+from gpufio.native import memory
 
 if TYPE_CHECKING:
     from gpufio.core.job import Job
@@ -214,9 +214,9 @@ class MmapChannel(Channel):
         if got:
             page = view.ctypes.data + off
             if write:
-                ctypes.memmove(page, addr, got)
+                memory.memmove(page, addr, got)
             else:
-                ctypes.memmove(addr, page, got)
+                memory.memmove(addr, page, got)
         return got
 
     def _rows(self, tgt: np.ndarray, off: np.ndarray, length: np.ndarray, addr: np.ndarray,
@@ -242,8 +242,7 @@ class MmapChannel(Channel):
             tables.append(view[skip:skip + held * rb].reshape(held, rb))
         if any((rows[tgt == t] >= len(tables[t])).any() for t in files.tolist()):
             return None
-        buf = np.ctypeslib.as_array((ctypes.c_uint8 * (n * rb)).from_address(int(addr[0])))
-        buf = buf.reshape(n, rb)
+        buf = memory.array_at(int(addr[0]), np.uint8, n * rb).reshape(n, rb)
         if not write:
             gather_rows(tables, tgt, rows, buf)
         elif len(tables) == 1:

@@ -9,7 +9,6 @@ channel is synchronous: each request is moved, and timed, inside ``submit``. The
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from typing import TYPE_CHECKING, Any, Sequence
@@ -21,6 +20,7 @@ from gpufio.core.requests import HOST, Capability, Channel, ChannelSpec, File
 from gpufio.engines import register
 from gpufio.engines.base import Engine, loop_facts
 from gpufio.io import loops
+from gpufio.native import memory
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -79,7 +79,7 @@ class PsyncChannel(Channel):
                                     addr[:k].tolist(), writes[:k].tolist(), tag[:k].tolist()):
             view = views.get((a, n))
             if view is None:
-                view = views[a, n] = memoryview((ctypes.c_char * n).from_address(a)).cast("B")
+                view = views[a, n] = memory.bytes_at(a, n)
             t0 = clock()
             try:
                 got = os.pwritev(fds[t], [view], o) if w else os.preadv(fds[t], [view], o)

@@ -8,23 +8,13 @@ than an error, since containers and virtual disks expose less.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import stat
 from pathlib import Path
 from typing import Any
 
-_STATX_DIOALIGN = 0x2000
-_AT_FDCWD = -100
-
-
-class _Statx(ctypes.Structure):
-    """struct statx up to the direct-I/O alignment fields (Linux 6.1+), padded to 256 bytes."""
-
-    _fields_ = [("mask", ctypes.c_uint32), ("blksize", ctypes.c_uint32),
-                ("pad0", ctypes.c_uint8 * 144), ("dio_mem_align", ctypes.c_uint32),
-                ("dio_offset_align", ctypes.c_uint32), ("pad1", ctypes.c_uint8 * 96)]
+from gpufio.native import libc
 
 
 def read_text(path: Path) -> str | None:
@@ -46,14 +36,7 @@ def read_int(path: str | Path) -> int | None:
 
 def dio_alignment(path: str) -> tuple[int, int] | None:
     """(memory, offset) alignment O_DIRECT needs on ``path``, from statx; None if unknown."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if not hasattr(libc, "statx"):
-        return None
-    buf = _Statx()
-    rc = libc.statx(_AT_FDCWD, os.fsencode(path), 0, _STATX_DIOALIGN, ctypes.byref(buf))
-    if rc != 0 or not buf.mask & _STATX_DIOALIGN or buf.dio_offset_align == 0:
-        return None
-    return buf.dio_mem_align, buf.dio_offset_align
+    return libc.dio_alignment(path)
 
 
 def _mount(dev: int) -> tuple[str, str, str] | None:

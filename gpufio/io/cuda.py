@@ -14,6 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from gpufio.native import cuda as native_cuda
+
 KERNELS = Path(__file__).parent.parent / "kernels"
 
 
@@ -29,12 +31,10 @@ def raw_module(code: str) -> Any:
     """A cupy.RawModule of ``code`` that may include gpufio's kernel headers: the include
     path, the shared constants (io/gio/contract.py) and, for CuPy's disk cache, a digest
     of every kernel file. Kernels of one's own that use the request API compile so."""
-    import cupy
-
     from gpufio.io.gio import contract
 
-    return cupy.RawModule(code=f"// gpufio kernels {kernels_digest()}\n" + code,
-                          options=("-std=c++17", f"-I{KERNELS}", *contract.defines()))
+    return native_cuda.compile_module(f"// gpufio kernels {kernels_digest()}\n" + code,
+                                      ("-std=c++17", f"-I{KERNELS}", *contract.defines()))
 
 
 def kernels_digest(directory: Path | None = None) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpufio.core.errors import BadInput
+from gpufio.native import cuda as native_cuda
 
 # cufile.h: CUfileDescr_t, CUfileIOParams_t, CUfileIOEvents_t on LP64
 DESCR = np.dtype({"names": ["type", "fd"], "formats": [np.int32, np.int32],
@@ -154,7 +155,7 @@ def binding(threads: int = 0, io_bytes: int = 0, inflight: int = 0) -> Any:
     (size_pool)."""
     if "cf" not in _open:
         try:
-            import cuda.bindings.cufile as cf
+            cf = native_cuda.cufile()
         except ImportError:
             raise BadInput("engine 'cufile': api 'batch' and 'async' need cuda-python's cuFile "
                            "bindings (pip install 'gpufio[gds]')") from None

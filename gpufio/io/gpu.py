@@ -6,7 +6,6 @@ touches CuPy; ``probe`` turns every way of having no usable GPU into a one-line 
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ import numpy as np
 
 from gpufio.facts.device import pci_link
 from gpufio.facts.system import pci_place_facts
+from gpufio.native import cuda as native_cuda
 
 NO_GPU = "no NVIDIA GPU or driver found"
 NO_DEVICE = "no NVIDIA GPU found (the driver sees none)"
@@ -28,11 +28,7 @@ def driver_present() -> bool:
     Without one, CUDA's own error ('driver version is insufficient') would mislead."""
     if os.path.exists("/proc/driver/nvidia/version"):
         return True
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
+    return native_cuda.libcuda_present()
 
 
 def _runtime_reason(e: Exception) -> str:

@@ -1,5 +1,5 @@
 /* The per-I/O loops of the CPU-driven paths, compiled (gpufio/io/loops.py builds and binds
- * this file with core/native.py). Python hands a loop a batch of (target, offset) pairs from
+ * this file with native/build.py). Python hands a loop a batch of (target, offset) pairs from
  * the job's offset stream and gets back one (latency, target, result, direction) row per
  * completed I/O: the stream, the checks and the recording stay in Python, and no Python runs
  * between an I/O's taking and its reaping, so a latency is what fio's `lat` is: from the

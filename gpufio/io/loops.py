@@ -5,13 +5,12 @@ at queue depth 1 is the device's and the kernel's, not the interpreter's.
 ``NativeLoop.run`` issues one batch (target indexes, offsets, and which of them write) and
 returns the completions as arrays the engine records as it records its Python loop's; the
 loop's state (slots, what is in flight) lives in C between calls. ``available()`` is False
-where core/native.py builds nothing (no compiler, GPUFIO_NATIVE=0): engines then run their
+where native/build.py builds nothing (no compiler, GPUFIO_NATIVE=0): engines then run their
 Python loop, which gives the same results.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufio.core import native
+from gpufio.native import loops as native_loops
 
 SOURCES = (Path(__file__).with_name("loops.c"),
            Path(__file__).resolve().parent.parent / "core" / "pattern_fill.c")
@@ -29,40 +28,10 @@ TIMED_OUT, STOPPED, RAMP = 1, 2, 4  # struct gf_loop.status bits
 # the latency bins move at least this often
 CALL_NS = 50_000_000
 
-_P = ctypes.c_void_p
-_I64 = ctypes.c_int64
 
-
-class _Loop(ctypes.Structure):
-    """struct gf_loop (loops.c): every field 64 bits, in its order."""
-
-    _fields_ = [("depth", _I64), ("bs", _I64), ("stop", _P), ("fds", _P), ("bufs", _P),
-                ("seeds", _P), ("magic", ctypes.c_uint64), ("halt_on_error", _I64),
-                ("nop", _I64), ("ring_fd", _I64),
-                *[(n, _P) for n in ("sq_head", "sq_tail", "sq_array", "sq_flags", "cq_head",
-                                    "cq_tail", "sqes", "cqes")],
-                ("sq_entries", _I64), ("cq_mask", _I64), ("sqpoll", _I64),
-                ("word0", ctypes.c_uint64 * 2), ("stop_ud", ctypes.c_uint64), ("wait_ns", _I64),
-                ("batch_submit", _I64), ("spin_ns", _I64),
-                *[(n, _I64) for n in ("sq_tail_local", "cq_head_local", "inflight", "nfree",
-                                      "status", "unsubmitted", "spin_skip", "spin_misses",
-                                      "slat_sum", "slat_n", "unsubmitted_stamps")],
-                *[(n, _P) for n in ("free_slots", "t_issue", "slot_tgt", "slot_write")]]
-
-
-class _Out(ctypes.Structure):
-    _fields_ = [("lat", _P), ("tgt", _P), ("res", _P), ("write", _P)]
-
-
-def _library() -> ctypes.CDLL | None:
-    lib = native.library("loops", SOURCES)
-    if lib is not None and not hasattr(lib, "_gpufio_typed"):
-        for fn in (lib.gf_null, lib.gf_psync, lib.gf_uring):
-            fn.argtypes = [ctypes.POINTER(_Loop), _P, _P, _P, _P, _I64, _I64,
-                           ctypes.POINTER(_Out), _P]
-            fn.restype = _I64
-        lib._gpufio_typed = True
-    return lib
+def _library() -> Any:
+    """The compiled loops, typed (native/loops.py), or None."""
+    return native_loops.library(SOURCES)
 
 
 def available() -> bool:
@@ -107,9 +76,9 @@ class NativeLoop:
         self.tgt = np.zeros(cap, np.int32)
         self.res = np.zeros(cap, np.int32)
         self.write = np.zeros(cap, np.uint8)
-        self._out = _Out(_addr(self.lat), _addr(self.tgt), _addr(self.res), _addr(self.write))
-        self._consumed = _I64(0)
-        L = self._loop = _Loop()
+        self._out = native_loops.Out(_addr(self.lat), _addr(self.tgt), _addr(self.res),
+                                     _addr(self.write))
+        L = self._loop = native_loops.Loop()
         L.depth, L.bs, L.stop, L.bufs = depth, bs, stop, bufs
         L.fds, L.seeds, L.magic = _addr(self._fds), _addr(self._seeds), magic
         L.halt_on_error, L.nop = int(halt_on_error), int(nop)
@@ -126,9 +95,8 @@ class NativeLoop:
             L.word0[0], L.word0[1] = word0
             L.stop_ud, L.wait_ns, L.batch_submit = stop_ud, wait_ns, batch_submit
             L.spin_ns = spin_ns
-        self._loop_ref = ctypes.byref(L)
-        self._out_ref = ctypes.byref(self._out)
-        self._consumed_ref = ctypes.byref(self._consumed)
+        self._loop_ref, self._out_ref, self._consumed, self._consumed_ref = \
+            native_loops.references(L, self._out)
 
     @property
     def inflight(self) -> int:

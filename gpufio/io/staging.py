@@ -13,13 +13,12 @@ copied down to its host slots in one transfer, from which the engine writes.
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from gpufio.core.options import Option
 from gpufio.io import gpu
 from gpufio.io import verify as gpuverify
+from gpufio.native import memory
 
 # An engine whose host-memory requests land in GPU memory through segments offers this
 # option; without it the loop takes its default.
@@ -93,7 +92,7 @@ class SegmentedStaging:
         lo = seg * self.per_segment * self.bs
         stream = self._streams[seg]
         self.dev[lo:lo + k * self.bs].data.copy_from_host_async(
-            ctypes.c_void_p(self.host_addr + lo), k * self.bs, stream)
+            memory.pointer(self.host_addr + lo), k * self.bs, stream)
         if self._verify and offs is not None:
             dev = self._stage_params(seg, k, offs, seeds)
             self._uses[seg] += 1
@@ -106,7 +105,7 @@ class SegmentedStaging:
         """Queue the copy of segment ``seg``'s offsets and seeds to the GPU; their device rows."""
         host, dev = self._params_host[seg], self._params[seg]
         host[0, :k], host[1, :k] = offs, seeds
-        dev.data.copy_from_host_async(ctypes.c_void_p(host.ctypes.data), host.nbytes,
+        dev.data.copy_from_host_async(memory.pointer(host.ctypes.data), host.nbytes,
                                       self._streams[seg])
         return dev
 
@@ -119,7 +118,7 @@ class SegmentedStaging:
         gpuverify.fill(self.dev[lo:lo + k * self.bs].view(self._cp.uint64), self._rows,
                        dev[0], dev[1], k, self.bs, stream)
         self.dev[lo:lo + k * self.bs].data.copy_to_host_async(
-            ctypes.c_void_p(self.host_addr + lo), k * self.bs, stream)
+            memory.pointer(self.host_addr + lo), k * self.bs, stream)
         self._events[seg].record(stream)
 
     def done(self, seg: int) -> bool:

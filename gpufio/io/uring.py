@@ -1,9 +1,10 @@
 """io_uring through raw system calls: ring setup, memory, SQE/CQE batches, registration.
 
-No compiled helper and no binding: ctypes for the three system calls, numpy views for the
-rings, so that a batch of SQEs is written with a handful of vectorised stores. The layer is
-shared by every engine that uses io_uring, including the GPU-initiated one, so the rules
-that keep a ring healthy live here and nowhere else:
+No compiled helper and no binding: the three system calls and the structs they take
+(native/uring.py), numpy views for the rings, so that a batch of SQEs is written with a
+handful of vectorised stores. The layer is shared by every engine that uses io_uring,
+including the GPU-initiated one, so the rules that keep a ring healthy live here and nowhere
+else:
 
 - ring memory may be mapped from the kernel or supplied by the caller
   (IORING_SETUP_NO_MMAP, Linux 6.5+): page-aligned, zero-filled anonymous memory that a GPU
@@ -15,7 +16,6 @@ that keep a ring healthy live here and nowhere else:
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import mmap
 import os
@@ -27,8 +27,12 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.facts.host import io_uring_disabled, kernel_version
+from gpufio.native import libc, memory
+from gpufio.native import uring as sys_uring
+from gpufio.native.uring import Params
 
-SYS_SETUP, SYS_ENTER, SYS_REGISTER = 425, 426, 427
+# the one call made per batch: straight to libc, without sys_uring.enter's frame
+_syscall, SYS_ENTER = libc.syscall, sys_uring.SYS_ENTER
 
 SETUP_IOPOLL = 1 << 0
 SETUP_SQPOLL = 1 << 1
@@ -85,46 +89,11 @@ def sq_entries(iodepth: int, ring_entries: int, where: str = "") -> int:
                        f"{MAX_ENTRIES}")
     return entries
 
+
 FEATURES = ("single_mmap", "nodrop", "submit_stable", "rw_cur_pos", "cur_personality",
             "fast_poll", "poll_32bits", "sqpoll_nonfixed", "ext_arg", "native_workers",
             "rsrc_tags", "cqe_skip", "linked_file", "reg_reg_ring", "recvsend_bundle",
             "min_timeout", "rw_attr", "no_iowait")
-
-_U32 = ctypes.c_uint32
-
-
-class SqOffsets(ctypes.Structure):
-    """struct io_sqring_offsets (40 bytes)."""
-
-    _fields_ = [(n, _U32) for n in ("head", "tail", "ring_mask", "ring_entries", "flags",
-                                    "dropped", "array", "resv1")] + [("user_addr", ctypes.c_uint64)]
-
-
-class CqOffsets(ctypes.Structure):
-    """struct io_cqring_offsets (40 bytes)."""
-
-    _fields_ = [(n, _U32) for n in ("head", "tail", "ring_mask", "ring_entries", "overflow",
-                                    "cqes", "flags", "resv1")] + [("user_addr", ctypes.c_uint64)]
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_int64), ("tv_nsec", ctypes.c_int64)]
-
-
-class _GeteventsArg(ctypes.Structure):
-    """struct io_uring_getevents_arg: lets io_uring_enter wait with a timeout."""
-
-    _fields_ = [("sigmask", ctypes.c_uint64), ("sigmask_sz", _U32), ("min_wait_usec", _U32),
-                ("ts", ctypes.c_uint64)]
-
-
-class Params(ctypes.Structure):
-    """struct io_uring_params (120 bytes)."""
-
-    _fields_ = [(n, _U32) for n in ("sq_entries", "cq_entries", "flags", "sq_thread_cpu",
-                                    "sq_thread_idle", "features", "wq_fd")] + [
-        ("resv", _U32 * 3), ("sq_off", SqOffsets), ("cq_off", CqOffsets)]
-
 
 SQE_DTYPE = np.dtype({
     "names": ["opcode", "flags", "ioprio", "fd", "off", "addr", "len", "rw_flags", "user_data",
@@ -135,15 +104,6 @@ SQE_DTYPE = np.dtype({
     "itemsize": 64})
 CQE_DTYPE = np.dtype({"names": ["user_data", "res", "flags"], "formats": ["<u8", "<i4", "<u4"],
                       "offsets": [0, 8, 12], "itemsize": 16})
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
-# syscall(2) is variadic: declaring every argument a C long makes ctypes widen each integer
-# to 64 bits. Passed as 32-bit ints, the upper half of an argument register is undefined and
-# io_uring_enter sees a garbage argsz (EINVAL). Pointers travel as addresses.
-_syscall.argtypes = [ctypes.c_long] * 7
-
 
 class UringError(Exception):
     """io_uring is missing, disabled, or refused a request; the message says which and why."""
@@ -200,10 +160,6 @@ def _anon(size: int) -> mmap.mmap:
 
 def _page_round(n: int) -> int:
     return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
-
-
-def _addr(buf: Any) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
 @dataclass(frozen=True)
@@ -269,15 +225,15 @@ class Ring:
             sqe_mem = _anon(_page_round(sq_n * self.sqe_bytes))
             ring_mem = _anon(_page_round(4096 + cq_n * self.cqe_bytes + sq_n * 4))
             self._maps += [sqe_mem, ring_mem]
-            p.sq_off.user_addr = _addr(sqe_mem)
-            p.cq_off.user_addr = _addr(ring_mem)
+            p.sq_off.user_addr = memory.address_of(sqe_mem)
+            p.cq_off.user_addr = memory.address_of(ring_mem)
         fd, err = -1, 0
         for fallback in (0, SETUP_SINGLE_ISSUER | SETUP_DEFER_TASKRUN,
                          SETUP_COOP_TASKRUN | SETUP_TASKRUN_FLAG):
             flags &= ~fallback  # kernels before 5.19 / 6.1 lack the task-run flags
             p.flags = flags
-            fd = _syscall(SYS_SETUP, entries, ctypes.addressof(p), 0, 0, 0, 0)
-            err = ctypes.get_errno()
+            fd = sys_uring.setup(entries, p)
+            err = -fd if fd < 0 else 0
             if fd >= 0 or err != errno.EINVAL:
                 break
         if fd < 0:
@@ -301,18 +257,16 @@ class Ring:
         self.inflight = 0
         self._armed = 0  # the wake poll, in flight but not one of the caller's I/Os
         self.woken = False
-        self._ts = _Timespec()
         self._timeout_ns = 0
-        self._ext = _GeteventsArg(0, 0, 0, ctypes.addressof(self._ts))
-        self._ext_addr = ctypes.addressof(self._ext)
+        self._ext = sys_uring.WaitArg()
 
     def _map_rings(self, user_memory: bool) -> None:
         p = self.params
         sq, cq = p.sq_off, p.cq_off
         if user_memory:
             sqe_mem, ring_mem = self._maps
-            sq_base = cq_base = _addr(ring_mem)
-            sqe_base = _addr(sqe_mem)
+            sq_base = cq_base = memory.address_of(ring_mem)
+            sqe_base = memory.address_of(sqe_mem)
         else:
             sq_size = sq.array + self.sq_entries * 4
             cq_size = cq.cqes + self.cq_entries * self.cqe_bytes
@@ -329,25 +283,23 @@ class Ring:
             sqes = mmap.mmap(self.fd, self.sq_entries * self.sqe_bytes,
                              mmap.MAP_SHARED | mmap.MAP_POPULATE, offset=OFF_SQES)
             self._maps.append(sqes)
-            sq_base, cq_base, sqe_base = _addr(ring), _addr(cq_map), _addr(sqes)
-        self._sq_head = _U32.from_address(sq_base + sq.head)
-        self._sq_tail = _U32.from_address(sq_base + sq.tail)
-        self._sq_flags = _U32.from_address(sq_base + sq.flags)
-        self._sq_dropped = _U32.from_address(sq_base + sq.dropped)
-        self._cq_head = _U32.from_address(cq_base + cq.head)
-        self._cq_tail = _U32.from_address(cq_base + cq.tail)
-        self._cq_overflow = _U32.from_address(cq_base + cq.overflow)
+            sq_base, cq_base, sqe_base = map(memory.address_of, (ring, cq_map, sqes))
+        self._sq_head = memory.u32_at(sq_base + sq.head)
+        self._sq_tail = memory.u32_at(sq_base + sq.tail)
+        self._sq_flags = memory.u32_at(sq_base + sq.flags)
+        self._sq_dropped = memory.u32_at(sq_base + sq.dropped)
+        self._cq_head = memory.u32_at(cq_base + cq.head)
+        self._cq_tail = memory.u32_at(cq_base + cq.tail)
+        self._cq_overflow = memory.u32_at(cq_base + cq.overflow)
         sqe_w, cqe_w = self.sqe_bytes // 8, self.cqe_bytes // 8
-        sqe_words = ctypes.c_uint64 * (self.sq_entries * sqe_w)
-        cqe_words = ctypes.c_uint64 * (self.cq_entries * cqe_w)
-        self.sqes = np.ctypeslib.as_array(sqe_words.from_address(sqe_base)).reshape(
+        self.sqes = memory.array_at(sqe_base, np.uint64, self.sq_entries * sqe_w).reshape(
             self.sq_entries, sqe_w)
-        self.cqes = np.ctypeslib.as_array(cqe_words.from_address(cq_base + cq.cqes)).reshape(
-            self.cq_entries, cqe_w)
+        self.cqes = memory.array_at(cq_base + cq.cqes, np.uint64,
+                                    self.cq_entries * cqe_w).reshape(self.cq_entries, cqe_w)
         self._cqe_res = self.cqes.view(np.int32)[:, 2]
         self._sq_array = None
         if not self.flags & SETUP_NO_SQARRAY:
-            array = np.ctypeslib.as_array((_U32 * self.sq_entries).from_address(sq_base + sq.array))
+            array = memory.array_at(sq_base + sq.array, np.uint32, self.sq_entries)
             array[:] = np.arange(self.sq_entries, dtype=np.uint32)
             self._sq_array = array
         self.regions = ([Region(sqe_base, len(self._maps[0])), Region(cq_base, len(self._maps[1]))]
@@ -425,16 +377,9 @@ class Ring:
         """Write SQEs (rows of 8 little-endian u64 words, see ``sqe_words``) and publish them."""
         self._publish(self.sqes, words)
 
-    def push_slots(self, slots: np.ndarray) -> None:
-        """Publish SQEs already written in place at rows ``slots`` of ``sqes`` (each caller
-        slot owns SQE row ``slot``), through the SQ index array: no 64-byte row is copied
-        per I/O, only the changed fields, as fio's io_uring engine does. Needs the SQ array
-        (not NO_SQARRAY) and slots < sq_entries whose previous I/O has completed."""
-        self._publish(self._sq_array, slots)
-
     def _publish(self, dest: np.ndarray, values: np.ndarray) -> None:
-        """Write ``values`` at the SQ tail of ``dest`` (SQE rows or index array), wrapping
-        around, then move the tail; refuses more than ``space()`` allows."""
+        """Write ``values`` at the SQ tail of ``dest`` (the SQE rows), wrapping around, then
+        move the tail; refuses more than ``space()`` allows."""
         k = len(values)
         if k > self.space():
             raise UringError(f"push of {k} SQEs exceeds the ring's space ({self.space()}): "
@@ -459,14 +404,14 @@ class Ring:
         arg = argsz = 0
         if timeout_ns is not None and flags & ENTER_GETEVENTS:
             if timeout_ns != self._timeout_ns:
-                self._ts.tv_sec, self._ts.tv_nsec = divmod(timeout_ns, 1_000_000_000)
+                self._ext.set(timeout_ns)
                 self._timeout_ns = timeout_ns
-            arg, argsz, flags = self._ext_addr, ctypes.sizeof(_GeteventsArg), flags | ENTER_EXT_ARG
+            arg, argsz, flags = self._ext.address, self._ext.size, flags | ENTER_EXT_ARG
         while True:
             rc = _syscall(SYS_ENTER, self.fd, to_submit, min_complete, flags, arg, argsz)
             if rc >= 0:
                 return rc
-            err = ctypes.get_errno()
+            err = libc.errno()
             if err == errno.ETIME:
                 return 0
             if err != errno.EINTR:
@@ -517,15 +462,13 @@ class Ring:
 
     def register_files(self, fds: list[int]) -> None:
         """Register descriptors so SQEs can name them by index (IOSQE_FIXED_FILE)."""
-        arr = (ctypes.c_int32 * len(fds))(*fds)
-        self._register(REGISTER_FILES, ctypes.addressof(arr), len(fds), "files")
+        arr = np.asarray(fds, np.int32)
+        self._register(REGISTER_FILES, arr.ctypes.data, len(fds), "files")
 
     def register_buffers(self, regions: list[Region]) -> None:
         """Register buffers so READ_FIXED can skip per-I/O page pinning."""
-        class IoVec(ctypes.Structure):
-            _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-        arr = (IoVec * len(regions))(*[IoVec(r.addr, r.size) for r in regions])
-        self._register(REGISTER_BUFFERS, ctypes.addressof(arr), len(regions), "buffers")
+        arr = np.array([(r.addr, r.size) for r in regions], sys_uring.IOVEC)
+        self._register(REGISTER_BUFFERS, arr.ctypes.data, len(regions), "buffers")
 
     def sq_thread_times(self) -> tuple[int, int, int] | None:
         """(SQPOLL thread id, its CPU time, the part of it spent on work) in microseconds,
@@ -541,9 +484,9 @@ class Ring:
         return (pid, total, work) if pid > 0 else None
 
     def _register(self, opcode: int, arg: int, n: int, what: str) -> None:
-        rc = _syscall(SYS_REGISTER, self.fd, opcode, arg, n, 0, 0)
+        rc = sys_uring.register(self.fd, opcode, arg, n)
         if rc < 0:
-            err = ctypes.get_errno()
+            err = -rc
             raise UringError(f"io_uring_register {what} failed: {errno.errorcode.get(err, err)} "
                              f"({os.strerror(err)})")
 

@@ -13,7 +13,7 @@ It runs in a process of its own exactly as the model does (io/nvme/model.ModelPr
 ``serve`` = ``server(threads, backend)``), so the host driver, the CPU driver of the model
 and the GPU agents drive it unchanged. ``namespaces`` are the files of namespaces 2, 3 ...
 (a table striped over drives); with a ``drive`` model each namespace has its own rate model
-(io/nvme/drives.py), which holds every I/O completion until its time. Built by core/native.py; ``available()`` is False
+(io/nvme/drives.py), which holds every I/O completion until its time. Built by native/build.py; ``available()`` is False
 where there is no C compiler. ``cpu_reads`` drives queue pairs from compiled CPU threads
 (driver.c): the controller's own CPU-driven ceiling.
 """
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufio.core import native
+from gpufio.native import build as native
 from gpufio.io.cuda import KERNELS
 from gpufio.io.nvme import drives, model, passthru, spec
 from gpufio.io.watchdog import Stalled

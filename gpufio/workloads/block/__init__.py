@@ -10,7 +10,7 @@ from gpufio.workloads import RunKeys, Workload, register
 from gpufio.workloads.block import document, driver
 from gpufio.workloads.block.options import JOB_OPTIONS, BlockSettings, check, settle
 
-BLOCK = register(Workload(
+register(Workload(
     name="block", summary="the I/O benchmark", options=rate.OPTIONS, settings=BlockSettings,
     check=check,
     formats=document.FORMATS, run=driver.run, render=document.render,

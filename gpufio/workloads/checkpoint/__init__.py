@@ -12,7 +12,7 @@ from gpufio.workloads.checkpoint.options import (
     check,
 )
 
-CHECKPOINT = register(Workload(
+register(Workload(
     name="checkpoint", summary="model state saved from GPU memory and restored, per engine",
     options=CHECKPOINT_OPTIONS, settings=CheckpointSettings, check=check,
     formats=report.FORMATS, run=driver.run_workload,

@@ -7,7 +7,7 @@ from gpufio.workloads import Workload, register
 from gpufio.workloads.gnn import driver, report
 from gpufio.workloads.gnn.options import GNN_DEFAULTS, GNN_OPTIONS, GnnSettings, check
 
-GNN = register(Workload(
+register(Workload(
     name="gnn", summary="GNN training with feature aggregation through the engine",
     options=GNN_OPTIONS, settings=GnnSettings, check=check, formats=report.FORMATS,
     run=driver.run_workload,

@@ -31,7 +31,6 @@ from gpufio.core.errors import BadInput
 from gpufio.workloads.gnn.features import npy_header
 from gpufio.workloads.gnn.graph import Graph, edge_keys, from_keys
 
-SIZES = ("tiny", "small", "medium", "large", "full")
 _MAGIC = b"\x93NUMPY"
 
 

@@ -1,12 +1,12 @@
 """C helpers compiled with the host's C compiler: the pattern fill (core/pattern_fill.c), for
 writes from host memory, where NumPy makes about 1 GB/s per core, which bounds a worker's
 large writes below what a drive takes; the latency histogram's binning (core/lat_bins.c),
-which every recorded I/O passes through; and the CPU engines' per-I/O loops (io/loops.c,
-bound by io/loops.py). Each is built once per machine into gpufio's cache directory and loaded
-through ctypes, which lets go of the interpreter lock during the call, so fill threads run in
-parallel. Where there is no compiler (or GPUFIO_NATIVE=0) there is no native code: the
-pattern is filled and latencies binned with NumPy and the loops run in Python, the same bytes
-and results, slower.
+which every recorded I/O passes through; the CPU engines' per-I/O loops (io/loops.c, bound
+by native/loops.py); the compiled NVMe controller and drive models (io/nvme/). Each is built
+once per machine into gpufio's cache directory and loaded through ctypes, which lets go of
+the interpreter lock during the call, so fill threads run in parallel. Where there is no
+compiler (or GPUFIO_NATIVE=0) there is no native code: the pattern is filled and latencies
+binned with NumPy and the loops run in Python, the same bytes and results, slower.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("pattern_fill.c")
-LAT_SOURCE = Path(__file__).with_name("lat_bins.c")
-_U64P = ctypes.POINTER(ctypes.c_uint64)
+CORE = Path(__file__).resolve().parent.parent / "core"
+SOURCE = CORE / "pattern_fill.c"
+LAT_SOURCE = CORE / "lat_bins.c"
 
 
 def _cache_dir() -> Path:
@@ -90,13 +90,14 @@ def library(name: str, sources: tuple[Path, ...], headers: tuple[Path, ...] = ()
 
 @lru_cache(maxsize=1)
 def fill_function() -> ctypes._CFuncPtr | None:
-    """gpufio_fill(out, stride, n, words, offsets, seeds, magic), or None (see the module)."""
+    """gpufio_fill(out, stride, n, words, offsets, seeds, magic), or None (see the module);
+    the arrays go as their addresses."""
     lib = library("pattern_fill", (SOURCE,))
     if lib is None:
         return None
     fn = lib.gpufio_fill
-    fn.argtypes = [_U64P, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, _U64P, _U64P,
-                   ctypes.c_uint64]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
     fn.restype = None
     return fn
 

@@ -1,7 +1,9 @@
 """The software NVMe controllers' rates (io/nvme/model.py, and the compiled one of
 io/nvme/compiled.py where ``server`` names it): driven by a CPU driver (the model's Python
 one, or compiled driver threads), and by GPU agent warps through io/gio/backends/nvme.py, for
-bench/bam.py (BaM's mechanism's ceiling, as bench/nop.py is io_uring's). The numbers are
+bench/bam.py (BaM's mechanism's ceiling, as bench/nop.py is io_uring's). A mechanism below the
+API, so this module reaches gpufio's internals (docs/design/ARCHITECTURE.md allows bench/ that
+where it measures a mechanism); a bench's users see only its rates. The numbers are
 the software controllers', not a drive's; with ``drive`` (a drives.toml model) every
 completion is held to that drive's published rates: an emulated drive's."""
 
@@ -17,10 +19,17 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from gpufio.io.nvme import spec as nq
-
 from gpufio.io.nvme.model import ModelProcess
 
 BS = 4096
+
+
+def drive_model(name: str) -> dict[str, Any]:
+    """A drive model of io/nvme/drives.toml as a result records it: its published figures
+    (None: not published), their sources and its ``label`` (BadInput for an unknown name)."""
+    from gpufio.io.nvme import drives
+
+    return drives.describe(drives.model(name))
 
 
 def _model(where: str, size: int, server: Any = None) -> ModelProcess:
@@ -145,15 +154,17 @@ def _requests(q: Any, fn: Any, n: int, depth: int, pairs: int, size: int, bs: in
     tpb = min(32, threads)
     threads -= threads % tpb
     offs = _offsets(n, size, bs)
-    res = cp.zeros(n, cp.int32)
-    data = rows if rows is not None else cp.zeros(16, cp.uint8)
+    # every array (and the kernels that fill them) before the agents spin: a module loaded
+    # while they do can wait for them (io/gio/queue.RequestQueue.start)
+    args = (q.descriptor, np.uint64(n), cp.asarray(offs), cp.full(n, bs, cp.uint32),
+            cp.zeros(n, cp.uint8), rows if rows is not None else cp.zeros(16, cp.uint8),
+            np.uint64(bs // 16 if rows is not None else 0), np.int32(rows is not None),
+            res := cp.zeros(n, cp.int32))
     stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
     q.start(threads)
     t = time.perf_counter()
-    fn((threads // tpb,), (tpb,), (q.descriptor, np.uint64(n), cp.asarray(offs),
-                                   cp.full(n, bs, cp.uint32), cp.zeros(n, cp.uint8), data,
-                                   np.uint64(bs // 16 if rows is not None else 0),
-                                   np.int32(rows is not None), res), stream=stream)
+    fn((threads // tpb,), (tpb,), args, stream=stream)
     done = stream.record()
     side = during((lambda: not done.done)) if during is not None else None
     q.wait((stream,), 10**10)
@@ -197,15 +208,20 @@ def h2d_ceiling(nbytes: int = 256 << 20, seconds: float = 1.0) -> float:
     memory can move."""
     import cupy as cp
 
+    rt = cp.cuda.runtime
     host = cp.cuda.alloc_pinned_memory(nbytes)
     dev = cp.cuda.alloc(nbytes)
     stream = cp.cuda.Stream(non_blocking=True)
-    dev.copy_from_host_async(host, nbytes, stream)  # the first copy pays for setup
+
+    def copy() -> None:
+        rt.memcpyAsync(dev.ptr, host.ptr, nbytes, rt.memcpyHostToDevice, stream.ptr)
+
+    copy()  # the first copy pays for setup
     stream.synchronize()
     copies, t = 0, time.perf_counter()
     while time.perf_counter() - t < seconds:
         for _ in range(4):
-            dev.copy_from_host_async(host, nbytes, stream)
+            copy()
         stream.synchronize()
         copies += 4
     return copies * nbytes / (time.perf_counter() - t)
