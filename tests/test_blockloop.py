@@ -1,4 +1,4 @@
-"""The one block loop (run/blockloop.py): the CPU engines define a channel and no loop over
+"""The one block loop (loops/block_host.py): the CPU engines define a channel and no loop over
 the context's batches, and a new engine gets block jobs (reads, verify, writes, a mix,
 fsync) by implementing only ``channel``."""
 
@@ -17,7 +17,7 @@ from gpufio.core.requests import Capability, Channel, ChannelSpec, File
 from gpufio.engines import all_engines, register
 from gpufio.engines.base import Engine
 from gpufio.profile import from_dict
-from gpufio.run.blockloop import uses_block_loop
+from gpufio.core.requests import CHANNEL
 from gpufio.workloads.block import runner
 
 ENGINES = Path(__file__).resolve().parent.parent / "gpufio" / "engines"
@@ -44,14 +44,14 @@ def _job(engine: str, **opts):
 
 @pytest.mark.parametrize("name", ["uring", "psync", "null", "uring-cmd"])
 def test_their_block_jobs_run_in_the_block_loop(name):
-    assert uses_block_loop(all_engines()[name], _job(name))
+    assert all_engines()[name].primitive(_job(name)) == CHANNEL
 
 
 @pytest.mark.parametrize("opts, loop", [({}, True), ({"submitter": "cpu"}, True),
                                         ({"submitter": "gpu"}, False),
                                         ({"controller": "model"}, False)])
 def test_bam_s_cpu_stand_in_runs_in_the_block_loop_and_gpu_threads_in_its_own(opts, loop):
-    assert uses_block_loop(all_engines()["bam"], _job("bam", **opts)) is loop
+    assert (all_engines()["bam"].primitive(_job("bam", **opts)) == CHANNEL) is loop
 
 
 class PreadChannel(Channel):
@@ -112,7 +112,7 @@ def _run(path, **opts):
 
 def test_a_new_engine_gets_block_jobs_by_implementing_only_its_channel(pread_engine,
                                                                        pattern_file, tmp_path):
-    assert uses_block_loop(pread_engine, _job("test-pread"))
+    assert pread_engine.primitive(_job("test-pread")) == CHANNEL
     r = _run(pattern_file, rw="randread", verify=True, numjobs=2, io_size="1m")
     assert r.ok and r.verify_failures == 0 and r.ios == 2 * 256 and r.bytes == r.ios * 4096
     assert r.lat.n == r.ios

@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from gpufio.core.requests import HOST, ChannelSpec, RequestFailed, move_all
+from gpufio.core.requests import HOST, ChannelSpec, RequestFailed
+from gpufio.loops.steps import move_all
 from gpufio.engines import all_engines
 
 
