@@ -1,0 +1,96 @@
+"""The loops band's shared pieces: the one stall rule (loops/steps.StallWatch) every loop
+ends a stall through, and the choice of loop from the engine's primitive and the memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpufio.core.requests import CHANNEL, GPU, HOST, QUEUE, Capability, Channel
+from gpufio.engines.base import Engine
+from gpufio.io.watchdog import Stalled
+from gpufio.loops.block import loop_class
+from gpufio.loops.steps import StallWatch, move_all
+from gpufio.profile import from_dict
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_a_stall_is_no_progress_for_the_limit_and_its_message_says_where():
+    clock = Clock()
+    watch = StallWatch(1000, clock)
+    clock.now = 900
+    watch.check(0, "3 I/Os in flight", lambda: "never asked")  # first sight: the clock starts
+    clock.now = 1800
+    watch.check(0, "3 I/Os in flight", lambda: "never asked")  # 900 ns without progress
+    clock.now = 1900
+    watch.check(1, "3 I/Os in flight", lambda: "never asked")  # progress: starts again
+    clock.now = 2901
+    with pytest.raises(Stalled, match=r"^2 I/Os in flight and none completed for 1e-06 s: "
+                                      r"ring state$"):
+        watch.check(1, "2 I/Os in flight", lambda: "ring state")
+
+
+class _Wedged(Channel):
+    """Takes requests and never completes one."""
+
+    n = 0
+
+    @property
+    def inflight(self):
+        return self.n
+
+    def submit(self, tgt, off, length, addr, write, tag):
+        k = min(self.room(), len(off))
+        self.n += k
+        return k
+
+    def reap(self, wait_ns):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+    def state(self):
+        return "wedged on purpose"
+
+
+def test_a_batch_that_never_completes_ends_in_the_one_stall_error():
+    from gpufio.core.requests import ChannelSpec
+
+    with pytest.raises(Stalled, match="^2 I/Os in flight and none completed for 0.02 s: "
+                                      "wedged on purpose$"):
+        move_all(_Wedged(ChannelSpec(2)), [0, 0, 0], [0, 4096, 8192], [4096] * 3,
+                 [0, 0, 0], False, stall_ns=20_000_000)
+
+
+def _engine(cap, uses_gpu=False, queue=False):
+    attrs = {"name": "t", "summary": "t", "capability": cap, "uses_gpu": uses_gpu}
+    if queue:
+        attrs["queue"] = classmethod(lambda cls, job, files, spec: None)
+    return type("T", (Engine,), attrs)
+
+
+@pytest.fixture
+def job():
+    return from_dict({"global": {"engine": "null", "size": "1m"}}, "t.toml", {}).jobs[0]
+
+
+def test_the_block_loop_follows_the_primitive_and_the_memory(job):
+    from gpufio.loops.block_device import DeviceBlockLoop
+    from gpufio.loops.block_gpu_slots import GpuSlotLoop
+    from gpufio.loops.block_host import BlockLoop
+    from gpufio.loops.block_staged import StagedLoop
+
+    host = _engine(Capability())
+    assert host.primitive(job) == CHANNEL and loop_class(host, job) is BlockLoop
+    assert loop_class(_engine(Capability(memory=(GPU,)), uses_gpu=True), job) is GpuSlotLoop
+    assert loop_class(_engine(Capability(memory=(HOST,)), uses_gpu=True), job) is StagedLoop
+    assert loop_class(_engine(Capability(moves_data=False), uses_gpu=True), job) is None
+    gpu_threads = _engine(None, uses_gpu=True, queue=True)
+    assert gpu_threads.primitive(job) == QUEUE
+    assert loop_class(gpu_threads, job) is DeviceBlockLoop
+    assert _engine(None).primitive(job) is None and loop_class(_engine(None), job) is None
