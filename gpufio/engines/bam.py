@@ -52,18 +52,8 @@ import numpy as np
 from gpufio.core.checks import Check
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.requests import (
-    CHANNEL,
-    HOST,
-    QUEUE,
-    Capability,
-    Channel,
-    ChannelSpec,
-    DeviceQueue,
-    File,
-    QueueSpec,
-    drain,
-)
+from gpufio.core.requests import (CHANNEL, HOST, QUEUE, Capability, Channel, ChannelSpec,
+                                  DeviceQueue, File, QueueSpec, drain)
 from gpufio.core.rows import RowSupport, row_depth
 from gpufio.engines import register
 from gpufio.engines.base import Engine

@@ -17,18 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 from gpufio.core.checks import Check
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option, settings_class
-from gpufio.core.requests import (
-    CHANNEL,
-    GPU,
-    HOST,
-    QUEUE,
-    Capability,
-    Channel,
-    ChannelSpec,
-    DeviceQueue,
-    File,
-    QueueSpec,
-)
+from gpufio.core.requests import (CHANNEL, GPU, HOST, QUEUE, Capability, Channel, ChannelSpec,
+                                  DeviceQueue, File, QueueSpec)
 
 if TYPE_CHECKING:
     from gpufio.core.job import Job
