@@ -555,7 +555,7 @@ def doctor(profile_path: Optional[Path] = _DOCTOR_ARGS[0], target: list[str] = _
     io_uring for GPU-initiated I/O, MPS, the targets and the PCIe links (exit 1 on a fail)."""
     from gpufio import api, profile
     from gpufio.results import render
-    from gpufio.run import doctor as checks
+    from gpufio import doctor as checks
 
     with _exit_codes():
         if fmt not in ("table", "json"):

@@ -12,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "gpufio"
 # highest first; the package root (gpufio/__init__.py: the version) sits below everything
-BANDS = ("pyg", "cli", "api", "profile", "workloads", "results", "fio", "run", "loops",
-         "engines", "io", "core", "facts", "")
+BANDS = ("pyg", "cli", "doctor", "api", "profile", "workloads", "results", "fio", "run",
+         "loops", "engines", "io", "core", "facts", "")
 
 
 def band_of(module: str) -> str:
