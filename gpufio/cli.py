@@ -135,9 +135,9 @@ def _layout_consent(yes: bool) -> Any:
     question where a user sits at a terminal (not under an MPI launcher: the ranks would
     ask at once); otherwise it is refused."""
     from gpufio.core import space
-    from gpufio.run import world
+    from gpufio.core.processes import launched
 
-    interactive = sys.stdin.isatty() and sys.stderr.isatty() and not world.launched()
+    interactive = sys.stdin.isatty() and sys.stderr.isatty() and not launched()
     return space.answering(
         (lambda q: typer.confirm(q, default=False, err=True)) if interactive else None, yes)
 
