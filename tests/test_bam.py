@@ -281,7 +281,7 @@ def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None
 
     with pytest.raises(BadInput, match=message):
         all_engines()["bam"].queue(_bam_job(**opts), [], QueueSpec(
-            0, 512, layout=table.layout, rows=RowRequest(dim=128, max_rows=10, direct=True)))
+            0, 512, table=table, rows=RowRequest(dim=128, max_rows=10, direct=True)))
 
 
 def test_the_cpu_stand_in_s_rows_go_through_the_gather_without_a_gpu_cache() -> None:

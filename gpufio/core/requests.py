@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from gpufio.core.rows import Layout, RowRequest
+    from gpufio.core.rows import RowRequest, RowTable
 
 
 # where a request's buffer lives
@@ -100,14 +100,15 @@ CHANNEL, QUEUE = "channel", "queue"
 class QueueSpec:
     """What a loop asks of a request queue GPU threads submit to: ``depth`` request slots
     (per ring) for a worker's block job, ``slot_bytes`` the largest transfer, ``worker`` the
-    worker it serves (its own NVMe queue pair). For the GNN rows, ``layout`` and ``rows``:
-    the files are a feature table laid out so (a file per stripe), and the depth is the
-    engine's pick for ``rows`` (core/rows.row_depth) unless the profile gives one."""
+    worker it serves (its own NVMe queue pair). For the GNN rows, ``table`` and ``rows``:
+    the queue reads the feature table's files (the engine opens what it needs of them, as
+    ``rows.direct`` says), and the depth is the engine's pick for ``rows``
+    (core/rows.row_depth) unless the profile gives one."""
 
     depth: int
     slot_bytes: int
     worker: int = 0
-    layout: "Layout | None" = None
+    table: "RowTable | None" = None
     rows: "RowRequest | None" = None
 
 

@@ -460,8 +460,8 @@ class Bam(Engine):
         block job, on its own queue pair of the job's controller (``files``: its one
         namespace); for the GNN rows, on a software controller of the fetcher's own serving
         the feature table's files, a namespace each."""
-        if spec.layout is not None:
-            return _row_queue(job, files, spec)
+        if spec.table is not None:
+            return _row_queue(job, spec)
         o = cls.settings(job)
         if len(files) > 1:  # (a GNN table over several files has a namespace each)
             raise BadInput(f"job '{job.name}': engine 'bam' with GPU threads drives one "
@@ -769,7 +769,7 @@ def _block_queue(job: Job, spec: QueueSpec, owner: Any, mem: Any, pair: Any, nsi
                        sync=sync, close=close)
 
 
-def _row_queue(job: Job, files: Sequence[File], spec: QueueSpec) -> DeviceQueue:
+def _row_queue(job: Job, spec: QueueSpec) -> DeviceQueue:
     """GPU threads reading a feature table's rows through NVMe queue agents, as gpu-uring's
     do through io_uring. The files are served by a software controller of the queue's own
     (controller = "model" or "compiled"), a namespace each (a table striped over n drives:
@@ -779,8 +779,8 @@ def _row_queue(job: Job, files: Sequence[File], spec: QueueSpec) -> DeviceQueue:
     from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 
     o = Bam.settings(job)
-    layout, paths = spec.layout, [f.path for f in files]
-    assert layout is not None and spec.rows is not None
+    assert spec.table is not None and spec.rows is not None
+    layout, paths = spec.table.layout, spec.table.paths
     if o.controller not in SOFTWARE:
         raise BadInput(f"job '{job.name}': engine 'bam' fetches GNN rows from a software "
                        "controller only (controller = \"model\" or \"compiled\"): a "

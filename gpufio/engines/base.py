@@ -177,8 +177,8 @@ class Engine(ABC):
 
     @classmethod
     def queue(cls, job: "Job", files: Sequence[File], spec: QueueSpec) -> DeviceQueue:
-        """The engine's other primitive over ``files`` (a worker's targets, or a feature
-        table's files where ``spec.layout`` is set; opened by the caller, who closes them):
+        """The engine's other primitive over ``files`` (a worker's targets, opened by the
+        caller, who closes them; none where ``spec.table`` names a feature table's files):
         a request queue GPU threads submit to, with what a loop must know of it
         (core/requests.DeviceQueue), set up now, before the clock. Engines whose
         ``primitive`` can be QUEUE implement it."""

@@ -20,7 +20,7 @@ from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.requests import DeviceQueue, File, QueueSpec
-from gpufio.core.rows import RowSupport, row_depth
+from gpufio.core.rows import RowRequest, RowSupport, RowTable, close_all, open_rows, row_depth
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
 from gpufio.io import gpu, nvme_cmd, uring
@@ -171,16 +171,33 @@ class GpuUring(Engine):
         the namespaces); for the GNN rows with the engine's own defaults otherwise (inline,
         registered: on tmpfs they gathered faster than io-wq did)."""
         o = cls.settings(job)
-        fds = [f.fd for f in files]
-        if spec.rows is not None:
-            depth = row_depth(spec.rows, o.rings)
-            q = make_queue(o, depth=depth, slot_bytes=spec.slot_bytes, fds=fds)
-            return DeviceQueue(q, o.stall_timeout, threads=o.rings * depth, close=q.close,
-                               facts={"iodepth": depth, "rings": o.rings,
-                                      "sqe_async": o.sqe_async})
+        if spec.table is not None and spec.rows is not None:
+            return _row_queue(o, spec.table, spec.rows, spec.slot_bytes)
         nop = o.op == "nop"
-        q = make_queue(o, depth=spec.depth, slot_bytes=spec.slot_bytes, fds=fds, nop=nop,
+        q = make_queue(o, depth=spec.depth, slot_bytes=spec.slot_bytes,
+                       fds=[f.fd for f in files], nop=nop,
                        namespaces=namespace_table(files) if o.passthrough else None)
         share = uring.SqThreadShare(q.rings.rings)
         return DeviceQueue(q, o.stall_timeout, threads=o.threads, land_gpu=o.land == "gpu",
                            nop=nop, begin=share.begin, notes=share.facts, close=q.close)
+
+
+def _row_queue(o: Any, table: RowTable, request: RowRequest, row_bytes: int) -> DeviceQueue:
+    """io_uring rings over the feature table's files (opened here, closed with the queue)
+    for the GNN rows' gather on the GPU."""
+    depth = row_depth(request, o.rings)
+    fds = open_rows(table, request.direct)
+    try:
+        q = make_queue(o, depth=depth, slot_bytes=row_bytes, fds=fds)
+    except BaseException:
+        close_all(fds)
+        raise
+
+    def close() -> None:
+        try:
+            q.close()
+        finally:
+            close_all(fds)
+
+    return DeviceQueue(q, o.stall_timeout, threads=o.rings * depth, close=close,
+                       facts={"iodepth": depth, "rings": o.rings, "sqe_async": o.sqe_async})

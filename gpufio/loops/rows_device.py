@@ -13,19 +13,18 @@ import numpy as np
 
 from gpufio.core.job import Job
 from gpufio.core.requests import QueueSpec
-from gpufio.core.rows import RowFetchError, RowRequest, RowTable, close_all, open_rows, row_error
+from gpufio.core.rows import RowFetchError, RowRequest, RowTable, row_error
 from gpufio.io import cuda, gpu
 from gpufio.io.gio.bench import TPB, gpu_price
 from gpufio.io.gio.cache import GpuCache, cache_rows
 from gpufio.io.gio.queue import QueueStalled
-from gpufio.loops.rows import RowFile
 
 GATHER_POLL_S = 0.0001
 
 
 class QueueGather:
     """Rows of ``table`` fetched through ``engine``'s request queue (core/requests
-    DeviceQueue, over the table's files opened here) by the queue's GPU threads into ``xp``
+    DeviceQueue, over the table's files) by the queue's GPU threads into ``xp``
     arrays (CuPy) of ``request.dim`` float32 columns, through ``request.cache_bytes`` of GPU
     memory in front of the reads (0: none). ``rows`` counts the rows fetched, ``facts`` and
     ``mode`` say how (the queue's), ``price`` what the gather's kernels occupy of the GPU
@@ -35,24 +34,21 @@ class QueueGather:
 
     def __init__(self, engine: Any, job: Job, table: RowTable, xp: Any,
                  request: RowRequest) -> None:
-        self._fds = open_rows(table, request.direct)
-        self._dq: Any = None
+        self._dq = engine.queue(job, (), QueueSpec(0, table.layout.row_bytes, table=table,
+                                                   rows=request))
         try:
-            self._dq = engine.queue(job, [RowFile(p, fd) for p, fd in zip(table.paths, self._fds)],
-                                    QueueSpec(0, table.layout.row_bytes, layout=table.layout,
-                                              rows=request))
-            self._gather_on(self._dq.queue, table, xp, request.dim, self._dq.threads,
-                            self._dq.stall_ns, request.cache_bytes)
+            self._prepare(table, xp, request.dim, request.cache_bytes)
         except BaseException:
             self.close()
             raise
         self.facts = {**self._dq.facts, "gpu_price": self.price}
         self.mode = self._dq.mode
 
-    def _gather_on(self, queue: Any, table: RowTable, xp: Any, dim: int, threads: int,
-                   stall_ns: int, cache_bytes: int) -> None:
+    def _prepare(self, table: RowTable, xp: Any, dim: int, cache_bytes: int) -> None:
+        """The cache, the kernel, the counters and the stream, on the queue's threads."""
+        queue, threads = self._dq.queue, self._dq.threads
         self.queue, self.xp, self.dim, self.layout = queue, xp, dim, table.layout
-        self.threads, self.stall_ns = threads, stall_ns
+        self.threads, self.stall_ns = threads, self._dq.stall_ns
         self.rows = 0
         self.cache = None
         if cache_bytes:
@@ -106,10 +102,6 @@ class QueueGather:
         return out
 
     def close(self) -> None:
-        """The queue and what it was made on, then the table's files."""
-        try:
-            if self._dq is not None:
-                self._dq.close()
-        finally:
-            close_all(self._fds)
+        """The queue and what it was made on (the files it opened among them)."""
+        self._dq.close()
 
