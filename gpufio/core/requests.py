@@ -45,9 +45,8 @@ class Capability:
     ``memory``: where its requests' buffers may live (HOST, GPU). ``writes``: it writes as
     well as reads. ``moves_data``: False for a path that completes requests without moving
     bytes (null), whose buffers hold nothing afterwards. ``page_cache``: reads come from the
-    page cache whatever O_DIRECT says (a mapping). ``submitter``: "cpu" when a host thread
-    submits each batch; "gpu" when GPU threads do, a batch a kernel launch (such an engine
-    also keeps its own device loop for the block workload). ``synchronous``: ``submit``
+    page cache whatever O_DIRECT says (a mapping). A host thread submits every batch (GPU
+    threads submit to the other primitive, a request queue). ``synchronous``: ``submit``
     blocks while it moves each request in turn (pread), timing each itself (``times``): a
     loop hands it a whole batch and overlaps its own work (a write's fill) on a thread.
     ``namespaces``: its files must be NVMe namespaces (passthrough commands, or a controller
@@ -61,7 +60,6 @@ class Capability:
     writes: bool = True
     moves_data: bool = True
     page_cache: bool = False
-    submitter: str = "cpu"
     synchronous: bool = False
     namespaces: bool = False
     descriptors: bool = True

@@ -97,8 +97,8 @@ class Engine(ABC):
     # what the profile's iodepth means for this path (shown by 'gpufio engines')
     iodepth_means: ClassVar[str] = "I/Os in flight per worker"
     # the extras of the GNN rows gathered through this engine's channel (a GPU cache,
-    # mapping advice, a row-width multiple, the loaders' baseline); for an engine whose
-    # channel the GPU submits to, all of what the gather over its queue offers (None: no rows)
+    # mapping advice, a row-width multiple, the loaders' baseline); for an engine with no
+    # channel, all of what the gather over its queue offers (None: no rows)
     rows: ClassVar[RowSupport | None] = None
     # for an engine with no channel a host thread submits to: where the checkpoint mover
     # would find shards once it has one (None: no tensors)
@@ -106,8 +106,8 @@ class Engine(ABC):
     # False for a path that touches no storage (null): a job of it naming no targets gets
     # an offset space of its size, with no file laid out
     touches_storage: ClassVar[bool] = True
-    # what the engine's channel (the one I/O primitive, core/requests) can do; None: it
-    # opens no channel (its loop runs on the device only)
+    # what the engine's channel (the primitive a host thread submits to, core/requests) can
+    # do; None: it opens no channel (GPU threads submit to its queue only)
     capability: ClassVar[Capability | None] = None
     # fio's names for this path, for job files: "ioengine" or "ioengine:cuda_io", each with
     # the note a user reads when it maps to gpufio's engine ("" when it is the same path)
@@ -121,7 +121,7 @@ class Engine(ABC):
     # taken from its driver, which leaves no file to fsync): the runner then syncs nothing
     flushes_itself: ClassVar[bool] = False
     # whether its workers take their I/Os from ctx.next_batch, so a rate cap (rate_iops)
-    # holds; False for engines whose loop runs on the device
+    # holds; False for engines whose GPU threads pick their own (its queue's loop)
     paced: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -170,8 +170,7 @@ class Engine(ABC):
         """Which primitive moves ``job``'s I/Os: CHANNEL where a host thread submits to the
         engine's channel (``capability``), else QUEUE where GPU threads submit to its
         ``queue``; None: neither (it moves nothing here). An engine with both says per job."""
-        cap = cls.capability
-        if cap is not None and cap.submitter == "cpu":
+        if cls.capability is not None:
             return CHANNEL
         return QUEUE if cls.queue.__func__ is not Engine.queue.__func__ else None
 
@@ -190,7 +189,7 @@ class Engine(ABC):
         channel a host thread submits to, the generic gather's (GPU memory only when the
         channel takes no host buffers) with the extras ``rows`` declares; else ``rows``."""
         cap = cls.capability
-        if cap is None or cap.submitter != "cpu":
+        if cap is None:
             return cls.rows
         if cap.namespaces:  # feature tables are files: rows only where the engine reads
             return cls.rows  # one laid out on a namespace (feature_file naming the device)
@@ -205,7 +204,7 @@ class Engine(ABC):
         through pinned host memory for a GPU engine's host channel. Without a channel a host
         thread submits to: what ``tensors`` declares."""
         cap = cls.capability
-        if cap is None or cap.submitter != "cpu":
+        if cap is None:
             return cls.tensors
         if cap.namespaces:  # checkpoints are files, not NVMe namespaces
             return None

@@ -1,11 +1,11 @@
 """The block workload's one I/O loop, written once over the engines' Channel (core/requests).
 
-Every engine whose channel a host thread submits (``capability.submitter == "cpu"``) and
-which defines no ``run`` of its own gets its block jobs moved here: slots of ``bs`` bytes in
-page-aligned host memory, offsets from ``ctx.next_batch``, the pattern filled for writes
-(``ctx.fill``), a mix of reads and writes (``ctx.last_writes``), reads verified as they land,
-fio's fsync = N, a rate cap (``ctx.due``: reap while nothing is due), the watchdog (a path
-whose requests stop completing ends in Stalled, with where the channel stood) and a stop
+Every engine whose primitive for the job is its channel, landing in host memory (loops/block
+picks), gets its block jobs moved here: slots of ``bs`` bytes in page-aligned host memory,
+offsets from ``ctx.next_batch``, the pattern filled for writes (``ctx.fill``), a mix of
+reads and writes (``ctx.last_writes``), reads verified as they land, fio's fsync = N, a rate
+cap (``ctx.due``: reap while nothing is due), the one stall rule (loops/steps: a path whose
+requests stop completing ends in Stalled, with where the channel stood) and a stop
 that wakes a waiting channel. Where a channel can hand its batches to a compiled loop
 (``Channel.native``: io/loops.py) and the job needs nothing the compiled loops lack
 (engines/base.compiled_loop), that loop runs them instead, with no Python per I/O.
