@@ -78,7 +78,7 @@ class GpuSlotLoop:
         fds = [t.fd for t in self.targets]
         issuing, syncing = True, False
         record: Callable[[], None] | None = None  # the last reap's, once its slots are taken
-        watch, completed = StallWatch(), 0
+        watch, completed = StallWatch().start(), 0
         while True:
             if syncing and not ch.inflight:
                 ctx.sync(fds)

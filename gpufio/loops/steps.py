@@ -21,13 +21,19 @@ from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
 class StallWatch:
     """The one stall rule over a loop's progress (a count of completions, or of any step
     that frees an I/O's slot: a staged segment's copy); ``stall_ns`` None: io/watchdog's
-    limit."""
+    limit. The clock starts at the first count it is fed (``start`` feeds zero now)."""
 
     def __init__(self, stall_ns: int | None = None,
                  clock: Callable[[], int] = time.perf_counter_ns) -> None:
         self.stall_ns = STALL_LIMIT_NS if stall_ns is None else stall_ns
         self._clock = clock
         self._dog = Watchdog(self.stall_ns, clock())
+
+    def start(self) -> "StallWatch":
+        """Start the clock now, with no progress yet: a loop whose first wait already
+        spans the limit is stuck after it, not after a second one."""
+        self.stuck(0)
+        return self
 
     def stuck(self, progress: int, now: int | None = None) -> bool:
         """True once ``progress`` (the loop's count so far) has not moved for the limit."""
@@ -54,7 +60,7 @@ def move_all(ch: Channel, tgt: np.ndarray, off: np.ndarray, length: np.ndarray,
     length = np.asarray(length, dtype=np.int64)
     addr = np.asarray(addr, dtype=np.uint64)
     tags = np.arange(n, dtype=np.int64)
-    watch = StallWatch(stall_ns)
+    watch = StallWatch(stall_ns).start()
     pushed = done = first = 0
     while done < n:
         if pushed < n:

@@ -37,6 +37,15 @@ def test_a_stall_is_no_progress_for_the_limit_and_its_message_says_where():
         watch.check(1, "2 I/Os in flight", lambda: "ring state")
 
 
+def test_a_started_watch_counts_from_its_start():
+    clock = Clock()
+    watch = StallWatch(1000, clock).start()
+    clock.now = 1001
+    assert watch.stuck(0)  # one wait of the limit, with nothing done since the start
+    fresh = StallWatch(1000, clock)
+    assert not fresh.stuck(0)  # unstarted: its first count starts the clock
+
+
 class _Wedged(Channel):
     """Takes requests and never completes one."""
 
