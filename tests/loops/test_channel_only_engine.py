@@ -1,80 +1,21 @@
-"""An engine that offers only a channel (core/requests) and nothing that runs gets block,
-GNN and checkpoint jobs from the loops band (gpufio/loops), each with its bytes checked:
-the loop is chosen from the engine's primitive and the memory, never from the engine."""
+"""An engine that offers only a channel (core/requests) and nothing that runs, registered
+for the test (tests/conftest.py's ``pread_engine``), gets block, GNN and checkpoint jobs
+from the loops band (gpufio/loops), each with its bytes checked: the loop is chosen from
+the engine's primitive and the memory, never from the engine."""
 
 from __future__ import annotations
 
-import ctypes
-import os
-from typing import Sequence
-
 import numpy as np
-import pytest
 
-from gpufio import engines
 from gpufio.core import pattern
-from gpufio.core.requests import CHANNEL, Capability, Channel, ChannelSpec, File
-from gpufio.engines import all_engines, register
-from gpufio.engines.base import Engine
+from gpufio.core.requests import CHANNEL
 from gpufio.profile import from_dict
 from gpufio.workloads.block import runner
 from gpufio.workloads.checkpoint import driver, layout
 from gpufio.workloads.checkpoint.state import cycled
 from gpufio.workloads.gnn.run import run_job
 
-NAME = "test-channel-only"
-
-
-class PositionalChannel(Channel):
-    """preadv/pwritev at reap time: requests stay in flight between submit and reap, as on a
-    ring, so the loops' slot bookkeeping is exercised."""
-
-    def __init__(self, files: Sequence[File], spec: ChannelSpec) -> None:
-        super().__init__(spec)
-        self._fds = [f.fd for f in files]
-        self._queued: list[tuple[int, int, int, int, bool, int]] = []
-        self.facts = {"iodepth": spec.depth}
-
-    @property
-    def inflight(self) -> int:
-        return len(self._queued)
-
-    def submit(self, tgt, off, length, addr, write, tag) -> int:
-        k = min(self.room(), len(off))
-        w = np.broadcast_to(np.asarray(write, bool), (len(off),))
-        self._queued += zip(np.asarray(tgt)[:k].tolist(), np.asarray(off)[:k].tolist(),
-                            np.asarray(length)[:k].tolist(), np.asarray(addr)[:k].tolist(),
-                            w[:k].tolist(), np.asarray(tag)[:k].tolist())
-        return k
-
-    def reap(self, wait_ns):
-        tags, res = [], []
-        for t, o, n, a, w, g in self._queued:
-            view = (ctypes.c_char * n).from_address(a)
-            res.append(os.pwritev(self._fds[t], [view], o) if w
-                       else os.preadv(self._fds[t], [view], o))
-            tags.append(g)
-        self._queued = []
-        return np.array(tags, np.int64), np.array(res, np.int64)
-
-
-@pytest.fixture
-def channel_only():
-    """An engine with a channel and nothing else (no queue, no loop), registered for the
-    test as the other test engines are."""
-    class ChannelOnly(Engine):
-        name = NAME
-        summary = "test double: a channel and nothing else"
-        capability = Capability()
-
-        @classmethod
-        def channel(cls, job, files, spec):
-            return PositionalChannel(files, spec)
-
-    all_engines()
-    register(ChannelOnly)
-    yield ChannelOnly
-    engines._REGISTRY.pop(NAME)
+NAME = "test-pread"  # tests/conftest.py's pread_engine: a channel and nothing else
 
 
 def _block(tmp_path, path, **opts):
@@ -83,12 +24,12 @@ def _block(tmp_path, path, **opts):
     return r
 
 
-def test_its_only_primitive_is_the_channel(channel_only):
+def test_its_only_primitive_is_the_channel(pread_engine):
     job = from_dict({"global": {"engine": NAME, "size": "1m"}}, "t.toml", {}).jobs[0]
-    assert channel_only.primitive(job) == CHANNEL
+    assert pread_engine.primitive(job) == CHANNEL
 
 
-def test_it_runs_block_jobs_that_read_and_write_the_pattern(channel_only, pattern_file,
+def test_it_runs_block_jobs_that_read_and_write_the_pattern(pread_engine, pattern_file,
                                                             tmp_path):
     r = _block(tmp_path, pattern_file, rw="randread", verify=True, io_size="1m")
     assert r.ok and r.verify_failures == 0 and r.ios == 256 and r.bytes == 256 * 4096
@@ -100,7 +41,7 @@ def test_it_runs_block_jobs_that_read_and_write_the_pattern(channel_only, patter
     assert out.read_bytes() == pattern.fill(0x89, 0, 512 << 10)  # the job's randseed
 
 
-def test_it_runs_gnn_jobs_whose_rows_are_the_features(channel_only, tmp_path):
+def test_it_runs_gnn_jobs_whose_rows_are_the_features(pread_engine, tmp_path):
     prof = from_dict({"global": {"workload": "gnn", "engine": NAME, "device": "cpu",
                                  "nodes": 3000, "feature_dim": 32, "hidden": 8,
                                  "batch_size": 32, "fanout": [3, 2], "iterations": 3,
@@ -111,7 +52,7 @@ def test_it_runs_gnn_jobs_whose_rows_are_the_features(channel_only, tmp_path):
     assert r["verify"] == {"rows_checked": 3 * 64, "mismatches": 0}
 
 
-def test_it_runs_checkpoint_rounds_that_restore_what_they_saved(channel_only, tmp_path):
+def test_it_runs_checkpoint_rounds_that_restore_what_they_saved(pread_engine, tmp_path):
     shards = ["1m", "8k", "600k"]
     glob = {"workload": "checkpoint", "engine": NAME, "device": "cpu", "state_size": "3m",
             "iterations": 2, "bs": "256k", "iodepth": 4, "targets": [str(tmp_path)],

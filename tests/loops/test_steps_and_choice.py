@@ -3,14 +3,13 @@ ends a stall through, and the choice of loop from the engine's primitive and the
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from gpufio.core.requests import CHANNEL, GPU, HOST, QUEUE, Capability, Channel
+from gpufio.core.requests import CHANNEL, GPU, HOST, QUEUE, Capability
 from gpufio.engines.base import Engine
 from gpufio.io.watchdog import Stalled
 from gpufio.loops.block import loop_class
-from gpufio.loops.steps import StallWatch, move_all
+from gpufio.loops.steps import StallWatch
 from gpufio.profile import from_dict
 
 
@@ -44,36 +43,6 @@ def test_a_started_watch_counts_from_its_start():
     assert watch.stuck(0)  # one wait of the limit, with nothing done since the start
     fresh = StallWatch(1000, clock)
     assert not fresh.stuck(0)  # unstarted: its first count starts the clock
-
-
-class _Wedged(Channel):
-    """Takes requests and never completes one."""
-
-    n = 0
-
-    @property
-    def inflight(self):
-        return self.n
-
-    def submit(self, tgt, off, length, addr, write, tag):
-        k = min(self.room(), len(off))
-        self.n += k
-        return k
-
-    def reap(self, wait_ns):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-
-    def state(self):
-        return "wedged on purpose"
-
-
-def test_a_batch_that_never_completes_ends_in_the_one_stall_error():
-    from gpufio.core.requests import ChannelSpec
-
-    with pytest.raises(Stalled, match="^2 I/Os in flight and none completed for 0.02 s: "
-                                      "wedged on purpose$"):
-        move_all(_Wedged(ChannelSpec(2)), [0, 0, 0], [0, 4096, 8192], [4096] * 3,
-                 [0, 0, 0], False, stall_ns=20_000_000)
 
 
 def _engine(cap, uses_gpu=False, queue=False):
