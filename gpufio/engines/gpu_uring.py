@@ -6,8 +6,10 @@ that live in CUDA-registered host memory; the kernel's SQPOLL threads execute th
 agents hand the completions back; the requesting warps copy the landed blocks into GPU
 memory and bin their latencies on the GPU. No CPU user code runs per I/O: the host thread
 only sets flags, wakes SQPOLL threads that fell asleep, reads live counters every 100 ms,
-and stops the kernels with a diagnostic when completions stop (the watchdog). The kernels
-are in kernels/gio_agent.cu and gio_bench.cu; the ring plumbing in gpufio/io/gio/backends/rings.py.
+and stops the kernels with a diagnostic when completions stop (the watchdog). The engine
+makes the queue (``queue``); the loops that drive it, the block benchmark and the row
+gather, are in gpufio/loops. The kernels are in kernels/gio_agent.cu and gio_bench.cu; the
+ring plumbing in gpufio/io/gio/backends/rings.py.
 """
 
 from __future__ import annotations
