@@ -104,4 +104,3 @@ class QueueGather:
     def close(self) -> None:
         """The queue and what it was made on (the files it opened among them)."""
         self._dq.close()
-
