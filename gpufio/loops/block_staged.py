@@ -24,7 +24,7 @@ import numpy as np
 from gpufio.core.requests import HOST, ChannelSpec
 from gpufio.core.slots import SlotTable
 from gpufio.io.staging import SEGMENTS, SPARE, SegmentedStaging, segment_shape
-from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
+from gpufio.loops.steps import StallWatch
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -88,9 +88,10 @@ class StagedLoop:
             raise RuntimeError(f"the channel took {sent} of a segment's {k} requests with "
                                f"{self.channel.inflight} of {self._cap} in flight")
 
-    def _stalled(self, what: str, state: np.ndarray) -> Stalled:
-        return Stalled(f"no {what} or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
-                       f"segment states {state.tolist()}; {self.channel.state()}")
+    def _check(self, watch: StallWatch, progress: int, what: str, state: np.ndarray) -> None:
+        """The one stall rule over the segments' progress (their I/Os and copies)."""
+        watch.check(progress, f"{int((state != FREE).sum())} segments of {what} or copies in "
+                    "flight", lambda: f"segment states {state.tolist()}; {self.channel.state()}")
 
     def run(self) -> None:
         if self.job.writes:
@@ -104,7 +105,7 @@ class StagedLoop:
         slot_res = np.zeros(self._nseg * seg, dtype=np.int32)
         records: list[Callable[[], None]] = []  # finished segments' recordings
         issuing = True
-        dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0  # reads + copies
+        watch, progress = StallWatch(), 0  # reads + copies
         while True:
             for s in np.flatnonzero(state == FREE).tolist() if issuing else ():
                 room = self._cap - int(seg_n[state != FREE].sum())
@@ -134,8 +135,7 @@ class StagedLoop:
                     records.append(self._finish(s, int(seg_n[s]), table, slot_res))
                     state[s] = FREE
                     progress += 1
-            if dog.update(progress, time.perf_counter_ns()):
-                raise self._stalled("read", state)
+            self._check(watch, progress, "reads", state)
 
     def _run_writes(self) -> None:
         """Segments go FREE -> COPYING (pattern generated on the GPU, copied down; the
@@ -148,7 +148,7 @@ class StagedLoop:
         table = SlotTable(self._nseg * seg)
         slot_res = np.zeros(self._nseg * seg, dtype=np.int32)
         issuing, syncing = True, False
-        dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0
+        watch, progress = StallWatch(), 0
         while True:
             if syncing and not np.any(state != FREE):
                 ctx.sync(self._fds)
@@ -187,8 +187,7 @@ class StagedLoop:
                 table.complete(ctx, slice(lo, lo + k), slot_res[lo:lo + k].copy(),
                                time.perf_counter_ns(), write=True)
                 state[s] = FREE
-            if dog.update(progress, time.perf_counter_ns()):
-                raise self._stalled("write", state)
+            self._check(watch, progress, "writes", state)
 
     def _wait(self, state: np.ndarray, slot_res: np.ndarray, seg_done: np.ndarray) -> int | None:
         """Wait for what is in flight: reap the channel's completions into ``slot_res`` and
