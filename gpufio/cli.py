@@ -135,9 +135,9 @@ def _layout_consent(yes: bool) -> Any:
     question where a user sits at a terminal (not under an MPI launcher: the ranks would
     ask at once); otherwise it is refused."""
     from gpufio.core import space
-    from gpufio.run import world
+    from gpufio.core.processes import launched
 
-    interactive = sys.stdin.isatty() and sys.stderr.isatty() and not world.launched()
+    interactive = sys.stdin.isatty() and sys.stderr.isatty() and not launched()
     return space.answering(
         (lambda q: typer.confirm(q, default=False, err=True)) if interactive else None, yes)
 
@@ -555,7 +555,7 @@ def doctor(profile_path: Optional[Path] = _DOCTOR_ARGS[0], target: list[str] = _
     io_uring for GPU-initiated I/O, MPS, the targets and the PCIe links (exit 1 on a fail)."""
     from gpufio import api, profile
     from gpufio.results import render
-    from gpufio.run import doctor as checks
+    from gpufio import doctor as checks
 
     with _exit_codes():
         if fmt not in ("table", "json"):

@@ -21,7 +21,7 @@ from gpufio.core.rows import Layout, RowRequest, RowTable
 from gpufio.engines import all_engines
 from gpufio.io import gpu
 from gpufio.profile import from_dict
-from gpufio.workloads.gnn.gather import fetcher
+from gpufio.loops.rows import fetcher
 
 try:
     from torch_geometric.data import FeatureStore as _PygStore

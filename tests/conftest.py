@@ -1,4 +1,5 @@
-"""Shared fixtures: a private scratch directory and small pattern-filled targets.
+"""Shared fixtures: a private scratch directory, small pattern-filled targets, and an engine
+that offers only a channel (``pread_engine``).
 
 Tests marked ``gpu`` are skipped, with the reason, where no usable GPU is found; tests marked
 ``nvme`` take the ``nvme_rig`` fixture (one QEMU guest with emulated NVMe for the whole run,
@@ -12,10 +13,69 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Sequence
 
+import numpy as np
 import pytest
 
 from gpufio.core import targets
+from gpufio.core.requests import Capability, Channel, ChannelSpec, File
+
+
+class PreadChannel(Channel):
+    """Reads and writes with pread/pwrite at reap time: requests are in flight between
+    submit and reap, as on a ring."""
+
+    def __init__(self, files: Sequence[File], spec: ChannelSpec) -> None:
+        super().__init__(spec)
+        self._fds = [f.fd for f in files]
+        self._queued: list[tuple[int, int, int, int, bool, int]] = []
+
+    @property
+    def inflight(self) -> int:
+        return len(self._queued)
+
+    def submit(self, tgt, off, length, addr, write, tag) -> int:
+        k = min(self.room(), len(off))
+        w = np.broadcast_to(np.asarray(write, bool), (len(off),))
+        self._queued += zip(*(np.asarray(x)[:k].tolist() for x in (tgt, off, length, addr)),
+                            w[:k].tolist(), np.asarray(tag)[:k].tolist())
+        return k
+
+    def reap(self, wait_ns):
+        import ctypes
+
+        tags, res = [], []
+        for t, o, n, a, w, g in self._queued:
+            view = (ctypes.c_char * n).from_address(a)
+            res.append(os.pwrite(self._fds[t], view, o) if w
+                       else os.preadv(self._fds[t], [view], o))
+            tags.append(g)
+        self._queued = []
+        return np.array(tags, np.int64), np.array(res, np.int64)
+
+
+@pytest.fixture
+def pread_engine():
+    """An engine that implements only its channel, "test-pread" (a test double, registered
+    for the test): no queue, no loop, nothing that runs."""
+    from gpufio import engines
+    from gpufio.engines import all_engines, register
+    from gpufio.engines.base import Engine
+
+    class Pread(Engine):
+        name = "test-pread"
+        summary = "test double: a channel and nothing else"
+        capability = Capability()
+
+        @classmethod
+        def channel(cls, job, files, spec):
+            return PreadChannel(files, spec)
+
+    all_engines()
+    register(Pread)
+    yield Pread
+    engines._REGISTRY.pop("test-pread")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -13,8 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "gpufio"
 # highest first; the package root (gpufio/__init__.py: the version) sits below everything
-BANDS = ("pyg", "cli", "api", "profile", "workloads", "results", "fio", "run", "engines", "io",
-         "core", "facts", "native", "")
+BANDS = ("pyg", "cli", "doctor", "api", "profile", "workloads", "results", "fio", "run",
+         "loops", "engines", "io", "core", "facts", "native", "")
 
 
 # public modules beside api.py, in its band: gpu.py is the GPU request API for kernel authors
@@ -108,10 +108,10 @@ GIO_TRANSPORTS = ({"uring", "rings"}, {"nvme"})
 
 def test_the_gpu_request_api_names_no_backend_and_backends_no_other():
     """io/gio is the request API every GPU-initiated engine uses, whatever the transport
-    (contract, queue, bench, gather, cache); its transports live in io/gio/backends, which
-    import the API and never one another."""
+    (contract, queue, bench, cache); its transports live in io/gio/backends, which import
+    the API and never one another. The loops over it are in gpufio/loops."""
     api = [m for m in ALL if m.startswith(f"{GIO_API}.") and not m.startswith(GIO_BACKENDS)]
-    assert {"gpufio.io.gio.queue", "gpufio.io.gio.bench", "gpufio.io.gio.gather"} <= set(api)
+    assert {"gpufio.io.gio.queue", "gpufio.io.gio.bench", "gpufio.io.gio.cache"} <= set(api)
     reached = [f"{m} imports {target} (line {line})" for m in sorted(api)
                for line, target in imports(ALL[m], m) if target.startswith(GIO_BACKENDS)]
     crossed = []
@@ -124,9 +124,8 @@ def test_the_gpu_request_api_names_no_backend_and_backends_no_other():
 
 
 def test_gpu_initiated_engines_keep_no_queue_plumbing():
-    """What any GPU-initiated engine needs (making a queue, the namespace table, the
-    block benchmark's loop, the gather) is in io/gio; an engine module defines its engine
-    (and a thin row fetcher over io/gio's gather)."""
+    """What any GPU-initiated engine needs (making a queue, the namespace table) is in
+    io/gio; an engine module defines its engine, whose ``queue`` hands one to the loops."""
     engines = [m for m in ALL if band_of(m) == "engines" and any(
         t.startswith(GIO_API) for _, t in imports(ALL[m], m))]
     assert engines
@@ -347,8 +346,8 @@ def test_one_watchdog_and_one_stall_error_for_every_path():
     assert own == []
 
 
-@pytest.mark.parametrize("module", ["gpufio.run.blockloop", "gpufio.run.staged",
-                                    "gpufio.run.gpu_slots"])
+@pytest.mark.parametrize("module", ["gpufio.loops.block_host", "gpufio.loops.block_staged",
+                                    "gpufio.loops.block_gpu_slots"])
 def test_cpu_driven_loops_share_the_slot_table(module):
     """Issue stamps, latency and verify dispatch of CPU-driven block loops (an engine's own,
     or one over any engine's channel) live in core/slots.py."""

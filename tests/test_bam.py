@@ -201,7 +201,8 @@ def test_a_session_starts_a_guardian_and_releases_it() -> None:
 
 def test_the_cpu_stand_in_asks_the_context_for_no_ios() -> None:
     """The CPU stand-in is a channel: the block loop, the GNN gather and the other loops
-    over channels drive it; only the GPU threads' path keeps a loop (on the device)."""
+    over channels drive it; the GPU threads' path is the engine's queue, whose loops run on
+    the device. The engine itself asks for no I/O."""
     import ast
 
     import gpufio.engines.bam as bam
@@ -211,7 +212,7 @@ def test_the_cpu_stand_in_asks_the_context_for_no_ios() -> None:
             if isinstance(n, ast.Attribute) and n.attr in ("next_batch", "last_writes", "due")]
     assert asks == []
     cls = bam.Bam
-    assert cls.capability.submitter == "cpu" and cls.row_support() is not None
+    assert cls.capability is not None and cls.row_support() is not None
     assert not cls.row_support().gpu_only and cls.tensor_support() is None
     assert "rows" in cls.host_memory()
 
@@ -277,9 +278,11 @@ def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None
     from gpufio.engines import all_engines
 
     table = RowTable(("a.dat",), Layout(*layout), 1000)
+    from gpufio.core.requests import QueueSpec
+
     with pytest.raises(BadInput, match=message):
-        all_engines()["bam"].row_fetcher(_bam_job(**opts), table, None,
-                                         RowRequest(dim=128, max_rows=10, direct=True))
+        all_engines()["bam"].queue(_bam_job(**opts), [], QueueSpec(
+            0, 512, table=table, rows=RowRequest(dim=128, max_rows=10, direct=True)))
 
 
 def test_the_cpu_stand_in_s_rows_go_through_the_gather_without_a_gpu_cache() -> None:
@@ -288,14 +291,17 @@ def test_the_cpu_stand_in_s_rows_go_through_the_gather_without_a_gpu_cache() -> 
     from gpufio.core.rows import Layout, RowRequest, RowTable
     from gpufio.engines import all_engines
 
+    from gpufio.core.requests import CHANNEL
+    from gpufio.loops.rows import fetcher
+
     bam, table = all_engines()["bam"], RowTable(("/dev/nvme0n1",), Layout(1, 512, 0), 1000)
     request = RowRequest(dim=128, max_rows=10, direct=True)
-    assert bam.row_fetcher(_bam_job(), table, np, request) is None
-    with pytest.raises(BadInput, match="submitter = \"gpu\" for cache_size"):
-        bam.row_fetcher(_bam_job(), table, np, RowRequest(dim=128, max_rows=10, direct=True,
-                                                          cache_bytes=1 << 20))
+    assert bam.primitive(_bam_job()) == CHANNEL  # the gather through the stand-in's channel
+    with pytest.raises(BadInput, match="cache_size needs its GPU submitter"):
+        fetcher(bam, _bam_job(), table, np, RowRequest(dim=128, max_rows=10, direct=True,
+                                                       cache_bytes=1 << 20))
     with pytest.raises(BadInput, match="land rows in GPU memory"):
-        bam.row_fetcher(_bam_job(controller="model"), table, np, request)
+        fetcher(bam, _bam_job(controller="model"), table, np, request)
 
 
 def test_a_bam_job_lays_nothing_out_where_a_namespace_belongs(tmp_path: Path) -> None:

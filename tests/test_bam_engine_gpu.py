@@ -100,6 +100,7 @@ def test_gnn_rows_through_the_gpu_cache(tmp_path):
 
     from gpufio.core.rows import RowRequest
     from gpufio.engines.bam import Bam
+    from gpufio.loops.rows import fetcher
     from gpufio.workloads.gnn import dataset, features
 
     job = from_dict({"global": {
@@ -108,7 +109,7 @@ def test_gnn_rows_through_the_gpu_cache(tmp_path):
         "directory": str(tmp_path)}}, "g.toml", {}).jobs[0]
     ds = dataset.prepare(job)
     request = RowRequest(dim=128, max_rows=4_000, direct=True, cache_bytes=1 << 20, iodepth=8)
-    f = Bam.row_fetcher(job, ds.table, cp, request)
+    f = fetcher(Bam, job, ds.table, cp, request)
     try:
         nodes = np.random.default_rng(3).choice(4_000, 500, replace=False)
         for _ in range(2):

@@ -1,23 +1,17 @@
-"""The one block loop (run/blockloop.py): the CPU engines define a channel and no loop over
+"""The one block loop (loops/block_host.py): the CPU engines define a channel and no loop over
 the context's batches, and a new engine gets block jobs (reads, verify, writes, a mix,
 fsync) by implementing only ``channel``."""
 
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
-from typing import Sequence
 
-import numpy as np
 import pytest
 
-from gpufio import engines
-from gpufio.core.requests import Capability, Channel, ChannelSpec, File
-from gpufio.engines import all_engines, register
-from gpufio.engines.base import Engine
+from gpufio.engines import all_engines
 from gpufio.profile import from_dict
-from gpufio.run.blockloop import uses_block_loop
+from gpufio.core.requests import CHANNEL
 from gpufio.workloads.block import runner
 
 ENGINES = Path(__file__).resolve().parent.parent / "gpufio" / "engines"
@@ -44,64 +38,14 @@ def _job(engine: str, **opts):
 
 @pytest.mark.parametrize("name", ["uring", "psync", "null", "uring-cmd"])
 def test_their_block_jobs_run_in_the_block_loop(name):
-    assert uses_block_loop(all_engines()[name], _job(name))
+    assert all_engines()[name].primitive(_job(name)) == CHANNEL
 
 
 @pytest.mark.parametrize("opts, loop", [({}, True), ({"submitter": "cpu"}, True),
                                         ({"submitter": "gpu"}, False),
                                         ({"controller": "model"}, False)])
 def test_bam_s_cpu_stand_in_runs_in_the_block_loop_and_gpu_threads_in_its_own(opts, loop):
-    assert uses_block_loop(all_engines()["bam"], _job("bam", **opts)) is loop
-
-
-class PreadChannel(Channel):
-    """Reads and writes with pread/pwrite at reap time: requests are in flight between
-    submit and reap, as on a ring."""
-
-    def __init__(self, files: Sequence[File], spec: ChannelSpec) -> None:
-        super().__init__(spec)
-        self._fds = [f.fd for f in files]
-        self._queued: list[tuple[int, int, int, int, bool, int]] = []
-
-    @property
-    def inflight(self) -> int:
-        return len(self._queued)
-
-    def submit(self, tgt, off, length, addr, write, tag) -> int:
-        k = min(self.room(), len(off))
-        w = np.broadcast_to(np.asarray(write, bool), (len(off),))
-        self._queued += zip(tgt[:k].tolist(), off[:k].tolist(), length[:k].tolist(),
-                            addr[:k].tolist(), w[:k].tolist(), tag[:k].tolist())
-        return k
-
-    def reap(self, wait_ns):
-        import ctypes
-
-        tags, res = [], []
-        for t, o, n, a, w, g in self._queued:
-            view = (ctypes.c_char * n).from_address(a)
-            res.append(os.pwrite(self._fds[t], view, o) if w else os.preadv(self._fds[t], [view], o))
-            tags.append(g)
-        self._queued = []
-        return np.array(tags, np.int64), np.array(res, np.int64)
-
-
-@pytest.fixture
-def pread_engine():
-    """An engine that implements only its channel (a test double, registered for the test)."""
-    class Pread(Engine):
-        name = "test-pread"
-        summary = "test double: a channel and nothing else"
-        capability = Capability()
-
-        @classmethod
-        def channel(cls, job, files, spec):
-            return PreadChannel(files, spec)
-
-    all_engines()
-    register(Pread)
-    yield Pread
-    engines._REGISTRY.pop("test-pread")
+    assert (all_engines()["bam"].primitive(_job("bam", **opts)) == CHANNEL) is loop
 
 
 def _run(path, **opts):
@@ -112,7 +56,7 @@ def _run(path, **opts):
 
 def test_a_new_engine_gets_block_jobs_by_implementing_only_its_channel(pread_engine,
                                                                        pattern_file, tmp_path):
-    assert uses_block_loop(pread_engine, _job("test-pread"))
+    assert pread_engine.primitive(_job("test-pread")) == CHANNEL
     r = _run(pattern_file, rw="randread", verify=True, numjobs=2, io_size="1m")
     assert r.ok and r.verify_failures == 0 and r.ios == 2 * 256 and r.bytes == r.ios * 4096
     assert r.lat.n == r.ios

@@ -128,7 +128,8 @@ def fake_gpu_engine(monkeypatch):
         summary = "test double"
         uses_gpu = True
 
-        def run(self) -> None:
+        @classmethod
+        def queue(cls, job, files, spec):
             raise AssertionError("must never run without a GPU")
 
     all_engines()

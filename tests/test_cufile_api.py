@@ -415,7 +415,8 @@ def test_the_engines_batch_channel_moves_each_request_both_ways(target, monkeypa
     """The cufile engine's channel (core/requests) over cuFile's batch API: the bytes of each
     request at its offset, in its own buffer, whether or not the loop names the region its
     buffers lie in; a request cut short is named."""
-    from gpufio.core.requests import GPU, ChannelSpec, RequestFailed, move_all
+    from gpufio.core.requests import GPU, ChannelSpec, RequestFailed
+    from gpufio.loops.steps import move_all
 
     path, fd = target
     cf = FakeCuFile(per_poll=2, fail_offset=50 * BS)
@@ -443,17 +444,24 @@ def test_the_engines_batch_channel_moves_each_request_both_ways(target, monkeypa
     assert len(cf.destroyed) == 2 and cf.deregistered == [1000]
 
 
-def test_gpu_block_loops_are_chosen_by_the_channels_capability():
+def test_block_loops_are_chosen_by_the_primitive_and_the_memory():
     from gpufio.core.requests import GPU, HOST, Capability
     from gpufio.engines import all_engines
-    from gpufio.run.gpu_block import loop_class
-    from gpufio.run.gpu_slots import GpuSlotLoop
-    from gpufio.run.staged import StagedLoop
+    from gpufio.loops.block import loop_class
+    from gpufio.loops.block_gpu_slots import GpuSlotLoop
+    from gpufio.loops.block_staged import StagedLoop
+
+    from gpufio.loops.block_host import BlockLoop
+    from gpufio.profile import from_dict
+
+    def job(name):
+        return from_dict({"global": {"engine": name, "size": "1m"}}, "p.toml", {}).jobs[0]
 
     engines = all_engines()
     assert engines["cufile"].capability == Capability(memory=(GPU,))
-    assert loop_class(engines["cufile"]) is GpuSlotLoop
+    assert loop_class(engines["cufile"], job("cufile")) is GpuSlotLoop
     assert engines["cpu-gpu"].capability == Capability(memory=(HOST,))
-    assert loop_class(engines["cpu-gpu"]) is StagedLoop
-    # a host engine's block jobs stay in host memory: no GPU loop for them
-    assert loop_class(engines["uring"]) is None and loop_class(engines["null"]) is None
+    assert loop_class(engines["cpu-gpu"], job("cpu-gpu")) is StagedLoop
+    # a host engine's block jobs stay in host memory: the host loop, no GPU one
+    assert loop_class(engines["uring"], job("uring")) is BlockLoop
+    assert loop_class(engines["null"], job("null")) is BlockLoop

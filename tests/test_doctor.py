@@ -16,7 +16,7 @@ from gpufio.engines.cufile import GDS_FILESYSTEMS
 from gpufio.facts.device import path_facts
 from gpufio.facts.system import Host, cufile_setting, pci_relation, strip_comments
 from gpufio.profile import from_dict
-from gpufio.run.doctor import gpu_checks, link_check, target_checks
+from gpufio.doctor import gpu_checks, link_check, target_checks
 
 cli = CliRunner()
 
@@ -215,7 +215,7 @@ def test_targets_drive_ram_missing(tmp_path):
 def test_a_target_without_a_profile_is_described_not_judged_by_jobs(tmp_path, monkeypatch):
     """``doctor --target X`` alone: no job keeps anything in flight, so the queue row speaks
     of the disk's limit; a profile's job on it is judged by its depth."""
-    from gpufio.run import doctor
+    from gpufio import doctor
 
     disk = {"kind": "drive", "reaches_storage": True, "reason": "vdz", "backed": 1.0}
     monkeypatch.setattr(doctor, "path_facts", lambda path, **_: {"device": "vdz", "storage": disk})
@@ -236,7 +236,7 @@ def test_a_target_without_a_profile_is_described_not_judged_by_jobs(tmp_path, mo
 
 def test_a_target_on_any_pci_disk_is_placed_against_each_gpu(tmp_path, monkeypatch):
     """Not only NVMe: the root disk of the H200 machine is virtio, a PCI function too."""
-    from gpufio.run import doctor
+    from gpufio import doctor
 
     root = Path("/sys/devices/pci0000:00")
     disk_fn, gpu = root / "0000:00:02.0", root / "0000:00:06.0"
@@ -319,7 +319,7 @@ def test_gpu_facts_carry_local_cpus_bar1_and_the_path_to_each_nvme(tmp_path, mon
 
 
 def test_a_host_without_a_gpu_says_so_and_gives_no_gpu_driver_advice(tmp_path):
-    from gpufio.run import doctor
+    from gpufio import doctor
 
     host = tree(tmp_path, {"proc/sys/kernel/osrelease": "6.8.0", "proc/modules": ""})
     assert doctor.headline(host) == doctor.NO_GPU
@@ -342,7 +342,7 @@ def test_a_host_without_a_gpu_says_so_and_gives_no_gpu_driver_advice(tmp_path):
 
 
 def test_a_profiles_gpu_jobs_fail_and_its_cpu_jobs_pass_on_a_host_without_a_gpu(tmp_path):
-    from gpufio.run import doctor
+    from gpufio import doctor
 
     host = tree(tmp_path / "root", {"proc/modules": ""})
     prof = from_dict({"global": {"targets": [str(tmp_path)]},
@@ -355,7 +355,7 @@ def test_a_profiles_gpu_jobs_fail_and_its_cpu_jobs_pass_on_a_host_without_a_gpu(
 
 
 def test_doctor_of_a_profile_without_targets_checks_its_scratch_directory(tmp_path):
-    from gpufio.run import doctor
+    from gpufio import doctor
 
     where = tmp_path / "not-yet" / "scratch"
     prof = from_dict({"global": {"directory": str(where), "iodepth": 8}}, "p.toml", {})
@@ -369,7 +369,7 @@ def test_doctor_of_a_profile_without_targets_checks_its_scratch_directory(tmp_pa
 
 
 def test_doctor_json_carries_the_headline():
-    from gpufio.run import doctor
+    from gpufio import doctor
 
     res = cli.invoke(app, ["doctor", "-f", "json"])
     assert json.loads(res.stdout)["headline"] == doctor.headline()

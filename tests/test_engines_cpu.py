@@ -155,14 +155,14 @@ def test_loop_device_shrunk_during_run_reports_and_stops(engine, tmp_path):
 
 
 def test_a_silently_short_time_based_run_is_a_failure(pattern_file, monkeypatch):
-    from gpufio.engines.psync import Psync
+    from gpufio.loops.block_host import BlockLoop
 
     def quits_early(self):
         tgt, offs = self.ctx.next_batch(8)
         self.ctx.complete(np.full(len(offs), 1000, np.int64), tgt,
                           np.full(len(offs), self.job.bs, np.int32))
 
-    monkeypatch.setattr(Psync, "run", quits_early)
+    monkeypatch.setattr(BlockLoop, "run", quits_early)  # psync's loop
     (r,) = run({"engine": "psync"}, pattern_file, runtime="2s", time_based=True).results
     assert not r.ok and "without an error" in r.failure and r.ios == 8
 

@@ -1,5 +1,5 @@
-"""The GNN row gather (workloads/gnn/gather) and the checkpoint mover
-(workloads/checkpoint/mover), written once over the engines' channels: with psync, uring,
+"""The GNN row gather (loops/rows) and the checkpoint mover
+(loops/tensors), written once over the engines' channels: with psync, uring,
 mmap and null, the bytes are exactly those at each row's and each piece's offset, a row
 that does not come back names its node, a short piece names shard and file, and the null
 engine runs GNN and checkpoint jobs by its channel alone (rows and bytes counted, nothing
@@ -18,8 +18,8 @@ from gpufio.core.tensors import Extent, TensorIOError, TensorRequest
 from gpufio.engines import all_engines
 from gpufio.engines.null import Null
 from gpufio.profile import from_dict
-from gpufio.workloads.checkpoint.mover import ChannelMover
-from gpufio.workloads.gnn.gather import Gather, fetcher
+from gpufio.loops.tensors import ChannelMover
+from gpufio.loops.rows import Gather, fetcher
 
 ENGINES = ["psync", "uring", "mmap", "null"]
 MOVING = ENGINES[:-1]
@@ -121,16 +121,19 @@ class _WedgedEngine(Null):
         return _Wedged(spec)
 
 
-def test_a_stalled_gather_and_a_stalled_save_say_where_the_path_stood(tmp_path):
+def test_a_stalled_gather_and_a_stalled_save_say_where_the_path_stood(tmp_path, monkeypatch):
+    from gpufio.loops import steps
+
+    monkeypatch.setattr(steps, "STALL_LIMIT_NS", 50_000_000)  # the one rule, at 0.05 s
     table, _ = _table(tmp_path, 10, 512)
     g = Gather(_WedgedEngine, _job("null"), table, np, RowRequest(dim=8, max_rows=4, direct=False))
-    with pytest.raises(RowFetchError, match="feature rows: no I/O completed in 10 s: wedged"):
+    with pytest.raises(RowFetchError, match="feature rows: 4 I/Os in flight and none completed for 0.05 s: wedged"):
         g.fetch(np.arange(4))
     g.close()
     files = _files(tmp_path, 1)
     mover = ChannelMover(_WedgedEngine, _job("null"), files, [Extent(0, 0, 0, 8192)], np,
                          TensorRequest(4096, 2, False))
-    with pytest.raises(TensorIOError, match="save: no I/O completed in 10 s: wedged"):
+    with pytest.raises(TensorIOError, match="save: 2 I/Os in flight and none completed for 0.05 s: wedged"):
         mover.save([np.zeros(8192, np.uint8)])
     _close(files)
 

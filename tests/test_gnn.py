@@ -696,7 +696,7 @@ def test_igb_needs_its_root():
 
 
 def test_a_row_fetched_from_the_wrong_place_in_real_data_is_caught(tmp_path, monkeypatch):
-    from gpufio.workloads.gnn.gather import Gather
+    from gpufio.loops.rows import Gather
 
     _igb(tmp_path / "igb")
     real = Gather.fetch

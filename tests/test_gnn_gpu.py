@@ -48,6 +48,7 @@ def _uring_fetcher(tmp_path, cache_bytes, rings=1, iodepth=8, nodes=20_000, dim=
     """A gpu-uring fetcher (with a GPU cache of cache_bytes) over a generated table."""
     from gpufio.core.rows import RowRequest
     from gpufio.engines.gpu_uring import GpuUring
+    from gpufio.loops.rows import fetcher
     from gpufio.workloads.gnn import dataset
 
     if why := GpuUring.unavailable():
@@ -61,7 +62,7 @@ def _uring_fetcher(tmp_path, cache_bytes, rings=1, iodepth=8, nodes=20_000, dim=
     ds = dataset.prepare(job)
     request = RowRequest(dim=dim, max_rows=nodes, direct=job.direct, cache_bytes=cache_bytes,
                          iodepth=iodepth)
-    return GpuUring.row_fetcher(job, ds.table, cp, request), job.randseed
+    return fetcher(GpuUring, job, ds.table, cp, request), job.randseed
 
 
 def _assert_rows(fetcher, seed, nodes):

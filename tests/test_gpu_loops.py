@@ -26,7 +26,7 @@ from gpufio.core.requests import GPU, HOST, Capability, Channel, ChannelSpec, Fi
 from gpufio.engines import all_engines
 from gpufio.engines.base import Engine
 from gpufio.profile import from_dict
-from gpufio.run import gpu_slots, staged
+from gpufio.loops import block_gpu_slots as gpu_slots, block_staged as staged
 from gpufio.workloads.block import runner
 
 

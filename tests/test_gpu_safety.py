@@ -187,7 +187,7 @@ def test_a_queue_whose_kernels_never_stopped_keeps_everything(monkeypatch):
 
 
 def test_any_error_after_start_stops_the_agents():
-    from gpufio.io.gio.bench import DeviceBench
+    from gpufio.loops.block_device import DeviceBench
 
     calls = []
     bench = DeviceBench.__new__(DeviceBench)

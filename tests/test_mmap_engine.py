@@ -1,4 +1,4 @@
-"""mmap's block jobs on the one GPU-memory block loop (run/staged) over its channel, checked
+"""mmap's block jobs on the one GPU-memory block loop (loops/block_staged) over its channel, checked
 on the CPU: the page-locked staging stood in for by host memory whose "copy" checks the
 pattern where the GPU would. tests/test_cpugpu.py runs the same jobs into GPU memory."""
 
@@ -18,9 +18,9 @@ from gpufio.core.requests import ChannelSpec
 from gpufio.engines import all_engines, register
 from gpufio.engines.mmap import MmapChannel, Mmap, page_runs
 from gpufio.profile import from_dict
-from gpufio.run import staged
-from gpufio.run.blockloop import uses_block_loop
-from gpufio.run.gpu_block import loop_class
+from gpufio.loops import block_staged as staged
+from gpufio.core.requests import CHANNEL
+from gpufio.loops.block import loop_class
 from gpufio.workloads.block import runner
 
 SEED = 1234  # conftest's pattern_file
@@ -94,7 +94,7 @@ def _run(path, **opts):
 
 
 def test_mmap_defines_a_channel_and_no_loop_over_batches():
-    """Its block jobs run in run/staged's loop over its channel, as cpu-gpu's do."""
+    """Its block jobs run in loops/block_staged's loop over its channel, as cpu-gpu's do."""
     tree = ast.parse(Path(engines.__file__).with_name("mmap.py").read_text())
     loops = [n.attr for n in ast.walk(tree)
              if isinstance(n, ast.Attribute) and n.attr in ("next_batch", "last_writes", "due")]
@@ -102,7 +102,7 @@ def test_mmap_defines_a_channel_and_no_loop_over_batches():
     assert loops == [] and runs == []
     job = from_dict({"global": {"engine": "mmap", "targets": ["/x"], "size": "1m"}},
                     "t.toml", {}).jobs[0]
-    assert uses_block_loop(Mmap, job) and loop_class(Mmap) is staged.StagedLoop
+    assert Mmap.primitive(job) == CHANNEL and loop_class(Mmap, job) is staged.StagedLoop
 
 
 def test_every_block_read_lands_the_bytes_at_its_offset(host_mmap, pattern_file):

@@ -21,7 +21,7 @@ from gpufio.cli import app
 from gpufio.core.job import Profile
 from gpufio.core.stats import LatencyStats
 from gpufio.profile import from_dict
-from gpufio.run.world import World
+from gpufio.workloads.block.world import World
 from gpufio.workloads.block.document import hist_bins, rw_block
 from gpufio.workloads.block.merge import merge_ranks
 
@@ -309,7 +309,7 @@ rank = int(os.environ["PMI_RANK"])
 (Path(sys.argv[1]) / f"rank{rank}").write_text(str(os.getpid()))
 if rank == 0:
     time.sleep(120)
-from gpufio.run import world
+from gpufio.workloads.block import world
 world.detect()
 """
 

@@ -52,11 +52,11 @@ def test_fios_null_job_files_run_on_it(tmp_path):
 
 @pytest.fixture
 def stuck(monkeypatch):
-    """The null engine with a run that completes a few I/Os, then makes a call that never
-    returns (as a library stuck inside would); released when the test ends."""
+    """The null engine's block loop with a run that completes a few I/Os, then makes a call
+    that never returns (as a library stuck inside would); released when the test ends."""
     import threading
 
-    from gpufio.engines.null import Null
+    from gpufio.loops.block_host import BlockLoop
 
     release = threading.Event()
 
@@ -66,7 +66,7 @@ def stuck(monkeypatch):
                           np.full(len(offs), self.job.bs, np.int32), self.ctx.last_writes())
         release.wait()  # the call that does not return
 
-    monkeypatch.setattr(Null, "run", run)
+    monkeypatch.setattr(BlockLoop, "run", run)
     monkeypatch.setattr(jobrun, "STOP_GRACE_S", 0.3)
     monkeypatch.setattr(jobrun, "NO_PROGRESS_S", 0.3)
     yield
@@ -118,9 +118,10 @@ def test_gpufio_run_with_a_stuck_worker_thread_says_so_and_exits_1(tmp_path, pat
     code = f"""
 import sys, threading
 from gpufio.engines.null import Null
+from gpufio.loops.block_host import BlockLoop
 from gpufio.run import jobrun
 Null.worker_kind = "thread"
-Null.run = lambda self: threading.Event().wait()
+BlockLoop.run = lambda self: threading.Event().wait()
 jobrun.STOP_GRACE_S = 0.3
 sys.argv = ["gpufio", "run", {str(profile)!r}, "-q"]
 from gpufio.cli import main

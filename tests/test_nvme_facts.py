@@ -127,7 +127,7 @@ def test_guard_checks_every_name_of_the_device(tmp_path):
 
 def test_doctor_nvme_checks_both_ways(tmp_path):
     from gpufio.facts.system import Host
-    from gpufio.run.doctor import nvme_checks
+    from gpufio.doctor import nvme_checks
 
     write(tmp_path, "sys/module/nvme_core/parameters", {"multipath": "Y"})
     write(tmp_path, "sys/module/nvme/parameters", {"poll_queues": "0"})

@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from gpufio.core.requests import HOST, ChannelSpec, RequestFailed, move_all
+from gpufio.core.requests import HOST, ChannelSpec, RequestFailed
+from gpufio.loops.steps import move_all
 from gpufio.engines import all_engines
 
 
@@ -22,7 +23,7 @@ def _job(engine: str = "psync"):
 # (channels over NVMe namespaces only, as uring-cmd's, need the rig: test_uring_cmd_rig.py)
 HOST_CHANNELS = [name for name, cls in all_engines().items()
                  if cls.capability is not None and HOST in cls.capability.memory
-                 and cls.capability.moves_data and cls.capability.submitter == "cpu"
+                 and cls.capability.moves_data
                  and cls.host_unavailable() is None and not cls.generic_targets(_job(name))]
 
 

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gpufio.core.requests import ChannelSpec, RequestsStuck, move_all
+from gpufio.core.requests import ChannelSpec
+from gpufio.io.watchdog import Stalled
+from gpufio.loops.steps import move_all
 from gpufio.io import uring, watchdog
 from gpufio.io.uring_channel import UringChannel
 from gpufio.io.watchdog import ring_verdict
@@ -82,11 +84,11 @@ def test_a_real_read_the_kernel_holds_blames_the_kernel_and_a_busy_disk_the_driv
     ch = UringChannel([SimpleNamespace(path="pipe", fd=r)], ChannelSpec(8))
     ring = ch.ring
     try:
-        with pytest.raises(RequestsStuck) as stuck:  # the pipe never has data: no race
+        with pytest.raises(Stalled) as stuck:  # the pipe never has data: no race
             move_all(ch, np.zeros(1), np.zeros(1), np.array([64]),
                      np.array([buf.ctypes.data], np.uint64), False, stall_ns=50_000_000)
         assert str(stuck.value).startswith(
-            "no I/O completed in 0.05 s: held by the kernel: it consumed all 1 SQEs (sq_head = "
+            "1 I/Os in flight and none completed for 0.05 s: held by the kernel: it consumed all 1 SQEs (sq_head = "
             "sq_tail) and completed none, and no disk holds the targets to ask"), stuck.value
         monkeypatch.setattr(watchdog, "disk_inflight", lambda fd: ("nvme9n1", 1, 0))
         report = watchdog.ring_report(ring, [r])

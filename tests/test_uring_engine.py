@@ -16,8 +16,8 @@ from gpufio.engines import uring as uring_engine
 from gpufio.io import loops, uring
 from gpufio.io.watchdog import Stalled
 from gpufio.profile import from_dict
-from gpufio.run import blockloop
-from gpufio.run.blockloop import BlockLoop
+from gpufio.loops import block_host as blockloop
+from gpufio.loops.block_host import BlockLoop
 
 
 def worker_context(nblocks: int, budget: int) -> WorkerContext:

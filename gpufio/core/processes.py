@@ -28,6 +28,8 @@ from gpufio.core.signals import ignore_stop_signals, sigterm_as_sigint
 from gpufio.native import libc
 
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+# environment variables a launcher sets for each rank (MPICH/hydra, Open MPI, PMIx, Slurm)
+LAUNCHER_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 # what a child says once its handlers are in
 READY = "ready"
 # a child that has not said READY by then is stuck or starved: far beyond an interpreter's
@@ -127,3 +129,10 @@ def start(process: Any) -> None:
     process.started_by_thread = threading.current_thread() is not threading.main_thread()
     with held():
         process.start()
+
+
+def launched() -> bool:
+    """Whether an MPI launcher started this process (one rank of maybe several): the
+    CLI asks no question then, and the block workload looks for its world
+    (workloads/block/world.detect)."""
+    return any(v in os.environ for v in LAUNCHER_VARS)

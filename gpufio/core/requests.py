@@ -3,20 +3,23 @@
 A request is (target, offset, length, buffer address, op): read ``length`` bytes of target
 ``target`` at ``offset`` into the buffer, or write them from it. An engine opens a
 ``Channel`` (``Engine.channel``) over targets a workload opened; the loops that make
-requests (the block loop, the GNN row gather, the checkpoint save and restore) live above
-the engines and are written once, for every engine whose ``Capability`` fits. Defined here,
-below both, so neither names the other.
+requests (the block loops, the GNN row gather, the checkpoint save and restore) live in
+gpufio/loops, above the engines, written once for every engine whose ``Capability`` fits.
+Defined here, below both, so neither names the other. (The other primitive, a queue GPU
+threads submit to, is io/gio/queue.RequestQueue.)
 """
 
 from __future__ import annotations
 
 import os
-import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gpufio.core.rows import RowRequest, RowTable
 
 
 # where a request's buffer lives
@@ -42,9 +45,8 @@ class Capability:
     ``memory``: where its requests' buffers may live (HOST, GPU). ``writes``: it writes as
     well as reads. ``moves_data``: False for a path that completes requests without moving
     bytes (null), whose buffers hold nothing afterwards. ``page_cache``: reads come from the
-    page cache whatever O_DIRECT says (a mapping). ``submitter``: "cpu" when a host thread
-    submits each batch; "gpu" when GPU threads do, a batch a kernel launch (such an engine
-    also keeps its own device loop for the block workload). ``synchronous``: ``submit``
+    page cache whatever O_DIRECT says (a mapping). A host thread submits every batch (GPU
+    threads submit to the other primitive, a request queue). ``synchronous``: ``submit``
     blocks while it moves each request in turn (pread), timing each itself (``times``): a
     loop hands it a whole batch and overlaps its own work (a write's fill) on a thread.
     ``namespaces``: its files must be NVMe namespaces (passthrough commands, or a controller
@@ -58,7 +60,6 @@ class Capability:
     writes: bool = True
     moves_data: bool = True
     page_cache: bool = False
-    submitter: str = "cpu"
     synchronous: bool = False
     namespaces: bool = False
     descriptors: bool = True
@@ -86,6 +87,59 @@ class ChannelSpec:
     stop_fd: int = -1
     ram_backed: bool = False
     access: str | None = None
+
+
+# which primitive moves a job's I/Os (Engine.primitive): a Channel a host thread submits
+# to, or a request queue GPU threads submit to (Engine.queue)
+CHANNEL, QUEUE = "channel", "queue"
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """What a loop asks of a request queue GPU threads submit to: ``depth`` request slots
+    (per ring) for a worker's block job, ``slot_bytes`` the largest transfer, ``worker`` the
+    worker it serves (its own NVMe queue pair). For the GNN rows, ``table`` and ``rows``:
+    the queue reads the feature table's files (the engine opens what it needs of them, as
+    ``rows.direct`` says), and the depth is the engine's pick for ``rows``
+    (core/rows.row_depth) unless the profile gives one."""
+
+    depth: int
+    slot_bytes: int
+    worker: int = 0
+    table: "RowTable | None" = None
+    rows: "RowRequest | None" = None
+
+
+def _nothing() -> None:
+    """A queue with nothing of its own to release."""
+
+
+@dataclass
+class DeviceQueue:
+    """A request queue GPU threads submit to (``Engine.queue``), with what a loop over it
+    must know of the engine's path, so the loop names no engine: ``queue`` (an
+    io/gio/queue.RequestQueue of any backend), ``stall_ns`` (no completion for this long
+    ends the loop), ``threads`` (requester threads), ``land_gpu`` (reads are copied into
+    GPU memory, else left in the queue's host slots), ``nop`` (no data: NOPs), ``facts``
+    and ``mode`` (how it moved the requests, for the result), ``begin()`` when the
+    measurement starts and ``notes()`` the path's measurements while it stops,
+    ``final_notes()`` once the kernels stopped, ``sync()`` to make the written bytes
+    durable from the GPU (an NVMe Flush from a GPU thread, for an engine that
+    ``flushes_itself``), ``close()`` to release the queue and whatever it was made on (a
+    controller, its registration)."""
+
+    queue: Any
+    stall_ns: int
+    threads: int = 0
+    land_gpu: bool = True
+    nop: bool = False
+    facts: dict[str, Any] = field(default_factory=dict)
+    mode: str | None = None
+    begin: Callable[[], None] | None = None
+    notes: Callable[[], dict[str, Any]] | None = None
+    final_notes: Callable[[], dict[str, Any]] | None = None
+    sync: Callable[[], None] = _nothing
+    close: Callable[[], None] = _nothing
 
 
 class Channel(ABC):
@@ -184,44 +238,6 @@ class RequestFailed(RuntimeError):
     def __init__(self, index: int, res: int) -> None:
         super().__init__(f"request {index}: {res}")
         self.index, self.res = index, res
-
-
-class RequestsStuck(RuntimeError):
-    """No request completed for the stall limit; the message says where the path stood."""
-
-
-def move_all(ch: Channel, tgt: np.ndarray, off: np.ndarray, length: np.ndarray,
-             addr: np.ndarray, write: bool, stall_ns: int = STALL_NS) -> int:
-    """Move every request of one batch through ``ch`` and wait until all are complete; the
-    perf_counter_ns at which the first completed. RequestFailed for the first request that
-    did not move whole (after the rest of what was in flight has landed), RequestsStuck
-    when nothing completes for ``stall_ns``."""
-    n = len(off)
-    tgt = np.asarray(tgt, dtype=np.int64)
-    off = np.asarray(off, dtype=np.int64)
-    length = np.asarray(length, dtype=np.int64)
-    addr = np.asarray(addr, dtype=np.uint64)
-    tags = np.arange(n, dtype=np.int64)
-    pushed = done = first = 0
-    while done < n:
-        if pushed < n:
-            k = min(ch.room(), n - pushed)
-            if k:
-                end = pushed + k
-                pushed += ch.submit(tgt[pushed:end], off[pushed:end], length[pushed:end],
-                                    addr[pushed:end], write, tags[pushed:end])
-        idx, res = ch.reap(stall_ns)
-        if not len(idx):
-            if ch.inflight:
-                raise RequestsStuck(f"no I/O completed in {stall_ns / 1e9:g} s: {ch.state()}")
-            continue
-        first = first or time.perf_counter_ns()
-        bad = np.flatnonzero(res != length[idx])
-        if len(bad):
-            drain(ch, stall_ns)
-            raise RequestFailed(int(idx[bad[0]]), int(res[bad[0]]))
-        done += len(idx)
-    return first
 
 
 def drain(ch: Channel, stall_ns: int = STALL_NS) -> None:

@@ -1,9 +1,9 @@
 """Tables of fixed-size rows striped over files, and what fetching their rows means.
 
 A workload that gathers rows (the GNN workload's feature aggregation: one row per node) reads
-them through the job's engine's channel (workloads/gnn/gather), or through the engine's own
-row fetcher where its gather runs on the GPU (``Engine.row_fetcher``). The table, the
-request and the errors are defined here, below both, so neither names the other.
+them through the job's engine's channel (loops/rows), or through its request queue where GPU
+threads read them (loops/rows_device). The table, the request and the errors are defined
+here, below both, so neither names the other.
 """
 
 from __future__ import annotations

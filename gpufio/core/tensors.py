@@ -3,7 +3,7 @@ engine, defined below both so neither names the other.
 
 A model state is a list of shards (tensors). Each shard lies in one file as one extent; the
 workload lays the files out and opens them, and moves them through the job's engine's
-channel (workloads/checkpoint/mover; where it finds shards: ``Engine.tensor_support``). The
+channel (loops/tensors; where it finds shards: ``Engine.tensor_support``). The
 mover writes every shard's bytes to its extent (``save``), makes them durable (``sync``) and
 reads them back into other memory (``restore``), in pieces of the job's block size.
 """

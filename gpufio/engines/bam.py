@@ -11,8 +11,8 @@ go through per-slot PRP lists.
 
 Two submitters write the SQEs of io/nvme/spec.py, ring the doorbells, poll the CQ's phase
 tags and ring the CQ head doorbell, and every result names which (``submitter``):
-- ``gpu``: GPU threads, BaM's mechanism (io/gio/backends/nvme.py's agent warps under the block
-  benchmark of io/gio/bench.py, as gpu-uring's). Reads land in GPU memory and are verified
+- ``gpu``: GPU threads, BaM's mechanism (io/gio/backends/nvme.py's agent warps, the engine's
+  ``queue``, under the block benchmark of loops/block_device.py, as gpu-uring's). Reads land in GPU memory and are verified
   there; doorbells are rung straight from the GPU (``direct``: BAR0 registered with CUDA as
   I/O memory) or by one CPU thread per worker (``relay``), named in the result.
 - ``cpu``: a CPU stand-in (``cpu-stand-in``) on the same queue pairs, for hosts without a
@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import sys
-import time
 from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Sequence
@@ -46,26 +45,23 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from gpufio.core.checks import Check
-from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.requests import HOST, Capability, Channel, ChannelSpec, File
-from gpufio.core.rows import RowRequest, RowSupport, RowTable, row_depth
+from gpufio.core.requests import (CHANNEL, HOST, QUEUE, Capability, Channel, ChannelSpec,
+                                  DeviceQueue, File, QueueSpec)
+from gpufio.core.rows import RowSupport, row_depth
 from gpufio.engines import register
 from gpufio.engines.base import Engine
 from gpufio.facts.device import path_facts
 from gpufio.io.gio.backends.nvme import model_memory, shared_memory
 from gpufio.io.gio.bench import check_bench_job
-from gpufio.io.gio.gather import QueueGather
 from gpufio.io.nvme import drives, pcie_vfio, vfio
 from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme.cpu_channel import SUBMITTER, CpuChannel
 from gpufio.io.nvme.session import Model, Shared, dma_bytes, slot_bytes
 
 if TYPE_CHECKING:
-    from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
-    from gpufio.core.targets import Target
     from gpufio.facts.system import Host
 
 SOFTWARE = ("model", "compiled")  # the software controllers: one protocol, one process each
@@ -163,7 +159,7 @@ class Bam(Engine):
     # the CPU stand-in's channel: host buffers, NVMe namespaces (a feature table laid out
     # on one is read as feature_file = ["/dev/nvmeXnY"]); it takes the controller from the
     # nvme driver, so its files are handed over unopened. GPU threads (submitter = "gpu")
-    # run the engine's own loop and row fetcher instead (own_loop, row_fetcher).
+    # submit to the engine's queue instead (primitive, queue).
     capability = Capability(memory=(HOST,), namespaces=True, descriptors=False)
     # rows in whole 512-byte blocks (an NVMe read moves whole logical blocks); the GPU
     # cache in front of the GPU threads' reads
@@ -210,8 +206,8 @@ class Bam(Engine):
         return cls.settings(job).controller == "vfio"
 
     @classmethod
-    def own_loop(cls, job: Job) -> bool:
-        return submitter(cls.settings(job)) == "gpu"
+    def primitive(cls, job: Job) -> str | None:
+        return QUEUE if submitter(cls.settings(job)) == "gpu" else CHANNEL
 
     @classmethod
     def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> Channel:
@@ -235,18 +231,6 @@ class Bam(Engine):
         return CpuChannel(spec, job=job.name, key=bdf, nsids=nsids, pairs=max(job.numjobs, 1),
                           opener=opener, facts={"mode": f"{SUBMITTER}{emulated(o)}",
                                                 "controller": o.controller if opener else "real"})
-
-    @classmethod
-    def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-        if submitter(cls.settings(job)) == "gpu":
-            if xp is np:
-                raise BadInput(f"job '{job.name}': engine 'bam''s GPU threads land rows in "
-                               "GPU memory: device = \"gpu\" (or submitter = \"cpu\")")
-            return BamFetch(job, table, xp, request)
-        if request.cache_bytes:
-            raise BadInput(f"job '{job.name}': the GPU cache sits in front of GPU threads' "
-                           "reads: engine 'bam' needs submitter = \"gpu\" for cache_size")
-        return None  # the gather through the CPU stand-in's channel
 
     @classmethod
     def gpu_memory(cls) -> tuple[str, ...]:
@@ -332,112 +316,55 @@ class Bam(Engine):
             return out
         return out + nvme.gpu_doctor_checks(cls.name, relays, host.cpus(), gpu.probe()[1])
 
-    def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
-        """GPU threads' block job (submitter = "gpu"; the CPU stand-in is ``channel``)."""
-        if len(targets) > 1:  # (a GNN table over several files has a namespace each)
+    @classmethod
+    def queue(cls, job: Job, files: Sequence[File], spec: QueueSpec) -> DeviceQueue:
+        """GPU threads' NVMe queue agents (io/gio/backends/nvme.NvmeQueues): for a worker's
+        block job, on its own queue pair of the job's controller (``files``: its one
+        namespace); for the GNN rows, on a software controller of the fetcher's own serving
+        the feature table's files, a namespace each."""
+        if spec.table is not None:
+            return _row_queue(job, spec)
+        o = cls.settings(job)
+        if len(files) > 1:  # (a GNN table over several files has a namespace each)
             raise BadInput(f"job '{job.name}': engine 'bam' with GPU threads drives one "
-                           f"namespace per block job; it names {len(targets)} targets")
-        super().__init__(job, targets, ctx)
-        o = self._opts = self.settings(job)
-        self._model: Model | None = None
-        self._shared: Shared | None = None
-        self.queues: Any = None
-        self._bench: Any = None
-        if job.iodepth + 1 > 65536:
-            raise BadInput(f"job '{job.name}': iodepth {job.iodepth} is past NVMe's queues")
+                           f"namespace per block job; it names {len(files)} targets")
+        if spec.depth + 1 > 65536:
+            raise BadInput(f"job '{job.name}': iodepth {spec.depth} is past NVMe's queues")
         from gpufio.io import gpu
 
         why = gpu.probe()[1]
         if why:
             raise BadInput(f"engine 'bam' with submitter = \"gpu\" needs a GPU: {why}")
-        gpu.use(job.gpu_of(ctx.worker))  # before any registration: this worker's GPU
+        gpu.use(job.gpu_of(spec.worker))  # before any registration: this worker's GPU
         if o.controller in SOFTWARE:
             shift = o.model_lba.bit_length() - 1
-            self._model, self.pair = Model.acquire(targets[0].path, shift, job.numjobs,
-                                                   job.iodepth, job.bs, server(o))
+            model, pair = Model.acquire(files[0].path, shift, job.numjobs, spec.depth, job.bs,
+                                        server(o))
             try:
-                self._gpu_setup(model_memory(self._model), 1, shift)
+                return _block_queue(job, spec, model, model_memory(model), pair, 1, shift,
+                                    "the software controller")
             except BaseException:
-                self._model.release()
+                model.release()
                 raise
-            return
         opener = None
         if o.controller == "qemu":
-            bdf, nsids = f"qemu {targets[0].path}", np.ones(1, np.uint32)
-            opener = _emulated(job, targets[0].path, slot_bytes(job.bs), job.iodepth)
+            bdf, nsids = f"qemu {files[0].path}", np.ones(1, np.uint32)
+            opener = _emulated(job, files[0].path, slot_bytes(job.bs), spec.depth)
         else:
-            bdf, nsids = _namespaces(job, targets)
+            bdf, nsids = _namespaces(job, files)
         # open descriptors would pin the controller's old instance: the nvme driver would
         # give it a new name on return
-        for t in targets:
+        for t in files:
             t.close()
-        self._shared, self.pair = Shared.acquire(bdf, job.writes, job.numjobs,
-                                                 job.iodepth + 1, opener)
+        shared, pair = Shared.acquire(bdf, job.writes, job.numjobs, spec.depth + 1, opener)
         try:
-            self._shared.check_transfer(job.name, job.bs)
-            mem = shared_memory(self._shared, doorbells(o) == "direct")
-            self._gpu_setup(mem, int(nsids[0]), int(self._shared.lba_shifts(nsids)[0]))
+            shared.check_transfer(job.name, job.bs)
+            mem = shared_memory(shared, doorbells(o) == "direct")
+            return _block_queue(job, spec, shared, mem, pair, int(nsids[0]),
+                                int(shared.lba_shifts(nsids)[0]), shared.bdf)
         except BaseException:
-            self._shared.release()
+            shared.release()
             raise
-
-    def _gpu_setup(self, mem: Any, nsid: int, lba_shift: int) -> None:
-        """GPU threads on this worker's pair: the NVMe queue agents and the block benchmark."""
-        from gpufio.io.gio.bench import DeviceBench
-        from gpufio.io.gio.backends.nvme import NvmeQueues
-
-        job = self.job
-        with Shared.lock, Model.lock:  # the memory's allocators serve every worker
-            self.queues = NvmeQueues(mem, [self.pair], depth=job.iodepth,
-                                     slot_bytes=slot_bytes(job.bs), nsid=nsid,
-                                     lba_shift=lba_shift, mode=doorbells(self._opts))
-        try:
-            self._bench = DeviceBench(self.queues, job, self.ctx, ntargets=1,
-                                      threads=job.iodepth, land_gpu=True,
-                                      direction=WRITE if job.writes else READ)
-        except BaseException:
-            self.queues.close()
-            self.queues = None
-            raise
-
-    def run(self) -> None:
-        """GPU threads run the block benchmark through the NVMe queue agents; end_fsync is
-        one NVMe Flush from a GPU thread once the writes are done."""
-        o = self._opts
-        try:
-            self._bench.run(o.stall_timeout)
-        finally:
-            if self._bench.totals is not None:
-                self.ctx.absorb(DeviceTotals(**self._bench.totals))
-        self.ctx.note("gpu_price", [self._bench.price])
-        relay = self.queues.relay
-        if relay is not None:  # what the relay did: MMIO writes, passes over the words
-            self.ctx.note("relay_writes", [relay.writes])
-            self.ctx.note("relay_passes", [relay.passes])
-        if self.job.end_fsync and self.job.writes:
-            t0 = time.perf_counter_ns()
-            res = self.queues.flush(o.stall_timeout)
-            if res:
-                where = self._shared.bdf if self._shared is not None else \
-                    "the software controller"
-                raise RuntimeError(f"NVMe Flush from a GPU thread on {where}: "
-                                   f"{nq.error_name(-res)}")
-            self.ctx.synced(1, time.perf_counter_ns() - t0)
-
-    def close(self) -> None:
-        try:
-            if self._bench is not None:
-                self._bench.close()
-            if self.queues is not None:
-                self.queues.close()
-        finally:
-            self.pair = None  # type: ignore[assignment]
-            owner = self._model if self._model is not None else self._shared
-            assert owner is not None
-            # an agent that never stopped may still touch the queues' memory: it stays
-            # (the GPU is marked unusable; the guardian gives a real controller back)
-            if self.queues is None or self.queues.kernels_done:
-                owner.release()
 
 
 def _emulated(job: Job, path: str, largest: int, depth: int,
@@ -453,69 +380,95 @@ def _emulated(job: Job, path: str, largest: int, depth: int,
     return lambda: EmulatedSession(o.controller, path, shift, dma, server(o, namespaces))
 
 
-class BamFetch(QueueGather):
-    """The ``bam`` path for the GNN workload's aggregation: GPU threads read the rows through
-    NVMe queue agents (io/gio/backends/nvme.py) with the gather of io/gio/gather.py, as gpu-uring's
-    do through io_uring, through the GPU cache when one is asked. The feature files are
-    served by a software controller of its own (controller = "model" or "compiled"), a
-    namespace each
-    (a table striped over n drives: n namespaces, each at its drive model's rates): a real
-    controller's namespace holds no feature file gpufio could lay out and find again."""
+def _block_queue(job: Job, spec: QueueSpec, owner: Any, mem: Any, pair: Any, nsid: int,
+                 lba_shift: int, where: str) -> DeviceQueue:
+    """A worker's NVMe queue agents on ``pair`` of ``owner``'s controller (a session.Model or
+    a session.Shared, ``where`` for a failed Flush's message), which its ``close`` releases once no
+    agent can touch the queues' memory."""
+    from gpufio.io.gio.backends.nvme import NvmeQueues
 
-    page_cache = False
+    o = Bam.settings(job)
+    with Shared.lock, Model.lock:  # the memory's allocators serve every worker
+        queues = NvmeQueues(mem, [pair], depth=spec.depth, slot_bytes=slot_bytes(spec.slot_bytes),
+                            nsid=nsid, lba_shift=lba_shift, mode=doorbells(o))
 
-    def __init__(self, job: Job, table: RowTable, xp: Any, request: RowRequest) -> None:
-        from gpufio.io.nvme import model
-        from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
+    def relay_notes() -> dict[str, Any]:
+        relay = queues.relay  # what the relay did: MMIO writes, passes over the words
+        return {} if relay is None else {"relay_writes": [relay.writes],
+                                         "relay_passes": [relay.passes]}
 
-        o = Bam.settings(job)
-        layout = table.layout
-        if o.controller not in SOFTWARE:
-            raise BadInput(f"job '{job.name}': engine 'bam' fetches GNN rows from a software "
-                           "controller only (controller = \"model\" or \"compiled\"): a "
-                           "namespace taken over vfio holds no feature file")
-        if multiprocessing.current_process().daemon:  # a data-parallel job's trainer
-            raise BadInput(f"job '{job.name}': engine 'bam' starts a software controller "
-                           "process per row fetcher, which a data-parallel job's trainer "
-                           "processes may not: give the job one GPU")
-        if layout.header % o.model_lba or layout.row_bytes % o.model_lba:
-            raise BadInput(f"job '{job.name}': feature rows of {layout.row_bytes} bytes from "
-                           f"byte {layout.header} are not whole {o.model_lba}-byte blocks "
-                           "(model_lba)")
-        depth = row_depth(request)
-        bells = doorbells(o)
-        # the result's engine_mode: who submitted, the doorbells, the controller
-        self.mode = f"gpu, {bells} doorbells, {o.controller} controller{emulated(o)}"
-        self.facts: dict[str, Any] = {"iodepth": depth, "submitter": "gpu",
-                                      "doorbells": bells, "controller": o.controller,
-                                      "mode": self.mode}
-        if o.drive_model:
-            self.facts["drive"] = drives.describe(drives.model(o.drive_model))
-        shift = o.model_lba.bit_length() - 1
-        row = slot_bytes(layout.row_bytes)
-        dma = dma_bytes(1, depth, row)
-        # a table striped over n files: a namespace (a drive) each, on the one controller
-        self._served = model.ServedFile(table.paths[0], shift, dma,
-                                             server(o, table.paths[1:]))
-        self._registered: Any = None
-        self.queue: Any = None
+    def close() -> None:
         try:
-            self._registered = RegisteredModel(self._served.mem)
-            pair = self._served.host.create_pair(1, depth + 1)
-            self.queue = NvmeQueues(self._registered, [pair], depth=depth, slot_bytes=row,
-                                    nsid=1, lba_shift=shift, mode=bells,
-                                    namespaces=layout.ntargets)
-            super().__init__(self.queue, table, xp, request.dim, depth, o.stall_timeout,
-                             request.cache_bytes)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        try:
-            if self.queue is not None:
-                self.queue.close()
-            if self._registered is not None:
-                self._registered.close()
+            queues.close()
         finally:
-            self._served.close()
+            # an agent that never stopped may still touch the queues' memory: it stays
+            # (the GPU is marked unusable; the guardian gives a real controller back)
+            if queues.kernels_done:
+                owner.release()
+
+    def sync() -> None:  # end_fsync: one NVMe Flush from a GPU thread once the writes are done
+        res = queues.flush(o.stall_timeout)
+        if res:
+            raise RuntimeError(f"NVMe Flush from a GPU thread on {where}: "
+                               f"{nq.error_name(-res)}")
+
+    return DeviceQueue(queues, o.stall_timeout, threads=spec.depth, final_notes=relay_notes,
+                       sync=sync, close=close)
+
+
+def _row_queue(job: Job, spec: QueueSpec) -> DeviceQueue:
+    """GPU threads reading a feature table's rows through NVMe queue agents, as gpu-uring's
+    do through io_uring. The files are served by a software controller of the queue's own
+    (controller = "model" or "compiled"), a namespace each (a table striped over n drives:
+    n namespaces, each at its drive model's rates): a real controller's namespace holds no
+    feature file gpufio could lay out and find again."""
+    from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
+    from gpufio.io.nvme import model
+
+    o = Bam.settings(job)
+    assert spec.table is not None and spec.rows is not None
+    layout, paths = spec.table.layout, spec.table.paths
+    if o.controller not in SOFTWARE:
+        raise BadInput(f"job '{job.name}': engine 'bam' fetches GNN rows from a software "
+                       "controller only (controller = \"model\" or \"compiled\"): a "
+                       "namespace taken over vfio holds no feature file")
+    if multiprocessing.current_process().daemon:  # a data-parallel job's trainer
+        raise BadInput(f"job '{job.name}': engine 'bam' starts a software controller "
+                       "process per row fetcher, which a data-parallel job's trainer "
+                       "processes may not: give the job one GPU")
+    if layout.header % o.model_lba or layout.row_bytes % o.model_lba:
+        raise BadInput(f"job '{job.name}': feature rows of {layout.row_bytes} bytes from "
+                       f"byte {layout.header} are not whole {o.model_lba}-byte blocks "
+                       "(model_lba)")
+    depth = row_depth(spec.rows)
+    bells = doorbells(o)
+    # the result's engine_mode: who submitted, the doorbells, the controller
+    mode = f"gpu, {bells} doorbells, {o.controller} controller{emulated(o)}"
+    facts: dict[str, Any] = {"iodepth": depth, "submitter": "gpu", "doorbells": bells,
+                             "controller": o.controller, "mode": mode}
+    if o.drive_model:
+        facts["drive"] = drives.describe(drives.model(o.drive_model))
+    shift = o.model_lba.bit_length() - 1
+    row = slot_bytes(layout.row_bytes)
+    dma = dma_bytes(1, depth, row)
+    # a table striped over n files: a namespace (a drive) each, on the one controller
+    served = model.ServedFile(paths[0], shift, dma, server(o, paths[1:]))
+    held: list[Any] = []  # what close releases, last made first
+
+    def close() -> None:
+        try:
+            for thing in reversed(held):
+                thing.close()
+        finally:
+            served.close()
+
+    try:
+        held.append(RegisteredModel(served.mem))
+        pair = served.host.create_pair(1, depth + 1)
+        held.append(NvmeQueues(held[0], [pair], depth=depth, slot_bytes=row, nsid=1,
+                               lba_shift=shift, mode=bells, namespaces=layout.ntargets))
+    except BaseException:
+        close()
+        raise
+    return DeviceQueue(held[1], o.stall_timeout, threads=depth, facts=facts, mode=mode,
+                       close=close)

@@ -1,11 +1,11 @@
 """The one interface every data path implements.
 
 As in fio, an engine is one module that fills in a small table of operations and registers
-itself by name; the runner never names an engine. A CPU path implements its one I/O
-primitive, ``channel`` (core/requests), and the loops above the engines drive it (the block
-loop: run/blockloop.py); a path whose loop is its own (on the GPU) implements ``run``.
-Construction does all setup (rings, buffers, kernel compilation) and happens before the
-clock starts; ``run`` only moves data.
+itself by name; the runner never names an engine. An engine provides one or both of two I/O
+primitives (core/requests) and nothing that runs: ``channel``, requests a host thread
+submits, and ``queue``, a request queue GPU threads submit to. Every loop that drives them
+(block, rows, tensors) is in gpufio/loops, chosen from the primitive (``primitive``) and the
+memory the data lands in, never from the engine.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 from gpufio.core.checks import Check
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option, settings_class
-from gpufio.core.requests import GPU, HOST, Capability, Channel, ChannelSpec, File
+from gpufio.core.requests import (CHANNEL, GPU, HOST, QUEUE, Capability, Channel, ChannelSpec,
+                                  DeviceQueue, File, QueueSpec)
 
 if TYPE_CHECKING:
-    from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
-    from gpufio.core.rows import RowRequest, RowSupport, RowTable
-    from gpufio.core.targets import Target
+    from gpufio.core.rows import RowSupport
     from gpufio.core.tensors import TensorSupport
     from gpufio.facts.system import Host
 
@@ -66,7 +65,7 @@ COMPILED_WRITE_BS = 128 << 10
 
 def compiled_loop(job: "Job") -> bool:
     """Whether the job's I/Os go through the compiled loops (io/loops.py) instead of the
-    block loop's Python one (run/blockloop.py), for an engine whose channel has one: where
+    block loop's Python one (loops/block_host.py), for an engine whose channel has one: where
     they are built, for jobs that neither verify as they read nor sync every N writes (both
     stay in Python), and whose writes are small enough to fill on the loop's own thread. A
     rate-capped job stays compiled: each batch comes with its due times, and the loop
@@ -88,7 +87,7 @@ def nop_facts(op: str) -> dict[str, Any]:
 
 
 class Engine(ABC):
-    """A data path. One instance per worker thread of a job."""
+    """A data path: a table of class attributes and class methods, never instantiated."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -98,8 +97,8 @@ class Engine(ABC):
     # what the profile's iodepth means for this path (shown by 'gpufio engines')
     iodepth_means: ClassVar[str] = "I/Os in flight per worker"
     # the extras of the GNN rows gathered through this engine's channel (a GPU cache,
-    # mapping advice, a row-width multiple, the loaders' baseline); for an engine whose
-    # channel the GPU submits to, all of what its own row fetcher offers (None: no rows)
+    # mapping advice, a row-width multiple, the loaders' baseline); for an engine with no
+    # channel, all of what the gather over its queue offers (None: no rows)
     rows: ClassVar[RowSupport | None] = None
     # for an engine with no channel a host thread submits to: where the checkpoint mover
     # would find shards once it has one (None: no tensors)
@@ -107,8 +106,8 @@ class Engine(ABC):
     # False for a path that touches no storage (null): a job of it naming no targets gets
     # an offset space of its size, with no file laid out
     touches_storage: ClassVar[bool] = True
-    # what the engine's channel (the one I/O primitive, core/requests) can do; None: it
-    # opens no channel (its loop runs on the device only)
+    # what the engine's channel (the primitive a host thread submits to, core/requests) can
+    # do; None: it opens no channel (GPU threads submit to its queue only)
     capability: ClassVar[Capability | None] = None
     # fio's names for this path, for job files: "ioengine" or "ioengine:cuda_io", each with
     # the note a user reads when it maps to gpufio's engine ("" when it is the same path)
@@ -122,7 +121,7 @@ class Engine(ABC):
     # taken from its driver, which leaves no file to fsync): the runner then syncs nothing
     flushes_itself: ClassVar[bool] = False
     # whether its workers take their I/Os from ctx.next_batch, so a rate cap (rate_iops)
-    # holds; False for engines whose loop runs on the device
+    # holds; False for engines whose GPU threads pick their own (its queue's loop)
     paced: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -167,13 +166,22 @@ class Engine(ABC):
         raise NotImplementedError(f"engine '{cls.name}' opens no channel")
 
     @classmethod
-    def row_fetcher(cls, job: "Job", table: RowTable, xp: Any, request: RowRequest) -> Any:
-        """This engine's own row fetcher, for an engine whose gather runs on the GPU
-        (``capability.submitter == "gpu"``): ``fetch(rows)`` returns the rows, in order, as
-        an ``xp`` array of ``request.dim`` float32 columns, ``rows`` counts the rows fetched,
-        ``facts`` says how, ``close()``. None (every other engine): the workloads gather
-        the rows through the engine's channel (workloads/gnn/gather)."""
-        return None
+    def primitive(cls, job: "Job") -> str | None:
+        """Which primitive moves ``job``'s I/Os: CHANNEL where a host thread submits to the
+        engine's channel (``capability``), else QUEUE where GPU threads submit to its
+        ``queue``; None: neither (it moves nothing here). An engine with both says per job."""
+        if cls.capability is not None:
+            return CHANNEL
+        return QUEUE if cls.queue.__func__ is not Engine.queue.__func__ else None
+
+    @classmethod
+    def queue(cls, job: "Job", files: Sequence[File], spec: QueueSpec) -> DeviceQueue:
+        """The engine's other primitive over ``files`` (a worker's targets, opened by the
+        caller, who closes them; none where ``spec.table`` names a feature table's files):
+        a request queue GPU threads submit to, with what a loop must know of it
+        (core/requests.DeviceQueue), set up now, before the clock. Engines whose
+        ``primitive`` can be QUEUE implement it."""
+        raise NotImplementedError(f"engine '{cls.name}' makes no request queue")
 
     @classmethod
     def row_support(cls) -> RowSupport | None:
@@ -181,7 +189,7 @@ class Engine(ABC):
         channel a host thread submits to, the generic gather's (GPU memory only when the
         channel takes no host buffers) with the extras ``rows`` declares; else ``rows``."""
         cap = cls.capability
-        if cap is None or cap.submitter != "cpu":
+        if cap is None:
             return cls.rows
         if cap.namespaces:  # feature tables are files: rows only where the engine reads
             return cls.rows  # one laid out on a namespace (feature_file naming the device)
@@ -196,7 +204,7 @@ class Engine(ABC):
         through pinned host memory for a GPU engine's host channel. Without a channel a host
         thread submits to: what ``tensors`` declares."""
         cap = cls.capability
-        if cap is None or cap.submitter != "cpu":
+        if cap is None:
             return cls.tensors
         if cap.namespaces:  # checkpoints are files, not NVMe namespaces
             return None
@@ -307,24 +315,3 @@ class Engine(ABC):
             if facts["processes"]:
                 facts["mps"] = mps_active()
         return facts
-
-    def __init__(self, job: "Job", targets: list["Target"], ctx: "WorkerContext") -> None:
-        self.job = job
-        self.targets = targets
-        self.ctx = ctx
-
-    @classmethod
-    def own_loop(cls, job: "Job") -> bool:
-        """Whether ``job``'s block I/O runs in this engine's own ``run`` rather than in a
-        loop over its channel: where it defines one; an engine with both (GPU threads
-        beside a CPU-submitted channel) says per job."""
-        return cls.run is not Engine.run
-
-    def run(self) -> None:
-        """Issue I/O until ``ctx`` hands out no more work; record every completion. An engine
-        with a CPU-submitted channel (``capability``) defines none: its block jobs run in the
-        one block loop (run/blockloop.py) over its ``channel``."""
-        raise NotImplementedError(f"engine '{self.name}' has no loop of its own")
-
-    def close(self) -> None:
-        """Release what the constructor set up; called even when ``run`` failed."""

@@ -16,7 +16,7 @@ and written from there by io_uring, while the next segments copy; a write's late
 the start of its segment's copy until the write completes.
 
 This module is the engine: its options and its channel (io_uring into host memory,
-io/uring_channel). The segment loop is run/staged's, written over any channel whose buffers
+io/uring_channel). The segment loop is loops/block_staged's, written over any channel whose buffers
 are host memory.
 """
 
@@ -98,7 +98,7 @@ class CpuGpu(Engine):
     @classmethod
     def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> UringChannel:
         """io_uring into host memory; with sqe_async the kernel's io-wq workers run the
-        requests. The block loop above (run/staged) lands them in GPU memory."""
+        requests. The block loop above (loops/block_staged) lands them in GPU memory."""
         given = cls.settings(job).sqe_async
         # with no sqe_async given, reads of files that live in memory go to io-wq (RAM-backed
         # rows gather faster so); a drive's reads stay inline

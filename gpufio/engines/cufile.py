@@ -2,7 +2,7 @@
 
 The engine's channel moves requests between the files and GPU memory: KvikIO futures
 (the default api), run by KvikIO's thread pool, or cuFile's own batch and stream APIs; the
-block loop above it (run/gpu_slots) keeps ``iodepth`` reads (or writes, from GPU memory the
+block loop above it (loops/block_gpu_slots) keeps ``iodepth`` reads (or writes, from GPU memory the
 pattern was generated in) in flight, each in its own slot of GPU memory. Without the
 nvidia-fs driver cuFile (and KvikIO) fall back to compat mode: POSIX reads into a host
 bounce buffer, then a copy to the GPU. The two are different data paths, so the mode is
@@ -292,7 +292,7 @@ class CuFile(Engine):
     def channel(cls, job: Job, files: Sequence[File], spec: ChannelSpec) -> Channel:
         """Requests between the files and GPU memory (device pointers) through the job's
         api: KvikIO futures, or cuFile's batch or stream API. The block loop above
-        (run/gpu_slots) keeps ``iodepth`` of them in flight, each in its own GPU slot."""
+        (loops/block_gpu_slots) keeps ``iodepth`` of them in flight, each in its own GPU slot."""
         s = cls.settings(job)
         if s.api == "kvikio":
             return KvikioChannel(files, spec, _threads(job, spec.depth), job.direct,

@@ -6,42 +6,33 @@ that live in CUDA-registered host memory; the kernel's SQPOLL threads execute th
 agents hand the completions back; the requesting warps copy the landed blocks into GPU
 memory and bin their latencies on the GPU. No CPU user code runs per I/O: the host thread
 only sets flags, wakes SQPOLL threads that fell asleep, reads live counters every 100 ms,
-and stops the kernels with a diagnostic when completions stop (the watchdog). The kernels
-are in kernels/gio_agent.cu and gio_bench.cu; the ring plumbing in gpufio/io/gio/backends/rings.py.
+and stops the kernels with a diagnostic when completions stop (the watchdog). The engine
+makes the queue (``queue``); the loops that drive it, the block benchmark and the row
+gather, are in gpufio/loops. The kernels are in kernels/gio_agent.cu and gio_bench.cu; the
+ring plumbing in gpufio/io/gio/backends/rings.py.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
-from gpufio.core.recorder import DeviceTotals
-from gpufio.core.rows import (
-    RowRequest,
-    RowSupport,
-    RowTable,
-    close_all,
-    open_rows,
-    row_depth,
-)
-from gpufio.core.shared import READ, WRITE
+from gpufio.core.requests import DeviceQueue, File, QueueSpec
+from gpufio.core.rows import RowRequest, RowSupport, RowTable, close_all, open_rows, row_depth
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
 from gpufio.io import gpu, uring
 from gpufio.io.nvme import passthru
 from gpufio.io.gio.backends.rings import default_rings, ring_sizes
 from gpufio.io.gio.backends.uring import default_sq_threads, make_queue, namespace_table
-from gpufio.io.gio.bench import DeviceBench, check_bench_job
-from gpufio.io.gio.gather import QueueGather
+from gpufio.io.gio.bench import check_bench_job
 
 if TYPE_CHECKING:
-    from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
-    from gpufio.core.targets import Target
     from gpufio.facts.system import Host
 
 
@@ -112,14 +103,6 @@ class GpuUring(Engine):
                        registered=not o.sqe_async if o.registered is None else o.registered)
 
     @classmethod
-    def row_fetcher(cls, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-        # the engine's own defaults otherwise (inline, registered): on tmpfs they gathered
-        # faster than io-wq did
-        o = cls.settings(job)
-        return GpuUringFetch(table, xp, request.dim, o, row_depth(request, o.rings),
-                             request.direct, request.cache_bytes)
-
-    @classmethod
     def unavailable(cls) -> str | None:
         facts = uring.probe()
         if not facts["available"]:
@@ -184,60 +167,40 @@ class GpuUring(Engine):
                 "passthrough": o.passthrough,
                 **({"warning": w} if (w := gpu.module_loading_warning()) else {})}
 
-    def __init__(self, job: Job, targets: list[Target], ctx: WorkerContext) -> None:
-        super().__init__(job, targets, ctx)
-        o = self._opts = self.settings(job)
-        gpu.use(job.gpu_of(ctx.worker))
-        self.queue = make_queue(o, depth=job.iodepth, slot_bytes=job.bs,
-                                fds=[t.fd for t in targets], nop=o.op == "nop",
-                                namespaces=namespace_table(targets) if o.passthrough else None)
-        self._bench = DeviceBench(self.queue, job, ctx, ntargets=len(targets),
-                                  threads=o.threads, land_gpu=o.land == "gpu",
-                                  direction=WRITE if job.writes else READ, nop=o.op == "nop")
-        ctx.note("gpu_price", [self._bench.price])
+    @classmethod
+    def queue(cls, job: Job, files: Sequence[File], spec: QueueSpec) -> DeviceQueue:
+        """io_uring rings the GPU's agent warps drive (io/gio/backends/uring.UringQueue)
+        over ``files``: for a worker's block job as its settings say (NOPs, passthrough to
+        the namespaces); for the GNN rows with the engine's own defaults otherwise (inline,
+        registered: on tmpfs they gathered faster than io-wq did)."""
+        o = cls.settings(job)
+        if spec.table is not None and spec.rows is not None:
+            return _row_queue(o, spec.table, spec.rows, spec.slot_bytes)
+        nop = o.op == "nop"
+        q = make_queue(o, depth=spec.depth, slot_bytes=spec.slot_bytes,
+                       fds=[f.fd for f in files], nop=nop,
+                       namespaces=namespace_table(files) if o.passthrough else None)
+        share = uring.SqThreadShare(q.rings.rings)
+        return DeviceQueue(q, o.stall_timeout, threads=o.threads, land_gpu=o.land == "gpu",
+                           nop=nop, begin=share.begin, notes=share.facts, close=q.close)
 
-    def run(self) -> None:
-        share = uring.SqThreadShare(self.queue.rings.rings)
+
+def _row_queue(o: Any, table: RowTable, request: RowRequest, row_bytes: int) -> DeviceQueue:
+    """io_uring rings over the feature table's files (opened here, closed with the queue)
+    for the GNN rows' gather on the GPU."""
+    depth = row_depth(request, o.rings)
+    fds = open_rows(table, request.direct)
+    try:
+        q = make_queue(o, depth=depth, slot_bytes=row_bytes, fds=fds)
+    except BaseException:
+        close_all(fds)
+        raise
+
+    def close() -> None:
         try:
-            self._bench.run(self._opts.stall_timeout, begin=share.begin, notes=share.facts)
+            q.close()
         finally:
-            if self._bench.totals is not None:
-                self.ctx.absorb(DeviceTotals(**self._bench.totals))
+            close_all(fds)
 
-    def close(self) -> None:
-        """Tear down the queue; if a kernel never stopped, the queue keeps this engine's
-        arrays alive with its own (keep_alive), since the kernel still writes into them."""
-        self._bench.close()
-        self.queue.close()
-
-
-class GpuUringFetch(QueueGather):
-    """The ``gpu-uring`` path for aggregation: the row gather of io/gio/gather.py on an
-    io_uring request queue (io/gio/backends/uring.UringQueue) the job's settings describe,
-    through a software cache in GPU memory when ``cache_bytes`` is given (io/gio/cache.py).
-    Needs a GPU (``device = "gpu"``)."""
-
-    page_cache = False
-
-    def __init__(self, table: RowTable, xp: Any, dim: int, opts: Any, iodepth: int,
-                 direct: bool, cache_bytes: int = 0) -> None:
-        # how the rows were fetched, for the result
-        self.facts = {"iodepth": iodepth, "rings": opts.rings, "sqe_async": opts.sqe_async}
-        self._fds = open_rows(table, direct)
-        try:
-            self.queue = make_queue(opts, depth=iodepth, slot_bytes=table.layout.row_bytes,
-                                    fds=self._fds)
-        except BaseException:
-            close_all(self._fds)
-            raise
-        try:
-            super().__init__(self.queue, table, xp, dim, opts.rings * iodepth,
-                             opts.stall_timeout, cache_bytes)
-        except BaseException:
-            self.close()
-            raise
-        self.facts["gpu_price"] = self.price
-
-    def close(self) -> None:
-        self.queue.close()
-        close_all(self._fds)
+    return DeviceQueue(q, o.stall_timeout, threads=o.rings * depth, close=close,
+                       facts={"iodepth": depth, "rings": o.rings, "sqe_async": o.sqe_async})

@@ -2,7 +2,7 @@
 
 Its one primitive is ``MmapChannel``: each request is copied out of (into) a shared mapping
 of its file inside ``submit``, faulting pages in as the loaders do. The loops above the
-engines run it: the block workload's staged loop (run/staged) gathers a batch of ``iodepth``
+engines run it: the block workload's staged loop (loops/block_staged) gathers a batch of ``iodepth``
 blocks through page faults into page-locked host memory, copies the batch to GPU memory
 asynchronously and gathers the next batch while the copy runs (double buffering: the
 ``segments`` option, 1 by default); the GNN gather and the checkpoint mover use the same

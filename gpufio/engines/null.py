@@ -1,6 +1,6 @@
 """null: completes every I/O at once without touching storage, like fio's null engine.
 
-What it measures is gpufio's own loop (run/blockloop.py over this engine's channel):
+What it measures is gpufio's own loop (loops/block_host.py over this engine's channel):
 handing out offsets, stamping and recording each I/O, the live counters; compiled where it
 can be (io/loops.py), as for the other CPU engines.
 Beside ``fio --ioengine=null`` it says what share of a CPU engine's cost is gpufio's rather

@@ -3,7 +3,7 @@
 The simplest CPU path and the floor every other engine is compared against. Each of the
 numjobs workers is its own process (see gpufio.run.launch), so they overlap their I/O. Its
 channel is synchronous: each request is moved, and timed, inside ``submit``. The block loop
-(run/blockloop.py) hands it batches; compiled where it can (io/loops.py), else in Python
+(loops/block_host.py) hands it batches; compiled where it can (io/loops.py), else in Python
 (the same results).
 """
 

@@ -3,7 +3,7 @@
 One ring per worker thread keeps ``iodepth`` reads (or writes, WRITE / WRITE_FIXED) in
 flight: the engine's channel (io/uring_channel.py), set up as the job's keys say and as fio
 sets up its own ring (SINGLE_ISSUER|DEFER_TASKRUN where the kernel has them). The block loop
-(run/blockloop.py) drives it: compiled where it can (io/loops.py: one call per batch of
+(loops/block_host.py) drives it: compiled where it can (io/loops.py: one call per batch of
 offsets; as fio, ``iodepth_batch_submit`` I/Os per io_uring_enter, one by default; a
 latency is fio's lat, from the I/O's taking into its slot, its wait for the submitting call
 included, to just after the reaping call), else in Python with numpy batch operations, so

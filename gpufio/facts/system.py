@@ -2,7 +2,7 @@
 (``/`` on a real host, a fake tree in tests): for ``gpufio doctor``.
 
 Nothing here judges; it reads. The checks that say ok, warn or fail live with what they are
-about (each engine's ``doctor``, the targets' in run/doctor.py).
+about (each engine's ``doctor``, the targets' in gpufio/doctor.py).
 """
 
 from __future__ import annotations

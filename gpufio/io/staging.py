@@ -1,6 +1,6 @@
 """Staging data between GPU memory and page-locked host memory, segment by segment.
 
-Shared by the CPU-mediated GPU paths (run/staged's block loop, mmap): host slots are grouped in segments;
+Shared by the CPU-mediated GPU paths (loops/block_staged's block loop, mmap): host slots are grouped in segments;
 a full segment goes to GPU memory in one asynchronous copy on its own CUDA stream, recorded
 by an event, so many small reads share a copy and filling the next segment overlaps it. An
 I/O counts as done only when its segment's copy is done; with verify, the check runs on the

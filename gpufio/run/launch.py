@@ -5,8 +5,8 @@ cannot scale with numjobs as threads; each of their workers is a forked process 
 CUDA does not survive fork, so engines that hold a CUDA context run as threads, or, to scale
 past the lock, as spawned processes: fresh interpreters, each with its own CUDA context, that
 reopen the targets and map the job's shared memory again. Every kind of worker builds its
-engine, reports ready, waits for the clock to start, runs, and hands back a FinalRecord; the
-runner sees the same interface for all three. Worker processes are started through
+block loop over its engine (gpufio/loops), reports ready, waits for the clock to start,
+runs, and hands back a FinalRecord; the runner sees the same interface for all three. Worker processes are started through
 core/processes: they take their stop signals first and say so, before any setup.
 """
 
@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from gpufio.core import processes
 from gpufio.core.context import WorkerContext
@@ -28,9 +28,9 @@ from gpufio.core.guard import WriteConsent
 from gpufio.core.processes import die_with_parent
 from gpufio.core.recorder import FinalRecord
 from gpufio.engines.base import Engine
-from gpufio.run.blockloop import BlockLoop, uses_block_loop
+from gpufio.loops.block import block_loop
 
-# what a worker process says once its engine is built (after processes.READY)
+# what a worker process says once its loop is built (after processes.READY)
 SET_UP = "set up"
 
 _FORK = multiprocessing.get_context("fork")
@@ -47,28 +47,11 @@ class WorkerOutcome:
     bad_input: str | None = None
 
 
-def _data_path(engine_cls: type[Engine], job, targets, ctx: WorkerContext) -> Any:
-    """What moves a worker's data: the engine itself where it runs its own loop, else the
-    block loop that fits its channel: into GPU memory (run/gpu_block), or host memory
-    (run/blockloop)."""
-    if not uses_block_loop(engine_cls, job):
-        return engine_cls(job, targets, ctx)
-    if engine_cls.uses_gpu:
-        from gpufio.run.gpu_block import gpu_block_loop  # the GPU plumbing, only where used
-
-        loop = gpu_block_loop(engine_cls, job, targets, ctx)
-        if loop is None:
-            raise RuntimeError(f"engine '{engine_cls.name}' runs no loop and no block loop "
-                               "fits its channel")
-        return loop
-    return BlockLoop(engine_cls, job, targets, ctx)
-
-
 def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
          ready: Callable[[], None], wait_go: Callable[[], None]) -> WorkerOutcome:
-    engine, failure, bad_input = None, None, None
-    try:
-        engine = _data_path(engine_cls, job, targets, ctx)
+    loop, failure, bad_input = None, None, None
+    try:  # the block loop (gpufio/loops) that fits the engine's primitive and the memory
+        loop = block_loop(engine_cls, job, targets, ctx)
     except BadInput as e:  # e.g. a GPU index out of range: the user's to fix, exit 2
         bad_input = str(e)
         ctx.control.stop()
@@ -78,15 +61,15 @@ def _run(engine_cls: type[Engine], job, targets, ctx: WorkerContext, index: int,
     ready()
     wait_go()
     try:
-        if engine is not None:
-            engine.run()
+        if loop is not None:
+            loop.run()
     except Exception as e:  # reported in the result; the run exits 1
         failure = f"worker {index}: {type(e).__name__}: {e}"
     finally:
         finished = time.monotonic_ns()
-        if engine is not None:
+        if loop is not None:
             try:
-                engine.close()
+                loop.close()
             except Exception as e:  # a worker must always report, or its numbers vanish
                 failure = failure or f"worker {index} close: {type(e).__name__}: {e}"
         ctx.finish()

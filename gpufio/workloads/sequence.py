@@ -9,7 +9,7 @@ from typing import Any, Callable, ContextManager, Sequence
 
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job
-from gpufio.run import world
+from gpufio.workloads.block import world
 
 # (job, stop, progress) -> the job's results
 RunJob = Callable[[Job, Callable[[], bool], Any], list[dict[str, Any]]]

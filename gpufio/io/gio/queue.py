@@ -9,7 +9,7 @@ not depend on the transport: the arrays and the descriptor, the agents' start, t
 words, the wait with its watchdog, the abort and the stall diagnostic's slot counts. A
 backend (io/gio/backends/) subclasses it with its agents and their rings: io_uring SQPOLL
 rings (backends/uring.UringQueue) or NVMe queue pairs (backends/nvme.NvmeQueues). The block
-benchmark (bench.py) and the row gather (gather.py) run on either.
+benchmark (loops/block_device.py) and the row gather (loops/rows_device.py) run on either.
 
 Teardown is the delicate part: a read the kernel still runs writes into its landing slot, and
 a kernel that never stopped still writes into every array of the queue. What a stuck kernel

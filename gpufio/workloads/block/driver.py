@@ -8,7 +8,8 @@ from typing import Any
 from gpufio.core.errors import BadInput, RunFailed
 from gpufio.core.job import Job, Profile
 from gpufio.results.repeat import combine
-from gpufio.run import opening, world
+from gpufio.run import opening
+from gpufio.workloads.block import world
 from gpufio.workloads.block import document, runner
 from gpufio.workloads.block.live import LiveDisplay
 from gpufio.workloads.block.merge import merge_ranks

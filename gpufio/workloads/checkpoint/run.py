@@ -25,7 +25,7 @@ from gpufio.engines import all_engines
 from gpufio.engines.base import label
 from gpufio.io import gpu
 from gpufio.workloads.checkpoint import layout
-from gpufio.workloads.checkpoint.mover import ChannelMover
+from gpufio.loops.tensors import ChannelMover
 from gpufio.workloads.checkpoint.naive import LABEL as NAIVE_LABEL
 from gpufio.workloads.checkpoint.naive import NaiveMover
 from gpufio.workloads.checkpoint.options import shard_sizes

@@ -23,7 +23,8 @@ from gpufio.core.targets import evict
 from gpufio.engines import all_engines
 from gpufio.facts.device import path_facts
 from gpufio.io import gpu
-from gpufio.workloads.gnn import dataset, features, gather, memlimit, timing
+from gpufio.loops import rows as gather
+from gpufio.workloads.gnn import dataset, features, memlimit, timing
 from gpufio.workloads.gnn.model import GraphSage
 from gpufio.workloads.gnn.sampler import max_input_nodes, sample
 
@@ -34,7 +35,7 @@ def array_module(job: Job) -> Any:
 
 
 def _fetcher(job: Job, ds: dataset.Dataset, xp: Any) -> Any:
-    """The rows through the job's engine (workloads/gnn/gather); host landing buffers are
+    """The rows through the job's engine (loops/rows); host landing buffers are
     sized for the largest possible mini-batch here, before any memory_limit applies."""
     g = job.workload_settings
     most = max_input_nodes(g.batch_size, list(g.fanout), ds.graph.nodes)

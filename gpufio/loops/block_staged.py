@@ -24,7 +24,7 @@ import numpy as np
 from gpufio.core.requests import HOST, ChannelSpec
 from gpufio.core.slots import SlotTable
 from gpufio.io.staging import SEGMENTS, SPARE, SegmentedStaging, segment_shape
-from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
+from gpufio.loops.steps import StallWatch
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -88,29 +88,34 @@ class StagedLoop:
             raise RuntimeError(f"the channel took {sent} of a segment's {k} requests with "
                                f"{self.channel.inflight} of {self._cap} in flight")
 
-    def _stalled(self, what: str, state: np.ndarray) -> Stalled:
-        return Stalled(f"no {what} or copy completed for {STALL_LIMIT_NS / 1e9:g} s: "
-                       f"segment states {state.tolist()}; {self.channel.state()}")
+    def _check(self, watch: StallWatch, progress: int, what: str, state: np.ndarray) -> None:
+        """The one stall rule over the segments' progress (their I/Os and copies); its
+        words are made only once stuck: this runs every pass."""
+        if watch.stuck(progress):
+            watch.check(progress, f"{int((state != FREE).sum())} segments of {what} or copies "
+                        "in flight", lambda: f"segment states {state.tolist()}; "
+                        f"{self.channel.state()}")
 
     def run(self) -> None:
         if self.job.writes:
             self._run_writes()
             return
-        ctx, seg = self.ctx, self._seg
-        state = np.full(self._nseg, FREE, dtype=np.int8)
+        ctx, seg, cap = self.ctx, self._seg, self._cap
+        state = np.full(self._nseg, FREE, dtype=np.int8)  # for the stall diagnostic
         seg_n = np.zeros(self._nseg, dtype=np.int64)      # reads issued in each segment
         seg_done = np.zeros(self._nseg, dtype=np.int64)   # reads completed in each segment
         table = SlotTable(self._nseg * seg)
         slot_res = np.zeros(self._nseg * seg, dtype=np.int32)
         records: list[Callable[[], None]] = []  # finished segments' recordings
-        issuing = True
-        dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0  # reads + copies
+        # the segments by state as Python lists, and the reads between issue and landing:
+        # between a landing and the next issue every microsecond is a slot left idle
+        free, reading, copying = list(range(self._nseg - 1, -1, -1)), [], []
+        taken, issuing = 0, True
+        watch, progress = StallWatch(), 0  # reads + copies
         while True:
-            for s in np.flatnonzero(state == FREE).tolist() if issuing else ():
-                room = self._cap - int(seg_n[state != FREE].sum())
-                if room <= 0:
-                    break
-                tgt, offs = ctx.next_batch(min(seg, room))
+            while issuing and free and taken < cap:
+                s = free[-1]
+                tgt, offs = ctx.next_batch(min(seg, cap - taken))
                 k = len(offs)
                 if not k:
                     issuing = False
@@ -119,23 +124,29 @@ class StagedLoop:
                 # gather) moves them inside submit
                 table.issue(slice(s * seg, s * seg + k), tgt, offs, time.perf_counter_ns())
                 self._push(s, tgt, offs, False)
+                free.pop()
+                reading.append(s)
                 seg_n[s], seg_done[s], state[s] = k, 0, READING
+                taken += k
             while records:  # the segments freed last time, once new reads are out
                 records.pop()()
-            moved = self._wait(state, slot_res, seg_done)
+            moved = self._wait(copying, slot_res, seg_done)
             if moved is None and not issuing:
                 return
             progress += moved or 0
-            for s in np.flatnonzero((state == READING) & (seg_done == seg_n)).tolist():
+            for s in [s for s in reading if seg_done[s] == seg_n[s]] if moved else ():
+                reading.remove(s)
                 self._copy(s, int(seg_n[s]), table)
+                copying.append(s)
                 state[s] = COPYING
-            for s in np.flatnonzero(state == COPYING).tolist():
-                if self.landing.done(s):
-                    records.append(self._finish(s, int(seg_n[s]), table, slot_res))
-                    state[s] = FREE
-                    progress += 1
-            if dog.update(progress, time.perf_counter_ns()):
-                raise self._stalled("read", state)
+            for s in [s for s in copying if self.landing.done(s)]:
+                records.append(self._finish(s, int(seg_n[s]), table, slot_res))
+                copying.remove(s)
+                free.append(s)
+                state[s] = FREE
+                taken -= int(seg_n[s])
+                progress += 1
+            self._check(watch, progress, "reads", state)
 
     def _run_writes(self) -> None:
         """Segments go FREE -> COPYING (pattern generated on the GPU, copied down; the
@@ -148,7 +159,7 @@ class StagedLoop:
         table = SlotTable(self._nseg * seg)
         slot_res = np.zeros(self._nseg * seg, dtype=np.int32)
         issuing, syncing = True, False
-        dog, progress = Watchdog(STALL_LIMIT_NS, time.perf_counter_ns()), 0
+        watch, progress = StallWatch(), 0
         while True:
             if syncing and not np.any(state != FREE):
                 ctx.sync(self._fds)
@@ -177,7 +188,7 @@ class StagedLoop:
                     self._push(s, table.tgt[lo:lo + k], table.off[lo:lo + k], True)
                     state[s] = WRITING
                     progress += 1
-            moved = self._wait(state, slot_res, seg_done)
+            moved = self._wait(np.flatnonzero(state == COPYING).tolist(), slot_res, seg_done)
             if moved is None and not issuing and not syncing:
                 ch.finish()
                 return
@@ -187,20 +198,21 @@ class StagedLoop:
                 table.complete(ctx, slice(lo, lo + k), slot_res[lo:lo + k].copy(),
                                time.perf_counter_ns(), write=True)
                 state[s] = FREE
-            if dog.update(progress, time.perf_counter_ns()):
-                raise self._stalled("write", state)
+            self._check(watch, progress, "writes", state)
 
-    def _wait(self, state: np.ndarray, slot_res: np.ndarray, seg_done: np.ndarray) -> int | None:
+    def _wait(self, copying: list[int], slot_res: np.ndarray, seg_done: np.ndarray
+              ) -> int | None:
         """Wait for what is in flight: reap the channel's completions into ``slot_res`` and
-        ``seg_done`` (how many), or wait for the oldest copy (0); None when nothing is."""
-        ch, copying = self.channel, bool(np.any(state == COPYING))
+        ``seg_done`` (how many), or wait for the oldest of the ``copying`` segments (0);
+        None when nothing is."""
+        ch = self.channel
         if ch.inflight:
             done, res = ch.reap(POLL_NS if copying else WAIT_NS)
             slot_res[done] = res
-            np.add.at(seg_done, done // self._seg, 1)
+            seg_done += np.bincount(done // self._seg, minlength=self._nseg)
             return len(done)
         if copying:
-            self.landing.wait(int(np.flatnonzero(state == COPYING)[0]))
+            self.landing.wait(copying[0])
             return 0
         return None
 

@@ -1,11 +1,11 @@
 """The block workload's one I/O loop, written once over the engines' Channel (core/requests).
 
-Every engine whose channel a host thread submits (``capability.submitter == "cpu"``) and
-which defines no ``run`` of its own gets its block jobs moved here: slots of ``bs`` bytes in
-page-aligned host memory, offsets from ``ctx.next_batch``, the pattern filled for writes
-(``ctx.fill``), a mix of reads and writes (``ctx.last_writes``), reads verified as they land,
-fio's fsync = N, a rate cap (``ctx.due``: reap while nothing is due), the watchdog (a path
-whose requests stop completing ends in Stalled, with where the channel stood) and a stop
+Every engine whose primitive for the job is its channel, landing in host memory (loops/block
+picks), gets its block jobs moved here: slots of ``bs`` bytes in page-aligned host memory,
+offsets from ``ctx.next_batch``, the pattern filled for writes (``ctx.fill``), a mix of
+reads and writes (``ctx.last_writes``), reads verified as they land, fio's fsync = N, a rate
+cap (``ctx.due``: reap while nothing is due), the one stall rule (loops/steps: a path whose
+requests stop completing ends in Stalled, with where the channel stood) and a stop
 that wakes a waiting channel. Where a channel can hand its batches to a compiled loop
 (``Channel.native``: io/loops.py) and the job needs nothing the compiled loops lack
 (engines/base.compiled_loop), that loop runs them instead, with no Python per I/O.
@@ -30,76 +30,21 @@ from gpufio.core.requests import ChannelSpec
 from gpufio.core.slots import SlotTable
 from gpufio.core.targets import aligned_buffer
 from gpufio.engines.base import Engine, compiled_loop
-from gpufio.io.loops import CALL_NS
-from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
+from gpufio.loops.block_compiled import COMPILED_BATCH, run_compiled
+from gpufio.io.watchdog import STALL_LIMIT_NS
+from gpufio.loops.steps import StallWatch
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
     from gpufio.core.targets import Target
 
-# the most I/Os one call of a compiled loop is handed
-COMPILED_BATCH = 4096
 # requests a synchronous channel (one after another inside submit) is handed at once
 SYNC_BATCH = 64
 # how long a wait for completions lasts where no stop can end it (the watchdog's turn then)
 WAIT_NS = 200_000_000
 # a job's worker threads share its targets: one at a time closes them
 _CLOSING = threading.Lock()
-
-
-def uses_block_loop(engine_cls: type[Engine], job: "Job") -> bool:
-    """Whether the engine's block jobs run in a loop above it (this one for host memory,
-    run/gpu_block's for GPU memory): a CPU-submitted channel, and ``job`` not on a loop
-    of the engine's own (``Engine.own_loop``)."""
-    cap = engine_cls.capability
-    return cap is not None and cap.submitter == "cpu" and not engine_cls.own_loop(job)
-
-
-def run_compiled(ctx: "WorkerContext", loop: Any, on_batch: Callable[[], None] | None = None,
-                 state: Callable[[int], str] | None = None, stall_ns: int | None = None) -> None:
-    """Hand ``loop`` (io/loops.NativeLoop) the context's batches until it hands out no more,
-    record every completion, then wait for what is still in flight; ``on_batch()`` after
-    each call. A loop that stopped waiting without a completion (after the stop) feeds the
-    watchdog, which ends a job whose I/Os never complete; ``state(inflight)`` says where
-    the path stood, for that diagnostic (after ``stall_ns``, io/watchdog's limit unless
-    given). Under a rate cap each batch comes with its due times, which the loop keeps."""
-    clock = time.perf_counter_ns
-    stall_ns = STALL_LIMIT_NS if stall_ns is None else stall_ns
-    dog, completed = Watchdog(stall_ns, clock()), 0
-    tgt, offs, due = ctx.next_scheduled(COMPILED_BATCH)
-    writes = ctx.last_writes()
-    mixed = isinstance(writes, np.ndarray)
-    draining = len(offs) == 0
-    while True:
-        used, k = loop.run(tgt, offs, writes if mixed else None, clock() + CALL_NS, due)
-        if k:
-            completed += k
-            # a call begun in the ramp returns when the window begins: its completions are
-            # the ramp's, the I/Os it left in flight the window's
-            ctx.complete(loop.lat[:k], loop.tgt[:k], loop.res[:k],
-                         loop.write[:k].view(bool) if mixed else writes,
-                         ramp=loop.began_in_ramp)
-        if on_batch is not None:
-            on_batch()
-        if loop.timed_out and dog.update(completed, clock()):
-            where = f": {state(loop.inflight)}" if state is not None else ""
-            raise Stalled(f"{loop.inflight} I/Os in flight and none completed for "
-                          f"{stall_ns / 1e9:g} s{where}")
-        if draining:
-            if loop.inflight == 0:
-                return
-            continue
-        tgt, offs = tgt[used:], offs[used:]
-        if mixed:
-            writes = writes[used:]
-        if due is not None:
-            due = due[used:]
-        if len(offs) == 0 or loop.stopped or ctx.done:
-            tgt, offs, due = ctx.next_scheduled(COMPILED_BATCH)
-            writes = ctx.last_writes()
-            mixed = isinstance(writes, np.ndarray)
-            draining = len(offs) == 0
 
 
 class BlockLoop:
@@ -192,7 +137,7 @@ class BlockLoop:
         free = np.arange(depth, dtype=np.int64)
         clock = time.perf_counter_ns
         issuing = True
-        dog, completed = Watchdog(STALL_LIMIT_NS, clock()), 0
+        watch, completed = StallWatch(STALL_LIMIT_NS, clock), 0
         record: Callable[[], None] | None = None  # the last reap's, once its slots are taken
         while True:
             if syncing and ch.inflight == 0:
@@ -242,9 +187,7 @@ class BlockLoop:
             done, res = ch.reap(limit if until_due is None else min(until_due, limit))
             now = clock()
             completed += len(done)
-            if dog.update(completed, now):
-                raise Stalled(f"{ch.inflight} I/Os in flight and none completed for "
-                              f"{STALL_LIMIT_NS / 1e9:g} s: {ch.state()}")
+            watch.check(completed, f"{ch.inflight} I/Os in flight", ch.state, now)
             if len(done) == 0:
                 continue
             res = res.astype(np.int32)

@@ -20,7 +20,8 @@ from gpufio.core.requests import GPU, ChannelSpec
 from gpufio.core.slots import SlotTable
 from gpufio.io import gpu
 from gpufio.io import verify as gpuverify
-from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled
+from gpufio.io.watchdog import STALL_LIMIT_NS
+from gpufio.loops.steps import StallWatch
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -77,6 +78,7 @@ class GpuSlotLoop:
         fds = [t.fd for t in self.targets]
         issuing, syncing = True, False
         record: Callable[[], None] | None = None  # the last reap's, once its slots are taken
+        watch, completed = StallWatch().start(), 0
         while True:
             if syncing and not ch.inflight:
                 ctx.sync(fds)
@@ -106,8 +108,10 @@ class GpuSlotLoop:
                     continue
                 return
             done, res = ch.reap(STALL_LIMIT_NS)
+            completed += len(done)
+            watch.check(completed, f"{ch.inflight} I/Os in flight", ch.state)
             if not len(done):
-                raise Stalled(f"no I/O completed in {STALL_LIMIT_NS / 1e9:g} s: {ch.state()}")
+                continue
             record = self._finish(done, res, table, slot_writes)
             free.extend(done.tolist())
 

@@ -1,10 +1,11 @@
-"""The GNN row gather, written once above the engines over their channel (core/requests).
+"""The GNN row gather over the engines' channel (core/requests), and the choice of gather.
 
 Each mini-batch's rows are located by the table's layout and read as one batch of requests
 through the job's engine's channel: into page-aligned host landing rows (page-locked when
 the rows go on to a GPU, then copied there in one transfer), or straight into the rows of
-the output tensor when the channel takes GPU memory. An engine whose gather runs on the
-GPU keeps its own row fetcher (``Engine.row_fetcher``); ``fetcher`` picks.
+the output tensor when the channel takes GPU memory. Where the engine's primitive for the
+job is a queue GPU threads submit to, the gather runs on the GPU (loops/rows_device);
+``fetcher`` picks from the primitive, never from the engine.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from gpufio.core.job import Job
-from gpufio.core.requests import GPU, HOST, ChannelSpec, RequestFailed, RequestsStuck, move_all
+from gpufio.core.errors import BadInput
+from gpufio.core.requests import GPU, HOST, QUEUE, ChannelSpec, RequestFailed
 from gpufio.core.rows import (
     RowFetchError,
     RowRequest,
@@ -28,6 +30,8 @@ from gpufio.core.rows import (
 )
 from gpufio.core.targets import aligned_buffer
 from gpufio.io import gpu
+from gpufio.io.watchdog import Stalled
+from gpufio.loops.steps import move_all
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,21 @@ class RowFile:
 
 
 def fetcher(engine: Any, job: Job, table: RowTable, xp: Any, request: RowRequest) -> Any:
-    """The rows of ``table`` for ``job``: the engine's own fetcher where it has one, else
-    the gather through its channel."""
-    own = engine.row_fetcher(job, table, xp, request)
-    return own if own is not None else Gather(engine, job, table, xp, request)
+    """The rows of ``table`` for ``job``, by the engine's primitive for it: the gather on
+    the GPU over its request queue (rows land in GPU memory), else the gather through its
+    channel (where no GPU threads read, no GPU cache sits in front of the reads)."""
+    if engine.primitive(job) == QUEUE:
+        if xp is np:
+            raise BadInput(f"job '{job.name}': engine '{engine.name}''s GPU threads land rows "
+                           "in GPU memory: device = \"gpu\" (or its CPU submitter)")
+        from gpufio.loops.rows_device import QueueGather  # the GPU plumbing, only where used
+
+        return QueueGather(engine, job, table, xp, request)
+    if request.cache_bytes:
+        raise BadInput(f"job '{job.name}': the GPU cache sits in front of GPU threads' reads: "
+                       f"engine '{engine.name}' gathers these rows through its channel, a "
+                       "host thread submitting: cache_size needs its GPU submitter")
+    return Gather(engine, job, table, xp, request)
 
 
 class Gather:
@@ -113,7 +128,7 @@ class Gather:
                      False)
         except RequestFailed as e:
             raise row_error(int(ids[e.index]), e.res) from None
-        except RequestsStuck as e:
+        except Stalled as e:
             raise RowFetchError(f"feature rows: {e}") from None
 
     def fetch(self, nodes: Any) -> Any:

@@ -1,8 +1,8 @@
 """The GNN row gather on a request queue (kernels/gnn_gather.cu), for every engine whose GPU
-threads post their own reads: GPU threads read each row of a mini-batch through the queue
-(gpu-uring's io_uring agents, bam's NVMe queue agents) and copy it into the tensor, through
-a software cache in GPU memory when one is asked (io/gio/cache.py). The host only starts
-the kernels and watches for a stall.
+threads post their own reads (its ``queue`` primitive): GPU threads read each row of a
+mini-batch through the queue (gpu-uring's io_uring agents, bam's NVMe queue agents) and copy
+it into the tensor, through a software cache in GPU memory when one is asked
+(io/gio/cache.py). The host only starts the kernels and watches for a stall.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from gpufio.core.rows import RowFetchError, RowTable, row_error
+from gpufio.core.job import Job
+from gpufio.core.requests import QueueSpec
+from gpufio.core.rows import RowFetchError, RowRequest, RowTable, row_error
 from gpufio.io import cuda, gpu
 from gpufio.io.gio.bench import TPB, gpu_price
 from gpufio.io.gio.cache import GpuCache, cache_rows
@@ -21,16 +23,32 @@ GATHER_POLL_S = 0.0001
 
 
 class QueueGather:
-    """Rows of ``table`` fetched through ``queue`` (a RequestQueue of any backend) by
-    ``threads`` GPU threads into ``xp`` arrays of ``dim`` float32 columns; ``cache_bytes``
-    of GPU memory in front of the reads (0: none); ``rows`` counts the rows fetched,
-    ``price`` what the gather's kernels occupy of the GPU (bench.gpu_price). An engine's
-    row fetcher is one, over the queue it made (and closes)."""
+    """Rows of ``table`` fetched through ``engine``'s request queue (core/requests
+    DeviceQueue, over the table's files) by the queue's GPU threads into ``xp``
+    arrays (CuPy) of ``request.dim`` float32 columns, through ``request.cache_bytes`` of GPU
+    memory in front of the reads (0: none). ``rows`` counts the rows fetched, ``facts`` and
+    ``mode`` say how (the queue's), ``price`` what the gather's kernels occupy of the GPU
+    (bench.gpu_price); the reads bypass the page cache."""
 
-    def __init__(self, queue: Any, table: RowTable, xp: Any, dim: int, threads: int,
-                 stall_ns: int, cache_bytes: int = 0) -> None:
+    page_cache = False
+
+    def __init__(self, engine: Any, job: Job, table: RowTable, xp: Any,
+                 request: RowRequest) -> None:
+        self._dq = engine.queue(job, (), QueueSpec(0, table.layout.row_bytes, table=table,
+                                                   rows=request))
+        try:
+            self._prepare(table, xp, request.dim, request.cache_bytes)
+        except BaseException:
+            self.close()
+            raise
+        self.facts = {**self._dq.facts, "gpu_price": self.price}
+        self.mode = self._dq.mode
+
+    def _prepare(self, table: RowTable, xp: Any, dim: int, cache_bytes: int) -> None:
+        """The cache, the kernel, the counters and the stream, on the queue's threads."""
+        queue, threads = self._dq.queue, self._dq.threads
         self.queue, self.xp, self.dim, self.layout = queue, xp, dim, table.layout
-        self.threads, self.stall_ns = threads, stall_ns
+        self.threads, self.stall_ns = threads, self._dq.stall_ns
         self.rows = 0
         self.cache = None
         if cache_bytes:
@@ -82,3 +100,7 @@ class QueueGather:
                             f"; {int(failed[0])} rows failed")
         self.rows += n
         return out
+
+    def close(self) -> None:
+        """The queue and what it was made on (the files it opened among them)."""
+        self._dq.close()

@@ -15,9 +15,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpufio.core.job import Job
-from gpufio.core.requests import GPU, HOST, ChannelSpec, File, RequestFailed, RequestsStuck, move_all
+from gpufio.core.requests import GPU, HOST, ChannelSpec, File, RequestFailed
 from gpufio.core.tensors import Extent, TensorIOError, TensorRequest, piece_error, pieces
 from gpufio.io import gpu
+from gpufio.io.watchdog import Stalled
+from gpufio.loops.steps import move_all
 
 # pinned memory of one round of pieces: enough pieces to keep the queue full across a
 # round's end, capped so large chunks do not pin GBs
@@ -70,7 +72,7 @@ class ChannelMover:
             return move_all(self.channel, self._tgt[rows], p[:, 2], p[:, 3], addrs, write)
         except RequestFailed as e:
             raise piece_error(what, self._extents, self._paths, p[e.index], e.res) from None
-        except RequestsStuck as e:
+        except Stalled as e:
             raise TensorIOError(f"{what}: {e}") from None
 
     def _straight(self, tensors: Sequence[Any], write: bool) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpufio.core.errors import BadInput
 from gpufio.core.job import Job, Profile
+from gpufio.core.processes import launched
 from gpufio.core.signals import stop_signals_end_the_process
 from gpufio.engines import settle
 
@@ -31,8 +32,6 @@ TIMEOUT_S = float(os.environ.get("GPUFIO_MPI_TIMEOUT_S", "60"))
 POLL_S = 0.0005
 ABORT_GRACE_S = 0.5
 CTRL = 71
-# environment variables a launcher sets for each rank (MPICH/hydra, Open MPI, PMIx, Slurm)
-LAUNCHER_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 _FIELD = re.compile(r"\{(rank|local_rank|host|size|local_size)\}")
 
 
@@ -230,11 +229,6 @@ class World:
         return {"rank": self.rank, "local_rank": self.local_rank, "host": self.host,
                 "job_starts_ns": dict(self.starts), "gate_wait_ns": self.waited_ns,
                 "gate_open_ns": self.open_ns, "recv_ns": self.recv_ns}
-
-
-def launched() -> bool:
-    """Whether an MPI launcher started this process (one rank of maybe several)."""
-    return any(v in os.environ for v in LAUNCHER_VARS)
 
 
 def detect() -> World | None:

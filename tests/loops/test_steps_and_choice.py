@@ -1,0 +1,74 @@
+"""The loops band's shared pieces: the one stall rule (loops/steps.StallWatch) every loop
+ends a stall through, and the choice of loop from the engine's primitive and the memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufio.core.requests import CHANNEL, GPU, HOST, QUEUE, Capability
+from gpufio.engines.base import Engine
+from gpufio.io.watchdog import Stalled
+from gpufio.loops.block import loop_class
+from gpufio.loops.steps import StallWatch
+from gpufio.profile import from_dict
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_a_stall_is_no_progress_for_the_limit_and_its_message_says_where():
+    clock = Clock()
+    watch = StallWatch(1000, clock)
+    clock.now = 900
+    watch.check(0, "3 I/Os in flight", lambda: "never asked")  # first sight: the clock starts
+    clock.now = 1800
+    watch.check(0, "3 I/Os in flight", lambda: "never asked")  # 900 ns without progress
+    clock.now = 1900
+    watch.check(1, "3 I/Os in flight", lambda: "never asked")  # progress: starts again
+    clock.now = 2901
+    with pytest.raises(Stalled, match=r"^2 I/Os in flight and none completed for 1e-06 s: "
+                                      r"ring state$"):
+        watch.check(1, "2 I/Os in flight", lambda: "ring state")
+
+
+def test_a_started_watch_counts_from_its_start():
+    clock = Clock()
+    watch = StallWatch(1000, clock).start()
+    clock.now = 1001
+    assert watch.stuck(0)  # one wait of the limit, with nothing done since the start
+    fresh = StallWatch(1000, clock)
+    assert not fresh.stuck(0)  # unstarted: its first count starts the clock
+
+
+def _engine(cap, uses_gpu=False, queue=False):
+    attrs = {"name": "t", "summary": "t", "capability": cap, "uses_gpu": uses_gpu}
+    if queue:
+        attrs["queue"] = classmethod(lambda cls, job, files, spec: None)
+    return type("T", (Engine,), attrs)
+
+
+@pytest.fixture
+def job():
+    return from_dict({"global": {"engine": "null", "size": "1m"}}, "t.toml", {}).jobs[0]
+
+
+def test_the_block_loop_follows_the_primitive_and_the_memory(job):
+    from gpufio.loops.block_device import DeviceBlockLoop
+    from gpufio.loops.block_gpu_slots import GpuSlotLoop
+    from gpufio.loops.block_host import BlockLoop
+    from gpufio.loops.block_staged import StagedLoop
+
+    host = _engine(Capability())
+    assert host.primitive(job) == CHANNEL and loop_class(host, job) is BlockLoop
+    assert loop_class(_engine(Capability(memory=(GPU,)), uses_gpu=True), job) is GpuSlotLoop
+    assert loop_class(_engine(Capability(memory=(HOST,)), uses_gpu=True), job) is StagedLoop
+    assert loop_class(_engine(Capability(moves_data=False), uses_gpu=True), job) is None
+    gpu_threads = _engine(None, uses_gpu=True, queue=True)
+    assert gpu_threads.primitive(job) == QUEUE
+    assert loop_class(gpu_threads, job) is DeviceBlockLoop
+    assert _engine(None).primitive(job) is None and loop_class(_engine(None), job) is None
