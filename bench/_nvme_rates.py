@@ -1,4 +1,4 @@
-"""The software NVMe controllers' rates (io/nvme_model.py, and the compiled one of
+"""The software NVMe controllers' rates (io/nvme/model.py, and the compiled one of
 io/nvme/compiled.py where ``server`` names it): driven by a CPU driver (the model's Python
 one, or compiled driver threads), and by GPU agent warps through io/gio/backends/nvme.py, for
 bench/bam.py (BaM's mechanism's ceiling, as bench/nop.py is io_uring's). A mechanism below the
@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from gpufio.io import nvme_queue as nq
-from gpufio.io.nvme_model import ModelProcess
+from gpufio.io.nvme import spec as nq
+from gpufio.io.nvme.model import ModelProcess
 
 BS = 4096
 
@@ -48,9 +48,9 @@ def _server(pollers: int, backend: str | None, drive: str | None = None) -> Any:
             return None
         import functools
 
-        from gpufio.io import nvme_model
+        from gpufio.io.nvme import model
 
-        return functools.partial(nvme_model.serve, drive=drive)
+        return functools.partial(model.serve, drive=drive)
     from gpufio.io.nvme import compiled
 
     return compiled.server(pollers, backend, drive=drive)
@@ -130,7 +130,7 @@ def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: i
         made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
         q = NvmeQueues(reg, made, depth=depth, slot_bytes=-(-bs // nq.PAGE) * nq.PAGE,
                        nsid=1, lba_shift=9, mode=mode)
-        yield q, cuda.module("bam_io").get_function("bam_requests")
+        yield q, cuda.module("nvme_io").get_function("nvme_requests")
     finally:
         if q is not None:
             q.close()

@@ -2,9 +2,9 @@
 """BaM's mechanism measured: GPU threads driving NVMe queues, against the software controller
 and, given a drive, against the other paths onto it.
 
-Without ``--drive`` (any GPU machine): the software NVMe controller (gpufio/io/nvme_model.py,
+Without ``--drive`` (any GPU machine): the software NVMe controller (gpufio/io/nvme/model.py,
 a Python process polling its doorbells) serves 4 KiB reads from a tmpfs file three ways: its
-own CPU driver (io/nvme_model.QueuePair: the model's ceiling), GPU agents ringing doorbells
+own CPU driver (io/nvme/model.QueuePair: the model's ceiling), GPU agents ringing doorbells
 through the CPU relay, GPU agents ringing them directly. The mechanism's ceiling, as
 bench/nop.py is io_uring's: goal (``--check``), each GPU mode >= GOAL x the CPU-driven rate,
 i.e. the GPU side does not limit the model. The numbers are the model's, not a drive's.

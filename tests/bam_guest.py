@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from gpufio.core.errors import BadInput
-from gpufio.io import nvme_driver, vfio
-from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import pcie_vfio, vfio
+from gpufio.io.nvme import spec as nq
 
 
 def by_serial(serial: str) -> tuple[str, str] | None:
@@ -27,7 +27,7 @@ def by_serial(serial: str) -> tuple[str, str] | None:
     for ctrl in sorted(Path("/sys/class/nvme").glob("nvme*")):
         if (ctrl / "serial").read_text().strip() == serial:
             addr = (ctrl / "address").read_text().strip()
-            ns = nvme_driver.namespaces_of(addr)
+            ns = pcie_vfio.namespaces_of(addr)
             return addr, ns[0] if ns else ""
     return None
 
@@ -43,7 +43,7 @@ def wait_for(serial: str) -> tuple[str, str]:
     raise RuntimeError(f"{serial}: no namespace after rebinding")
 
 
-def io(pair: nvme_driver.QueuePair, entry: np.ndarray) -> int:
+def io(pair: pcie_vfio.QueuePair, entry: np.ndarray) -> int:
     pair.submit(entry)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -68,7 +68,7 @@ def main(serial: str) -> dict:
     os.pwrite(fd, want, 65536)
     os.fsync(fd)
     os.close(fd)
-    s = nvme_driver.Session(bdf, writes=True)
+    s = pcie_vfio.Session(bdf, writes=True)
     try:
         out["driver_during"] = vfio.driver_of(bdf)
         out["block_device_during"] = os.path.exists(ns)
@@ -119,7 +119,7 @@ def main(serial: str) -> dict:
     os.close(fd)
     out["write_read_back"] = bytes(buf) == pattern(2 * nq.PAGE, 9)
     try:
-        nvme_driver.take("0000:ff:1f.7", writes=False)
+        pcie_vfio.take("0000:ff:1f.7", writes=False)
     except BadInput as e:
         out["refuse_missing"] = str(e)
     return out

@@ -148,10 +148,10 @@ def _use_prebuilt(prebuilt: Path) -> None:
     where it would build them: named ``NAME-DIGEST-MACHINE.so``, so ``NAME.so`` here."""
     build = native._build
 
-    def install(cc: str, lib: Path, sources: tuple[Path, ...]) -> bool:
+    def install(cc: str, lib: Path, sources: tuple[Path, ...], options: tuple[str, ...]) -> bool:
         built = prebuilt / f"{lib.name.split('-', 1)[0]}.so"
         if not built.exists():
-            return build(cc, lib, sources)
+            return build(cc, lib, sources, options)
         lib.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built, lib)
         return True

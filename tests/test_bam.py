@@ -1,5 +1,5 @@
 """The bam engine's host side without a controller: PRP lists, admin command bytes from
-io/nvme_queue.py, the refusals over a fake sysfs tree, the engine's job checks."""
+io/nvme/spec.py, the refusals over a fake sysfs tree, the engine's job checks."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from gpufio.core.errors import BadInput
-from gpufio.io import nvme_driver, vfio
-from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import pcie_vfio, vfio
+from gpufio.io.nvme import spec as nq
 
 
 def test_prp_one_page_two_pages_and_a_list() -> None:
@@ -92,21 +92,21 @@ def test_refuses_a_group_shared_with_a_device_in_use(tmp_path: Path) -> None:
     pci = _fake_pci(tmp_path, {"0000:01:00.0": ("7", "nvme"), "0000:01:00.1": ("7", "e1000e")})
     with pytest.raises(BadInput, match=r"^controller 0000:01:00.0: its IOMMU group 7 also "
                                        r"holds 0000:01:00.1 \(e1000e\), in use"):
-        nvme_driver.take("0000:01:00.0", writes=False, sys_pci=pci)
+        pcie_vfio.take("0000:01:00.0", writes=False, sys_pci=pci)
 
 
 def test_refuses_without_an_iommu_and_a_missing_device(tmp_path: Path) -> None:
     pci = tmp_path / "sys/bus/pci"
     (pci / "devices/0000:02:00.0").mkdir(parents=True)
     with pytest.raises(BadInput, match="has no IOMMU group"):
-        nvme_driver.take("0000:02:00.0", writes=False, sys_pci=pci)
+        pcie_vfio.take("0000:02:00.0", writes=False, sys_pci=pci)
     with pytest.raises(BadInput, match="^controller 0000:09:00.0: no such PCI device$"):
-        nvme_driver.take("0000:09:00.0", writes=False, sys_pci=pci)
+        pcie_vfio.take("0000:09:00.0", writes=False, sys_pci=pci)
 
 
 def test_one_already_on_vfio_is_used_as_it_is(tmp_path: Path) -> None:
     pci = _fake_pci(tmp_path, {"0000:03:00.0": ("9", "vfio-pci")})
-    taken = nvme_driver.take("0000:03:00.0", writes=False, sys_pci=pci)
+    taken = pcie_vfio.take("0000:03:00.0", writes=False, sys_pci=pci)
     assert taken.driver == "vfio-pci"
     assert vfio.group_members("0000:03:00.0", pci) == ["0000:03:00.0"]
 
@@ -179,17 +179,17 @@ def test_a_cpu_stand_in_write_job_with_fsync_and_end_fsync_is_accepted() -> None
 
 
 def test_guardian_leaves_a_controller_that_is_not_on_vfio(tmp_path: Path) -> None:
-    from gpufio.io import nvme_guardian
+    from gpufio.io.nvme import guardian
 
     # started on vfio-pci (the user's own binding) or with no driver: nothing to give back
-    assert nvme_guardian.restore("0000:ff:00.0", "vfio-pci") is False
-    assert nvme_guardian.restore("0000:ff:00.0", None) is False
+    assert guardian.restore("0000:ff:00.0", "vfio-pci") is False
+    assert guardian.restore("0000:ff:00.0", None) is False
 
 
 def test_a_session_starts_a_guardian_and_releases_it() -> None:
     import sys
 
-    from gpufio.io.nvme_guardian import Guard
+    from gpufio.io.nvme.guardian import Guard
 
     g = Guard("0000:01:00.0", [sys.executable, "-c", "import sys; print('guarding', "
                                "flush=True); sys.stdin.read(); sys.exit(3)"])

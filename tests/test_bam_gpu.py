@@ -1,5 +1,5 @@
 """The GPU side of BaM's mechanism (io/gio/backends/nvme.py, kernels/bam_*.cu) against the software
-NVMe controller (io/nvme_model.py in its own process), on a GPU: GPU-built commands equal
+NVMe controller (io/nvme/model.py in its own process), on a GPU: GPU-built commands equal
 the CPU builder's byte for byte; reads land verified in GPU memory with relay and direct
 doorbells over odd geometry (queue depths not powers of two, 4096-byte LBAs, transfers that
 need PRP lists, two queue pairs); writes and Flush; an injected status is one failed I/O;
@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from gpufio.core import pattern, targets
-from gpufio.io import cuda, nvme_cmd, verify
-from gpufio.io import nvme_queue as nq
+from gpufio.io import cuda, verify
+from gpufio.io.nvme import spec as nq
 from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 from gpufio.io.gio.queue import QueueStalled
-from gpufio.io.nvme_model import Fault, ModelProcess
+from gpufio.io.nvme.model import Fault, ModelProcess
 
 SEED = 1234
 SIZE = 8 << 20
@@ -30,7 +30,7 @@ READ, WRITE, FLUSH = 0, 1, 2
 UNSET = -(1 << 31)
 
 BUILDER = r'''
-#include "bam_queue.cuh"
+#include "nvme_cmd.cuh"
 extern "C" __global__ void build(const unsigned* kind, const unsigned* cid, const unsigned* nsid,
                                  const unsigned* shift, const u64* off, const unsigned* len,
                                  const u64* prp1, const u64* prp2, const unsigned* status,
@@ -38,9 +38,9 @@ extern "C" __global__ void build(const unsigned* kind, const unsigned* cid, cons
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {  // entry i built straight into its 64 bytes of out
-        res[i] = bam_result(status[i], len[i]);
-        bam_sqe(out + 8 * i, kind[i] == 2, kind[i] == 1, cid[i], nsid[i], shift[i], off[i],
-                len[i], prp1[i], prp2[i]);
+        res[i] = nvme_cqe_result(status[i], len[i]);
+        nvme_cmd(out + 8 * i, kind[i] == 2, kind[i] == 1, cid[i], nsid[i], shift[i], off[i],
+                 len[i], prp1[i], prp2[i]);
     }
 }
 '''
@@ -101,7 +101,7 @@ def run(q: NvmeQueues, offs, lens, kinds, rows=None, stall_ns: int = 10**10):
     (results, the rows of GPU memory the reads landed in)."""
     import cupy as cp
 
-    fn = cuda.module("bam_io").get_function("bam_requests")  # loaded before the agents run
+    fn = cuda.module("nvme_io").get_function("nvme_requests")  # loaded before the agents run
     n, width = len(offs), max(lens)
     slots = q.nrings * q.depth
     tpb = min(32, slots, n)
@@ -180,7 +180,7 @@ def test_an_injected_status_is_one_failed_io(controller):
         offs = np.arange(16, dtype=np.uint64) * np.uint64(4096)
         res, _ = run(q, offs, [4096] * 16, [READ] * 16)
         assert [i for i, r in enumerate(res) if r != 4096] == [5]
-        assert nvme_cmd.error_name(-int(res[5])) == \
+        assert nq.error_name(-int(res[5])) == \
             "NVMe status 0x281: media and data integrity, unrecovered read error"
     finally:
         q.close()

@@ -27,7 +27,7 @@ def _struct_fields(name: str) -> list[str]:
     for decl in body.split(";"):
         decl = decl.strip()
         if decl:
-            # "u64 a, b, c" or "const GioRing* rings" or "u64 sqes, sq_head, ..."
+            # "u64 a, b, c" or "int* state" or "u64 sqes, sq_head, ..."
             parts = [p.strip() for p in decl.split(",")]
             names.append(re.findall(r"\w+$", parts[0])[0])
             names += [re.findall(r"\w+$", p)[0] for p in parts[1:]]

@@ -45,7 +45,7 @@ def test_the_headers_declare_the_calls_the_page_documents():
 
 def test_compiling_uses_the_contract_and_the_include_path():
     assert gpu.compile_kernel is cuda.raw_module
-    assert gpu.contract.STRUCTS["GioQueue"][0] == "rings"
+    assert gpu.contract.STRUCTS["GioQueue"][:2] == ("nrings", "depth")
     assert any("C_REQUESTERS=" in d for d in gpu.contract.defines())
 
 

@@ -206,7 +206,7 @@ def test_a_helper_that_never_comes_up_is_named():
 THREAD_STARTS = """
 import sys, threading, time
 from gpufio.core import targets
-from gpufio.io.nvme_model import ModelProcess
+from gpufio.io.nvme.model import ModelProcess
 targets.create_file(sys.argv[1] + "/ns.dat", 1 << 20, 1)
 made = []
 def start():

@@ -29,20 +29,21 @@ FIO = "[rd]\nioengine=io_uring_cmd\ncmd_type=nvme\nfilename={ng}\nrw=randread\nb
 PAST_END = r"""
 import os, sys, numpy as np
 from gpufio.facts import nvme_generic
-from gpufio.io import nvme_cmd, uring
+from gpufio.io import uring
+from gpufio.io.nvme import passthru, spec
 ng = sys.argv[1]
 ns = nvme_generic.lookup(ng)
 fd = os.open(ng, os.O_RDONLY)
 buf = np.zeros(ns.lba_bytes, np.uint8)
 with uring.Ring(2, big=True) as r:
-    r.push(nvme_cmd.build(write=False, fd=fd, nsid=nvme_generic.namespace_id(fd),
+    r.push(passthru.build(write=False, fd=fd, nsid=nvme_generic.namespace_id(fd),
                           lba_shift=ns.lba_bytes.bit_length() - 1,
                           off=np.array([ns.size], np.uint64), length=ns.lba_bytes,
                           addr=np.array([buf.ctypes.data], np.uint64),
                           user_data=np.array([1], np.uint64)))
     r.submit(wait=1, timeout_ns=30_000_000_000)
     ud, res = r.reap()
-print("STATUS", int(res[0]), nvme_cmd.error_name(-int(nvme_cmd.result(res, ns.lba_bytes)[0])))
+print("STATUS", int(res[0]), spec.error_name(-int(passthru.result(res, ns.lba_bytes)[0])))
 """
 
 

@@ -25,7 +25,8 @@ from gpufio.core.requests import DeviceQueue, File, QueueSpec
 from gpufio.core.rows import RowRequest, RowSupport, RowTable, close_all, open_rows, row_depth
 from gpufio.engines import register
 from gpufio.engines.base import NOP_OP, Engine, check_nop, nop_facts
-from gpufio.io import gpu, nvme_cmd, uring
+from gpufio.io import gpu, uring
+from gpufio.io.nvme import passthru
 from gpufio.io.gio.backends.rings import default_rings, ring_sizes
 from gpufio.io.gio.backends.uring import default_sq_threads, make_queue, namespace_table
 from gpufio.io.gio.bench import check_bench_job
@@ -138,7 +139,7 @@ class GpuUring(Engine):
         out.append(verdict(area, "CUDA module loading", lazy is None,
                            host.env.get("CUDA_MODULE_LOADING", "default"), lazy or ""))
         if any(cls.settings(j).passthrough for j in jobs):
-            out += nvme_cmd.passthrough_checks(host, f"{area} passthrough")
+            out += passthru.passthrough_checks(host, f"{area} passthrough")
         return out
 
     @classmethod

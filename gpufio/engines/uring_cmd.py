@@ -1,7 +1,7 @@
 """uring-cmd: NVMe read and write commands through io_uring passthrough (fio io_uring_cmd).
 
 The CPU builds the NVMe command itself (opcode, namespace id, starting LBA, block count,
-buffer: io/nvme_cmd.py, the layout the GPU builder shares) into 128-byte SQEs
+buffer: io/nvme/passthru.py, the layout the GPU builder shares) into 128-byte SQEs
 (IORING_OP_URING_CMD, NVME_URING_CMD_IO) on the namespace's generic char device
 /dev/ngXnY; the kernel hands it to the drive's queue without the block layer. A target may
 be named by its char device, as fio's users do, or by its block device /dev/nvmeXnY, which
@@ -24,7 +24,8 @@ from gpufio.core.requests import HOST, Capability, Channel, ChannelSpec, drain
 from gpufio.core.targets import aligned_buffer
 from gpufio.engines import register
 from gpufio.engines.base import Engine
-from gpufio.io import nvme_cmd, uring
+from gpufio.io import uring
+from gpufio.io.nvme import passthru
 
 if TYPE_CHECKING:
     from gpufio.core.job import Job
@@ -68,9 +69,9 @@ class UringCmd(Engine):
 
     @classmethod
     def doctor(cls, host: Host, jobs: list[Job]) -> list[Check]:
-        out = nvme_cmd.passthrough_checks(host, cls.name)
+        out = passthru.passthrough_checks(host, cls.name)
         if any(cls.settings(j).hipri for j in jobs):
-            polled = host.kernel_version() >= nvme_cmd.POLLED_KERNEL
+            polled = host.kernel_version() >= passthru.POLLED_KERNEL
             out.append(verdict(cls.name, "polled passthrough", polled, host.kernel_release(),
                                "hipri on passthrough needs Linux >= 6.1", bad="fail"))
         return out
@@ -109,7 +110,7 @@ class UringCmd(Engine):
 
 
 class UringCmdChannel(Channel):
-    """Requests as NVMe read and write commands in 128-byte SQEs (io/nvme_cmd) on one ring
+    """Requests as NVMe read and write commands in 128-byte SQEs (io/nvme/passthru) on one ring
     over the namespaces' generic char devices ``files`` (core/targets.Target: their nsid and
     LBA size); each completes with its length, an NVMe status or -errno."""
 
@@ -146,7 +147,7 @@ class UringCmdChannel(Channel):
         ring = self.ring
         addr = np.array([np.frombuffer(self._probe_buf, np.uint8).ctypes.data], np.uint64)
         for t, path in enumerate(self._paths):
-            ring.push(nvme_cmd.build(
+            ring.push(passthru.build(
                 write=False, fd=self._fds[t], nsid=self._nsid[t], lba_shift=self._shift[t],
                 off=np.zeros(1, np.uint64), length=int(1 << int(self._shift[t])), addr=addr,
                 user_data=np.zeros(1, np.uint64), sqe_flags=self._flags))
@@ -159,7 +160,7 @@ class UringCmdChannel(Channel):
             if not len(res):
                 raise BadInput(f"target {path}: a first NVMe read through passthrough did not "
                                f"complete within {PROBE_NS / 1e9:g} s")
-            why = nvme_cmd.refusal(path, -int(res[0]))
+            why = passthru.refusal(path, -int(res[0]))
             if why:
                 raise BadInput(why)
 
@@ -179,7 +180,7 @@ class UringCmdChannel(Channel):
             if tag.max() >= len(self._len):
                 self._len = np.resize(self._len, int(tag.max()) + 1)
             self._len[tag] = length[:k]
-            self.ring.push(nvme_cmd.build(
+            self.ring.push(passthru.build(
                 write=w[:k] if w.ndim else bool(w), fd=self._fds[tgt], nsid=self._nsid[tgt],
                 lba_shift=self._shift[tgt], off=np.asarray(off[:k], np.uint64),
                 length=np.asarray(length[:k], np.int64), addr=np.asarray(addr[:k], np.uint64),
@@ -192,7 +193,7 @@ class UringCmdChannel(Channel):
         self.ring.submit(wait=int(wait), timeout_ns=wait_ns if wait else None)
         ud, res = self.ring.reap()
         tags = ud.astype(np.int64)
-        return tags, nvme_cmd.result(res, self._len[tags]).astype(np.int64)
+        return tags, passthru.result(res, self._len[tags]).astype(np.int64)
 
     def state(self) -> str:
         return f"ring state {self.ring.state()}"

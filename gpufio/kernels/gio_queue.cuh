@@ -1,5 +1,7 @@
-// GPU-initiated reads through io_uring rings that live in CUDA-registered host memory:
-// the request queue's structs and device API (this header), which any kernel includes.
+// GPU-initiated I/O, the backend-neutral side: the request queue's structs and device API
+// (this header), which any kernel includes. A backend's agent (gio_agent.cu: io_uring rings
+// in CUDA-registered host memory; nvme_agent.cu: NVMe queue pairs) takes its own ring
+// descriptors as a second argument; nothing of a backend is in this header.
 //
 // Three layers, each usable alone:
 //  1. The request API (gio_try_post / gio_done / gio_result / gio_landing / gio_release, and
@@ -8,7 +10,7 @@
 //     its index among the rings' registered files, or the descriptor itself) and later
 //     polls or waits for its completion. Slots, tickets and states live in device memory
 //     only: atomics on host-mapped memory are not atomic here.
-//  2. gio_agent (gio_agent.cu): one warp per ring. It gathers READY slots into SQEs (one
+//  2. An agent, e.g. gio_agent (gio_agent.cu): one warp per ring. It gathers READY slots into SQEs (one
 //     lane per SQE, 16-byte system-scope stores), publishes the SQ tail once per batch,
 //     drains CQEs (one lane each) and posts each result to its slot. Only agent warps touch host memory's
 //     ring words, with ld.acquire.sys / st.release.sys: plain volatile loads go stale. The
@@ -42,14 +44,8 @@ enum SlotState { GIO_SLOT_STATES };
 enum Control { GIO_CONTROL_WORDS };
 enum BenchFlags { GIO_BENCH_FLAGS };
 
-// Host-built descriptor of one ring (contract.GIO_RING): its words in registered host memory.
-struct GioRing {
-    u64 sqes, sq_head, sq_tail, sq_flags, cqes, cq_head, cq_tail, entries;  // sq | cq << 32
-};
-
 // Host-built request queue (every field 8 bytes, in contract.GIO_QUEUE's order).
 struct GioQueue {
-    const GioRing* rings;
     u64 nrings, depth;
     int* state;          // nrings * depth slot states
     int* res;            // CQE result per slot
@@ -57,51 +53,9 @@ struct GioQueue {
     u64* len_fd;         // length | GIO_WRITE_BIT for a write | fd << 32, per slot
     u64 landing;         // host address of slot 0's landing buffer (mapped into the GPU)
     u64 slot_bytes;
-    u64 sqe_head;        // SQE byte 0 and 1: opcode (READ, or READ_FIXED on registered slots;
-                         // a write's is one more: WRITE, WRITE_FIXED)
-                         // | flags << 8 (IOSQE_ASYNC, IOSQE_FIXED_FILE)
     int* control;        // C_* words in device memory
     u64* ring_stats;     // per ring: submitted, completed
-    const u64* pt;       // NVMe passthrough: per registered file, nsid | lba_shift << 32, and
-                         // the rings take 128-byte SQEs and 32-byte CQEs; null: plain reads
 };
-
-// ---- NVMe passthrough entries --------------------------------------------------------
-// The layout is io/nvme_cmd.py's SQE128_FIELDS, handed over as PT_OFF_<field> (byte offset)
-// and PT_BITS_<field> (width) macros: no field crosses an 8-byte word, so each is one masked
-// shift into the entry's sixteen words, folded to constants by the compiler.
-#define PT_PUT(w, F, v) \
-    ((w)[PT_OFF_##F / 8] |= ((u64)(v) & (~0ull >> (64 - PT_BITS_##F))) << (8 * (PT_OFF_##F % 8)))
-
-// The 128-byte URING_CMD SQE of an NVMe read (or write) of len bytes at byte off of namespace
-// nsid (blocks of 1 << lba_shift bytes), to or from addr: what io/nvme_cmd.build makes.
-__host__ __device__ __forceinline__ void pt_sqe(u64 w[16], unsigned fd, unsigned sqe_flags,
-                                                unsigned nsid, unsigned lba_shift, bool write,
-                                                u64 off, unsigned len, u64 addr, u64 user_data)
-{
-#pragma unroll
-    for (int i = 0; i < 16; ++i) w[i] = 0;
-    const u64 slba = off >> lba_shift;
-    PT_PUT(w, OPCODE, PT_OP_URING_CMD);
-    PT_PUT(w, FLAGS, sqe_flags);
-    PT_PUT(w, FD, fd);
-    PT_PUT(w, CMD_OP, PT_NVME_URING_CMD_IO);
-    PT_PUT(w, USER_DATA, user_data);
-    PT_PUT(w, NVME_OPCODE, write ? PT_NVME_WRITE : PT_NVME_READ);
-    PT_PUT(w, NSID, nsid);
-    PT_PUT(w, ADDR, addr);
-    PT_PUT(w, DATA_LEN, len);
-    PT_PUT(w, CDW10, slba & 0xffffffffull);
-    PT_PUT(w, CDW11, slba >> 32);
-    PT_PUT(w, CDW12, (len >> lba_shift) - 1u);
-}
-
-// A passthrough CQE's res as the request API's result (io/nvme_cmd.result): len bytes for 0,
-// -(PT_STATUS_BASE + status) for an NVMe status the drive returned, a -errno as it is.
-__host__ __device__ __forceinline__ int pt_result(int res, unsigned len)
-{
-    return res == 0 ? (int)len : res > 0 ? -(PT_STATUS_BASE + (res & PT_STATUS_MASK)) : res;
-}
 
 __device__ __forceinline__ unsigned ld_acquire_sys(u64 addr)
 {
@@ -184,7 +138,7 @@ __device__ __forceinline__ u64 now_ns()
     return t;
 }
 
-// ---- The agents' common steps (gio_agent.cu, bam_agent.cu) ----------------------------
+// ---- The agents' common steps (gio_agent.cu, nvme_agent.cu) ----------------------------
 
 // An agent warp tells the host it runs (RequestQueue.start waits for all).
 __device__ __forceinline__ void agent_started(const GioQueue* q)

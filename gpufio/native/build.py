@@ -42,8 +42,9 @@ def _cpu_identity() -> bytes:
                    if line.startswith(("model name", "flags"))).encode()
 
 
-def _build(cc: str, lib: Path, sources: tuple[Path, ...]) -> bool:
-    """Compile ``sources`` into ``lib`` (for this CPU, else for any of its architecture)."""
+def _build(cc: str, lib: Path, sources: tuple[Path, ...], options: tuple[str, ...]) -> bool:
+    """Compile ``sources`` into ``lib`` with ``options`` (for this CPU, else for any of its
+    architecture)."""
     try:
         lib.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
@@ -52,7 +53,7 @@ def _build(cc: str, lib: Path, sources: tuple[Path, ...]) -> bool:
         return False
     for flags in (["-march=native"], []):
         try:
-            subprocess.run([cc, "-O3", *flags, "-fPIC", "-shared", "-o", tmp,
+            subprocess.run([cc, "-O3", *flags, *options, "-fPIC", "-shared", "-o", tmp,
                             *map(str, sources)],
                            check=True, capture_output=True, timeout=120)
             os.replace(tmp, lib)  # whole, or not at all: another process may be loading it
@@ -64,19 +65,22 @@ def _build(cc: str, lib: Path, sources: tuple[Path, ...]) -> bool:
 
 
 @lru_cache(maxsize=None)
-def library(name: str, sources: tuple[Path, ...]) -> ctypes.CDLL | None:
-    """``sources`` compiled and loaded as the library ``name``, or None (see the module)."""
+def library(name: str, sources: tuple[Path, ...], headers: tuple[Path, ...] = (),
+            options: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """``sources`` compiled and loaded as the library ``name``, or None (see the module);
+    ``headers``: the files they include (their bytes are part of the build's identity),
+    ``options``: the compiler's (-I, -D)."""
     if os.environ.get("GPUFIO_NATIVE", "1") == "0":
         return None
     cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None or not all(src.is_file() for src in sources):
+    if cc is None or not all(src.is_file() for src in (*sources, *headers)):
         return None
     # built for this CPU's instructions (AVX-512 multiplies 8 words at once), so the name
     # carries the CPU's identity too: a home directory shared by other machines is safe
-    digest = hashlib.sha256(b"".join(src.read_bytes() for src in sources)
-                            + _cpu_identity()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(src.read_bytes() for src in (*sources, *headers))
+                            + "\0".join(options).encode() + _cpu_identity()).hexdigest()[:12]
     lib = _cache_dir() / f"{name}-{digest}-{platform.machine()}.so"
-    if not lib.exists() and not _build(cc, lib, sources):
+    if not lib.exists() and not _build(cc, lib, sources, options):
         return None
     try:
         return ctypes.CDLL(str(lib))

@@ -16,7 +16,7 @@ import numpy as np
 
 from gpufio.core import pattern
 from gpufio.core.stats import PLAT_NR
-from gpufio.io import nvme_cmd, nvme_queue
+from gpufio.io.nvme import passthru, spec
 
 # words of the queue's control array in GPU memory (kernels/gio_queue.cuh, enum Control)
 CONTROL = ("C_STOP", "C_ABORT", "C_MEASURING", "C_REQUESTERS", "C_AGENTS", "C_GEN",
@@ -30,7 +30,7 @@ BENCH_FLAGS = {"B_RANDOM": 1, "B_FILE_RANDOM": 2, "B_LAND_GPU": 4, "B_VERIFY": 8
 # sizes and values both sides use
 CONSTANTS = {
     "PLAT_NR": PLAT_NR,            # fio's latency histogram buckets
-    "ERRNO_SLOTS": nvme_cmd.STATUS_CODES,  # per-target error counters: errnos, NVMe statuses
+    "ERRNO_SLOTS": spec.STATUS_CODES,  # per-target error counters: errnos, NVMe statuses
     "BAD_KEEP": 8,                 # bad (target, offset) pairs kept
     "GIO_EINVAL": errno.EINVAL,    # a read longer than its slot
     "GIO_EBUSY": errno.EBUSY,      # a post the queue refused
@@ -38,18 +38,20 @@ CONSTANTS = {
 }
 
 # descriptor structs, in their C field order; every field is 8 bytes
-GIO_RING = ("sqes", "sq_head", "sq_tail", "sq_flags", "cqes", "cq_head", "cq_tail", "entries")
-GIO_QUEUE = ("rings", "nrings", "depth", "state", "res", "off", "len_fd", "landing",
-             "slot_bytes", "sqe_head", "control", "ring_stats", "pt")
+GIO_QUEUE = ("nrings", "depth", "state", "res", "off", "len_fd", "landing", "slot_bytes",
+             "control", "ring_stats")
 GIO_BENCH = ("fds", "starts", "nblocks", "ntargets", "bs", "flags", "seed", "budget", "claim",
              "dst", "nthreads", "pat_seed", "magic", "block_bytes", "header_words", "live",
              "hist", "lat", "lat_sq", "tstats", "errs", "bad")
 GIO_CACHE = ("pages", "nslots", "page16", "map", "ctl", "key", "hand")
-# one NVMe I/O queue pair a GPU agent warp drives (kernels/bam_queue.cuh)
-BAM_RING = ("sqes", "cqes", "entries", "sq_db", "cq_db", "delta", "prp_lists", "ns",
-            "progress")
-STRUCTS = {"GioRing": GIO_RING, "GioQueue": GIO_QUEUE, "GioBench": GIO_BENCH,
-           "GioCache": GIO_CACHE, "BamRing": BAM_RING}
+# the backends' rings, each agent's second argument: one io_uring ring (kernels/gio_agent.cu)
+URING_RING = ("sqes", "sq_head", "sq_tail", "sq_flags", "cqes", "cq_head", "cq_tail", "entries",
+              "sqe_head", "ns")
+# one NVMe I/O queue pair (kernels/nvme_queue.cuh)
+NVME_RING = ("sqes", "cqes", "entries", "sq_db", "cq_db", "delta", "prp_lists", "ns",
+             "progress")
+STRUCTS = {"UringRing": URING_RING, "GioQueue": GIO_QUEUE, "GioBench": GIO_BENCH,
+           "GioCache": GIO_CACHE, "NvmeRing": NVME_RING}
 
 
 def _enum(names: tuple[str, ...] | dict[str, int]) -> str:
@@ -63,8 +65,8 @@ def defines() -> tuple[str, ...]:
             f"-DGIO_BENCH_FLAGS={_enum(BENCH_FLAGS)}",
             f"-DPATTERN_GOLDEN={int(pattern.GOLDEN)}ULL", f"-DPATTERN_M1={int(pattern.M1)}ULL",
             f"-DPATTERN_M2={int(pattern.M2)}ULL",
-            *(f"-D{k}={v}" for k, v in CONSTANTS.items()), *nvme_cmd.defines(),
-            *nvme_queue.defines())
+            *(f"-D{k}={v}" for k, v in CONSTANTS.items()), *passthru.defines(),
+            *spec.defines())
 
 
 def build(fields: tuple[str, ...], values: dict[str, Any]) -> np.ndarray:

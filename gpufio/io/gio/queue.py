@@ -86,10 +86,10 @@ class RequestQueue:
         self._dev: dict[str, Any] = {}
         self.kernels_done = True
 
-    def _arrays(self, ring_table: np.ndarray, slot_bytes: int, /, **fields: int) -> None:
+    def _arrays(self, ring_table: np.ndarray, slot_bytes: int, /) -> None:
         """The slot and control arrays in GPU memory, ``ring_table`` (the backend's ring
-        descriptors) beside them, and the GioQueue descriptor; ``fields``: the descriptor's
-        backend words (sqe_head, pt; rings 0 where the agents take theirs as an argument)."""
+        descriptors, its agents' second argument: ``rings``) beside them, and the GioQueue
+        descriptor, which holds no backend word."""
         cp, slots = self._cp, self.nrings * self.depth
         d = self._dev
         d.update(rings=cp.asarray(ring_table), state=cp.zeros(slots, cp.int32),
@@ -98,9 +98,9 @@ class RequestQueue:
                  control=cp.zeros(contract.CONTROL_WORDS, cp.int32),
                  ring_stats=cp.zeros(2 * self.nrings, cp.uint64))
         d["queue"] = cp.asarray(contract.build(contract.GIO_QUEUE, {
-            **{name: self.ptr(name) for name in ARRAYS}, "rings": self.ptr("rings"),
+            **{name: self.ptr(name) for name in ARRAYS},
             "nrings": self.nrings, "depth": self.depth, "landing": self.landing,
-            "slot_bytes": slot_bytes, "sqe_head": 0, "pt": 0, **fields}))
+            "slot_bytes": slot_bytes}))
         self.agent_stream = cp.cuda.Stream(non_blocking=True)
         self.control_stream = cp.cuda.Stream(non_blocking=True)
 

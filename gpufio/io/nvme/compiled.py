@@ -1,5 +1,5 @@
 """gpufio's compiled software NVMe controller (controller.c): the protocol of
-io/nvme_model.py served by ``threads`` poller threads in C, from one of three backends:
+io/nvme/model.py served by ``threads`` poller threads in C, from one of three backends:
 
 - ``none``: every command completes without moving data (PRPs still walked and checked):
   the queue mechanism's ceiling;
@@ -9,11 +9,11 @@ io/nvme_model.py served by ``threads`` poller threads in C, from one of three ba
   at depth, with O_DIRECT where its file system and the transfer's alignment allow (not on
   tmpfs: buffered there, so from RAM): an emulated drive as fast as the storage under it.
 
-It runs in a process of its own exactly as the model does (io/nvme_model.ModelProcess with
+It runs in a process of its own exactly as the model does (io/nvme/model.ModelProcess with
 ``serve`` = ``server(threads, backend)``), so the host driver, the CPU driver of the model
 and the GPU agents drive it unchanged. ``namespaces`` are the files of namespaces 2, 3 ...
 (a table striped over drives); with a ``drive`` model each namespace has its own rate model
-(io/nvme/drives.py), which holds every I/O completion until its time. Built by core/native.py; ``available()`` is False
+(io/nvme/drives.py), which holds every I/O completion until its time. Built by native/build.py; ``available()`` is False
 where there is no C compiler. ``cpu_reads`` drives queue pairs from compiled CPU threads
 (driver.c): the controller's own CPU-driven ceiling.
 """
@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from gpufio.core import native
-from gpufio.io import nvme_model
-from gpufio.io.nvme import drives
+from gpufio.native import build as native
+from gpufio.io.cuda import KERNELS
+from gpufio.io.nvme import drives, model, passthru, spec
 from gpufio.io.watchdog import Stalled
 
 SOURCES = (Path(__file__).with_name("controller.c"), *drives.SOURCES)
@@ -89,7 +89,7 @@ def serve(path: str, backing: str, lba_shift: int, faults: Sequence, *, threads:
 def server(threads: int, backend: str, drive: str | drives.DriveModel | None = None,
            namespaces: Sequence[str] = ()) -> Callable[..., None]:
     """``serve`` with its threads, backend, drive model and further namespaces bound: what
-    io/nvme_model.ModelProcess runs in the controller's process (picklable, for a spawned
+    io/nvme/model.ModelProcess runs in the controller's process (picklable, for a spawned
     process)."""
     if backend not in BACKENDS:
         raise ValueError(f"compiled NVMe controller: backend {backend!r} is not one of "
@@ -105,6 +105,8 @@ def admitted(mem: Any, namespaces: int) -> list[int]:
 
 
 DRIVER_SOURCES = (Path(__file__).with_name("driver.c"),)
+# the one command encoder it includes, with the layout NVRTC gets
+DRIVER_HEADERS = (KERNELS / "nvme_cmd.cuh",)
 STALL_S = 10.0
 _U64 = ctypes.c_uint64
 
@@ -118,7 +120,8 @@ class _Pair(ctypes.Structure):
 
 
 def _driver() -> ctypes.CDLL | None:
-    lib = native.library("nvme_cpu_driver", DRIVER_SOURCES)
+    lib = native.library("nvme_cpu_driver", DRIVER_SOURCES, DRIVER_HEADERS,
+                         (f"-I{KERNELS}", *spec.defines(), *passthru.defines()))
     if lib is not None and not hasattr(lib, "_gpufio_typed"):
         lib.gnd_reads.argtypes = [ctypes.POINTER(_Pair), ctypes.c_int64, _U64, ctypes.c_void_p]
         lib.gnd_reads.restype = ctypes.c_int64
@@ -163,7 +166,7 @@ def cpu_reads(mem: Any, pairs: Sequence[Any], n: int, depth: int, bs: int, lba_s
         for w in workers:
             while w.is_alive():  # the controller's counter moves, or the drivers stop
                 w.join(0.1)
-                done = mem.reg64(nvme_model.M_COMPLETED)
+                done = mem.reg64(model.M_COMPLETED)
                 if done != seen:
                     seen, since = done, time.monotonic()
                 elif time.monotonic() - since > STALL_S or mem.ended():

@@ -1,4 +1,4 @@
-/* gpufio's compiled software NVMe controller: the protocol of io/nvme_model.py (the same
+/* gpufio's compiled software NVMe controller: the protocol of io/nvme/model.py (the same
  * shared file, registers, admin commands, PRP checks, status codes and fault injection),
  * served by N poller threads instead of one Python loop, so the controller is no longer
  * what limits a GPU or CPU driver of its queues.
@@ -134,7 +134,7 @@ struct inflight {  /* a command on the io_uring, until its completion posts it *
     uint16_t sqid, cqid, sq_head, cid;
 };
 
-struct gnc_fault {  /* io/nvme_model.Fault, every field 64 bits */
+struct gnc_fault {  /* io/nvme/model.Fault, every field 64 bits */
     int64_t slba, status, drop, times;
 };
 

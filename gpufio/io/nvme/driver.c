@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nvme_cmd.cuh"  /* the one encoder of the command (gpufio/kernels) */
+
 struct gnd_pair {  /* every field 64 bits (io/nvme/compiled._Pair) */
     uint64_t sq, cq;           /* the entries, at this process's addresses */
     uint64_t sq_db, cq_db;     /* the doorbells, at this process's addresses */
@@ -35,20 +37,13 @@ static uint64_t next(uint64_t *s) {  /* splitmix64 */
 static uint32_t pass(const struct gnd_pair *p, struct state *s, uint64_t n) {
     uint8_t *sq = (uint8_t *)p->sq, *cq = (uint8_t *)p->cq;
     uint64_t span = p->blocks - (p->bs >> p->lba_shift) + 1;
-    uint32_t nlb = (uint32_t)(p->bs >> p->lba_shift) - 1, nsid = (uint32_t)p->nsid, wrote = 0;
+    uint32_t nsid = (uint32_t)p->nsid, wrote = 0;
     while (s->nfree && s->sent < n) {
         uint16_t slot = s->free_slots[--s->nfree];
-        uint8_t *e = sq + (uint64_t)s->tail * 64;
+        u64 *e = (u64 *)(sq + (uint64_t)s->tail * NQ_SQE_BYTES);
         uint64_t slba = next(&s->seed) % span, prp1 = p->slots_iova + slot * p->slot_bytes;
-        uint32_t lo = (uint32_t)slba, hi = (uint32_t)(slba >> 32);
-        memset(e, 0, 64);
-        e[0] = 0x02;  /* read */
-        memcpy(e + 2, &slot, 2);
-        memcpy(e + 4, &nsid, 4);
-        memcpy(e + 24, &prp1, 8);
-        memcpy(e + 40, &lo, 4);
-        memcpy(e + 44, &hi, 4);
-        memcpy(e + 48, &nlb, 4);
+        nvme_cmd(e, false, false, slot, nsid, (unsigned)p->lba_shift, slba << p->lba_shift,
+                 (unsigned)p->bs, prp1, 0);
         s->tail = (uint32_t)((s->tail + 1) % p->entries);
         s->sent++;
         wrote++;
@@ -56,12 +51,12 @@ static uint32_t pass(const struct gnd_pair *p, struct state *s, uint64_t n) {
     if (wrote) __atomic_store_n((uint32_t *)p->sq_db, s->tail, __ATOMIC_RELEASE);
     uint32_t reaped = 0;
     for (;;) {
-        uint8_t *c = cq + (uint64_t)s->head * 16;
-        uint16_t st = __atomic_load_n((uint16_t *)(c + 14), __ATOMIC_ACQUIRE), cid;
+        uint8_t *c = cq + (uint64_t)s->head * NQ_CQE_BYTES;
+        uint16_t st = __atomic_load_n((uint16_t *)(c + NQ_CQ_OFF_STATUS), __ATOMIC_ACQUIRE), cid;
         if ((st & 1) != s->phase) break;
-        memcpy(&cid, c + 12, 2);
+        memcpy(&cid, c + NQ_CQ_OFF_CID, 2);
         s->free_slots[s->nfree++] = cid;
-        s->good += ((st >> 1) & 0x7FF) == 0;
+        s->good += nvme_cqe_result(st, 1) == 1;
         if (++s->head == p->entries) { s->head = 0; s->phase ^= 1; }
         reaped++;
     }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from gpufio.core import native
+from gpufio.native import build as native
 from gpufio.core.errors import BadInput
 
 DATA = Path(__file__).with_name("drives.toml")

@@ -1,6 +1,6 @@
 """A session over a controller gpufio starts for the job instead of taking a drive: the
-Python model, the compiled controller (both io/nvme_model.ModelProcess) or QEMU's hw/nvme
-(io/nvme/qemu.py), serving one file as namespace 1. It has io/nvme_driver.Session's face
+Python model, the compiled controller (both io/nvme/model.ModelProcess) or QEMU's hw/nvme
+(io/nvme/qemu.py), serving one file as namespace 1. It has io/nvme/pcie_vfio.Session's face
 (``device``, ``controller``: the host driver, enabled; ``info``: Identify; ``close``), so
 whatever drives a drive's queue pairs from the CPU drives these unchanged; ``qemu`` is
 QEMU's process and guest RAM where the controller is QEMU's (GPU threads map that RAM)."""
@@ -11,13 +11,13 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from gpufio.io import nvme_driver, nvme_model
+from gpufio.io.nvme import pcie_vfio, model
 from gpufio.io.nvme import qemu, shared
 
 MIB = 1 << 20
 
 
-class EmulatedSession(nvme_driver.Enabled):
+class EmulatedSession(pcie_vfio.Enabled):
     """Controller ``kind`` serving ``backing`` with ``1 << lba_shift``-byte blocks and
     ``dma_bytes`` of memory its DMA reaches; ``server``: the software controller's loop
     (io/nvme/compiled.server; None: the model's)."""
@@ -36,9 +36,9 @@ class EmulatedSession(nvme_driver.Enabled):
             self.qemu = qemu.QemuNvme(backing, 1 << lba_shift, ram_bytes=ram)
             self._undo.append(self.qemu.close)
             return self.qemu.device
-        where = nvme_model.shared_directory()
+        where = model.shared_directory()
         self._undo.append(lambda: shutil.rmtree(where, ignore_errors=True))
-        proc = nvme_model.ModelProcess(where, backing, lba_shift, dma_bytes, server=server)
+        proc = model.ModelProcess(where, backing, lba_shift, dma_bytes, server=server)
         self._undo += [proc.mem.close, proc.stop]
         return shared.SharedDevice(proc.mem, kind)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpufio.io.nvme_queue import PAGE
+from gpufio.io.nvme.spec import PAGE
 
 
 def carve(region: np.ndarray, used: int, nbytes: int, what: str) -> tuple[np.ndarray, int]:

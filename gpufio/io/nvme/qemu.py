@@ -7,7 +7,7 @@ data live in the shared file, whose offsets are guest physical addresses, which 
 controller's bus addresses.
 
 ``QemuNvme`` starts QEMU and hands out a ``vfio.Device`` look-alike (``device``), so the host
-driver (io/nvme_driver.Controller) brings QEMU's controller up and drives it as a drive.
+driver (io/nvme/pcie_vfio.Controller) brings QEMU's controller up and drives it as a drive.
 With shadow doorbells on (Doorbell Buffer Config), QEMU reads the SQ tails from memory but
 looks only after some MMIO write to a doorbell: ``Kicker`` writes one periodically.
 """
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from gpufio.core import processes
-from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme.memory import carve
 from gpufio.io.nvme.shared import Buffer
 
@@ -319,7 +319,7 @@ class Kicker:
 
     def __init__(self, device: QemuDevice, controller: Any, pairs: list[Any],
                  period: float = KICK_S) -> None:
-        """``controller``: the io/nvme_driver.Controller of ``device``; ``pairs``: its
+        """``controller``: the io/nvme/pcie_vfio.Controller of ``device``; ``pairs``: its
         QueuePairs."""
         self.device, self.pairs, self.period = device, pairs, period
         shadow, events = device.memory(nq.PAGE), device.memory(nq.PAGE)

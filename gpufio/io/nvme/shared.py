@@ -1,5 +1,5 @@
-"""A software controller's shared file (io/nvme_model.Memory) seen as a vfio-pci device, so
-that the host driver (io/nvme_driver.Controller) brings up and drives the Python model and
+"""A software controller's shared file (io/nvme/model.Memory) seen as a vfio-pci device, so
+that the host driver (io/nvme/pcie_vfio.Controller) brings up and drives the Python model and
 the compiled controller exactly as it drives a drive: BAR0 registers are words of the file,
 DMA memory is the file's host memory at its bus addresses."""
 
@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpufio.io import nvme_model
+from gpufio.io.nvme import model
 
 
 class SharedBar:
     """BAR0 of a shared file: the ``vfio.Bar`` accessors over ``Memory``'s registers."""
 
-    def __init__(self, mem: nvme_model.Memory) -> None:
+    def __init__(self, mem: model.Memory) -> None:
         self.mem = mem
 
     def r32(self, off: int) -> int:
@@ -54,8 +54,8 @@ class SharedDevice:
 
     maps_host_memory = False
 
-    def __init__(self, mem: nvme_model.Memory, name: str = "software") -> None:
-        nvme_model._wait("the controller process", lambda: mem.reg(nvme_model.M_ALIVE) == 1)
+    def __init__(self, mem: model.Memory, name: str = "software") -> None:
+        model._wait("the controller process", lambda: mem.reg(model.M_ALIVE) == 1)
         self.mem, self.bdf, self.bar0 = mem, name, SharedBar(mem)
         self._lock = threading.Lock()  # a job's workers (threads) allocate at once
 

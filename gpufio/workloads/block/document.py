@@ -19,7 +19,7 @@ from gpufio.engines.base import label
 from gpufio.facts.device import pci_device_of
 from gpufio.facts.host import host_facts
 from gpufio.facts.system import pci_relation
-from gpufio.io.nvme_cmd import error_name
+from gpufio.io.nvme.spec import error_name
 from gpufio.results.load import job_heading, storage_note
 from gpufio.results.render import render as render_rows
 from gpufio.run.records import JobResult, RunOutcome

@@ -1,12 +1,12 @@
 """The NVMe backend of GPU-initiated I/O: GPU threads driving NVMe queue pairs (BaM's).
 
 A host driver (vfio-pci on a real controller, or the software controller of
-io/nvme_model.py) brings the controller up and creates the I/O queue pairs; it hands them
-over here with its memory (``ControllerMemory``). ``NvmeQueues`` then owns what the GPU
+io/nvme/model.py) brings the controller up and creates the I/O queue pairs; it hands them
+over here with its memory (io/nvme/controller.Memory). ``NvmeQueues`` then owns what the GPU
 needs: a request queue (io/gio/queue.RequestQueue, the GioQueue of kernels/gio_queue.cuh,
 so every kernel of the request API runs on it unchanged), landing slots and their PRP
 lists in the controller's DMA-mapped host memory, one agent warp per pair
-(kernels/bam_agent.cu); the doorbell path and the stall report are its own.
+(kernels/nvme_agent.cu); the doorbell path and the stall report are its own.
 
 Doorbells go one of two ways, named in every result (``mode``):
 - ``direct``: agents store the SQ tail and CQ head into BAR0's doorbells, which the GPU
@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from gpufio.core.checks import OK, WARN, Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.io import cuda, gpu
-from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import spec as nq
 from gpufio.io.gio import contract
+from gpufio.io.nvme.controller import Memory, QueuePair
 from gpufio.io.gio.queue import RequestQueue, refuse_serialised
 
 MODES = ("direct", "relay")
@@ -37,49 +38,15 @@ MAX_SLOT_BYTES = nq.PAGE * (nq.PRP_PER_PAGE + 1)  # one PRP list page per slot
 RELAY_IDLE_SPINS = 1000
 # cudaHostRegisterPortable | Mapped | IoMemory: BaM's cudaHostRegisterIoMemory of a BAR
 IO_MEMORY_FLAGS = 1 | 2 | 4
-FLUSH_KIND = 2  # bam_io.cu's BAM_FLUSH
+FLUSH_KIND = 2  # nvme_io.cu's NVME_FLUSH
 UNSET = -(1 << 31)
-
-
-class ControllerMemory(Protocol):
-    """What a host driver offers the GPU side: host memory the controller reaches by bus
-    address and the GPU by host address (registered, mapped), and BAR0."""
-
-    def alloc(self, nbytes: int) -> tuple[np.ndarray, int]:
-        """``nbytes`` zeroed, page-aligned: (this process's view, the bus address)."""
-
-    def set_reg(self, off: int, value: int) -> None:
-        """A 32-bit MMIO write to BAR0 at byte ``off`` (the relay's doorbell writes)."""
-
-    def reg(self, off: int) -> int:
-        """A 32-bit MMIO read of BAR0 (CPU only: the stall diagnostic's CSTS)."""
-
-    def bar_address(self) -> int | None:
-        """BAR0 mapped into this process and registered with CUDA as I/O memory, so GPU
-        threads may store to its doorbells; None where it could not be registered."""
-
-    def ended(self) -> str:
-        """Why the controller cannot answer at all, where that is known (a software
-        controller's process has ended), as a clause the stall report appends; else ""."""
-
-
-class QueuePairMemory(Protocol):
-    """An I/O queue pair the host driver created: its id, depth, SQ/CQ memory and the BAR0
-    offsets of its two doorbells (CAP.DSTRD applied)."""
-
-    qid: int
-    entries: int
-    sq: np.ndarray
-    cq: np.ndarray
-    sq_db: int
-    cq_db: int
 
 
 class Relay:
     """The doorbell relay: one CPU thread copying the tails and heads the GPU publishes in
     host memory (``words``: SQ tail, CQ head per pair) into the controller's doorbells."""
 
-    def __init__(self, mem: ControllerMemory, pairs: Sequence[QueuePairMemory],
+    def __init__(self, mem: Memory, pairs: Sequence[QueuePair],
                  words: np.ndarray) -> None:
         self.mem, self.words = mem, words
         self.doorbells = [db for p in pairs for db in (p.sq_db, p.cq_db)]
@@ -117,7 +84,7 @@ class NvmeQueues(RequestQueue):
     ``namespaces``, which kernels name as files 0 to ``namespaces`` - 1 (a table striped
     over the controller's namespaces). ``mode``: "direct" or "relay" (MODES)."""
 
-    def __init__(self, mem: ControllerMemory, pairs: Sequence[QueuePairMemory], *, depth: int,
+    def __init__(self, mem: Memory, pairs: Sequence[QueuePair], *, depth: int,
                  slot_bytes: int, nsid: int, lba_shift: int, mode: str,
                  namespaces: int = 1) -> None:
         refuse_serialised("GPU-driven NVMe queues")
@@ -157,15 +124,14 @@ class NvmeQueues(RequestQueue):
                   "ns": nsid | lba_shift << 32,
                   "progress": self.progress.ctypes.data + 32 * r}
                  for r, p in enumerate(self.pairs)]
-        self._agent = cuda.module("bam_agent").get_function("bam_agent")
+        self._agent = cuda.module("nvme_agent").get_function("nvme_agent")
         # what the request kernels pass as a request's file: 0 sends it to the one namespace
-        # of the queues (nsid); another number is the namespace itself (bam_agent.cu)
+        # of the queues (nsid); another number is the namespace itself (nvme_agent.cu)
         self.file_refs = (np.zeros(1, np.int32) if namespaces == 1
                           else np.arange(1, namespaces + 1, dtype=np.int32))
         self.relay: Relay | None = None
-        # the agents take their pairs as an argument: the GioQueue's rings stay 0
-        self._arrays(np.concatenate([contract.build(contract.BAM_RING, r) for r in rings]),
-                     slot_bytes, rings=0)
+        self._arrays(np.concatenate([contract.build(contract.NVME_RING, r) for r in rings]),
+                     slot_bytes)
 
     def _launch(self) -> None:
         self._agent((self.nrings,), (32,), (self.descriptor, self._dev["rings"]),
@@ -206,7 +172,7 @@ class NvmeQueues(RequestQueue):
         """One NVMe Flush through the agents (a request of write with length 0, from one GPU
         thread): the request API's result, 0 or -(NVME_STATUS_BASE + status)."""
         cp = self._cp
-        fn = cuda.module("bam_io").get_function("bam_requests")  # before the agents run
+        fn = cuda.module("nvme_io").get_function("nvme_requests")  # before the agents run
         res, row = cp.full(1, UNSET, cp.int32), cp.zeros(16, cp.uint8)
         off, length = cp.zeros(1, cp.uint64), cp.zeros(1, cp.uint32)
         kind = cp.full(1, FLUSH_KIND, cp.uint8)
@@ -229,8 +195,8 @@ class NvmeQueues(RequestQueue):
 
 
 class RegisteredModel:
-    """The software controller's shared memory (io/nvme_model.Memory) registered with CUDA
-    and mapped into the GPU, as ControllerMemory: its BAR page registered too, so direct
+    """The software controller's shared memory (io/nvme/model.Memory) registered with CUDA
+    and mapped into the GPU, as controller.Memory: its BAR page registered too, so direct
     doorbells work (on a real controller that is the I/O-memory registration)."""
 
     def __init__(self, mem: Any) -> None:
@@ -249,7 +215,7 @@ class RegisteredModel:
 class RegisteredGuest:
     """QEMU's guest RAM (io/nvme/qemu.QemuNvme), where the controller's queues, PRP lists
     and landing slots all live, registered with CUDA and mapped into the GPU, as
-    ControllerMemory. BAR0 is reached over qtest only: relayed doorbells, each a qtest
+    controller.Memory. BAR0 is reached over qtest only: relayed doorbells, each a qtest
     register write."""
 
     def __init__(self, guest: Any) -> None:
@@ -286,7 +252,7 @@ def register_io_memory(addr: int, size: int) -> str | None:
 
 
 class RegisteredVfio:
-    """A controller over vfio-pci (io/nvme_driver.Session's device) as ControllerMemory: its
+    """A controller over vfio-pci (io/nvme/pcie_vfio.Session's device) as controller.Memory: its
     DMA-mapped host memory registered with CUDA and mapped into the GPU, the queue pairs'
     memory too (``adopt``); BAR0 registered as I/O memory where ``direct`` is asked
     (BadInput naming CUDA's refusal otherwise)."""
@@ -308,7 +274,7 @@ class RegisteredVfio:
         gpu.register_host(addr, size, mapped=True)
         self._registered.append(addr)
 
-    def adopt(self, pair: QueuePairMemory) -> None:
+    def adopt(self, pair: QueuePair) -> None:
         """Register a queue pair's SQ and CQ (each its own DMA mapping) for the agents."""
         for ring in (pair.sq, pair.cq):
             self._register(ring.ctypes.data, -(-ring.nbytes // nq.PAGE) * nq.PAGE)
@@ -337,6 +303,28 @@ class RegisteredVfio:
         self._registered = []
 
 
+def shared_memory(shared: Any, direct: bool) -> Memory:
+    """A job's controller (io/nvme/session.Shared) as GPU threads take it, made by its first
+    GPU worker and attached to it (closed before the controller goes): QEMU's guest RAM,
+    which holds it all; else the vfio device's memory with every pair's rings registered,
+    BAR0 as I/O memory where ``direct``."""
+    def register() -> Memory:
+        if shared.emulated:
+            return RegisteredGuest(shared.session.qemu)
+        registered = RegisteredVfio(shared.session.device, direct)
+        for p in shared.pairs:
+            registered.adopt(p)
+        return registered
+
+    return shared.attach(register)
+
+
+def model_memory(model: Any) -> Memory:
+    """A job's software controller (io/nvme/session.Model) as GPU threads take it: its
+    shared file registered once, attached to it."""
+    return model.attach(lambda: RegisteredModel(model.served.mem))
+
+
 def io_memory_probe() -> str | None:
     """Whether CUDA takes CU_MEMHOSTREGISTER_IOMEMORY here: tried on a software controller's
     BAR page (a tmpfs page, as the model's), registered then unregistered. None when it
@@ -346,13 +334,13 @@ def io_memory_probe() -> str | None:
 
     import cupy
 
-    from gpufio.io import nvme_model
+    from gpufio.io.nvme import model
 
-    where = nvme_model.shared_directory()
+    where = model.shared_directory()
     try:
-        mem = nvme_model.Memory(f"{where}/probe.shm", 0, create=True)
+        mem = model.Memory(f"{where}/probe.shm", 0, create=True)
         try:
-            why = register_io_memory(mem.addr, nvme_model.BAR_BYTES)
+            why = register_io_memory(mem.addr, model.BAR_BYTES)
             if why is None:
                 cupy.cuda.runtime.hostUnregister(mem.addr)
             return why

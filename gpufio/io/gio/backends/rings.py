@@ -107,9 +107,10 @@ class GpuRings:
         except BaseException:
             self.close()
             raise
-        self.descriptors = np.array([contract.build(contract.GIO_RING, {
-            **{k: r.ring_words[k] for k in contract.GIO_RING if k != "entries"},
-            "entries": r.sq_entries | r.cq_entries << 32}) for r in self.rings], np.uint64)
+        # each ring's words (contract.URING_RING), less the agent's own (sqe_head, ns)
+        self.descriptors = [{**{k: r.ring_words[k] for k in contract.URING_RING
+                                if k not in ("entries", "sqe_head", "ns")},
+                             "entries": r.sq_entries | r.cq_entries << 32} for r in self.rings]
 
     def wake(self, check: bool = True) -> int:
         """Wake every SQPOLL thread that went to sleep (NEED_WAKEUP); how many were woken.

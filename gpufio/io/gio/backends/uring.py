@@ -22,6 +22,7 @@ import numpy as np
 from gpufio.core.errors import BadInput
 from gpufio.facts.storage import ram_backing
 from gpufio.io import cuda, gpu, uring
+from gpufio.io.gio import contract
 from gpufio.io.gio.backends.rings import GpuRings, ring_sizes, stall_report
 from gpufio.io.gio.queue import (
     POLL_S,
@@ -82,9 +83,10 @@ class UringQueue(RequestQueue):
             op = (uring.OP_NOP if nop or passthrough else  # passthrough: the command's own
                   uring.OP_READ_FIXED if registered else uring.OP_READ)
             if passthrough:
-                self._dev["pt"] = self._cp.asarray(np.asarray(namespaces, np.uint64))
-            self._arrays(self.rings.descriptors, slot_bytes, sqe_head=op | flags << 8,
-                         pt=self.ptr("pt") if passthrough else 0)
+                self._dev["ns"] = self._cp.asarray(np.asarray(namespaces, np.uint64))
+            words = {"sqe_head": op | flags << 8, "ns": self.ptr("ns") if passthrough else 0}
+            self._arrays(np.array([contract.build(contract.URING_RING, {**d, **words})
+                                   for d in self.rings.descriptors], np.uint64), slot_bytes)
 
     def _register(self, fds: list[int], ring_bytes: int | None) -> None:
         """Every ring registers the files and (unless ``ring_bytes`` is None) its own slots,
@@ -101,7 +103,8 @@ class UringQueue(RequestQueue):
                            "RLIMIT_MEMLOCK without CAP_IPC_LOCK): set registered = false") from None
 
     def _launch(self) -> None:
-        self._agent((self.nrings,), (32,), (self.descriptor,), stream=self.agent_stream)
+        self._agent((self.nrings,), (32,), (self.descriptor, self._dev["rings"]),
+                    stream=self.agent_stream)
 
     def _before_start(self) -> None:
         """Reads an abort abandoned must land before the slots are handed out again."""
@@ -165,7 +168,7 @@ def make_queue(opts: Any, *, depth: int, slot_bytes: int, fds: list[int],
 
 def namespace_table(targets: list[Target]) -> np.ndarray:
     """Per target (opened for passthrough): nsid | lba_shift << 32, what the agents build
-    each NVMe command from (GioQueue.pt)."""
+    each NVMe command from (each ring's ns, kernels/gio_agent.cu)."""
     return np.array([t.facts["nsid"] | (t.lba.bit_length() - 1) << 32 for t in targets],
                     np.uint64)
 

@@ -1,7 +1,7 @@
 """One conformance suite for every NVMe controller gpufio drives without a drive: the Python
-model (io/nvme_model.py), the compiled controller (io/nvme/controller.c, each backend) and
+model (io/nvme/model.py), the compiled controller (io/nvme/controller.c, each backend) and
 QEMU's hw/nvme over qtest (io/nvme/qemu.py), all brought up and driven by the same host
-driver a drive gets (io/nvme_driver.Controller). Data is checked byte for byte against the
+driver a drive gets (io/nvme/pcie_vfio.Controller). Data is checked byte for byte against the
 namespace's backing file at its offset."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpufio.io import nvme_driver, nvme_model
-from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import pcie_vfio, model
+from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme import compiled, qemu, shared
-from gpufio.io.nvme_cmd import NVME_READ, NVME_WRITE
+from gpufio.io.nvme.spec import NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled
 
 NS_BYTES = 4 << 20
@@ -58,12 +58,12 @@ class Under:
             self.device = q.device
         else:
             server = None if kind == "model" else compiled.server(2, kind.split("-")[1])
-            p = nvme_model.ModelProcess(tmp, self.backing, lba_bytes.bit_length() - 1,
+            p = model.ModelProcess(tmp, self.backing, lba_bytes.bit_length() - 1,
                                         16 << 20, list(faults), server=server)
             self._stop.append(p.stop)
             self.process = p
             self.device = shared.SharedDevice(p.mem, kind)
-        self.ctl = nvme_driver.Controller(self.device)
+        self.ctl = pcie_vfio.Controller(self.device)
 
     def on_disk(self, off: int, n: int) -> bytes:
         with open(self.backing, "rb") as f:
@@ -84,7 +84,7 @@ def under(request, tmp_path):
     u.close()
 
 
-def run(pair: nvme_driver.QueuePair, entries: np.ndarray) -> np.ndarray:
+def run(pair: pcie_vfio.QueuePair, entries: np.ndarray) -> np.ndarray:
     """Submit ``entries`` (at most the queue's room at once) and wait for every completion:
     their statuses (SCT << 8 | SC) in the entries' order."""
     done: dict[int, int] = {}
@@ -215,13 +215,13 @@ def test_bad_commands_get_their_status_codes(under, kind):
     got = run(pair, np.concatenate([past, bad_list, two, opcode, nsid]))
     assert got.tolist() == [nq.SC_LBA_RANGE, nq.SC_PRP_OFFSET, nq.SC_PRP_OFFSET,
                             nq.SC_INVALID_OPCODE, 0x0B]
-    with pytest.raises(nvme_driver.ControllerError, match="status 0x101"):
+    with pytest.raises(pcie_vfio.ControllerError, match="status 0x101"):
         under.ctl.command(nq.create_cq, 0, 16, under.device.memory(4096).iova)
 
 
 @pytest.mark.parametrize("kind", SOFTWARE)
 def test_injected_faults_fail_or_hold_their_commands(tmp_path, kind):
-    faults = (nvme_model.Fault(slba=8, status=0x281), nvme_model.Fault(slba=16, drop=True))
+    faults = (model.Fault(slba=8, status=0x281), model.Fault(slba=16, drop=True))
     u = Under(kind, tmp_path, 512, faults)
     try:
         (pair,) = u.ctl.create_pairs(1, 16)
@@ -232,7 +232,7 @@ def test_injected_faults_fail_or_hold_their_commands(tmp_path, kind):
         pair.submit(io(u, False, 16 * 512, 512, cid=2)[0])
         mem = u.process.mem
         deadline = time.monotonic() + WAIT_S
-        while mem.reg64(nvme_model.M_FETCHED) < mem.reg64(nvme_model.M_COMPLETED) + 1:
+        while mem.reg64(model.M_FETCHED) < mem.reg64(model.M_COMPLETED) + 1:
             assert time.monotonic() < deadline
             time.sleep(0.001)
         assert len(pair.reap()[0]) == 0  # consumed, never completed
@@ -245,7 +245,7 @@ def test_a_killed_controller_is_named_by_the_driver_that_waits(tmp_path, kind):
     backing = tmp_path / "ns.dat"
     backing.write_bytes(bytes(1 << 20))
     server = None if kind == "model" else compiled.server(2, "ram")
-    with nvme_model.ModelProcess(tmp_path, backing, server=server) as p:
+    with model.ModelProcess(tmp_path, backing, server=server) as p:
         pair = p.host().create_pair(1, 8)
         os.kill(p.mem.server.pid, signal.SIGKILL)
         p.mem.server.join()
@@ -258,14 +258,14 @@ def test_a_killed_controller_is_named_by_the_driver_that_waits(tmp_path, kind):
 
 CHILD = """
 import sys, time
-from gpufio.io import nvme_model
+from gpufio.io.nvme import model
 from gpufio.io.nvme import compiled, qemu
 if __name__ == "__main__":
     if sys.argv[1] == "qemu":
         q = qemu.QemuNvme(sys.argv[2])
         print(q.proc.pid, flush=True)
     else:
-        p = nvme_model.ModelProcess(sys.argv[3], sys.argv[2], server=compiled.server(2, "ram"))
+        p = model.ModelProcess(sys.argv[3], sys.argv[2], server=compiled.server(2, "ram"))
         p.host()
         print(p.mem.server.pid, flush=True)
     time.sleep(600)

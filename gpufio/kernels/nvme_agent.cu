@@ -1,15 +1,15 @@
 // The NVMe queue agent: one warp per I/O queue pair turns READY request slots into NVMe
-// commands in the controller's SQ and its completions into results (bam_queue.cuh describes
+// commands in the controller's SQ and its completions into results (nvme_queue.cuh describes
 // the protocol). The pair's tail, head and phase carry over from one start to the next in
 // its progress words (word 3: head | the phase tag not expected next << 32, so zeroed words
 // are a fresh pair). Launched by io/gio/backends/nvme.py. A request of write with length 0
 // is a Flush.
-#include "bam_queue.cuh"
+#include "nvme_queue.cuh"
 
-extern "C" __global__ void bam_agent(const GioQueue* q, const BamRing* rings)
+extern "C" __global__ void nvme_agent(const GioQueue* q, const NvmeRing* rings)
 {
     const unsigned r = blockIdx.x, lane = threadIdx.x;
-    const BamRing R = rings[r];
+    const NvmeRing R = rings[r];
     const unsigned sq_n = (unsigned)(R.entries & 0xffffffffu), cq_n = (unsigned)(R.entries >> 32);
     const unsigned depth = (unsigned)q->depth;
     const u64 first = (u64)r * depth;
@@ -47,9 +47,9 @@ extern "C" __global__ void bam_agent(const GioQueue* q, const BamRing* rings)
                 // the request's file, where it names one, is its namespace (a table striped
                 // over the namespaces of the controller); else the pair's
                 const unsigned ns = (unsigned)(lf >> 32) ? (unsigned)(lf >> 32) : nsid;
-                bam_sqe(w, write && len == 0, write, s | gen << NQ_CID_GEN_SHIFT, ns, shift,
-                        q->off[g], len, iova,
-                        bam_prp2(iova, len, R.prp_lists + (u64)s * NQ_PAGE + R.delta));
+                nvme_cmd(w, write && len == 0, write, s | gen << NQ_CID_GEN_SHIFT, ns, shift,
+                         q->off[g], len, iova,
+                         nvme_prp2(iova, len, R.prp_lists + (u64)s * NQ_PAGE + R.delta));
                 u64* sqe = (u64*)(R.sqes + (u64)((tail + batch + rank) % sq_n) * NQ_SQE_BYTES);
 #pragma unroll
                 for (int i = 0; i < 8; i += 2) st_sys_v2(sqe + i, w[i], w[i + 1]);
@@ -87,7 +87,7 @@ extern "C" __global__ void bam_agent(const GioQueue* q, const BamRing* rings)
                 if ((cid >> NQ_CID_GEN_SHIFT) == gen && s < depth) {
                     const u64 g = first + s;
                     const unsigned len = (unsigned)(q->len_fd[g] & (GIO_WRITE_BIT - 1ull));
-                    q->res[g] = bam_result(status, len);
+                    q->res[g] = nvme_cqe_result(status, len);
                     st_release_gpu(&state[s], DONE);
                 }
             }

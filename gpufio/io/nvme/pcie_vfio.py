@@ -2,7 +2,7 @@
 reset and enabled with an admin queue in DMA-mapped host memory, identified, given polled
 I/O queue pairs, shut down (CC.SHN) and handed back to the nvme driver.
 
-Every entry and register comes from io/nvme_queue.py. A ``QueuePair`` is the whole state of
+Every entry and register comes from io/nvme/spec.py. A ``QueuePair`` is the whole state of
 one I/O queue pair (its SQ and CQ memory, bus addresses, doorbell offsets, tail, head and
 phase), so whoever drives it next, the CPU stand-in here or GPU threads, takes one object.
 """
@@ -20,9 +20,9 @@ import numpy as np
 from gpufio.core.checks import FAIL, OK, WARN, Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.guard import check_not_in_use
-from gpufio.io import nvme_queue as nq
-from gpufio.io import vfio
-from gpufio.io.nvme_guardian import Guard
+from gpufio.io.nvme import spec as nq
+from gpufio.io.nvme import vfio
+from gpufio.io.nvme.guardian import Guard
 
 if TYPE_CHECKING:
     from gpufio.facts.system import Host
@@ -197,7 +197,7 @@ class Controller:
                          nq.doorbell(qid, True, self.cap["dstrd"]), self.bar)
 
     def command(self, build, *args, **kw) -> int:  # type: ignore[no-untyped-def]
-        """Send one admin command (``build(cid, ...)``, a builder of nvme_queue) and wait
+        """Send one admin command (``build(cid, ...)``, a builder of io/nvme/spec.py) and wait
         for it; its result dword, or ControllerError naming the failing status."""
         self._cid = (self._cid + 1) & 0xFFFF
         entry = build(self._cid, *args, **kw)
@@ -307,7 +307,7 @@ class Enabled:
 
 
 class Session(Enabled):
-    """A controller gpufio drives: guarded (io/nvme_guardian: given back if this process
+    """A controller gpufio drives: guarded (io/nvme/guardian: given back if this process
     dies, kill -9 included), taken from its driver, opened over vfio, enabled; and on
     ``close`` (every other exit path) shut down, unmapped and given back to its driver."""
 
@@ -379,5 +379,5 @@ def doctor_checks(host: Host, area: str, needed: bool) -> list[Check]:
         out.append(Check(area, f"ACS above {bdf}", OK, vfio.acs_path(bdf, sys_pci), ""))
     if not devices:
         out.append(Check(area, "NVMe controllers", WARN, "none on PCI here",
-                         "engine 'bam' needs a PCIe NVMe controller"))
+                         f"{area} needs a PCIe NVMe controller"))
     return out

@@ -7,24 +7,37 @@ host driver over vfio-pci (admin commands, and the CPU stand-in of the I/O path)
 builder (GPU threads filling SQ slots; it gets every field's offset and width as NVRTC macros
 from ``defines``) and the software controller in the tests (which reads them as a drive
 would). The I/O command's fields (opcode, nsid, starting LBA in cdw10/cdw11, block count less
-one in cdw12) are NVMe's, the same values io/nvme_cmd.py puts into a passthrough entry; the
+one in cdw12) are NVMe's, the same values io/nvme/passthru.py puts into a passthrough entry; the
 data pointer here is PRP1/PRP2 (NVMe base specification 2.0, 4.1 and 4.3) instead of the
 kernel's ``addr``/``data_len``.
 """
 
 from __future__ import annotations
 
+import errno
+
 import numpy as np
 
-from gpufio.io.nvme_cmd import (
-    NVME_FLUSH,
-    NVME_READ,
-    NVME_STATUS_BASE,
-    NVME_WRITE,
-    STATUS_MASK,
-)
-
 SQE_BYTES, CQE_BYTES = 64, 16
+NVME_FLUSH, NVME_WRITE, NVME_READ = 0x00, 0x01, 0x02  # NVM command set I/O opcodes
+
+# gpufio's result code of an I/O the drive failed: NVME_STATUS_BASE + (SCT << 8 | SC), above
+# every errno (Linux's MAX_ERRNO is 4095), so results keep errnos and NVMe statuses apart
+NVME_STATUS_BASE = 4096
+STATUS_MASK = 0x7FF  # status code type and status code; More and DNR say nothing of the cause
+STATUS_CODES = NVME_STATUS_BASE + STATUS_MASK + 1  # how many result codes there can be
+
+# NVMe base specification, status codes by (status code type, status code): the common ones
+_STATUS_NAMES = {
+    (0, 0x01): "invalid command opcode", (0, 0x02): "invalid field in command",
+    (0, 0x04): "data transfer error", (0, 0x06): "internal error",
+    (0, 0x07): "command abort requested", (0, 0x0B): "invalid namespace or format",
+    (0, 0x80): "LBA out of range", (0, 0x81): "capacity exceeded",
+    (0, 0x82): "namespace not ready", (2, 0x80): "write fault",
+    (2, 0x81): "unrecovered read error", (2, 0x82): "end-to-end guard check error",
+    (2, 0x85): "compare failure", (2, 0x86): "access denied",
+}
+_TYPES = {0: "generic", 1: "command specific", 2: "media and data integrity", 3: "path"}
 
 # (field, byte offset, bytes) of a submission queue entry (common command format)
 SQE_FIELDS: tuple[tuple[str, int, int], ...] = (
@@ -170,32 +183,37 @@ def prp_count(addr: int, length: int) -> int:
     return 1 if length <= first else 1 + -(-(length - first) // PAGE)
 
 
-def io_commands(*, write: bool | np.ndarray, nsid: int | np.ndarray, lba_shift: int | np.ndarray,
-                off: np.ndarray, length: int | np.ndarray, cid: np.ndarray,
-                prp1: np.ndarray, prp2: np.ndarray) -> np.ndarray:
-    """Submission entries, one per I/O: an NVMe read (or write where ``write``) of
-    ``length`` bytes at byte ``off`` of namespace ``nsid`` (blocks of 1 << ``lba_shift``
-    bytes), data at PRP1/PRP2, command identifier ``cid``."""
+def io_commands(*, write: bool | np.ndarray, nsid: int | np.ndarray,
+                lba_shift: int | np.ndarray, off: np.ndarray, length: int | np.ndarray,
+                cid: int | np.ndarray, prp1: int | np.ndarray, prp2: int | np.ndarray,
+                flush: bool | np.ndarray = False) -> np.ndarray:
+    """The one encoder of NVMe I/O commands (io/nvme/passthru.py wraps the same entries in
+    io_uring's; kernels/nvme_cmd.cuh is its CUDA twin): submission entries, one per I/O,
+    a read (or write where ``write``) of ``length`` bytes at byte ``off`` of namespace
+    ``nsid`` (blocks of 1 << ``lba_shift`` bytes), data at PRP1/PRP2, command identifier
+    ``cid``; where ``flush``, a Flush of the namespace (no data, no LBA)."""
+    off = np.atleast_1d(np.asarray(off, np.uint64))
     e = np.zeros(len(off), SQE_DTYPE)
-    off = np.asarray(off, np.uint64)
     shift = np.asarray(lba_shift, np.uint64)
+    flush = np.asarray(flush, bool)
+    io = ~flush
     slba = off >> shift
-    e["opcode"] = np.where(write, NVME_WRITE, NVME_READ)
+    e["opcode"] = np.where(flush, NVME_FLUSH, np.where(write, NVME_WRITE, NVME_READ))
     e["cid"] = cid
     e["nsid"] = nsid
-    e["prp1"] = prp1
-    e["prp2"] = prp2
-    e["cdw10"] = slba & np.uint64(0xFFFFFFFF)
-    e["cdw11"] = slba >> np.uint64(32)
-    e["cdw12"] = (np.asarray(length, np.uint64) >> shift) - np.uint64(1)
+    e["prp1"] = np.where(io, np.asarray(prp1, np.uint64), 0)
+    e["prp2"] = np.where(io, np.asarray(prp2, np.uint64), 0)
+    e["cdw10"] = np.where(io, slba & np.uint64(0xFFFFFFFF), 0)
+    e["cdw11"] = np.where(io, slba >> np.uint64(32), 0)
+    blocks = np.atleast_1d(np.asarray(length, np.uint64)) >> shift
+    e["cdw12"] = np.where(io, (blocks - np.uint64(1)) & np.uint64(0xFFFFFFFF), 0)
     return e
 
 
 def flush_command(nsid: int, cid: int) -> np.ndarray:
     """A Flush of namespace ``nsid``."""
-    e = np.zeros(1, SQE_DTYPE)
-    e["opcode"], e["nsid"], e["cid"] = NVME_FLUSH, nsid, cid
-    return e
+    return io_commands(write=False, nsid=nsid, lba_shift=0, off=0, length=0, cid=cid, prp1=0,
+                       prp2=0, flush=True)
 
 
 def cqe_status(status: int, phase: int) -> int:
@@ -215,11 +233,29 @@ def status_of(cqe_status: np.ndarray) -> np.ndarray:
     return (np.asarray(cqe_status, np.int64) >> 1) & STATUS_MASK
 
 
-def result(cqe_status: np.ndarray, length: int | np.ndarray) -> np.ndarray:
-    """gpufio's result of completions: ``length`` bytes where the status is 0, else
-    -(NVME_STATUS_BASE + status), the convention of io/nvme_cmd.py (``error_name`` there)."""
-    st = status_of(cqe_status)
+def status_result(status: np.ndarray, length: int | np.ndarray) -> np.ndarray:
+    """The one status decoder (kernels/nvme_cmd.cuh's nvme_result is its CUDA twin): an NVMe
+    status (SCT << 8 | SC, More and DNR above, ignored) as gpufio's result: ``length``
+    bytes where it is 0, else -(NVME_STATUS_BASE + status), which ``error_name`` names."""
+    st = np.asarray(status, np.int64) & STATUS_MASK
     return np.where(st == 0, length, -(NVME_STATUS_BASE + st)).astype(np.int32)
+
+
+def result(cqe_status: np.ndarray, length: int | np.ndarray) -> np.ndarray:
+    """gpufio's result of completions by their status field (the phase tag in bit 0)."""
+    return status_result(np.asarray(cqe_status, np.int64) >> 1, length)
+
+
+def error_name(code: int) -> str:
+    """What a (positive) result code of a failed I/O means: the errno's name, or the NVMe
+    status the drive returned (``NVMe status 0x281: media and data integrity, unrecovered
+    read error``)."""
+    if code < NVME_STATUS_BASE:
+        return errno.errorcode.get(code, "?")
+    status = code - NVME_STATUS_BASE
+    sct, sc = status >> 8 & 7, status & 0xFF
+    what = _STATUS_NAMES.get((sct, sc), f"status code {sc:#04x}")
+    return f"NVMe status {status:#05x}: {_TYPES.get(sct, f'type {sct}')}, {what}"
 
 
 def defines() -> tuple[str, ...]:

@@ -1,11 +1,12 @@
-"""NVMe passthrough entries (io/nvme_cmd.py) on the CPU: the one layout against the kernel's
-headers (struct io_uring_sqe, struct nvme_uring_cmd, the ioctl number), the Python builder
-against a C builder written as fio's io_uring_cmd engine builds its commands, and the CUDA
-builder (gio_queue.cuh's pt_sqe, compiled for the host by nvcc) against the Python one, byte
-for byte over a sweep of namespaces, LBA sizes, offsets, lengths and ops. On a GPU (the
-``gpu`` tests): the GPU's own run of the CUDA builder, and agents posting passthrough
-commands through SQE128/CQE32 rings (a file that is no NVMe namespace refuses every command:
-one failed I/O each, EOPNOTSUPP; an entry the kernel could not parse would give EINVAL)."""
+"""NVMe passthrough entries (io/nvme/passthru.py) on the CPU: the one layout against the kernel's
+headers (struct io_uring_sqe, struct nvme_uring_cmd: spec's 64-byte command at byte 48, the
+ioctl number), and the Python builder against a C builder written as fio's io_uring_cmd
+engine builds its commands, byte for byte over a sweep of namespaces, LBA sizes, offsets,
+lengths and ops (the CUDA builder, kernels/nvme_cmd.cuh, is held to the Python one in
+test_encoders.py). On a GPU (the ``gpu`` tests): the GPU's own run of the CUDA builder, and
+agents posting passthrough commands through SQE128/CQE32 rings (a file that is no NVMe
+namespace refuses every command: one failed I/O each, EOPNOTSUPP; an entry the kernel could
+not parse would give EINVAL)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from gpufio.io import cuda, nvme_cmd, uring
+from gpufio.io import cuda, uring
+from gpufio.io.nvme import passthru, spec
 from gpufio.io.gio import contract
 
 HEADERS = "/usr/include/linux/nvme_ioctl.h"
@@ -41,7 +43,7 @@ def sweep() -> list[tuple[int, int, int, int, bool, int, int, int, int]]:
 
 def python_words(cases) -> np.ndarray:
     fd, flags, nsid, shift, write, off, length, addr, ud = (np.array(c) for c in zip(*cases))
-    return nvme_cmd.build(write=write.astype(bool), fd=fd, nsid=nsid, lba_shift=shift,
+    return passthru.build(write=write.astype(bool), fd=fd, nsid=nsid, lba_shift=shift,
                           off=off.astype(np.uint64), length=length, addr=addr.astype(np.uint64),
                           user_data=ud.astype(np.uint64), sqe_flags=flags)
 
@@ -71,9 +73,11 @@ int main(void) {
     F(io_uring_sqe, fd); F(io_uring_sqe, cmd_op); F(io_uring_sqe, uring_cmd_flags);
     F(io_uring_sqe, user_data); F(io_uring_sqe, buf_index);
     C(nvme_uring_cmd, opcode); C(nvme_uring_cmd, flags); C(nvme_uring_cmd, nsid);
-    C(nvme_uring_cmd, metadata); C(nvme_uring_cmd, addr); C(nvme_uring_cmd, metadata_len);
-    C(nvme_uring_cmd, data_len); C(nvme_uring_cmd, cdw10); C(nvme_uring_cmd, cdw11);
-    C(nvme_uring_cmd, cdw12); C(nvme_uring_cmd, cdw13); C(nvme_uring_cmd, timeout_ms);
+    C(nvme_uring_cmd, cdw2); C(nvme_uring_cmd, cdw3); C(nvme_uring_cmd, metadata);
+    C(nvme_uring_cmd, addr); C(nvme_uring_cmd, metadata_len); C(nvme_uring_cmd, data_len);
+    C(nvme_uring_cmd, cdw10); C(nvme_uring_cmd, cdw11); C(nvme_uring_cmd, cdw12);
+    C(nvme_uring_cmd, cdw13); C(nvme_uring_cmd, cdw14); C(nvme_uring_cmd, cdw15);
+    C(nvme_uring_cmd, timeout_ms);
     printf("cmd %zu\nsize %zu\nioctl %lu\nop %d\nsqe128 %u\ncqe32 %u\niopoll %u\nfixed %u\n",
            offsetof(struct io_uring_sqe, cmd), sizeof(struct nvme_uring_cmd),
            (unsigned long)NVME_URING_CMD_IO, IORING_OP_URING_CMD, IORING_SETUP_SQE128,
@@ -108,22 +112,6 @@ int main(void) {
 }
 """
 
-CUDA_HOST = r"""
-#include "gio_queue.cuh"
-#include <cstdio>
-int main() {
-    unsigned fd, flags, nsid, shift, write, len; unsigned long long off, addr, ud;
-    while (scanf("%u %u %u %u %u %llu %u %llu %llu", &fd, &flags, &nsid, &shift, &write, &off,
-                 &len, &addr, &ud) == 9) {
-        u64 w[16];
-        pt_sqe(w, fd, flags, nsid, shift, write != 0, off, len, addr, ud);
-        for (int i = 0; i < 16; ++i) printf("%llu ", w[i]);
-        printf("\n");
-    }
-}
-"""
-
-
 @pytest.mark.skipif(not HAVE_CC, reason="gcc or linux/nvme_ioctl.h with nvme_uring_cmd missing")
 def test_the_layout_is_the_kernels_structs(tmp_path):
     src = tmp_path / "layout.c"
@@ -132,13 +120,13 @@ def test_the_layout_is_the_kernels_structs(tmp_path):
     out = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True)
     got = {line.split()[0]: tuple(int(v) for v in line.split()[1:])
            for line in out.stdout.splitlines()}
-    for name, off, size in nvme_cmd.SQE128_FIELDS:
-        key = f"cmd_{name.removeprefix('nvme_')}" if off >= nvme_cmd.CMD_OFFSET else name
+    for name, off, size in passthru.SQE128_FIELDS:
+        key = f"cmd_{name.removeprefix('nvme_')}" if off >= passthru.CMD_OFFSET else name
         assert got[key] == (off, size), name
-    assert got["cmd"] == (nvme_cmd.CMD_OFFSET,) and got["size"] == (nvme_cmd.CMD_BYTES,)
-    assert got["ioctl"] == (nvme_cmd.NVME_URING_CMD_IO,)
-    assert got["op"] == (nvme_cmd.OP_URING_CMD,)
-    assert got["fixed"] == (nvme_cmd.URING_CMD_FIXED,)
+    assert got["cmd"] == (passthru.CMD_OFFSET,) and got["size"] == (passthru.CMD_BYTES,)
+    assert got["ioctl"] == (passthru.NVME_URING_CMD_IO,)
+    assert got["op"] == (passthru.OP_URING_CMD,)
+    assert got["fixed"] == (passthru.URING_CMD_FIXED,)
     assert (got["sqe128"], got["cqe32"], got["iopoll"]) == (
         (uring.SETUP_SQE128,), (uring.SETUP_CQE32,), (uring.SETUP_IOPOLL,))
 
@@ -146,11 +134,11 @@ def test_the_layout_is_the_kernels_structs(tmp_path):
 def test_no_field_crosses_a_word_and_none_overlap():
     """What the CUDA builder's one-shift-per-field stores rely on."""
     taken = set()
-    for name, off, size in nvme_cmd.SQE128_FIELDS:
+    for name, off, size in passthru.SQE128_FIELDS:
         assert off // 8 == (off + size - 1) // 8 and off % size == 0, name
         assert not taken & set(range(off, off + size)), name
         taken |= set(range(off, off + size))
-    assert max(taken) < nvme_cmd.SQE_BYTES
+    assert max(taken) < passthru.SQE_BYTES
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="gcc or linux/nvme_ioctl.h with nvme_uring_cmd missing")
@@ -160,33 +148,24 @@ def test_the_python_builder_builds_what_fios_way_builds(tmp_path):
     assert np.array_equal(python_words(cases), c_words)
 
 
-@pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed")
-def test_the_cuda_builder_builds_what_the_python_builder_builds(tmp_path):
-    """gio_queue.cuh's pt_sqe (the agents' builder) run on the host: the same bytes."""
-    cases = sweep()
-    cuda_words = _run(tmp_path, "pt_host.cu", CUDA_HOST,
-                      ["nvcc", "-std=c++17", f"-I{cuda.KERNELS}", *contract.defines()], cases)
-    assert np.array_equal(python_words(cases), cuda_words)
-
-
 def test_a_command_names_its_blocks():
-    (w,) = nvme_cmd.build(write=True, fd=7, nsid=2, lba_shift=12, off=np.array([5 << 12]),
+    (w,) = passthru.build(write=True, fd=7, nsid=2, lba_shift=12, off=np.array([5 << 12]),
                           length=3 << 12, addr=np.array([0xABC000], np.uint64),
                           user_data=np.array([9], np.uint64), fixed_buffer=0)
-    e = nvme_cmd.entries(w[None, :].copy())[0]
+    e = passthru.entries(w[None, :].copy())[0]
     assert (e["opcode"], e["fd"], e["cmd_op"]) == (46, 7, 0xC0484E80)
     assert (e["nvme_opcode"], e["nsid"], e["cdw10"], e["cdw11"], e["cdw12"]) == (1, 2, 5, 0, 2)
     assert (e["addr"], e["data_len"], e["user_data"]) == (0xABC000, 3 << 12, 9)
-    assert (e["uring_cmd_flags"], e["buf_index"]) == (nvme_cmd.URING_CMD_FIXED, 0)
+    assert (e["uring_cmd_flags"], e["buf_index"]) == (passthru.URING_CMD_FIXED, 0)
 
 
 def test_completions_become_bytes_or_named_codes():
-    res = nvme_cmd.result(np.array([0, 0x281, 0x4281, -5]), 4096)
+    res = passthru.result(np.array([0, 0x281, 0x4281, -5]), 4096)  # More/DNR: no cause
     assert res.tolist() == [4096, -(4096 + 0x281), -(4096 + 0x281), -5]
-    assert nvme_cmd.error_name(4096 + 0x281) == ("NVMe status 0x281: media and data "
+    assert spec.error_name(4096 + 0x281) == ("NVMe status 0x281: media and data "
                                                  "integrity, unrecovered read error")
-    assert nvme_cmd.error_name(4096 + 0x80) == "NVMe status 0x080: generic, LBA out of range"
-    assert nvme_cmd.error_name(5) == "EIO"
+    assert spec.error_name(4096 + 0x80) == "NVMe status 0x080: generic, LBA out of range"
+    assert spec.error_name(5) == "EIO"
     assert contract.CONSTANTS["ERRNO_SLOTS"] > 4096 + 0x7FF
 
 
@@ -207,6 +186,7 @@ def test_a_ring_of_128_byte_entries_runs_a_nop():
 
 BUILDER = r'''
 #include "gio_queue.cuh"
+#include "nvme_cmd.cuh"
 // thread i builds entry i of the sweep into out[16 i ..] and decodes res[i] for len[i]
 extern "C" __global__ void build(const unsigned* fd, const unsigned* flags, const unsigned* nsid,
                                  const unsigned* shift, const unsigned* write, const u64* off,
@@ -216,9 +196,10 @@ extern "C" __global__ void build(const unsigned* fd, const unsigned* flags, cons
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     u64 w[16];
-    pt_sqe(w, fd[i], flags[i], nsid[i], shift[i], write[i] != 0, off[i], len[i], addr[i], ud[i]);
+    nvme_uring_sqe(w, fd[i], flags[i], nsid[i], shift[i], write[i] != 0, off[i], len[i], addr[i],
+                   ud[i]);
     for (int k = 0; k < 16; ++k) out[16 * i + k] = w[k];
-    decoded[i] = pt_result(res[i], len[i]);
+    decoded[i] = nvme_uring_result(res[i], len[i]);
 }
 
 // thread i sends one 4 KiB read at offs[i] through slot i % 32 and keeps its result
@@ -251,7 +232,7 @@ def test_gpu_threads_build_the_cpus_entries_byte_for_byte():
                                              cp.asarray(res), decoded))
     gpu_words = out.get().reshape(len(cases), 16)
     assert np.array_equal(gpu_words, python_words(cases))
-    assert np.array_equal(decoded.get(), nvme_cmd.result(res, lens))
+    assert np.array_equal(decoded.get(), passthru.result(res, lens))
 
 
 @pytest.mark.gpu

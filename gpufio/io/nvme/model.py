@@ -7,7 +7,7 @@ entries fetched when their tail doorbell moves, PRP1/PRP2 and PRP lists walked, 
 from and to a backing file at the LBA, completions posted with phase tags and status codes,
 CQ head doorbells honoured (a full CQ holds the SQ back), CC.EN cleared: a reset that drops
 every I/O queue. Faults are injected per command (``Fault``: a status code, or a completion
-never posted). Every entry comes from io/nvme_queue.py's layout, as the GPU builder's do.
+never posted). Every entry comes from io/nvme/spec.py's layout, as the GPU builder's do.
 
 It is test infrastructure and the bench's ceiling model: the GPU kernels and the CPU driver
 (``Host``) run unchanged against it, whatever writes the doorbells. Memory is one file
@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from gpufio.core import processes
-from gpufio.io import nvme_queue as nq
+from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme import drives
 from gpufio.io.nvme.memory import carve
-from gpufio.io.nvme_cmd import NVME_FLUSH, NVME_READ, NVME_WRITE
+from gpufio.io.nvme.spec import NVME_FLUSH, NVME_READ, NVME_WRITE
 from gpufio.io.watchdog import Stalled, Watchdog
 
 BAR_BYTES = 0x2000
@@ -522,6 +522,7 @@ class Host:
         _wait("the controller process", lambda: mem.reg(M_ALIVE) == 1)
         self.admin_entries = admin_entries
         self._cid = 0
+        self._qids = 0  # the I/O queue ids create_pairs has handed out
         self.enable()
 
     def enable(self) -> None:
@@ -557,6 +558,12 @@ class Host:
                 raise RuntimeError(f"NVMe model: creating queue {qid} ({entries} entries): "
                                    f"status {status:#x}")
         return pair
+
+    def create_pairs(self, count: int, depth: int) -> list[QueuePair]:
+        """``count`` pairs of ``depth`` entries past those this method made before (qids
+        from 1): io/nvme/controller.Controller, as the vfio host driver's."""
+        first, self._qids = self._qids + 1, self._qids + count
+        return [self.create_pair(q, depth) for q in range(first, first + count)]
 
 
 STOP_S = 5.0

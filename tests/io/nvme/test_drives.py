@@ -123,11 +123,11 @@ def _server(kind: str, drive, namespaces=()):
     rates, serving ``namespaces`` as namespaces 2, 3 ..."""
     import functools
 
-    from gpufio.io import nvme_model
+    from gpufio.io.nvme import model
     from gpufio.io.nvme import compiled
 
     if kind == "model":
-        return functools.partial(nvme_model.serve, drive=drive, namespaces=tuple(namespaces))
+        return functools.partial(model.serve, drive=drive, namespaces=tuple(namespaces))
     if not compiled.available():
         pytest.skip("no C compiler: the compiled controller is not built")
     return compiled.server(2, "ram", drive=drive, namespaces=namespaces)
@@ -148,13 +148,13 @@ def test_the_controller_holds_each_completion_to_its_drives_latency(tmp_path, ki
     import numpy as np
 
     from gpufio.core import pattern, targets
-    from gpufio.io import nvme_model
-    from gpufio.io import nvme_queue as nq
+    from gpufio.io.nvme import model
+    from gpufio.io.nvme import spec as nq
 
     backing = tmp_path / "ns.dat"
     targets.create_file(str(backing), 1 << 20, 99)
     drive = drives.model("micron-9550")
-    m = nvme_model.ModelProcess(tmp_path, backing, 9, 16 << 20,
+    m = model.ModelProcess(tmp_path, backing, 9, 16 << 20,
                                 server=_server(kind, drive.key))
     try:
         pair = m.host().create_pair(1, 4)  # 3 slots: completions held fill its CQ
@@ -182,13 +182,13 @@ def test_the_controller_serves_a_namespace_per_striped_file(tmp_path, kind):
     import numpy as np
 
     from gpufio.core import pattern, targets
-    from gpufio.io import nvme_model
-    from gpufio.io import nvme_queue as nq
+    from gpufio.io.nvme import model
+    from gpufio.io.nvme import spec as nq
 
     files = [tmp_path / "ssd0.dat", tmp_path / "ssd1.dat"]
     for k, f in enumerate(files):
         targets.create_file(str(f), (1 + k) << 20, 10 + k)
-    m = nvme_model.ModelProcess(tmp_path, files[0], 9, 16 << 20,
+    m = model.ModelProcess(tmp_path, files[0], 9, 16 << 20,
                                 server=_server(kind, "micron-9550", (str(files[1]),)))
     try:
         host = m.host()
@@ -235,13 +235,13 @@ SLACK_S = 1e-3  # the clocks' granularity, on the safe side
 
 
 def test_the_compiled_controller_never_completes_faster_than_its_drives_iops(tmp_path):
-    from gpufio.io import nvme_model
+    from gpufio.io.nvme import model
 
     compiled = _compiled_or_skip()
     iops, n = 20_000.0, 1000
     backing = tmp_path / "ns.dat"
     backing.write_bytes(b"\x5a" * (1 << 20))
-    with nvme_model.ModelProcess(tmp_path, backing,
+    with model.ModelProcess(tmp_path, backing,
                                  server=compiled.server(2, "ram", drive=_drive(iops))) as p:
         host = p.host()
         pairs = [host.create_pair(1 + i, 17) for i in range(2)]
@@ -257,14 +257,14 @@ def test_each_namespace_has_a_rate_model_of_its_own(tmp_path):
     n / N at least; the bytes landed are each namespace's own."""
     import numpy as np
 
-    from gpufio.io import nvme_model
+    from gpufio.io.nvme import model
 
     compiled = _compiled_or_skip()
     iops, n = 20_000.0, 1000
     files = [tmp_path / "ssd0.dat", tmp_path / "ssd1.dat"]
     for k, f in enumerate(files):
         f.write_bytes(bytes([0x10 + k]) * (1 << 20))
-    with nvme_model.ModelProcess(tmp_path, files[0], server=compiled.server(
+    with model.ModelProcess(tmp_path, files[0], server=compiled.server(
             2, "ram", drive=_drive(iops), namespaces=[str(files[1])])) as p:
         host = p.host()
         pairs = [host.create_pair(1 + i, 17) for i in range(2)]
@@ -274,7 +274,7 @@ def test_each_namespace_has_a_rate_model_of_its_own(tmp_path):
         assert compiled.admitted(p.mem, 2) == [n, n]
         assert seconds >= n / iops - SLACK_S
         # the driver's slots follow the queues, pair by pair: pair i's hold namespace i + 1's
-        end = pairs[-1].cq_iova - nvme_model.IOVA_BASE + 17 * 16
+        end = pairs[-1].cq_iova - model.IOVA_BASE + 17 * 16
         first = -(-end // 4096) * 4096
         for i in range(2):
             slots = p.mem.dma[first + i * 16 * 4096:first + (i + 1) * 16 * 4096]
@@ -288,14 +288,14 @@ def test_the_link_caps_the_compiled_controllers_large_transfers(tmp_path):
     import numpy as np
 
     from gpufio.core import pattern, targets
-    from gpufio.io import nvme_model
-    from gpufio.io import nvme_queue as nq
+    from gpufio.io.nvme import model
+    from gpufio.io.nvme import spec as nq
 
     compiled = _compiled_or_skip()
     size, count, link = 64 << 10, 24, float(8 << 20)  # 8 MiB/s: 24 reads take 0.19 s at least
     backing = tmp_path / "ns.dat"
     targets.create_file(str(backing), 4 << 20, 7)
-    with nvme_model.ModelProcess(tmp_path, backing, 9, 16 << 20, server=compiled.server(
+    with model.ModelProcess(tmp_path, backing, 9, 16 << 20, server=compiled.server(
             1, "ram", drive=_drive(link_bw=link))) as p:
         pair = p.host().create_pair(1, 9)
         offs = [size * (3 * k % 64) for k in range(count)]

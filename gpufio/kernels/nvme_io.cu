@@ -1,14 +1,14 @@
-// Requests through the NVMe queue agent (bam_agent.cu), for the tests and the bench: each
+// Requests through the NVMe queue agent (nvme_agent.cu), for the tests and the bench: each
 // thread owns request slot t and serves I/Os t, t + nthreads, ... in order. A read's bytes
 // are copied from the pinned landing slot into its row of data (GPU memory), where
 // io/verify.py checks them; a write sends its row; a Flush moves nothing. res[i] gets the
 // request API's result (untouched if the queue was aborted first). Launched by
 // gpufio/io/gio/backends/nvme.py's users.
-#include "bam_queue.cuh"
+#include "nvme_queue.cuh"
 
-enum BamKind { BAM_READ = 0, BAM_WRITE = 1, BAM_FLUSH = 2 };
+enum NvmeKind { NVME_READ = 0, NVME_WRITE = 1, NVME_FLUSH = 2 };
 
-extern "C" __global__ void bam_requests(const GioQueue* q, u64 n, const u64* off,
+extern "C" __global__ void nvme_requests(const GioQueue* q, u64 n, const u64* off,
                                         const unsigned* len, const unsigned char* kind,
                                         uint4* data, u64 row16, int copy, int* res)
 {
@@ -20,18 +20,18 @@ extern "C" __global__ void bam_requests(const GioQueue* q, u64 n, const u64* off
         if (!claimed) break;
         const unsigned k = kind[i], l = len[i];
         uint4* row = data + i * row16;
-        if (k == BAM_WRITE) {
+        if (k == NVME_WRITE) {
             uint4* dst = gio_writable(q, t);
             for (unsigned w = 0; w < l / 16; ++w) dst[w] = row[w];
             __threadfence_system();  // the bytes, before the controller is told to take them
         }
-        gio_post(q, t, 0, off[i], k == BAM_FLUSH ? 0u : l, k != BAM_READ);
+        gio_post(q, t, 0, off[i], k == NVME_FLUSH ? 0u : l, k != NVME_READ);
         bool done = false;
         while (!(done = gio_done(q, t)) && !gio_aborted(q)) __nanosleep(200);
         if (!done) break;
         const int r = gio_result(q, t);
         res[i] = r;
-        if (k == BAM_READ && copy && r == (int)l) {
+        if (k == NVME_READ && copy && r == (int)l) {
             const uint4* src = gio_landing(q, t);
             for (unsigned w = 0; w < l / 16; ++w) row[w] = ld_sys_v4(src + w);
         }

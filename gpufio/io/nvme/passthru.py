@@ -1,20 +1,21 @@
-"""NVMe I/O commands in io_uring passthrough entries, defined once for the CPU and the GPU.
+"""NVMe I/O commands in io_uring passthrough entries, for the CPU and the GPU.
 
 A passthrough entry is a 128-byte SQE (IORING_SETUP_SQE128) whose opcode is
 IORING_OP_URING_CMD, whose ``cmd_op`` is NVME_URING_CMD_IO and whose last 80 bytes carry
 ``struct nvme_uring_cmd`` (linux/nvme_ioctl.h): the NVMe command the kernel hands to the
-namespace's queue without the block layer. ``SQE128_FIELDS`` is the one layout: the CPU
-builder (``build``) makes a numpy dtype of it, and the CUDA builder (kernels/gio_queue.cuh,
-``pt_sqe``) gets every field's offset and width as NVRTC macros (``defines``), so the two can
-only disagree if a test catches it (tests/test_nvme_cmd.py against the C headers, and the
-GPU test that compares their bytes).
+namespace's queue without the block layer. That struct is the 64-byte NVMe command of
+io/nvme/spec.py with the kernel's names: ``addr`` where PRP1 is, ``metadata_len`` and
+``data_len`` where PRP2 is, the command identifier reserved (the kernel sets it), and
+``timeout_ms`` after it. So ``build`` writes the io_uring header and places the one
+command encoder's entry (spec.io_commands) at byte 48; the CUDA builder
+(kernels/nvme_cmd.cuh, ``nvme_uring_sqe``) does the same with nvme_cmd, and gets the
+header's offsets and widths as NVRTC macros (``defines``). tests/io/nvme/test_passthru.py
+checks the layout against the kernel's headers and every builder against the others.
 
-A read or write of ``length`` bytes at byte ``off`` of a namespace with ``lba`` byte blocks
-is the NVMe command: opcode 0x02 (read) or 0x01 (write), nsid, cdw10/cdw11 = the starting
-LBA (low, high 32 bits), cdw12 = the number of blocks minus one, addr/data_len = the buffer.
 Its completion (a 32-byte CQE, IORING_SETUP_CQE32) carries 0, the NVMe status (positive:
 status code type << 8 | status code, with the More and Do-Not-Retry bits above), or -errno
-from the kernel; ``result`` turns it into gpufio's bytes-or-negative-code convention.
+from the kernel; ``result`` turns it into gpufio's bytes-or-negative-code convention with
+the one status decoder, spec.status_result.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 
 from gpufio.core.checks import Check, verdict
 from gpufio.facts import nvme_generic
+from gpufio.io.nvme import spec
 
 if TYPE_CHECKING:
     from gpufio.facts.system import Host
@@ -34,8 +36,6 @@ if TYPE_CHECKING:
 OP_URING_CMD = 46  # IORING_OP_URING_CMD (Linux 5.19)
 URING_CMD_FIXED = 1 << 0  # IORING_URING_CMD_FIXED: addr lies in registered buffer buf_index
 SQE_BYTES, CQE_BYTES = 128, 32
-
-NVME_FLUSH, NVME_WRITE, NVME_READ = 0x00, 0x01, 0x02
 CMD_BYTES = 72  # sizeof(struct nvme_uring_cmd)
 
 
@@ -46,72 +46,45 @@ def _ioc(direction: int, kind: str, nr: int, size: int) -> int:
 
 NVME_URING_CMD_IO = _ioc(3, "N", 0x80, CMD_BYTES)  # _IOWR('N', 0x80, struct nvme_uring_cmd)
 
-# (field, byte offset, bytes) of a 128-byte URING_CMD SQE carrying an NVMe I/O command; the
-# nvme_ fields are struct nvme_uring_cmd at the SQE's cmd area (byte 48). Unlisted bytes are 0.
-SQE128_FIELDS: tuple[tuple[str, int, int], ...] = (
+CMD_OFFSET = 48  # where struct nvme_uring_cmd, the NVMe command, starts in the SQE
+# (field, byte offset, bytes) of the io_uring fields of a 128-byte URING_CMD SQE
+HEADER_FIELDS: tuple[tuple[str, int, int], ...] = (
     ("opcode", 0, 1), ("flags", 1, 1), ("ioprio", 2, 2), ("fd", 4, 4),
     ("cmd_op", 8, 4), ("uring_cmd_flags", 28, 4), ("user_data", 32, 8), ("buf_index", 40, 2),
-    ("nvme_opcode", 48, 1), ("nvme_flags", 49, 1), ("nsid", 52, 4), ("metadata", 64, 8),
-    ("addr", 72, 8), ("metadata_len", 80, 4), ("data_len", 84, 4), ("cdw10", 88, 4),
-    ("cdw11", 92, 4), ("cdw12", 96, 4), ("cdw13", 100, 4), ("timeout_ms", 112, 4),
 )
-CMD_OFFSET = 48  # where struct nvme_uring_cmd starts in the SQE
+# the kernel's names for the NVMe command's fields that struct nvme_uring_cmd renames; cid
+# is its rsvd1 and PRP2 its metadata_len and data_len
+_KERNEL_NAMES = {"opcode": "nvme_opcode", "flags": "nvme_flags", "mptr": "metadata",
+                 "prp1": "addr"}
+# the whole entry as the kernel's structs name it (unlisted bytes are 0): the header, then
+# spec.SQE_FIELDS at CMD_OFFSET
+SQE128_FIELDS: tuple[tuple[str, int, int], ...] = (
+    *HEADER_FIELDS,
+    *((_KERNEL_NAMES.get(name, name), CMD_OFFSET + off, size)
+      for name, off, size in spec.SQE_FIELDS if name not in ("cid", "prp2")),
+    ("metadata_len", CMD_OFFSET + 32, 4), ("data_len", CMD_OFFSET + 36, 4),
+    ("timeout_ms", CMD_OFFSET + spec.SQE_BYTES, 4),
+)
 
 _KIND = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 SQE128_DTYPE = np.dtype({"names": [f for f, _, _ in SQE128_FIELDS],
                          "formats": [_KIND[n] for _, _, n in SQE128_FIELDS],
                          "offsets": [o for _, o, _ in SQE128_FIELDS], "itemsize": SQE_BYTES})
 
-# gpufio's result code of an I/O the drive failed: NVME_STATUS_BASE + (SCT << 8 | SC), above
-# every errno (Linux's MAX_ERRNO is 4095), so results keep errnos and NVMe statuses apart
-NVME_STATUS_BASE = 4096
-STATUS_MASK = 0x7FF  # status code type and status code; More and DNR say nothing of the cause
-STATUS_CODES = NVME_STATUS_BASE + STATUS_MASK + 1  # how many result codes there can be
-
-# NVMe base specification, status codes by (status code type, status code): the common ones
-_STATUS_NAMES = {
-    (0, 0x01): "invalid command opcode", (0, 0x02): "invalid field in command",
-    (0, 0x04): "data transfer error", (0, 0x06): "internal error",
-    (0, 0x07): "command abort requested", (0, 0x0B): "invalid namespace or format",
-    (0, 0x80): "LBA out of range", (0, 0x81): "capacity exceeded",
-    (0, 0x82): "namespace not ready", (2, 0x80): "write fault",
-    (2, 0x81): "unrecovered read error", (2, 0x82): "end-to-end guard check error",
-    (2, 0x85): "compare failure", (2, 0x86): "access denied",
-}
-_TYPES = {0: "generic", 1: "command specific", 2: "media and data integrity", 3: "path"}
-
-
 def defines() -> tuple[str, ...]:
-    """NVRTC options that give the CUDA builder the layout: PT_OFF_<field> and PT_BITS_<field>
-    for every field, the constants of a read, and the status convention."""
-    out = [f"-DPT_{kind}_{name.upper()}={value}" for name, off, size in SQE128_FIELDS
+    """NVRTC options that give the CUDA builder the io_uring header's layout: PT_OFF_<field>
+    and PT_BITS_<field> for every header field, the opcode and the command's place."""
+    out = [f"-DPT_{kind}_{name.upper()}={value}" for name, off, size in HEADER_FIELDS
            for kind, value in (("OFF", off), ("BITS", 8 * size))]
     return (*out, f"-DPT_OP_URING_CMD={OP_URING_CMD}",
-            f"-DPT_NVME_URING_CMD_IO={NVME_URING_CMD_IO}u", f"-DPT_NVME_READ={NVME_READ}",
-            f"-DPT_NVME_WRITE={NVME_WRITE}", f"-DPT_SQE_BYTES={SQE_BYTES}",
-            f"-DPT_CQE_BYTES={CQE_BYTES}", f"-DPT_STATUS_BASE={NVME_STATUS_BASE}",
-            f"-DPT_STATUS_MASK={STATUS_MASK}")
+            f"-DPT_NVME_URING_CMD_IO={NVME_URING_CMD_IO}u", f"-DPT_CMD_OFFSET={CMD_OFFSET}",
+            f"-DPT_SQE_BYTES={SQE_BYTES}", f"-DPT_CQE_BYTES={CQE_BYTES}")
 
 
 def entries(words: np.ndarray) -> np.ndarray:
     """Rows of 16 u64 words (a ring's SQE128 array, or a copy) seen as passthrough SQEs:
     fields set by name write straight into them."""
     return words.view(SQE128_DTYPE).reshape(len(words))
-
-
-def set_io(e: np.ndarray, *, write: bool | np.ndarray, off: np.ndarray,
-           lba_shift: int | np.ndarray, length: int | np.ndarray) -> None:
-    """The fields of entries ``e`` that change from one I/O to the next: the NVMe opcode,
-    the starting LBA (cdw10, cdw11) and the block count less one (cdw12) of ``length``
-    bytes at byte ``off`` on blocks of 1 << ``lba_shift`` bytes; data_len."""
-    off = np.asarray(off, np.uint64)
-    shift = np.asarray(lba_shift, np.uint64)
-    slba = off >> shift
-    e["nvme_opcode"] = np.where(write, NVME_WRITE, NVME_READ)
-    e["cdw10"] = slba & np.uint64(0xFFFFFFFF)
-    e["cdw11"] = slba >> np.uint64(32)
-    e["cdw12"] = (np.asarray(length, np.uint64) >> shift) - np.uint64(1)
-    e["data_len"] = length
 
 
 def build(*, write: bool | np.ndarray, fd: int | np.ndarray, nsid: int | np.ndarray,
@@ -132,30 +105,20 @@ def build(*, write: bool | np.ndarray, fd: int | np.ndarray, nsid: int | np.ndar
     if fixed_buffer is not None:
         e["uring_cmd_flags"] = URING_CMD_FIXED
         e["buf_index"] = fixed_buffer
-    e["nsid"] = nsid
-    e["addr"] = addr
-    set_io(e, write=write, off=off, lba_shift=lba_shift, length=length)
+    # the NVMe command: addr where PRP1 is, data_len in PRP2's upper half, cid reserved
+    cmd = spec.io_commands(write=write, nsid=nsid, lba_shift=lba_shift, off=off,
+                           length=length, cid=0, prp1=addr,
+                           prp2=np.asarray(length, np.uint64) << np.uint64(32))
+    words[:, CMD_OFFSET // 8:(CMD_OFFSET + spec.SQE_BYTES) // 8] = \
+        cmd.view(np.uint64).reshape(len(cmd), spec.SQE_BYTES // 8)
     return words
 
 
 def result(res: np.ndarray, length: int | np.ndarray) -> np.ndarray:
-    """A passthrough CQE's ``res`` as gpufio's result: ``length`` bytes where the command
-    succeeded (0), -(NVME_STATUS_BASE + status) where the drive failed it, -errno as given."""
+    """A passthrough CQE's ``res`` as gpufio's result: -errno as given, else the NVMe
+    status it carries through spec.status_result (``length`` bytes for 0)."""
     res = np.asarray(res, np.int64)
-    return np.where(res == 0, length, np.where(res > 0, -(NVME_STATUS_BASE + (res & STATUS_MASK)),
-                                               res)).astype(np.int32)
-
-
-def error_name(code: int) -> str:
-    """What a (positive) result code of a failed I/O means: the errno's name, or the NVMe
-    status the drive returned (``NVMe status 0x281: media and data integrity, unrecovered
-    read error``)."""
-    if code < NVME_STATUS_BASE:
-        return errno.errorcode.get(code, "?")
-    status = code - NVME_STATUS_BASE
-    sct, sc = status >> 8 & 7, status & 0xFF
-    what = _STATUS_NAMES.get((sct, sc), f"status code {sc:#04x}")
-    return f"NVMe status {status:#05x}: {_TYPES.get(sct, f'type {sct}')}, {what}"
+    return np.where(res < 0, res, spec.status_result(res, length)).astype(np.int32)
 
 
 PASSTHROUGH_KERNEL = (5, 19)  # IORING_OP_URING_CMD, SQE128/CQE32, NVME_URING_CMD_IO

@@ -2,7 +2,7 @@
 back to its driver when the process that took it dies, however it dies (kill -9 included).
 
 ``Guard`` starts it with the controller's PCI address before the controller is taken
-(io/nvme_driver.Session, so every path that takes one, a block job, a GNN row gather or a
+(io/nvme/pcie_vfio.Session, so every path that takes one, a block job, a GNN row gather or a
 GPU submitter's, is guarded alike). It reads its standard input until end of file: the
 session closes it once the controller is given back, and the kernel closes it when the
 process dies. If the controller is then still on vfio-pci but
@@ -20,8 +20,8 @@ import sys
 import time
 
 from gpufio.core.errors import BadInput
-from gpufio.io import nvme_queue as nq
-from gpufio.io import vfio
+from gpufio.io.nvme import spec as nq
+from gpufio.io.nvme import vfio
 
 # how long the runner's vfio descriptors may take to close after its death
 RELEASE_WAIT_S = 30.0
@@ -61,7 +61,7 @@ class Guard:
     it; ready once it has read the driver it must give the controller back to."""
 
     def __init__(self, bdf: str, argv: list[str] | None = None) -> None:
-        argv = argv or [sys.executable, "-m", "gpufio.io.nvme_guardian", bdf]
+        argv = argv or [sys.executable, "-m", "gpufio.io.nvme.guardian", bdf]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      start_new_session=True)
         assert self.proc.stdout is not None
@@ -80,7 +80,7 @@ class Guard:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m gpufio.io.nvme_guardian BDF``: guard ``BDF`` until stdin closes."""
+    """``python -m gpufio.io.nvme.guardian BDF``: guard ``BDF`` until stdin closes."""
     # the runner's Ctrl-C and SIGTERM reach its process group; the guardian outlives both
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

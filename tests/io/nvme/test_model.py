@@ -1,8 +1,8 @@
-"""The software NVMe controller (io/nvme_model.py, in its own process: ModelProcess)
-against a CPU writer of the same entries (io/nvme_queue.py): reads byte-exact against the
+"""The software NVMe controller (io/nvme/model.py, in its own process: ModelProcess)
+against a CPU writer of the same entries (io/nvme/spec.py): reads byte-exact against the
 pattern through PRP1, PRP2 and PRP lists, writes, Flush, queues that wrap their phase, odd
 depths and 4096-byte LBAs, injected statuses (one failed I/O, named by
-io/nvme_cmd.error_name), a dropped completion caught by the watchdog, and a reset."""
+io/nvme/spec.error_name), a dropped completion caught by the watchdog, and a reset."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from gpufio.core import pattern, targets
-from gpufio.io import nvme_cmd
-from gpufio.io import nvme_queue as nq
-from gpufio.io.nvme_model import Fault, ModelProcess
+from gpufio.io.nvme import spec as nq
+from gpufio.io.nvme.model import Fault, ModelProcess
 from gpufio.io.watchdog import Stalled
 
 SEED = 1234
@@ -101,7 +100,7 @@ def test_an_injected_status_fails_one_io_and_is_named(model):
     e, _ = reads(m.mem, [0, 8192, 16384], [4096] * 3, 9)
     res = nq.result(pair.run(e, 10**10)["status"], 4096)
     assert list(res[:2]) == [4096, 4096]
-    assert nvme_cmd.error_name(-int(res[2])) == \
+    assert nq.error_name(-int(res[2])) == \
         "NVMe status 0x281: media and data integrity, unrecovered read error"
 
 
@@ -132,7 +131,7 @@ def test_a_dropped_completion_is_caught_by_the_watchdog_and_a_reset_recovers(mod
 
 
 def test_a_served_file_reads_through_its_own_controller_and_leaves_nothing(tmp_path):
-    from gpufio.io.nvme_model import ServedFile
+    from gpufio.io.nvme.model import ServedFile
 
     backing = tmp_path / "ns.dat"
     targets.create_file(str(backing), SIZE, SEED)
