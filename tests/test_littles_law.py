@@ -28,7 +28,6 @@ from gpufio.io import loops
 from gpufio.profile import from_dict
 from gpufio.run.records import JobResult
 from gpufio.workloads.block import runner
-from test_mmap_engine import host_mmap  # noqa: F401  (the fixture: mmap, staged in host memory)
 
 SIZE = 128 << 20
 TOLERANCE = 0.05
@@ -87,7 +86,7 @@ def test_psync_jobs_keep_one_read_each_in_flight(slow_device):
     assert_depth(product, 4, r)
 
 
-def test_mmap_keeps_a_batch_in_flight(slow_device, host_mmap):  # noqa: F811
+def test_mmap_keeps_a_batch_in_flight(slow_device, host_mmap):
     # mmap's depth is its batch: iodepth blocks faulted in together, then copied
     product, r = in_flight(slow_device, iodepth=32, engine="test-mmap", drop_cache=True)
     assert_depth(product, 32, r)

@@ -15,7 +15,6 @@ import pytest
 from gpufio import engines
 from gpufio.core import pattern
 from gpufio.core.requests import ChannelSpec
-from gpufio.engines import all_engines, register
 from gpufio.engines.mmap import MmapChannel, Mmap, page_runs
 from gpufio.profile import from_dict
 from gpufio.loops import block_staged as staged
@@ -24,67 +23,6 @@ from gpufio.loops.block import loop_class
 from gpufio.workloads.block import runner
 
 SEED = 1234  # conftest's pattern_file
-
-
-class HostStaging:
-    """io/staging.SegmentedStaging's host half: its copies are done at once, and the check
-    a copy queues on the GPU runs on the CPU (core/pattern) instead."""
-
-    def __init__(self, gpu_index, segments, per_segment, bs, verify, writes=False):
-        self.per_segment, self.bs = per_segment, bs
-        self.host = np.zeros(segments * per_segment * bs, np.uint8)
-        self.host_addr = self.host.ctypes.data
-        self._bad: dict[int, set[int]] = {}
-        self.copies = []  # (segment, I/Os) of every copy to the GPU
-        self.log = []  # copies down and the channel's stores, in order
-
-    def _slots(self, seg, k):
-        lo = seg * self.per_segment * self.bs
-        return self.host[lo:lo + k * self.bs].reshape(k, self.bs)
-
-    def copy(self, seg, k, offs=None, seeds=None):
-        self.copies.append((seg, k))
-        self._bad[seg] = set() if offs is None else set(
-            pattern.bad_ios_host(self._slots(seg, k), offs, seeds, self.bs).tolist())
-
-    def stage_out(self, seg, k, offs, seeds):
-        self.log.append("copy down")
-        pattern.fill_ios(self._slots(seg, k), offs, seeds)
-
-    def done(self, seg):
-        return True
-
-    def wait(self, seg):
-        pass
-
-    def mismatches(self, seg, res):
-        return [i for i in sorted(self._bad[seg]) if res[i] == self.bs]
-
-    def close(self):
-        self.host = None
-
-
-@pytest.fixture
-def host_mmap(monkeypatch):
-    """mmap as it is, but available without a GPU, its staging in host memory."""
-    class HostMmap(Mmap):
-        name = "test-mmap"
-
-        @classmethod
-        def unavailable(cls):
-            return None
-
-    stagings = []
-
-    def staging(*args, **kwargs):
-        stagings.append(HostStaging(*args, **kwargs))
-        return stagings[-1]
-
-    monkeypatch.setattr(staged, "SegmentedStaging", staging)
-    all_engines()
-    register(HostMmap)
-    yield stagings
-    engines._REGISTRY.pop("test-mmap")
 
 
 def _run(path, **opts):
