@@ -17,6 +17,8 @@ from gpufio.engines import all_engines, register
 from gpufio.engines.base import Engine
 from gpufio.io import gpu
 
+from checkout import PROFILES, REPO
+
 cli = CliRunner()
 
 FAST = """
@@ -277,7 +279,7 @@ def test_live_display_redraws_a_table_on_a_terminal_and_prints_lines_elsewhere(
 def test_gen4_vs_gen5_on_a_host_without_those_drives_creates_nothing():
     if os.path.exists("/dev/nvme0n1"):
         pytest.skip("this host has /dev/nvme0n1")
-    profile = os.path.join(os.path.dirname(__file__), "..", "profiles", "gen4-vs-gen5.toml")
+    profile = str(PROFILES / "gen4-vs-gen5.toml")
     res = cli.invoke(app, ["run", profile, "--quiet", "--set", "runtime=1s"])
     assert res.exit_code == 2
     assert res.stderr == ("gpufio: error: target /dev/nvme0n1: no such block device (gpufio "
@@ -395,7 +397,7 @@ def test_help_renders_as_written_and_lists_every_format():
 
 
 def test_the_readme_lists_every_shipped_profile():
-    root = os.path.join(os.path.dirname(__file__), "..")
+    root = str(REPO)
     readme = open(os.path.join(root, "README.md")).read()
     shipped = sorted(os.listdir(os.path.join(root, "profiles")))
     assert [p for p in shipped if f"`{p}`" not in readme] == []

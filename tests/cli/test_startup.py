@@ -10,11 +10,11 @@ import os
 import pkgutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from checkout import REPO
+
 # what no command may wait for before it needs it
 HEAVY = ("numpy", "rich", "tabulate", "pydantic", "cupy", "torch", "kvikio", "mpi4py",
          "matplotlib")
