@@ -8,7 +8,9 @@ from typer.testing import CliRunner
 from gpufio import profile
 from gpufio.cli import app
 
-PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "seed-bam.toml"
+from checkout import PROFILES
+
+PROFILE = PROFILES / "seed-bam.toml"
 cli = CliRunner()
 
 

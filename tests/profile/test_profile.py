@@ -1,9 +1,9 @@
-from pathlib import Path
-
 import pytest
 
 from gpufio import profile
 from gpufio.core.errors import BadInput
+
+from checkout import PROFILES
 
 
 def load(text, write_profile, overrides=None):
@@ -133,7 +133,7 @@ def test_missing_profile_and_directory(tmp_path):
         profile.load(str(tmp_path))
 
 
-@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parent.parent.glob("profiles/*.toml")),
+@pytest.mark.parametrize("path", sorted(PROFILES.glob("*.toml")),
                          ids=lambda p: p.name)
 def test_every_shipped_profile_loads(path):
     """Each [[job]] table gives its jobs (a sweep one per point, named NAME[key=value]),

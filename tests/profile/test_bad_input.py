@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 from gpufio.cli import app
 
-CORPUS = Path(__file__).parent / "bad_profiles"
+from checkout import PROFILES, TESTS
+
+CORPUS = TESTS / "bad_profiles"
 cli = CliRunner()
 
 
@@ -65,9 +67,6 @@ def test_bad_command_lines_are_one_line(write_profile, scratch, argv, fragment):
     ok = write_profile('[global]\nsize = "1m"\nruntime = "100ms"\n')
     argv = [a.format(corpus=CORPUS / "typo-key.toml", ok=ok) for a in argv]
     _assert_one_line_bad_input(cli.invoke(app, argv), scratch, fragment)
-
-
-PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 
 
 @pytest.mark.parametrize("shipped,job,workload", [
