@@ -5,13 +5,14 @@ one to gpufio's internals."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from gpufio import gpu
 from gpufio.io import cuda
 from gpufio.io.watchdog import Stalled
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "design" / "GPU-REQUEST-API.md"
+from checkout import REPO
+
+DOC = REPO / "docs" / "design" / "GPU-REQUEST-API.md"
 
 
 def test_every_exported_name_exists():
