@@ -25,6 +25,8 @@ from gpufio.workloads.block.world import World
 from gpufio.workloads.block.document import hist_bins, rw_block
 from gpufio.workloads.block.merge import merge_ranks
 
+from checkout import REPO
+
 
 def _mpirun() -> str | None:
     """The launcher of the MPI mpi4py runs on: MPICH's from the 'mpi' extra beside this
@@ -328,8 +330,7 @@ def test_a_rank_waiting_in_mpi_init_ends_on_sigterm(tmp_path):
     """A rank whose peers never arrive waits inside MPI_Init (C code, where Python's handlers
     never run): SIGTERM there takes its default action, the rank ends, and the launcher ends
     the rest, instead of a rank spinning on, deaf to SIGTERM."""
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     p = subprocess.Popen([MPIRUN, "-n", "2", sys.executable, "-c", HELD_RANKS, str(tmp_path)],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
