@@ -23,6 +23,8 @@ from gpufio.workloads.gnn.model import GraphSage
 from gpufio.workloads.gnn.run import run_job
 from gpufio.workloads.gnn.sampler import sample
 
+from checkout import PROFILES, REPO
+
 cli = CliRunner()
 
 
@@ -599,9 +601,8 @@ def test_live_stages_table_shows_each_jobs_iteration_and_phase():
 
 @needs_channel("cpu-gpu")
 def test_the_readme_cpu_check_profile_runs_and_verifies(tmp_path):
-    root = Path(__file__).resolve().parent.parent
-    assert "gpufio run profiles/gnn-cpu-check.toml" in (root / "README.md").read_text()
-    res = cli.invoke(app, ["run", str(root / "profiles" / "gnn-cpu-check.toml"), "-f", "json",
+    assert "gpufio run profiles/gnn-cpu-check.toml" in (REPO / "README.md").read_text()
+    res = cli.invoke(app, ["run", str(PROFILES / "gnn-cpu-check.toml"), "-f", "json",
                            "--set", "nodes=4000", "--set", "feature_dim=64", "--set",
                            "iterations=4", "--set", "warmup=1", "--set", f"directory={tmp_path}"])
     assert res.exit_code == 0, res.output
@@ -939,7 +940,7 @@ def test_a_gnn_job_without_a_directory_keeps_its_caches_out_of_the_users_home(
     def run(env):
         res = subprocess.run([sys.executable, "-m", "gpufio", "run", str(path), "-q", "-f", "json"],
                              capture_output=True, text=True, env=env,
-                             cwd=Path(__file__).resolve().parents[1])
+                             cwd=REPO)
         assert res.returncode == 0, res.stderr
 
     run({**os.environ, "HOME": str(home)})
@@ -948,9 +949,6 @@ def test_a_gnn_job_without_a_directory_keeps_its_caches_out_of_the_users_home(
     bare = {k: v for k, v in os.environ.items() if k not in ("GPUFIO_SCRATCH", "XDG_CACHE_HOME")}
     run({**bare, "HOME": str(home)})
     assert list((home / ".cache" / "gpufio").glob("gnn-graph-igb-tiny-*.npz"))
-
-
-PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 
 
 def test_the_shipped_experiment_caps_the_page_cache_at_a_quarter_of_the_table():
