@@ -64,7 +64,7 @@ def test_it_runs_checkpoint_rounds_that_restore_what_they_saved(pread_engine, tm
     sizes = cycled([1 << 20, 8192, 600 << 10], 3 << 20)
     plan = layout.plan(prof.jobs[0], sizes)
     o = job["resolved options"]
-    seed = 0x89 + 1 + o["iterations"] - 1  # the last round's (as tests/test_checkpoint.py)
+    seed = 0x89 + 1 + o["iterations"] - 1  # the last round's (as tests/workloads/checkpoint/test_checkpoint.py)
     for e in plan.extents:  # each file holds the last round's pattern
         with open(plan.paths[e.file], "rb") as f:
             f.seek(e.offset)
