@@ -17,7 +17,8 @@ from gpufio.core.errors import BadInput
 from gpufio.core.offsets import DEFAULT_SEED
 from gpufio.fio.jobfile import parse
 
-DATA = Path(__file__).parent / "data"
+from checkout import DATA
+
 cli = CliRunner()
 
 

@@ -26,7 +26,8 @@ from gpufio import profile
 from gpufio.cli import app
 from gpufio.core.errors import BadInput
 
-DATA = Path(__file__).parent / "data"
+from checkout import DATA
+
 CORPUS = DATA / "fio"
 FIO = shutil.which("fio")
 needs_fio = pytest.mark.skipif(FIO is None, reason="fio is not installed")
