@@ -2,7 +2,7 @@
 from the moment an I/O is taken into its slot (fio's start_time, before the io_uring_enter
 that submits it: its wait for that call counts, as fio's slat) to just after the call that
 brought its completion back; and as fio's iodepth_batch_submit, how many I/Os each call of
-the compiled loop submits. tests/test_littles_law.py holds the same stamps to Little's law
+the compiled loop submits. tests/loops/test_littles_law.py holds the same stamps to Little's law
 on a real device.
 
 The compiled loop (io/loops.c) is built here against a stand-in kernel
@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,7 +25,9 @@ from gpufio.io import loops, uring, uring_channel
 from gpufio.io.uring_channel import RingOptions, UringChannel
 from gpufio.native import loops as native_loops
 
-FAKE = Path(__file__).with_name("data") / "loops_fake_ring.c"
+from checkout import DATA
+
+FAKE = DATA / "loops_fake_ring.c"
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 needs_uring = pytest.mark.skipif(not uring.probe()["available"], reason="io_uring unavailable")
 

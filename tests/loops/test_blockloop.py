@@ -5,7 +5,6 @@ fsync) by implementing only ``channel``."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,9 @@ from gpufio.profile import from_dict
 from gpufio.core.requests import CHANNEL
 from gpufio.workloads.block import runner
 
-ENGINES = Path(__file__).resolve().parent.parent / "gpufio" / "engines"
+from checkout import REPO
+
+ENGINES = REPO / "gpufio" / "engines"
 CHANNEL_ENGINES = ["uring", "psync", "null", "uring_cmd"]
 
 
