@@ -1,6 +1,6 @@
 """mmap's block jobs on the one GPU-memory block loop (loops/block_staged) over its channel, checked
 on the CPU: the page-locked staging stood in for by host memory whose "copy" checks the
-pattern where the GPU would. tests/test_cpugpu.py runs the same jobs into GPU memory."""
+pattern where the GPU would. tests/engines/test_cpugpu.py runs the same jobs into GPU memory."""
 
 from __future__ import annotations
 
