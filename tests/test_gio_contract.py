@@ -1,7 +1,7 @@
 """The host/kernel contract (io/gio/contract.py) against the CUDA sources, on the CPU: every
 descriptor's field list is its C struct, field for field; the enums take their members only
 from the contract's macros; and a kernel compiled without them says how to compile it (that
-every kernel compiles with them: tests/test_kernel_sources.py)."""
+every kernel compiles with them: tests/io/test_kernel_sources.py)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ from gpufio.profile import from_dict
 from gpufio.workloads.block import runner
 from gpufio.workloads.block.document import build_document
 
-ROOT = Path(__file__).resolve().parent.parent
+from checkout import REPO as ROOT
+
 needs_cc = pytest.mark.skipif(not loops.available(), reason="no compiled loops (no C compiler)")
 needs_uring = pytest.mark.skipif(not uring.probe()["available"], reason="io_uring unavailable")
 
