@@ -1,6 +1,6 @@
 """The GPU path's safety nets, tested on the CPU with the CUDA parts stood in for: what a
 stuck or failing GPU-initiated run leaves behind, and what it refuses to start under.
-tests/test_gpu_teardown.py runs the same paths on a GPU."""
+tests/io/gio/test_gpu_teardown.py runs the same paths on a GPU."""
 
 from __future__ import annotations
 
