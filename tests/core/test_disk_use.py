@@ -8,7 +8,6 @@ import re
 import select
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -17,9 +16,10 @@ from gpufio.cli import app
 from gpufio.core import space
 from gpufio.core.errors import BadInput
 
+from checkout import DATA, REPO
+
 cli = CliRunner()
-EXAMPLES = Path(__file__).parent / "data" / "fio-examples"
-REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = DATA / "fio-examples"
 
 
 def _ssd_test(tmp_path, directory):
