@@ -1,12 +1,12 @@
 """The README's two commands: present, and the test command exactly the one .ci/run runs.
-(The key reference is generated: tests/test_docs.py keeps docs/reference/ current.)"""
+(The key reference is generated: tests/docs/test_docs.py keeps docs/reference/ current.)"""
 
 import re
-from pathlib import Path
 
 from gpufio import profile
 
-ROOT = Path(__file__).resolve().parent.parent
+from checkout import REPO as ROOT
+
 README = (ROOT / "README.md").read_text()
 INSTALL_AND_RUN = "python3 -m pip install . && gpufio run profiles/quick.toml"
 TEST_PREFIX = "python3 -m pip install '.[test]' && python3 -m pytest"

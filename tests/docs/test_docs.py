@@ -6,7 +6,8 @@ import importlib.util
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from checkout import REPO as ROOT
+
 
 
 def _generator():

@@ -10,11 +10,11 @@ import shutil
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from checkout import REPO as ROOT
+
 PAGES = sorted((ROOT / "docs" / "tutorial").glob("[0-9]*.md"))
 # `CMD # exit 2` or `CMD # exit 0|1`: the exit codes the command may end with
 _EXPECTS = re.compile(r"^(?P<cmd>.*\S)\s+# exit (?P<codes>\d+(?:\|\d+)*)$")
