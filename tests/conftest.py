@@ -244,6 +244,20 @@ def run_quietly():
 
 
 @pytest.fixture
+def plan_holds_pattern():
+    """Check a checkpoint's files byte for byte: each extent of a layout's plan holds the
+    pattern of ``seed`` (the round that wrote last) at its own offsets."""
+    def check(plan, seed: int) -> None:
+        for e in plan.extents:
+            with open(plan.paths[e.file], "rb") as f:
+                f.seek(e.offset)
+                got = np.frombuffer(f.read(e.nbytes), np.uint64)
+            assert np.array_equal(got, pattern.expected_words(seed, e.offset, e.nbytes)), \
+                f"{plan.paths[e.file]} at byte {e.offset}"
+    return check
+
+
+@pytest.fixture
 def dead_pid() -> int:
     """A process id no process has (above pid_max's default)."""
     pid = 4_000_000
