@@ -12,29 +12,9 @@ from gpufio.engines import all_engines
 from gpufio.profile import from_dict
 from gpufio.workloads.block import runner
 
+from gpu_cases import GPU_ENGINES, IDS, run_case as run
+
 pytestmark = pytest.mark.gpu
-
-GPU_ENGINES = [
-    {"engine": "cpu-gpu", "iodepth": 16},
-    {"engine": "mmap", "iodepth": 16},
-    {"engine": "cufile", "iodepth": 16},
-    {"engine": "cufile", "iodepth": 16, "api": "batch", "iodepth_batch": 4},
-    {"engine": "cufile", "iodepth": 16, "api": "batch", "register_buffers": True},
-    {"engine": "cufile", "iodepth": 16, "api": "async", "streams": 4},
-    {"engine": "gpu-uring", "iodepth": 16, "rings": 2},
-    {"engine": "cpu-gpu", "iodepth": 16, "processes": True},
-    {"engine": "mmap", "iodepth": 16, "processes": True},
-    {"engine": "cufile", "iodepth": 16, "processes": True},
-]
-IDS = [e["engine"] + "".join(f"-{k}" if v is True else f"-{v}" for k, v in e.items()
-                            if k in ("api", "processes", "register_buffers")) for e in GPU_ENGINES]
-
-
-def run(engine, paths, **opts):
-    if why := all_engines()[engine["engine"]].unavailable():
-        pytest.skip(f"{engine['engine']}: {why}")
-    glob = {**engine, "targets": [str(p) for p in paths], **opts}
-    return runner.run_profile(from_dict({"global": glob}, "t.toml", {}), quiet=True)
 
 
 @pytest.fixture

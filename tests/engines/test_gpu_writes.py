@@ -6,29 +6,13 @@ import pytest
 
 from gpufio.core import events, pattern
 from gpufio.core.errors import BadInput
-from gpufio.engines import all_engines
 from gpufio.profile import from_dict
-from gpufio.workloads.block import runner
 
-ENGINES = [
-    {"engine": "cpu-gpu", "iodepth": 16},
-    {"engine": "mmap", "iodepth": 16},
-    {"engine": "cufile", "iodepth": 16},
-    {"engine": "cufile", "iodepth": 16, "api": "batch", "iodepth_batch": 4},
-    {"engine": "cufile", "iodepth": 16, "api": "batch", "register_buffers": True},
-    {"engine": "cufile", "iodepth": 16, "api": "async", "streams": 4},
-    {"engine": "gpu-uring", "iodepth": 16, "rings": 2},
-    {"engine": "cpu-gpu", "iodepth": 16, "processes": True},
-]
-IDS = [e["engine"] + "".join(f"-{k}" if v is True else f"-{v}" for k, v in e.items()
-                            if k in ("api", "processes", "register_buffers")) for e in ENGINES]
+from gpu_cases import GPU_ENGINES, IDS as GPU_IDS, run_case as run
 
-
-def run(engine, path, quiet=True, **opts):
-    if why := all_engines()[engine["engine"]].unavailable():
-        pytest.skip(f"{engine['engine']}: {why}")
-    glob = {**engine, "targets": [str(path)], **opts}
-    return runner.run_profile(from_dict({"global": glob}, "t.toml", {}), quiet=quiet)
+# the cases up to cpu-gpu's process workers: mmap's and cufile's in processes are
+# test_gpu_engines.py's alone
+ENGINES, IDS = GPU_ENGINES[:8], GPU_IDS[:8]
 
 
 @pytest.fixture
