@@ -257,6 +257,22 @@ def plan_holds_pattern():
     return check
 
 
+class FakeClock:
+    """A nanosecond clock that moves only when the test sets ``now``."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock for what takes one (a pacer, a stall watch): 0 until the test moves ``now``."""
+    return FakeClock()
+
+
 @pytest.fixture
 def dead_pid() -> int:
     """A process id no process has (above pid_max's default)."""

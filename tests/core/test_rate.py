@@ -23,17 +23,7 @@ cli = CliRunner()
 SECOND = 1_000_000_000
 
 
-class FakeClock:
-    """A clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-def issued_by(pacer: Pacer, clock: FakeClock, times_ns: list[int], batch: int = 64) -> list[int]:
+def issued_by(pacer: Pacer, clock, times_ns: list[int], batch: int = 64) -> list[int]:
     """Take every due I/O at each of ``times_ns``; the running count issued."""
     counts = []
     for t in times_ns:
@@ -47,8 +37,7 @@ def issued_by(pacer: Pacer, clock: FakeClock, times_ns: list[int], batch: int = 
     return counts
 
 
-def test_linear_schedule_counts_exactly():
-    clock = FakeClock()
+def test_linear_schedule_counts_exactly(clock):
     pacer = Pacer(1000, "linear", clock=clock)
     times = [0, 500_000, 1_000_000, 250 * 1_000_000 + 1, SECOND]
     # I/O k is due at k ms: by t, floor(t / 1 ms) + 1 have gone
@@ -57,8 +46,7 @@ def test_linear_schedule_counts_exactly():
     assert pacer.due(8) == (0, 600_001)
 
 
-def test_a_worker_behind_catches_up_but_never_passes_the_schedule():
-    clock = FakeClock()
+def test_a_worker_behind_catches_up_but_never_passes_the_schedule(clock):
     pacer = Pacer(10_000, "linear", clock=clock)
     assert issued_by(pacer, clock, [0, 3 * SECOND // 10], batch=8) == [1, 3001]
 
@@ -78,8 +66,7 @@ def test_poisson_gaps_are_exponential():
     assert abs(np.corrcoef(gaps[:-1], gaps[1:])[0, 1]) < 4 / np.sqrt(n)
 
 
-def test_poisson_counts_are_the_rate_and_seeded():
-    clock = FakeClock()
+def test_poisson_counts_are_the_rate_and_seeded(clock):
     pacer = Pacer(2000, "poisson", seed=(1, 0), clock=clock)
     count = issued_by(pacer, clock, [0, 10 * SECOND])[-1]  # the schedule starts at 0
     expected = 2000 * 10
@@ -89,8 +76,7 @@ def test_poisson_counts_are_the_rate_and_seeded():
     assert not np.array_equal(Pacer(2000, "poisson", seed=(1, 0)).gaps(100), other.gaps(100))
 
 
-def test_a_schedule_is_the_due_times_due_hands_out():
-    clock = FakeClock()
+def test_a_schedule_is_the_due_times_due_hands_out(clock):
     clock.now = 5 * SECOND
     linear = Pacer(1000, "linear", clock=clock)
     assert linear.schedule(3).tolist() == [5 * SECOND, 5 * SECOND + 1_000_000,
@@ -104,8 +90,7 @@ def test_a_schedule_is_the_due_times_due_hands_out():
     assert np.all(np.diff(at) >= 0) and at[0] == 0
 
 
-def test_wait_ends_when_told_to_stop():
-    clock = FakeClock()
+def test_wait_ends_when_told_to_stop(clock):
     pacer = Pacer(1, "linear", clock=clock)
     assert pacer.wait(4, lambda: False) == 1
     assert pacer.wait(4, lambda: True) == 0 and pacer.issued == 1
