@@ -233,6 +233,19 @@ def write_profile(tmp_path: Path):
 
 
 @pytest.fixture
+def write_json(tmp_path: Path):
+    """Write a document (a result file, a baseline) as JSON into the test's directory and
+    return its path."""
+    import json
+
+    def write(name: str, doc: object) -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        return path
+    return write
+
+
+@pytest.fixture
 def run_quietly():
     """``gpufio run PROFILE -q`` through the CLI, in process: its result (exit code, stdout,
     stderr)."""

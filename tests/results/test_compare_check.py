@@ -38,12 +38,6 @@ def doc(*jobs, kernel="6.18", model=None):
     return d
 
 
-def write(tmp_path, name, d):
-    p = tmp_path / name
-    p.write_text(json.dumps(d))
-    return p
-
-
 def test_compare_ratios_and_missing_jobs():
     base = doc(job("a", 1000, 100_000), job("only-base", 5))
     new = doc(job("a", 1500, 80_000), job("only-new", 7))
@@ -60,9 +54,9 @@ def test_compare_ratios_and_missing_jobs():
 
 @pytest.mark.parametrize("fmt,marker", [("table", "baseline: gen4"), ("markdown", "| job "),
                                         ("csv", "job,metric,unit,gen4,gen5"), ("json", '"baseline"')])
-def test_compare_cli_formats_show_the_setups(tmp_path, fmt, marker):
-    a = write(tmp_path, "gen4.json", doc(job("a", 1000)))
-    b = write(tmp_path, "gen5.json", doc(job("a", 1200), model="Drive Y"))
+def test_compare_cli_formats_show_the_setups(fmt, marker, write_json):
+    a = write_json("gen4.json", doc(job("a", 1000)))
+    b = write_json("gen5.json", doc(job("a", 1200), model="Drive Y"))
     res = cli.invoke(app, ["compare", str(a), str(b), "-f", fmt])
     assert res.exit_code == 0, res.output
     assert marker in res.stdout
@@ -98,10 +92,10 @@ def test_limit_parsing_errors():
         gate.parse_limits(["iops=lots"], "--max-drop", rising=False)
 
 
-def test_check_cli_exit_codes_junit_and_warnings(tmp_path):
-    base = write(tmp_path, "base.json", doc(job("a", 1000), job("b", 1000)))
-    good = write(tmp_path, "good.json", doc(job("a", 990), job("b", 1010)))
-    bad = write(tmp_path, "bad.json", doc(job("a", 800), job("b", 1000), kernel="6.19"))
+def test_check_cli_exit_codes_junit_and_warnings(tmp_path, write_json):
+    base = write_json("base.json", doc(job("a", 1000), job("b", 1000)))
+    good = write_json("good.json", doc(job("a", 990), job("b", 1010)))
+    bad = write_json("bad.json", doc(job("a", 800), job("b", 1000), kernel="6.19"))
     junit = tmp_path / "junit.xml"
     res = cli.invoke(app, ["check", str(good), "-b", str(base), "--max-drop", "iops=5%"])
     assert res.exit_code == 0 and "WARNING" not in res.stderr
@@ -125,13 +119,13 @@ def test_check_warns_when_options_differ(tmp_path):
     assert gate.mismatches(other, base) == ["job 'a': options differ: iodepth"]
 
 
-def test_check_uses_the_profiles_table_and_needs_some_limit(tmp_path):
-    base = write(tmp_path, "base.json", doc(job("a", 1000)))
+def test_check_uses_the_profiles_table_and_needs_some_limit(write_json):
+    base = write_json("base.json", doc(job("a", 1000)))
     with_table = doc(job("a", 900))
     with_table["check"] = {"iops": 0.05}
-    res = cli.invoke(app, ["check", str(write(tmp_path, "r.json", with_table)), "-b", str(base)])
+    res = cli.invoke(app, ["check", str(write_json("r.json", with_table)), "-b", str(base)])
     assert res.exit_code == 1 and "FAIL a iops" in res.stdout
-    res = cli.invoke(app, ["check", str(write(tmp_path, "n.json", doc(job("a", 900)))), "-b", str(base)])
+    res = cli.invoke(app, ["check", str(write_json("n.json", doc(job("a", 900)))), "-b", str(base)])
     assert res.exit_code == 2 and "no limits" in res.stderr
 
 

@@ -55,12 +55,6 @@ def spread_around(median, pct, n=5):
     return [median * (1 + pct / 100 * (2 * i / (n - 1) - 1)) for i in range(n)]
 
 
-def write(tmp_path, name, d):
-    p = tmp_path / name
-    p.write_text(json.dumps(d))
-    return p
-
-
 # -- the rank interval -------------------------------------------------------------------
 
 def test_rank_distribution_is_exact():
@@ -363,7 +357,7 @@ def test_paired_identical_runs_rarely_fail_when_runs_move_more_than_their_sample
     assert spread.paired_interval([0.05, 0.06, 0.04, 0.05, 0.07], [1e-4] * 5, 0.99).low > 0
 
 
-def test_paired_limits_are_proposed_from_the_pairs(tmp_path):
+def test_paired_limits_are_proposed_from_the_pairs(write_json):
     drift = [1000, 800, 1200, 900, 1100]
     base, cand = interleaved(drift, drift)
     rows = base_file.rows(base, 0.99, cand)
@@ -372,16 +366,16 @@ def test_paired_limits_are_proposed_from_the_pairs(tmp_path):
     assert next(r for r in base_file.rows(base, 0.99) if r["metric"] == "iops")["from"] \
         == "baseline's runs"
     # a baseline file folded from timed runs keeps each run's start, so it still pairs
-    paths = [write(tmp_path, f"b{i}.json", d) for i, d in enumerate(base)]
+    paths = [write_json(f"b{i}.json", d) for i, d in enumerate(base)]
     folded = base_file.make([json.loads(p.read_text()) for p in paths], list(map(str, paths)))
     assert gate.modes(cand, [folded])["a"].pairs == [(i, i) for i in range(5)]
 
 
-def test_check_cli_says_which_mode_and_pairs(tmp_path):
+def test_check_cli_says_which_mode_and_pairs(write_json):
     drift = [1000, 800, 1200, 900, 1100]
     base, slow = interleaved(drift, [0.85 * d for d in drift])
-    bs = [str(write(tmp_path, f"b{i}.json", d)) for i, d in enumerate(base)]
-    cs = [str(write(tmp_path, f"c{i}.json", d)) for i, d in enumerate(slow)]
+    bs = [str(write_json(f"b{i}.json", d)) for i, d in enumerate(base)]
+    cs = [str(write_json(f"c{i}.json", d)) for i, d in enumerate(slow)]
     args = ["check", *cs, *[a for b in bs for a in ("-b", b)], "--max-drop", "iops=5%"]
     res = cli.invoke(app, args + ["--suggest-limits"])
     assert res.exit_code == 1, res.output
@@ -418,10 +412,10 @@ def test_trend_within_a_run_warns():
 
 # -- the command line -----------------------------------------------------------------------
 
-def test_check_cli_output_exit_codes_annotations_markdown(tmp_path, monkeypatch):
-    base = write(tmp_path, "base.json", repeated(spread_around(1000, 1)))
-    same = write(tmp_path, "same.json", repeated(spread_around(1000, 1)))
-    slow = write(tmp_path, "slow.json", repeated(spread_around(850, 1)))
+def test_check_cli_output_exit_codes_annotations_markdown(tmp_path, monkeypatch, write_json):
+    base = write_json("base.json", repeated(spread_around(1000, 1)))
+    same = write_json("same.json", repeated(spread_around(1000, 1)))
+    slow = write_json("slow.json", repeated(spread_around(850, 1)))
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     res = cli.invoke(app, ["check", str(same), "-b", str(base), "--max-drop", "iops=5%"])
     assert res.exit_code == 0 and res.stdout.splitlines()[0].startswith("job 'a': unpaired: ")
@@ -461,15 +455,15 @@ def test_a_rate_cap_is_named_where_options_differ():
         "job 'a': options differ: rate_iops"]
 
 
-def test_one_run_cli_says_no_noise_estimate(tmp_path):
-    base = write(tmp_path, "b.json", doc(one_run(1000)))
-    cand = write(tmp_path, "c.json", doc(one_run(800)))
+def test_one_run_cli_says_no_noise_estimate(write_json):
+    base = write_json("b.json", doc(one_run(1000)))
+    cand = write_json("c.json", doc(one_run(800)))
     res = cli.invoke(app, ["check", str(cand), "-b", str(base), "--max-drop", "iops=5%"])
     assert res.exit_code == 1 and "no noise estimate" in res.stdout
 
 
-def test_baseline_command_writes_every_run_and_the_spread(tmp_path):
-    runs = [write(tmp_path, f"r{i}.json", doc(one_run(v, samples=[v] * 5)))
+def test_baseline_command_writes_every_run_and_the_spread(tmp_path, write_json):
+    runs = [write_json(f"r{i}.json", doc(one_run(v, samples=[v] * 5)))
             for i, v in enumerate(spread_around(1000, 2))]
     out = tmp_path / "baseline.json"
     res = cli.invoke(app, ["baseline", *map(str, runs), "-o", str(out)])
@@ -494,11 +488,11 @@ def test_baseline_command_writes_every_run_and_the_spread(tmp_path):
     (["check", "{d}/a.json", "-b", "{d}/a.json", "--max-drop", "iops=5%",
       "--markdown", "{d}/no/such/dir/s.md"], "--markdown {d}/no/such/dir/s.md: No such file"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
-    write(tmp_path, "a.json", doc(one_run(1000)))
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message, write_json):
+    write_json("a.json", doc(one_run(1000)))
     b = one_run(1000)
     b["jobname"] = "b"
-    write(tmp_path, "b.json", doc(b))
+    write_json("b.json", doc(b))
     res = cli.invoke(app, [a.format(d=tmp_path) for a in args])
     assert res.exit_code == 2 and message.format(d=tmp_path) in res.output
     assert "Traceback" not in res.output
