@@ -380,15 +380,12 @@ def test_compare_hints_at_lat_percentiles_for_a_clat_result(tmp_path):
     assert res.exit_code == 0 and res.stderr == ""
 
 
-@pytest.mark.skipif(not shutil.which("fio"), reason="fio not installed")
-def test_fios_own_result_and_gpufios_fio_json_read_back_through_compare(plus_doc, tmp_path):
+def test_fios_own_result_and_gpufios_fio_json_read_back_through_compare(plus_doc, tmp_path,
+                                                                        fio_json):
     target = tmp_path / "t.dat"
     target.write_bytes(b"\1" * (1 << 20))
-    fio_out = tmp_path / "fio.json"
-    fio_out.write_text(subprocess.run(
-        ["fio", "--name=j", f"--filename={target}", "--rw=randread", "--bs=4k", "--size=1m",
-         "--io_size=256k", "--ioengine=psync", "--output-format=json+"], capture_output=True,
-        text=True, check=True).stdout)
+    fio_out = fio_json("--name=j", f"--filename={target}", "--rw=randread", "--bs=4k",
+                       "--size=1m", "--io_size=256k", "--ioengine=psync", "--output-format=json+")
     ours = tmp_path / "ours.json"
     ours.write_text(json.dumps(to_fio(plus_doc)))
     res = cli.invoke(app, ["compare", str(fio_out), str(ours), "-f", "json"])
@@ -443,15 +440,12 @@ def test_fio_parses_the_job_options_fio_json_writes(tmp_path):
     assert run.returncode == 0 and run.stderr == "", (args, run.stderr)
 
 
-@pytest.mark.skipif(not shutil.which("fio"), reason="fio not installed")
-def test_check_against_fios_own_result_of_the_same_job(tmp_path):
+def test_check_against_fios_own_result_of_the_same_job(tmp_path, fio_json):
     target = tmp_path / "t.dat"
     args = ["--name=j", f"--filename={target}", "--rw=randread", "--bs=4k", "--size=1m",
             "--io_size=256k", "--ioengine=psync", "--direct=0"]
     ours, saved = _run_json(args, tmp_path)  # gpufio lays the file out first
-    fio_out = tmp_path / "fio.json"
-    fio_out.write_text(subprocess.run(["fio", *args, "--output-format=json"],
-                                      capture_output=True, text=True, check=True).stdout)
+    fio_out = fio_json(*args, "--output-format=json")
     res = cli.invoke(app, ["check", str(saved), "-b", str(fio_out), "--max-drop", "iops=99%"])
     assert res.exit_code == 0, res.output
     warnings = [line for line in res.stderr.splitlines() if "WARNING" in line]

@@ -3,8 +3,6 @@
 import json
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -168,13 +166,11 @@ def test_fio_json_numbers_agree_with_gpufio_json():
         sum(job["latency_ms"].values()) == pytest.approx(100.0)
 
 
-@pytest.mark.skipif(not shutil.which("fio"), reason="fio not installed")
-def test_fio_json_has_fios_schema(tmp_path):
+def test_fio_json_has_fios_schema(tmp_path, fio_json):
     target = tmp_path / "t.dat"
     target.write_bytes(b"\0" * (1 << 20))
-    real = json.loads(subprocess.run(
-        ["fio", "--name=x", f"--filename={target}", "--rw=randread", "--bs=4k", "--size=1m",
-         "--runtime=1", "--output-format=json"], capture_output=True, text=True, check=True).stdout)
+    real = json.loads(fio_json("--name=x", f"--filename={target}", "--rw=randread", "--bs=4k",
+                               "--size=1m", "--runtime=1", "--output-format=json").read_text())
     ours = _gpufio_fio_json()
     assert set(real) <= set(ours) | {"global options"}
     # everything fio reports that gpufio measures is there, with fio's types
@@ -203,15 +199,11 @@ def test_fio_json_round_trips_through_compare(tmp_path):
     assert b["bw"] == pytest.approx(a["bw"], rel=1e-6)  # fio writes bw_bytes as an integer
 
 
-@pytest.mark.skipif(not shutil.which("fio"), reason="fio not installed")
-def test_a_real_fio_result_compares_beside_gpufio(tmp_path):
+def test_a_real_fio_result_compares_beside_gpufio(tmp_path, fio_json):
     target = tmp_path / "t.dat"
     target.write_bytes(b"\1" * (1 << 20))
-    fio_out = tmp_path / "fio.json"
-    fio_out.write_text(subprocess.run(
-        ["fio", "--name=seq", f"--filename={target}", "--rw=read", "--bs=64k", "--size=1m",
-         "--ioengine=psync", "--output-format=json"], capture_output=True, text=True,
-        check=True).stdout)
+    fio_out = fio_json("--name=seq", f"--filename={target}", "--rw=read", "--bs=64k",
+                       "--size=1m", "--ioengine=psync", "--output-format=json")
     ours = tmp_path / "gpufio.json"
     assert cli.invoke(app, ["run", str(DATA / "seq-psync.fio"), "-q", "-f", "json",
                             "-o", str(ours)]).exit_code == 0
