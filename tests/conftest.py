@@ -1,5 +1,7 @@
-"""Shared fixtures: a private scratch directory, small pattern-filled targets, an engine
-that offers only a channel (``pread_engine``) and mmap staged in host memory (``host_mmap``).
+"""Fixtures shared by the tests of every folder: a private scratch directory, small
+pattern-filled targets, an engine that offers only a channel (``pread_engine``), mmap staged
+in host memory (``host_mmap``), a fake clock, profiles and result documents written for a
+test, and a checkpoint's files checked against the pattern (``plan_holds_pattern``).
 
 Tests marked ``gpu`` are skipped, with the reason, where no usable GPU is found; tests marked
 ``nvme`` take the ``nvme_rig`` fixture (one QEMU guest with emulated NVMe for the whole run,
