@@ -53,7 +53,7 @@ from statistics import NormalDist
 ROOT = Path(__file__).resolve().parent.parent
 
 LIMITS = ["--max-drop", "iops=5%", "--max-rise", "lat_p99=10%"]
-# check's default confidence, at which the gate judges (tests/test_bench_gate.py holds them
+# check's default confidence, at which the gate judges (tests/bench/test_bench_gate.py holds them
 # equal; importing it would load check's internals into the bench)
 DEFAULT_CONFIDENCE = 0.99
 SLOWDOWNS = (0.10, 0.25)

@@ -7,7 +7,7 @@ command, taken from the ``Option`` tables and the Typer app.
 It lives beside the docs it writes, not in the package (no run needs it) nor in bench/ (which
 may import only gpufio.api): it reads the loader's, the registries' and the CLI's own tables,
 so a key or command documented here is exactly one the code accepts.
-tests/test_docs.py fails when the files are stale.
+tests/docs/test_docs.py fails when the files are stale.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The command's entry: ``python -m gpufio`` and the ``gpufio`` console script.
 
 The top-level ``gpufio --help`` prints the text typer renders for it, kept in help.txt
-(tests/test_startup.py checks that it is current), without loading typer and the commands;
+(tests/cli/test_startup.py checks that it is current), without loading typer and the commands;
 every other command line goes to gpufio.cli.
 """
 

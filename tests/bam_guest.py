@@ -1,4 +1,4 @@
-"""Runs in the NVMe rig's guest (tests/test_bam_rig.py): the bam host side end to end in
+"""Runs in the NVMe rig's guest (tests/engines/test_bam_rig.py): the bam host side end to end in
 one interpreter, TCG being slow. Prints one JSON object of what it saw.
 
 ``python3 tests/bam_guest.py SERIAL WORKDIR``: takes the controller with that serial from

@@ -1,5 +1,7 @@
-"""Shared fixtures: a private scratch directory, small pattern-filled targets, and an engine
-that offers only a channel (``pread_engine``).
+"""Fixtures shared by the tests of every folder: a private scratch directory, small
+pattern-filled targets, an engine that offers only a channel (``pread_engine``), mmap staged
+in host memory (``host_mmap``), a fake clock, profiles and result documents written for a
+test, and a checkpoint's files checked against the pattern (``plan_holds_pattern``).
 
 Tests marked ``gpu`` are skipped, with the reason, where no usable GPU is found; tests marked
 ``nvme`` take the ``nvme_rig`` fixture (one QEMU guest with emulated NVMe for the whole run,
@@ -18,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from gpufio.core import targets
+from gpufio.core import pattern, targets
 from gpufio.core.requests import Capability, Channel, ChannelSpec, File
 
 
@@ -76,6 +78,73 @@ def pread_engine():
     register(Pread)
     yield Pread
     engines._REGISTRY.pop("test-pread")
+
+
+class MmapHostStaging:
+    """io/staging.SegmentedStaging's host half: its copies are done at once, and the check
+    a copy queues on the GPU runs on the CPU (core/pattern) instead."""
+
+    def __init__(self, gpu_index, segments, per_segment, bs, verify, writes=False):
+        self.per_segment, self.bs = per_segment, bs
+        self.host = np.zeros(segments * per_segment * bs, np.uint8)
+        self.host_addr = self.host.ctypes.data
+        self._bad: dict[int, set[int]] = {}
+        self.copies = []  # (segment, I/Os) of every copy to the GPU
+        self.log = []  # copies down and the channel's stores, in order
+
+    def _slots(self, seg, k):
+        lo = seg * self.per_segment * self.bs
+        return self.host[lo:lo + k * self.bs].reshape(k, self.bs)
+
+    def copy(self, seg, k, offs=None, seeds=None):
+        self.copies.append((seg, k))
+        self._bad[seg] = set() if offs is None else set(
+            pattern.bad_ios_host(self._slots(seg, k), offs, seeds, self.bs).tolist())
+
+    def stage_out(self, seg, k, offs, seeds):
+        self.log.append("copy down")
+        pattern.fill_ios(self._slots(seg, k), offs, seeds)
+
+    def done(self, seg):
+        return True
+
+    def wait(self, seg):
+        pass
+
+    def mismatches(self, seg, res):
+        return [i for i in sorted(self._bad[seg]) if res[i] == self.bs]
+
+    def close(self):
+        self.host = None
+
+
+@pytest.fixture
+def host_mmap(monkeypatch):
+    """mmap as it is, but available without a GPU, registered as "test-mmap", its staging
+    in host memory: the stagings made, in order (their copies and logs)."""
+    from gpufio import engines
+    from gpufio.engines import all_engines, register
+    from gpufio.engines.mmap import Mmap
+    from gpufio.loops import block_staged as staged
+
+    class HostMmap(Mmap):
+        name = "test-mmap"
+
+        @classmethod
+        def unavailable(cls):
+            return None
+
+    stagings = []
+
+    def staging(*args, **kwargs):
+        stagings.append(MmapHostStaging(*args, **kwargs))
+        return stagings[-1]
+
+    monkeypatch.setattr(staged, "SegmentedStaging", staging)
+    all_engines()
+    register(HostMmap)
+    yield stagings
+    engines._REGISTRY.pop("test-mmap")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -166,6 +235,19 @@ def write_profile(tmp_path: Path):
 
 
 @pytest.fixture
+def write_json(tmp_path: Path):
+    """Write a document (a result file, a baseline) as JSON into the test's directory and
+    return its path."""
+    import json
+
+    def write(name: str, doc: object) -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        return path
+    return write
+
+
+@pytest.fixture
 def run_quietly():
     """``gpufio run PROFILE -q`` through the CLI, in process: its result (exit code, stdout,
     stderr)."""
@@ -174,6 +256,36 @@ def run_quietly():
     from gpufio.cli import app
 
     return lambda path: CliRunner().invoke(app, ["run", str(path), "-q"])
+
+
+@pytest.fixture
+def plan_holds_pattern():
+    """Check a checkpoint's files byte for byte: each extent of a layout's plan holds the
+    pattern of ``seed`` (the round that wrote last) at its own offsets."""
+    def check(plan, seed: int) -> None:
+        for e in plan.extents:
+            with open(plan.paths[e.file], "rb") as f:
+                f.seek(e.offset)
+                got = np.frombuffer(f.read(e.nbytes), np.uint64)
+            assert np.array_equal(got, pattern.expected_words(seed, e.offset, e.nbytes)), \
+                f"{plan.paths[e.file]} at byte {e.offset}"
+    return check
+
+
+class FakeClock:
+    """A nanosecond clock that moves only when the test sets ``now``."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock for what takes one (a pacer, a stall watch): 0 until the test moves ``now``."""
+    return FakeClock()
 
 
 @pytest.fixture

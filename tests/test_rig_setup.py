@@ -78,7 +78,7 @@ def test_a_guest_that_cannot_boot_skips_every_nvme_test_with_its_console(tmp_pat
            "PYTHONPATH": os.pathsep.join((str(tmp_path), str(TESTS)))}
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                           "-p", "broken_rig", "--basetemp", str(tmp_path / "run"),
-                          str(TESTS / "test_nvme_rig.py")],
+                          str(TESTS / "io" / "nvme" / "test_nvme_rig.py")],
                          cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "3 skipped" in res.stdout.splitlines()[-1], res.stdout

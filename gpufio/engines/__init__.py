@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 # the engine of a job that names none: fio's default (psync) too
 DEFAULT_ENGINE = "psync"
 # engine name -> the module of this package that registers it, in listing order
-# (tests/test_registries.py checks it against what importing every module registers)
+# (tests/cli/test_startup.py checks it against what importing every module registers)
 MODULES = {"bam": "bam", "cpu-gpu": "cpugpu", "cufile": "cufile", "gpu-uring": "gpu_uring",
            "mmap": "mmap", "null": "null", "psync": "psync", "uring": "uring",
            "uring-cmd": "uring_cmd"}

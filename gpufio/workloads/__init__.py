@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # the workload of a job that names none
 DEFAULT_WORKLOAD = "block"
 # the built-in workloads, each the module (or package) of this name here that registers it
-# (tests/test_registries.py checks that each does)
+# (tests/cli/test_startup.py checks that each does)
 NAMES = ("block", "checkpoint", "gnn")
 
 

@@ -1,4 +1,4 @@
-/* A stand-in kernel for tests/test_loop_stamps.py: io/loops.c is compiled with its
+/* A stand-in kernel for tests/io/test_loop_stamps.py: io/loops.c is compiled with its
  * clock_gettime and syscall renamed to these, so a test sees each clock read and each
  * io_uring_enter in the order the loop makes them. The clock ticks once per read; an enter
  * takes the SQEs it submits and completes what it has taken (res = the SQE's length): at

@@ -5,8 +5,6 @@ the engine's primitive and the memory, never from the engine."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from gpufio.core import pattern
 from gpufio.core.requests import CHANNEL
 from gpufio.profile import from_dict
@@ -52,7 +50,8 @@ def test_it_runs_gnn_jobs_whose_rows_are_the_features(pread_engine, tmp_path):
     assert r["verify"] == {"rows_checked": 3 * 64, "mismatches": 0}
 
 
-def test_it_runs_checkpoint_rounds_that_restore_what_they_saved(pread_engine, tmp_path):
+def test_it_runs_checkpoint_rounds_that_restore_what_they_saved(pread_engine, tmp_path,
+                                                                 plan_holds_pattern):
     shards = ["1m", "8k", "600k"]
     glob = {"workload": "checkpoint", "engine": NAME, "device": "cpu", "state_size": "3m",
             "iterations": 2, "bs": "256k", "iodepth": 4, "targets": [str(tmp_path)],
@@ -64,9 +63,5 @@ def test_it_runs_checkpoint_rounds_that_restore_what_they_saved(pread_engine, tm
     sizes = cycled([1 << 20, 8192, 600 << 10], 3 << 20)
     plan = layout.plan(prof.jobs[0], sizes)
     o = job["resolved options"]
-    seed = 0x89 + 1 + o["iterations"] - 1  # the last round's (as tests/test_checkpoint.py)
-    for e in plan.extents:  # each file holds the last round's pattern
-        with open(plan.paths[e.file], "rb") as f:
-            f.seek(e.offset)
-            got = np.frombuffer(f.read(e.nbytes), np.uint64)
-        assert np.array_equal(got, pattern.expected_words(seed, e.offset, e.nbytes))
+    # each file holds the last round's pattern (as tests/workloads/checkpoint/test_checkpoint.py)
+    plan_holds_pattern(plan, 0x89 + 1 + o["iterations"] - 1)

@@ -13,16 +13,7 @@ from gpufio.loops.steps import StallWatch
 from gpufio.profile import from_dict
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-def test_a_stall_is_no_progress_for_the_limit_and_its_message_says_where():
-    clock = Clock()
+def test_a_stall_is_no_progress_for_the_limit_and_its_message_says_where(clock):
     watch = StallWatch(1000, clock)
     clock.now = 900
     watch.check(0, "3 I/Os in flight", lambda: "never asked")  # first sight: the clock starts
@@ -36,8 +27,7 @@ def test_a_stall_is_no_progress_for_the_limit_and_its_message_says_where():
         watch.check(1, "2 I/Os in flight", lambda: "ring state")
 
 
-def test_a_started_watch_counts_from_its_start():
-    clock = Clock()
+def test_a_started_watch_counts_from_its_start(clock):
     watch = StallWatch(1000, clock).start()
     clock.now = 1001
     assert watch.stuck(0)  # one wait of the limit, with nothing done since the start

@@ -3,7 +3,7 @@
 Shared constants (control words, slot states, bench flags, histogram and errno sizes, the
 pattern's golden ratio) are defined here and handed to NVRTC as macros (``defines``), so the
 kernels never carry their own copy. Each descriptor struct a host builds for a kernel is one
-field list here (``build`` fills it by name); tests/test_gio_contract.py checks every list
+field list here (``build`` fills it by name); tests/io/gio/test_gio_contract.py checks every list
 against its C struct, field for field.
 """
 
