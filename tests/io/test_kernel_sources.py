@@ -44,7 +44,7 @@ def test_the_kernel_compiles_with_cupys_options(source, tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH")
-@pytest.mark.parametrize("module", ["io.nvme.test_passthru", "test_bam_gpu"])
+@pytest.mark.parametrize("module", ["io.nvme.test_passthru", "io.nvme.test_bam_gpu"])
 def test_the_gpu_tests_own_kernels_compile(module, tmp_path):
     """The builder kernels the GPU tests compile for themselves (their BUILDER)."""
     import importlib
