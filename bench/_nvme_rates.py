@@ -118,7 +118,7 @@ def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: i
     """(the queues of ``pairs`` pairs driven by GPU agent warps with ``mode`` doorbells, the
     requester kernel) on a new controller serving a ``size``-byte namespace of pattern seed
     1; everything goes on the way out."""
-    from gpufio.io import cuda
+    from gpufio.io import kernels
     from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 
     where = tempfile.mkdtemp(prefix="gpufio-bam-bench-", dir="/dev/shm")
@@ -130,7 +130,7 @@ def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: i
         made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
         q = NvmeQueues(reg, made, depth=depth, slot_bytes=-(-bs // nq.PAGE) * nq.PAGE,
                        nsid=1, lba_shift=9, mode=mode)
-        yield q, cuda.module("nvme_io").get_function("nvme_requests")
+        yield q, kernels.function(kernels.Kernel.NVME_REQUESTS)
     finally:
         if q is not None:
             q.close()

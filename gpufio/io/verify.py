@@ -14,14 +14,15 @@ from typing import Any
 import numpy as np
 
 from gpufio.core import pattern
-from gpufio.io import cuda
+from gpufio.io import kernels
+from gpufio.io.kernels import Kernel
 
 THREADS = 256
 MAX_BLOCKS = 4096
 
 
-def _kernel(name: str = "mark_mismatches") -> Any:
-    return cuda.module("verify").get_function(name)
+def _kernel(kernel: Kernel = Kernel.MARK_MISMATCHES) -> Any:
+    return kernels.function(kernel)
 
 
 def compile_kernel() -> None:
@@ -38,7 +39,7 @@ def fill(data: Any, rows: Any, offsets: Any, seeds: Any, n: int, io_len: int,
         return
     total = n * (io_len // 8)
     blocks = int(min(MAX_BLOCKS, max(1, -(-total // THREADS))))
-    _kernel("fill_pattern")((blocks,), (THREADS,), (
+    _kernel(Kernel.FILL_PATTERN)((blocks,), (THREADS,), (
         data, rows, offsets, seeds, np.uint64(pattern.MAGIC), np.uint64(io_len // 8),
         np.uint64(pattern.BLOCK), np.uint64(pattern.HEADER_WORDS), np.uint64(total)),
         stream=stream)

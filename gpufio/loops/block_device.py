@@ -20,10 +20,11 @@ from gpufio.core import pattern
 from gpufio.core.context import READ, WRITE, DeviceTotals
 from gpufio.core.requests import QueueSpec
 from gpufio.core.stats import PLAT_NR
-from gpufio.io import cuda, gpu
+from gpufio.io import gpu, kernels
 from gpufio.io.gio import contract
 from gpufio.io.gio.bench import TPB, gpu_price
 from gpufio.io.gio.queue import C_MEASURING, C_STOP
+from gpufio.io.kernels import Kernel
 from gpufio.loops.steps import StallWatch
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class DeviceBench:
         with gpu.undone_on_failure(queue.close, f"gpu {job.gpu_of(ctx.worker)}: out of "
                                    f"memory for {threads * job.bs} bytes of destination "
                                    "buffers"):
-            self._fn = cuda.module("gio_bench").get_function("gio_bench")
+            self._fn = kernels.function(Kernel.GIO_BENCH)
             self.blocks = -(-threads // TPB)
             self._dev = self._arrays(threads, land_gpu and not job.writes and not nop, nop)
         self.stream = cp.cuda.Stream(non_blocking=True)

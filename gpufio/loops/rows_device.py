@@ -14,10 +14,11 @@ import numpy as np
 from gpufio.core.job import Job
 from gpufio.core.requests import QueueSpec
 from gpufio.core.rows import RowFetchError, RowRequest, RowTable, row_error
-from gpufio.io import cuda, gpu
+from gpufio.io import gpu, kernels
 from gpufio.io.gio.bench import TPB, gpu_price
 from gpufio.io.gio.cache import GpuCache, cache_rows
 from gpufio.io.gio.queue import QueueStalled
+from gpufio.io.kernels import Kernel
 
 GATHER_POLL_S = 0.0001
 
@@ -55,7 +56,7 @@ class QueueGather:
             rows = cache_rows(cache_bytes, table.layout.row_bytes, threads)
             self.cache = GpuCache(xp, rows, table.layout.row_bytes, table.rows)
         # loaded now: never while the agents spin (see RequestQueue.start)
-        self._gather = cuda.module("gnn_gather").get_function("gio_gather")
+        self._gather = kernels.function(Kernel.GIO_GATHER)
         self._d_fds = xp.asarray(queue.file_refs)
         # failed, node, result, hits, reads, coalesced, rows claimed (gnn_gather.cu)
         self._stats = xp.zeros(7, xp.uint64)

@@ -9,5 +9,5 @@ import ctypes.
 build (C sources compiled once per machine and loaded), libc (system calls and libc
 functions), memory (views of raw addresses), blkid (libblkid's low-level probe), uring
 (io_uring's structs and its three system calls), loops (io/loops.c's structs and entry
-points), cuda (NVRTC through CuPy, libcuda's presence, cuFile's bindings).
+points), nvme (io/nvme's compiled controller, CPU driver and drive rate model), cuda (NVRTC through CuPy, libcuda's presence, cuFile's bindings).
 """

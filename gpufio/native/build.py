@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -86,6 +87,18 @@ def library(name: str, sources: tuple[Path, ...], headers: tuple[Path, ...] = ()
         return ctypes.CDLL(str(lib))
     except OSError:
         return None
+
+
+def typed(lib: ctypes.CDLL | None, signatures: Mapping[str, tuple[list, object]]
+          ) -> ctypes.CDLL | None:
+    """``lib`` (a library loaded by ``library``, or None) with each named entry point given
+    its (argtypes, restype), once per load: every caller gets the same typed functions."""
+    if lib is not None and not hasattr(lib, "_gpufio_typed"):
+        for name, (args, res) in signatures.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        lib._gpufio_typed = True
+    return lib
 
 
 @lru_cache(maxsize=1)

@@ -41,15 +41,9 @@ class Out(ctypes.Structure):
 def library(sources: tuple[Path, ...]) -> ctypes.CDLL | None:
     """The loops built from ``sources`` (build.library), their entry points typed; None
     where nothing is built."""
-    lib = build.library("loops", sources)
-    if lib is not None and not hasattr(lib, "_gpufio_typed"):
-        for name in ENTRY_POINTS:
-            fn = getattr(lib, name)
-            fn.argtypes = [ctypes.POINTER(Loop), _P, _P, _P, _P, _I64, _I64,
-                           ctypes.POINTER(Out), _P]
-            fn.restype = _I64
-        lib._gpufio_typed = True
-    return lib
+    args = [ctypes.POINTER(Loop), _P, _P, _P, _P, _I64, _I64, ctypes.POINTER(Out), _P]
+    return build.typed(build.library("loops", sources),
+                       {name: (args, _I64) for name in ENTRY_POINTS})
 
 
 def references(loop: Loop, out: Out) -> tuple[Any, Any, Any, Any]:

@@ -1,6 +1,6 @@
 """Views of raw memory through ctypes: an address of a Python buffer, and bytes, words or a
 numpy array at an address (ring memory the kernel shares, mapped host memory, shared
-counters). A view does not own its memory: its caller keeps the memory alive for as long
+counters), a mapped BAR's registers, and copies between addresses. A view does not own its memory: its caller keeps the memory alive for as long
 as the view is used."""
 
 from __future__ import annotations
@@ -46,6 +46,15 @@ def int64_words(n: int, *, buffer: Any = None, addr: int | None = None) -> ctype
 def words_address(words: ctypes.Array) -> int:
     """The address of words made by ``int64_words``."""
     return ctypes.addressof(words)
+
+
+def registers(buf: Any) -> tuple[memoryview, memoryview]:
+    """(32-bit, 64-bit) words over a mapped BAR ``buf`` (an mmap): ``u32[off >> 2]`` and
+    ``u64[off >> 3]`` read or write the register at byte offset ``off``, one load or store
+    of its width (CPython moves a native item with one fixed-size copy), made once so a
+    register access costs an index. Release both before the map is closed."""
+    view = memoryview(buf)
+    return view.cast("I"), view.cast("Q")
 
 
 def memmove(dst: int, src: int, n: int) -> None:

@@ -13,14 +13,13 @@ It runs in a process of its own exactly as the model does (io/nvme/model.ModelPr
 ``serve`` = ``server(threads, backend)``), so the host driver, the CPU driver of the model
 and the GPU agents drive it unchanged. ``namespaces`` are the files of namespaces 2, 3 ...
 (a table striped over drives); with a ``drive`` model each namespace has its own rate model
-(io/nvme/drives.py), which holds every I/O completion until its time. Built by native/build.py; ``available()`` is False
-where there is no C compiler. ``cpu_reads`` drives queue pairs from compiled CPU threads
+(io/nvme/drives.py), which holds every I/O completion until its time. Built and bound by
+native/nvme.py; ``available()`` is False where there is no C compiler. ``cpu_reads`` drives queue pairs from compiled CPU threads
 (driver.c): the controller's own CPU-driven ceiling.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import threading
 import time
@@ -30,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from gpufio.native import build as native
 from gpufio.io.cuda import KERNELS
 from gpufio.io.nvme import drives, model, passthru, spec
 from gpufio.io.watchdog import Stalled
+from gpufio.native import nvme as native
 
 SOURCES = (Path(__file__).with_name("controller.c"), *drives.SOURCES)
 BACKENDS = ("none", "ram", "file")
@@ -42,16 +41,8 @@ MAX_NAMESPACES = 16  # controller.c's MAX_NS
 M_ADMITTED = 0xF40  # BAR0: the commands each namespace's drive model admitted, 64 bits each
 
 
-def _library() -> ctypes.CDLL | None:
-    lib = native.library("nvme_controller", SOURCES)
-    if lib is not None and not hasattr(lib, "_gpufio_typed"):
-        fn = lib.gnc_serve
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                       ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                       ctypes.c_void_p]
-        fn.restype = ctypes.c_int64
-        lib._gpufio_typed = True
-    return lib
+def _library() -> Any:
+    return native.controller_library(SOURCES)
 
 
 def available() -> bool:
@@ -70,18 +61,15 @@ def serve(path: str, backing: str, lba_shift: int, faults: Sequence, *, threads:
     if lib is None:
         raise RuntimeError("the compiled NVMe controller needs a C compiler (cc) and "
                            "GPUFIO_NATIVE unset")
-    names = [str(n).encode() for n in (backing, *namespaces)]
+    names = (backing, *namespaces)
     if len(names) > MAX_NAMESPACES:
         raise ValueError(f"compiled NVMe controller: {len(names)} namespaces; it serves at "
                          f"most {MAX_NAMESPACES}")
     m = drives.model(drive) if isinstance(drive, str) else drive
-    rates = [drives.DriveRate(m) for _ in names] if m is not None else []  # one per drive
+    rates = [drives.DriveRate(m).state for _ in names] if m is not None else []  # one each
     table = np.array([(f.slba, f.status, int(f.drop), f.times) for f in faults], FAULT_DTYPE)
-    paths = (ctypes.c_char_p * len(names))(*names)
-    ptrs = (ctypes.c_void_p * len(names))(*[ctypes.addressof(r.struct) for r in rates])
-    rc = lib.gnc_serve(path.encode(), paths, len(names), lba_shift, threads,
-                       BACKENDS.index(backend), table.ctypes.data if len(table) else None,
-                       len(table), ptrs if rates else None)
+    rc = native.serve(lib, path, names, lba_shift, threads, BACKENDS.index(backend),
+                      table.ctypes.data if len(table) else None, len(table), rates)
     if rc:
         raise OSError(-rc, f"compiled NVMe controller: serving {backing} through {path}")
 
@@ -108,25 +96,11 @@ DRIVER_SOURCES = (Path(__file__).with_name("driver.c"),)
 # the one command encoder it includes, with the layout NVRTC gets
 DRIVER_HEADERS = (KERNELS / "nvme_cmd.cuh",)
 STALL_S = 10.0
-_U64 = ctypes.c_uint64
 
 
-class _Pair(ctypes.Structure):
-    """struct gnd_pair (driver.c): every field 64 bits, in its order."""
-
-    _fields_ = [(n, _U64) for n in ("sq", "cq", "sq_db", "cq_db", "entries", "depth",
-                                    "slots_iova", "slot_bytes", "bs", "lba_shift", "blocks",
-                                    "seed", "nsid")]
-
-
-def _driver() -> ctypes.CDLL | None:
-    lib = native.library("nvme_cpu_driver", DRIVER_SOURCES, DRIVER_HEADERS,
-                         (f"-I{KERNELS}", *spec.defines(), *passthru.defines()))
-    if lib is not None and not hasattr(lib, "_gpufio_typed"):
-        lib.gnd_reads.argtypes = [ctypes.POINTER(_Pair), ctypes.c_int64, _U64, ctypes.c_void_p]
-        lib.gnd_reads.restype = ctypes.c_int64
-        lib._gpufio_typed = True
-    return lib
+def _driver() -> Any:
+    return native.driver_library(DRIVER_SOURCES, DRIVER_HEADERS,
+                                 (f"-I{KERNELS}", *spec.defines(), *passthru.defines()))
 
 
 def cpu_reads(mem: Any, pairs: Sequence[Any], n: int, depth: int, bs: int, lba_shift: int,
@@ -140,17 +114,16 @@ def cpu_reads(mem: Any, pairs: Sequence[Any], n: int, depth: int, bs: int, lba_s
     if lib is None:
         raise RuntimeError("the compiled NVMe CPU driver needs a C compiler (cc)")
     stop = np.zeros(1, np.int64)
-    structs = (_Pair * len(pairs))()
+    rows = []
     for i, pair in enumerate(pairs):
         _, slots = mem.alloc(depth * bs)
-        structs[i] = _Pair(
+        rows.append(dict(
             sq=pair.sq.ctypes.data, cq=pair.cq.ctypes.data,
             sq_db=mem.addr + pair.sq_db, cq_db=mem.addr + pair.cq_db, entries=pair.entries,
             depth=depth, slots_iova=slots, slot_bytes=bs, bs=bs, lba_shift=lba_shift,
-            blocks=blocks, seed=i + 1, nsid=nsids[i] if nsids else 1)
+            blocks=blocks, seed=i + 1, nsid=nsids[i] if nsids else 1))
     threads = max(1, min(threads, len(pairs)))
-    # thread t drives the pairs t, t + threads, ...: copies of its share, side by side
-    shares = [(_Pair * len(structs[t::threads]))(*structs[t::threads]) for t in range(threads)]
+    shares = native.pair_shares(rows, threads)
     good = [0] * threads
 
     def drive(t: int) -> None:

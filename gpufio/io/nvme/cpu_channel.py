@@ -5,7 +5,6 @@ channels run on it unchanged. Results name it ``SUBMITTER``."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import time
@@ -20,6 +19,7 @@ from gpufio.io.nvme import spec as nq
 from gpufio.io.nvme.session import Shared, slot_bytes
 from gpufio.io.nvme.vfio import Memory
 from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
+from gpufio.native import memory
 
 SUBMITTER = "cpu-stand-in"
 
@@ -132,7 +132,7 @@ class CpuChannel(Channel):
         assert self._bounce is not None
         at = slots.astype(np.uint64) * np.uint64(self._slot)
         for i in np.flatnonzero(write):
-            ctypes.memmove(self._bounce.addr + int(at[i]), int(addr[i]), int(length[i]))
+            memory.memmove(self._bounce.addr + int(at[i]), int(addr[i]), int(length[i]))
         return at + np.uint64(self._bounce.iova)
 
     def _prps(self, slots: np.ndarray, dma: np.ndarray, length: np.ndarray
@@ -164,7 +164,7 @@ class CpuChannel(Channel):
         res = nq.result(status, self._len[cids]).astype(np.int64)
         if self._bounce is not None:  # reads land in the slots: hand them on
             for i in np.flatnonzero(~self._write[cids] & (res > 0)):
-                ctypes.memmove(int(self._addr[cids[i]]),
+                memory.memmove(int(self._addr[cids[i]]),
                                self._bounce.addr + int(cids[i]) * self._slot, int(res[i]))
         self._free = np.concatenate((self._free, cids))
         return self._tag[cids], res

@@ -10,14 +10,14 @@ Every result of a modelled drive carries ``label(model)``.
 
 from __future__ import annotations
 
-import ctypes
 import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from gpufio.native import build as native
 from gpufio.core.errors import BadInput
+from gpufio.native import nvme as native
 
 DATA = Path(__file__).with_name("drives.toml")
 SOURCES = (Path(__file__).with_name("drive_rate.c"),)
@@ -89,24 +89,8 @@ def describe(m: DriveModel) -> dict:
             "sources": dict(m.sources), "unmodelled": m.unpublished, "label": label(m)}
 
 
-class _Drive(ctypes.Structure):
-    """struct gdr_drive (drive_rate.c): every field 64 bits, in its order."""
-
-    _fields_ = [(n, ctypes.c_int64) for n in ("io_ps", "media_fs", "link_fs", "latency_ns",
-                                              "next_io", "next_media", "next_link",
-                                              "admitted")]
-
-
-def _library() -> ctypes.CDLL | None:
-    lib = native.library("drive_rate", SOURCES)
-    if lib is not None and not hasattr(lib, "_gpufio_typed"):
-        lib.gdr_init.argtypes = [ctypes.POINTER(_Drive), ctypes.c_double, ctypes.c_double,
-                                 ctypes.c_double, ctypes.c_int64]
-        lib.gdr_init.restype = None
-        lib.gdr_admit.argtypes = [ctypes.POINTER(_Drive), ctypes.c_int64, ctypes.c_int64]
-        lib.gdr_admit.restype = ctypes.c_int64
-        lib._gpufio_typed = True
-    return lib
+def _library() -> Any:
+    return native.drive_library(SOURCES)
 
 
 def available() -> bool:
@@ -115,22 +99,21 @@ def available() -> bool:
 
 
 class DriveRate:
-    """The rate model of ``m`` (drive_rate.c through ctypes), idle: ``admit(now_ns, nbytes)``
-    -> the earliest completion time in ns. ``struct`` is the C state a compiled controller
-    may be handed (its address: ``ctypes.addressof(rate.struct)``)."""
+    """The rate model of ``m`` (drive_rate.c through native/nvme.py), idle:
+    ``admit(now_ns, nbytes)`` -> the earliest completion time in ns. ``state`` is the C
+    state a compiled controller may be handed (native/nvme.serve takes it)."""
 
     def __init__(self, m: DriveModel) -> None:
         lib = _library()
         if lib is None:
             raise RuntimeError("the drive rate model needs a C compiler (cc)")
-        self._admit = lib.gdr_admit
-        self.struct = _Drive()
-        lib.gdr_init(ctypes.byref(self.struct), m.iops or 0.0, m.read_bw or 0.0, m.link_bw,
-                     m.latency_ns or 0)
+        self.state = native.DriveState(lib, m.iops or 0.0, m.read_bw or 0.0, m.link_bw,
+                                       m.latency_ns or 0)
+        self._admit = self.state.admit
 
     def admit(self, now_ns: int, nbytes: int) -> int:
-        return int(self._admit(ctypes.byref(self.struct), now_ns, nbytes))
+        return int(self._admit(now_ns, nbytes))
 
     @property
     def admitted(self) -> int:
-        return int(self.struct.admitted)
+        return self.state.admitted

@@ -4,13 +4,12 @@ container, the device's BAR0 and its DMA mappings of pinned host memory.
 The kernel gives a user-space driver a whole device through vfio-pci with no module of its
 own: BAR0 is mmapped through the device descriptor, and host memory becomes reachable by the
 device's DMA only where VFIO_IOMMU_MAP_DMA maps it (the IOMMU stays on). The ioctls are
-``_IO(';', 100 + n)`` (linux/vfio.h). Register reads and writes go through ctypes integers
-at the mapped address: one 32- or 64-bit access each, as controllers require.
+``_IO(';', 100 + n)`` (linux/vfio.h). Register reads and writes go through word views of the
+mapped BAR (native/memory.registers): one 32- or 64-bit access each, as controllers require.
 """
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import mmap
 import os
@@ -19,6 +18,7 @@ import threading
 from pathlib import Path
 
 from gpufio.core.errors import BadInput
+from gpufio.native.memory import address_of, registers
 
 SYS_PCI = Path("/sys/bus/pci")
 
@@ -103,19 +103,21 @@ class Bar:
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
                              offset=offset)
         self.size = size
-        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self._u32, self._u64 = registers(self.map)
 
     def r32(self, off: int) -> int:
-        return ctypes.c_uint32.from_address(self.base + off).value
+        return self._u32[off >> 2]
 
     def w32(self, off: int, value: int) -> None:
-        ctypes.c_uint32.from_address(self.base + off).value = value
+        self._u32[off >> 2] = value
 
     def r64(self, off: int) -> int:
-        return ctypes.c_uint64.from_address(self.base + off).value
+        """The 64-bit register at ``off`` (8-byte aligned, as the 64-bit registers are)."""
+        return self._u64[off >> 3]
 
     def close(self) -> None:
-        self.base = 0
+        self._u32.release()
+        self._u64.release()
         try:
             self.map.close()
         except BufferError:
@@ -133,7 +135,7 @@ class Memory:
         if addr is None:
             self.map = mmap.mmap(-1, self.size, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
                                  mmap.PROT_READ | mmap.PROT_WRITE)
-            addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+            addr = address_of(self.map)
         self.addr = addr
         self.iova = iova
         self._device = device

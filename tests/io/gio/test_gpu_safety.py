@@ -220,8 +220,7 @@ def test_a_queue_refuses_rings_whose_cq_is_smaller_than_its_sq(monkeypatch):
 
     monkeypatch.setattr(gpuqueue, "GpuRings", Rings)
     monkeypatch.setattr(gpu, "serialising_reason", lambda: None)
-    monkeypatch.setattr(gpuqueue.cuda, "module",
-                        lambda name: SimpleNamespace(get_function=lambda fn: None))
+    monkeypatch.setattr(gpuqueue.kernels, "function", lambda kernel: None)
     with pytest.raises(BadInput, match="needs depth <= SQ entries <= CQ entries, got SQ 8, CQ 4"):
         gpuqueue.UringQueue(nrings=1, depth=8, slot_bytes=4096, sq_entries=8, cq_entries=4,
                              idle_ms=10, cpus=(), sqe_async=False, fds=[], registered=False)

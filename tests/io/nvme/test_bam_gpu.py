@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from gpufio.core import pattern, targets
-from gpufio.io import cuda, verify
+from gpufio.io import cuda, kernels, verify
+from gpufio.io.kernels import Kernel
 from gpufio.io.nvme import spec as nq
 from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 from gpufio.io.gio.queue import QueueStalled
@@ -101,7 +102,7 @@ def run(q: NvmeQueues, offs, lens, kinds, rows=None, stall_ns: int = 10**10):
     (results, the rows of GPU memory the reads landed in)."""
     import cupy as cp
 
-    fn = cuda.module("nvme_io").get_function("nvme_requests")  # loaded before the agents run
+    fn = kernels.function(Kernel.NVME_REQUESTS)  # loaded before the agents run
     n, width = len(offs), max(lens)
     slots = q.nrings * q.depth
     tpb = min(32, slots, n)

@@ -27,11 +27,12 @@ import numpy as np
 
 from gpufio.core.checks import OK, WARN, Check, verdict
 from gpufio.core.errors import BadInput
-from gpufio.io import cuda, gpu
+from gpufio.io import gpu, kernels
 from gpufio.io.nvme import spec as nq
 from gpufio.io.gio import contract
 from gpufio.io.nvme.controller import Memory, QueuePair
 from gpufio.io.gio.queue import RequestQueue, refuse_serialised
+from gpufio.io.kernels import Kernel
 
 MODES = ("direct", "relay")
 MAX_SLOT_BYTES = nq.PAGE * (nq.PRP_PER_PAGE + 1)  # one PRP list page per slot
@@ -124,7 +125,7 @@ class NvmeQueues(RequestQueue):
                   "ns": nsid | lba_shift << 32,
                   "progress": self.progress.ctypes.data + 32 * r}
                  for r, p in enumerate(self.pairs)]
-        self._agent = cuda.module("nvme_agent").get_function("nvme_agent")
+        self._agent = kernels.function(Kernel.NVME_AGENT)
         # what the request kernels pass as a request's file: 0 sends it to the one namespace
         # of the queues (nsid); another number is the namespace itself (nvme_agent.cu)
         self.file_refs = (np.zeros(1, np.int32) if namespaces == 1
@@ -172,7 +173,7 @@ class NvmeQueues(RequestQueue):
         """One NVMe Flush through the agents (a request of write with length 0, from one GPU
         thread): the request API's result, 0 or -(NVME_STATUS_BASE + status)."""
         cp = self._cp
-        fn = cuda.module("nvme_io").get_function("nvme_requests")  # before the agents run
+        fn = kernels.function(Kernel.NVME_REQUESTS)  # before the agents run
         res, row = cp.full(1, UNSET, cp.int32), cp.zeros(16, cp.uint8)
         off, length = cp.zeros(1, cp.uint64), cp.zeros(1, cp.uint32)
         kind = cp.full(1, FLUSH_KIND, cp.uint8)

@@ -21,7 +21,8 @@ import numpy as np
 
 from gpufio.core.errors import BadInput
 from gpufio.facts.storage import ram_backing
-from gpufio.io import cuda, gpu, uring
+from gpufio.io import gpu, kernels, uring
+from gpufio.io.kernels import Kernel
 from gpufio.io.gio import contract
 from gpufio.io.gio.backends.rings import GpuRings, ring_sizes, stall_report
 from gpufio.io.gio.queue import (
@@ -57,7 +58,7 @@ class UringQueue(RequestQueue):
         kernel maps a command's buffer itself)."""
         refuse_serialised("GPU-initiated I/O")
         super().__init__(nrings, depth)
-        self._agent = cuda.module("gio_agent").get_function("gio_agent")
+        self._agent = kernels.function(Kernel.GIO_AGENT)
         self._slots: gpu.PinnedBuffer | None = None
         passthrough = namespaces is not None
         registered = registered or passthrough  # the agents look a file's namespace up by index
