@@ -500,6 +500,18 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                 continue;  /* take and submit again */
             /* every slot in flight and none back: wait (the call below submits nothing) */
         }
+        if (t0 > deadline && i < n && !stop) {
+            /* the call's time is up: submit the rest and hand back with every slot busy
+             * (the slots the last reap freed were taken above); what completes meanwhile
+             * waits for the next call's reap, so no slot sits free while the caller
+             * records (IOPS x mean latency would fall short of the depth) */
+            while (L->unsubmitted) {
+                if ((rc = enter(L, 0, 0)) < 0)
+                    return rc;
+                submitted(L, rc, now_ns(), !ramp);
+            }
+            break;
+        }
         if (!next_due)
             spin_for_completion(L);
         rc = enter(L, 1, next_due ? (next_due > t0 ? next_due - t0 : 1) : 0);
@@ -508,8 +520,9 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
         submitted(L, rc, t0, !ramp);  /* a call that also waits: its start stands */
         const int64_t now = now_ns();
         k = reap(L, now, o, k);
-        if (L->status & GF_TIMED_OUT || now > deadline || ramp_ended(L, ramp))
-            break;
+        if (L->status & GF_TIMED_OUT || ramp_ended(L, ramp)
+            || (now > deadline && (stop || i == n)))
+            break;  /* (with the batch still to take, the check above leaves) */
     }
     *consumed = i;
     return k;

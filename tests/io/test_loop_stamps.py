@@ -285,3 +285,15 @@ def test_python_channel_times_each_request_around_its_enter_calls(tmp_path, monk
     for i, took in got.items():
         assert took > 0 and (1 + took) % 2 == 1, (i, took, text)
     assert ch.notes()["slat_mean_ns"] == [1]  # each waited from tick 1 to the enter's 2
+
+
+@needs_cc
+@pytest.mark.parametrize("lazy", [0, 1], ids=["completes-at-submit", "completes-on-wait"])
+def test_a_call_whose_time_is_up_hands_back_with_every_slot_busy(fake_lib, monkeypatch, lazy):
+    # the slots its last reap freed take their next I/Os and go in before it returns: none
+    # sits free while the caller records (IOPS x mean latency would fall short of depth)
+    loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=4, batch_submit=0, lazy=lazy)
+    used, k = loop.run(np.zeros(64, np.int32), np.arange(64, dtype=np.uint64) * 4096, None, 6)
+    assert 4 < used < 64 and loop.inflight == 4 and used == k + 4
+    # its last call submitted and did not reap: the stamp after it, no reap's
+    assert events(fake_lib, log).endswith("CSC"), events(fake_lib, log)
