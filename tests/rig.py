@@ -242,10 +242,11 @@ def _build_helpers(out: Path) -> None:
     if cc is None:
         return
     out.mkdir(exist_ok=True)
-    builds = [subprocess.Popen([cc, "-O3", "-fPIC", "-shared", "-o", str(out / f"{name}.so"),
-                                *map(str, sources)], stderr=subprocess.DEVNULL)
-              for name, sources in (("pattern_fill", (native.SOURCE,)),
-                                    ("loops", loops.SOURCES))]
+    builds = [subprocess.Popen([cc, "-O3", "-fPIC", "-shared", *options, "-o",
+                                str(out / f"{name}.so"), *map(str, sources)],
+                               stderr=subprocess.DEVNULL)
+              for name, sources, options in (("pattern_fill", (native.SOURCE,), ()),
+                                             ("loops", loops.SOURCES, loops.OPTIONS))]
     for build in builds:
         build.wait()
 

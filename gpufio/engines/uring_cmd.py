@@ -7,7 +7,10 @@ buffer: io/nvme/passthru.py, the layout the GPU builder shares) into 128-byte SQ
 be named by its char device, as fio's users do, or by its block device /dev/nvmeXnY, which
 stands for the same namespace (core/targets.open_namespace). Completions come back as
 32-byte CQEs: 0, an NVMe status (one failed I/O, named by its status), or -errno.
-``hipri`` polls for them (IORING_SETUP_IOPOLL) where the namespace has poll queues.
+``hipri`` polls for them (IORING_SETUP_IOPOLL) where the namespace has poll queues. A block
+job that the compiled loops take (engines/base.compiled_loop) runs them as fio's engine
+does, with no Python per I/O: io/loops.c's io_uring loop over the passthrough ring, each
+SQE built by the CUDA builder's header compiled as C (kernels/nvme_cmd.cuh).
 """
 
 from __future__ import annotations
@@ -17,17 +20,19 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from gpufio.core import pattern
 from gpufio.core.checks import Check, verdict
 from gpufio.core.errors import BadInput
 from gpufio.core.options import Option
 from gpufio.core.requests import HOST, Capability, Channel, ChannelSpec, drain
 from gpufio.core.targets import aligned_buffer
 from gpufio.engines import register
-from gpufio.engines.base import Engine
-from gpufio.io import uring
+from gpufio.engines.base import Engine, loop_facts
+from gpufio.io import loops, uring
 from gpufio.io.nvme import passthru
 
 if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
     from gpufio.core.job import Job
     from gpufio.core.targets import Target
     from gpufio.facts.system import Host
@@ -93,7 +98,8 @@ class UringCmd(Engine):
     def describe(cls, job: Job) -> dict[str, Any]:
         o = cls.settings(job)
         return {**super().describe(job), "page_cache": False, "hipri": o.hipri,
-                "sqpoll": o.sqpoll, "fixedbufs": o.fixedbufs, "registerfiles": o.registerfiles}
+                "sqpoll": o.sqpoll, "fixedbufs": o.fixedbufs, "registerfiles": o.registerfiles,
+                **loop_facts(job)}
 
     @classmethod
     def channel(cls, job: Job, files: Sequence[Target], spec: ChannelSpec) -> "UringCmdChannel":
@@ -125,6 +131,7 @@ class UringCmdChannel(Channel):
         self._nsid = np.array([f.facts["nsid"] for f in files], np.uint32)
         self._shift = np.array([f.lba.bit_length() - 1 for f in files], np.uint64)
         self._len = np.zeros(spec.depth, np.int64)  # each tag's length: the CQE says 0
+        self._native: loops.NativeLoop | None = None
         self.facts = {"iodepth": spec.depth}
         # the probe's landing place, freed with the ring (a probe that never completed may
         # still land in it)
@@ -166,7 +173,7 @@ class UringCmdChannel(Channel):
 
     @property
     def inflight(self) -> int:
-        return self.ring.inflight
+        return self._native.inflight if self._native is not None else self.ring.inflight
 
     def room(self) -> int:
         return min(self.ring.space(), super().room())
@@ -195,10 +202,28 @@ class UringCmdChannel(Channel):
         tags = ud.astype(np.int64)
         return tags, passthru.result(res, self._len[tags]).astype(np.int64)
 
+    def native(self, job: Job, ctx: WorkerContext, batch: int, wait_ns: int) -> Any:
+        # ctx: the worker context, read only (stop word, seeds). No stop poll is armed on
+        # this ring: every wait has wait_ns as its limit (a polled one needs none)
+        if not loops.available() or self.spec.region is None:
+            return None
+        self._native = loops.NativeLoop(
+            loops.URING, depth=self.spec.depth, bs=self.spec.largest,
+            bufs=self.spec.region[0], stop=ctx.stop_address, fds=self._fds,
+            seeds=ctx.seeds(np.arange(len(self._fds))) if job.writes else None,
+            magic=pattern.MAGIC, halt_on_error=not ctx.continue_on_error, batch=batch,
+            writes=bool(job.writes), ring=self.ring, wait_ns=0 if self.ring.iopoll else wait_ns,
+            nvme=(self._nsid, self._shift), sqe_flags=self._flags,
+            cmd_flags=passthru.URING_CMD_FIXED if self._fixed is not None else 0)
+        return self._native
+
     def state(self) -> str:
+        if self._native is not None:  # the ring's own count is the compiled loop's
+            return f"ring state {dict(self.ring.state(), inflight=self._native.inflight)}"
         return f"ring state {self.ring.state()}"
 
     def close(self) -> None:
-        drain(self)
+        if self._native is None:  # the compiled loop waits for its own I/Os
+            drain(self)
         self.ring.close()
         self._probe_buf.close()

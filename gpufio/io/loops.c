@@ -7,7 +7,10 @@
  * submits it) to just after the call that reaped it.
  *
  * Three loops share one state struct: a null loop (each I/O completes as it is issued),
- * pread/pwrite one at a time, and io_uring with `depth` I/Os in flight. A loop returns when
+ * pread/pwrite one at a time, and io_uring with `depth` I/Os in flight. The io_uring loop
+ * also drives a passthrough ring (SQE128|CQE32, `nvme` set: NVMe passthrough, as fio's
+ * io_uring_cmd engine): each SQE is then the NVMe command nvme_cmd.cuh's nvme_uring_sqe
+ * builds, and each completion's status goes through its decoder. A loop returns when
  * its batch is all issued (io_uring: submitted, the I/Os in flight stay in flight), when its
  * deadline passes, or, once the job's stop word is set, when nothing is in flight any more.
  * A call that begins in ramp_time also returns once the job's measuring word is set, I/Os
@@ -29,6 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/syscall.h>
+
+#include "nvme_cmd.cuh"  /* the one NVMe command encoder (gpufio/kernels), layout as -D */
 
 #ifndef __NR_io_uring_enter
 #define __NR_io_uring_enter 426
@@ -78,6 +83,11 @@ struct gf_loop {
     int64_t wait_ns;                /* a wait's limit once the stop was seen (0: none) */
     int64_t batch_submit;           /* I/Os one io_uring_enter submits at most (0: all free) */
     int64_t spin_ns;                /* before a wait, look this long for a completion */
+    int64_t nvme;                   /* nonzero: a passthrough ring (SQE128|CQE32) */
+    const uint64_t *nsids, *lba_shifts;  /* nvme: per target, its namespace, log2 LBA */
+    uint64_t sqe_flags;             /* nvme: every SQE's flags (e.g. a fixed file) */
+    uint64_t cmd_flags;             /* nvme: uring_cmd_flags (IORING_URING_CMD_FIXED: bufs
+                                     * lie in registered buffer 0) */
     /* state kept across calls */
     int64_t sq_tail_local, cq_head_local;
     int64_t inflight, nfree, status, unsubmitted;  /* taken, not reaped; free slots; ...;
@@ -340,8 +350,9 @@ static int64_t reap(struct gf_loop *L, int64_t now, struct gf_out *o, int64_t k)
 {
     uint32_t head = (uint32_t)L->cq_head_local;
     const uint32_t tail = __atomic_load_n(L->cq_tail, __ATOMIC_ACQUIRE);
+    const uint32_t words = L->nvme ? 4 : 2;  /* a CQE32's, a CQE's */
     while (head != tail) {
-        const uint64_t *cqe = L->cqes + 2 * (head & (uint32_t)L->cq_mask);
+        const uint64_t *cqe = L->cqes + words * (head & (uint32_t)L->cq_mask);
         const uint64_t ud = cqe[0];
         int32_t res = (int32_t)(uint32_t)cqe[1];
         head++;
@@ -351,6 +362,8 @@ static int64_t reap(struct gf_loop *L, int64_t now, struct gf_out *o, int64_t k)
         }
         if (L->nop && res == 0)
             res = (int32_t)L->bs;
+        if (L->nvme)  /* 0, an NVMe status or -errno: bytes, or the status's code */
+            res = nvme_uring_result(res, (unsigned)L->bs);
         record(o, k++, now - L->t_issue[ud], L->slot_tgt[ud], res, L->slot_write[ud]);
         note_result(L, res);
         L->free_slots[L->nfree++] = (int64_t)ud;
@@ -359,6 +372,25 @@ static int64_t reap(struct gf_loop *L, int64_t now, struct gf_out *o, int64_t k)
     L->cq_head_local = head;
     __atomic_store_n(L->cq_head, head, __ATOMIC_RELEASE);
     return k;
+}
+
+/* Prepare slot `slot`'s SQE for target t's I/O at `off` (write: `w`): a plain ring's row
+ * holds the slot's address, length and user_data already, and takes the opcode, descriptor
+ * and offset; a passthrough ring's row is built whole as the NVMe command. */
+static inline void prep_sqe(struct gf_loop *L, int64_t slot, int64_t t, uint64_t off, int64_t w)
+{
+    if (L->nvme) {
+        u64 *sqe = (u64 *)L->sqes + 16 * slot;
+        nvme_uring_sqe(sqe, (unsigned)L->fds[t], (unsigned)L->sqe_flags, (unsigned)L->nsids[t],
+                       (unsigned)L->lba_shifts[t], w != 0, off, (unsigned)L->bs,
+                       (u64)(uintptr_t)(L->bufs + slot * L->bs), (u64)slot);
+        if (L->cmd_flags)  /* the buffer registered as index 0 (IORING_URING_CMD_FIXED) */
+            PT_PUT(sqe, URING_CMD_FLAGS, L->cmd_flags);
+        return;
+    }
+    uint64_t *sqe = L->sqes + 8 * slot;
+    sqe[0] = L->word0[w] | ((uint64_t)(uint32_t)L->fds[t] << 32);
+    sqe[1] = off;
 }
 
 /* io_uring, `depth` I/Os in flight. Each round, every free slot takes the next I/O of the
@@ -406,11 +438,9 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
             }
             const int64_t slot = L->free_slots[--L->nfree], t = tgt[i];
             const int64_t w = writes ? writes[i] : L->slot_write[slot];
-            uint64_t *sqe = L->sqes + 8 * slot;
             if (w && L->seeds)
                 fill_slot(L, slot, t, offs[i]);
-            sqe[0] = L->word0[w] | ((uint64_t)(uint32_t)L->fds[t] << 32);
-            sqe[1] = offs[i];
+            prep_sqe(L, slot, t, offs[i], w);
             L->slot_tgt[slot] = t;
             L->slot_write[slot] = w;
             L->sq_array[tail & mask] = (uint32_t)slot;
@@ -470,6 +500,18 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
                 continue;  /* take and submit again */
             /* every slot in flight and none back: wait (the call below submits nothing) */
         }
+        if (t0 > deadline && i < n && !stop) {
+            /* the call's time is up: submit the rest and hand back with every slot busy
+             * (the slots the last reap freed were taken above); what completes meanwhile
+             * waits for the next call's reap, so no slot sits free while the caller
+             * records (IOPS x mean latency would fall short of the depth) */
+            while (L->unsubmitted) {
+                if ((rc = enter(L, 0, 0)) < 0)
+                    return rc;
+                submitted(L, rc, now_ns(), !ramp);
+            }
+            break;
+        }
         if (!next_due)
             spin_for_completion(L);
         rc = enter(L, 1, next_due ? (next_due > t0 ? next_due - t0 : 1) : 0);
@@ -478,8 +520,9 @@ int64_t gf_uring(struct gf_loop *L, const int32_t *tgt, const uint64_t *offs,
         submitted(L, rc, t0, !ramp);  /* a call that also waits: its start stands */
         const int64_t now = now_ns();
         k = reap(L, now, o, k);
-        if (L->status & GF_TIMED_OUT || now > deadline || ramp_ended(L, ramp))
-            break;
+        if (L->status & GF_TIMED_OUT || ramp_ended(L, ramp)
+            || (now > deadline && (stop || i == n)))
+            break;  /* (with the batch still to take, the check above leaves) */
     }
     *consumed = i;
     return k;

@@ -18,10 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from gpufio.io.cuda import KERNELS
+from gpufio.io.nvme import passthru, spec
 from gpufio.native import loops as native_loops
 
 SOURCES = (Path(__file__).with_name("loops.c"),
            Path(__file__).resolve().parent.parent / "core" / "pattern_fill.c")
+# the NVMe command encoder the passthrough ring's SQEs come from, and its layout
+HEADERS = (KERNELS / "nvme_cmd.cuh",)
+OPTIONS = (f"-I{KERNELS}", *spec.defines(), *passthru.defines())
 NULL, PSYNC, URING = "gf_null", "gf_psync", "gf_uring"
 TIMED_OUT, STOPPED, RAMP = 1, 2, 4  # struct gf_loop.status bits
 # how long one call may run before it hands its completions back: the live counters and
@@ -31,7 +36,7 @@ CALL_NS = 50_000_000
 
 def _library() -> Any:
     """The compiled loops, typed (native/loops.py), or None."""
-    return native_loops.library(SOURCES)
+    return native_loops.library(SOURCES, HEADERS, OPTIONS)
 
 
 def available() -> bool:
@@ -54,13 +59,18 @@ class NativeLoop:
     address, length and user_data (the slot) already; ``stop_ud``: the user_data of the
     ring's stop poll (0: none, and every wait has a limit); ``wait_ns``: a wait's limit;
     ``batch_submit``: the most I/Os one io_uring_enter submits (0: every free slot's);
-    ``spin_ns``: how long a wait first looks for a completion before it sleeps."""
+    ``spin_ns``: how long a wait first looks for a completion before it sleeps. ``nvme``:
+    for a passthrough ring (SQE128|CQE32), each target's (namespace id, log2 of its LBA
+    size): every SQE is then built whole as an NVMe command with ``sqe_flags`` and
+    ``cmd_flags`` (uring_cmd_flags), and ``word0`` is unused."""
 
     def __init__(self, kind: str, *, depth: int, bs: int, bufs: int, stop: int,
                  fds: np.ndarray, seeds: np.ndarray | None, magic: int, halt_on_error: bool,
                  batch: int, writes: bool, nop: bool = False, ring: Any = None,
                  word0: tuple[int, int] = (0, 0), stop_ud: int = 0, wait_ns: int = 0,
-                 batch_submit: int = 0, spin_ns: int = 0) -> None:
+                 batch_submit: int = 0, spin_ns: int = 0,
+                 nvme: tuple[np.ndarray, np.ndarray] | None = None, sqe_flags: int = 0,
+                 cmd_flags: int = 0) -> None:
         lib = _library()
         if lib is None:
             raise RuntimeError("the compiled loops are not available here")
@@ -95,6 +105,10 @@ class NativeLoop:
             L.word0[0], L.word0[1] = word0
             L.stop_ud, L.wait_ns, L.batch_submit = stop_ud, wait_ns, batch_submit
             L.spin_ns = spin_ns
+        if nvme is not None:
+            self._nsids, self._shifts = (np.ascontiguousarray(a, dtype=np.uint64) for a in nvme)
+            L.nvme, L.nsids, L.lba_shifts = 1, _addr(self._nsids), _addr(self._shifts)
+            L.sqe_flags, L.cmd_flags = sqe_flags, cmd_flags
         self._loop_ref, self._out_ref, self._consumed, self._consumed_ref = \
             native_loops.references(L, self._out)
 

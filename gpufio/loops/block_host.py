@@ -88,14 +88,19 @@ class BlockLoop:
         except BaseException:
             self._release()
             raise
+        try:  # in setup, before the clock, as fio allocates its io_us: no I/O waits for it
+            self._native = self.channel.native(job, ctx, COMPILED_BATCH, WAIT_NS) \
+                if compiled_loop(job) else None
+        except BaseException:
+            self.close()
+            raise
         self._measured = False
 
     def run(self) -> None:
         """Issue the job's I/Os until the context hands out no more; record every one."""
         ctx, ch = self.ctx, self.channel
         try:
-            loop = ch.native(self.job, ctx, COMPILED_BATCH, WAIT_NS) \
-                if compiled_loop(self.job) else None
+            loop = self._native
             if loop is not None:
                 run_compiled(ctx, loop, self._note_measuring, lambda n: ch.state(), STALL_LIMIT_NS)
             elif self._halves == 2:

@@ -26,6 +26,8 @@ class Loop(ctypes.Structure):
                 ("sq_entries", _I64), ("cq_mask", _I64), ("sqpoll", _I64),
                 ("word0", ctypes.c_uint64 * 2), ("stop_ud", ctypes.c_uint64), ("wait_ns", _I64),
                 ("batch_submit", _I64), ("spin_ns", _I64),
+                ("nvme", _I64), ("nsids", _P), ("lba_shifts", _P),
+                ("sqe_flags", ctypes.c_uint64), ("cmd_flags", ctypes.c_uint64),
                 *[(n, _I64) for n in ("sq_tail_local", "cq_head_local", "inflight", "nfree",
                                       "status", "unsubmitted", "spin_skip", "spin_misses",
                                       "slat_sum", "slat_n", "unsubmitted_stamps")],
@@ -38,11 +40,13 @@ class Out(ctypes.Structure):
     _fields_ = [("lat", _P), ("tgt", _P), ("res", _P), ("write", _P)]
 
 
-def library(sources: tuple[Path, ...]) -> ctypes.CDLL | None:
-    """The loops built from ``sources`` (build.library), their entry points typed; None
-    where nothing is built."""
+def library(sources: tuple[Path, ...], headers: tuple[Path, ...] = (),
+            options: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The loops built from ``sources`` (build.library, with the ``headers`` they include
+    and the compiler's ``options``), their entry points typed; None where nothing is
+    built."""
     args = [ctypes.POINTER(Loop), _P, _P, _P, _P, _I64, _I64, ctypes.POINTER(Out), _P]
-    return build.typed(build.library("loops", sources),
+    return build.typed(build.library("loops", sources, headers, options),
                        {name: (args, _I64) for name in ENTRY_POINTS})
 
 

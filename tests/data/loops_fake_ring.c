@@ -4,7 +4,8 @@
  * takes the SQEs it submits and completes what it has taken (res = the SQE's length): at
  * once, or (`lazy`) only in an enter that waits, as a device slower than the loop; with
  * `lazy` 2, as a DEFER_TASKRUN ring, the SQ flags say so (IORING_SQ_TASKRUN) from the
- * submitting enter until the waiting one. */
+ * submitting enter until the waiting one. After fake_passthrough, its SQEs and CQEs are a
+ * passthrough ring's (128 and 32 bytes) and every completion carries the status given. */
 #include <stdarg.h>
 #include <stdint.h>
 #include <time.h>
@@ -16,6 +17,8 @@ static uint32_t sq_mask, cq_mask;
 static int64_t ticks, nlog;
 static char *events;  /* 'C' a clock read, 'S' an enter that submits, 'W' one that waits */
 static int64_t events_cap, lazy, taken, slots[4096];
+static int64_t sqe_words, cqe_words, passthrough;  /* SQE and CQE strides; NVMe passthrough */
+static int32_t status;                             /* what a passthrough CQE carries */
 
 #define SQ_TASKRUN (1U << 2)
 
@@ -25,7 +28,12 @@ void fake_ring(uint32_t *sh, uint32_t *st, uint32_t *sa, uint32_t *sf, uint32_t 
 {
     sq_head = sh; sq_tail = st; sq_array = sa; sq_flags = sf; cq_tail = ct; sqes = s; cqes = c;
     sq_mask = smask; cq_mask = cmask; events = log; events_cap = cap; ticks = 0; nlog = 0;
-    lazy = slow; taken = 0;
+    lazy = slow; taken = 0; sqe_words = 8; cqe_words = 2; passthrough = 0;
+}
+
+void fake_passthrough(int32_t res)
+{
+    sqe_words = 16; cqe_words = 4; passthrough = 1; status = res;
 }
 
 int64_t fake_events(void) { return nlog; }
@@ -58,10 +66,10 @@ long syscall(long nr, ...)
     }
     __atomic_store_n(sq_flags, 0, __ATOMIC_RELEASE);
     for (int64_t i = 0; i < taken; i++) {
-        const uint64_t *sqe = sqes + 8 * slots[i];
-        uint64_t *cqe = cqes + 2 * (*cq_tail & cq_mask);
+        const uint64_t *sqe = sqes + sqe_words * slots[i];
+        uint64_t *cqe = cqes + cqe_words * (*cq_tail & cq_mask);
         cqe[0] = sqe[4];
-        cqe[1] = (uint32_t)sqe[3];
+        cqe[1] = passthrough ? (uint32_t)status : (uint32_t)sqe[3];
         __atomic_store_n(cq_tail, *cq_tail + 1, __ATOMIC_RELEASE);
     }
     taken = 0;

@@ -16,12 +16,14 @@ import ctypes
 import shutil
 import subprocess
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from gpufio.core.requests import ChannelSpec
 from gpufio.io import loops, uring, uring_channel
+from gpufio.io.nvme import passthru
 from gpufio.io.uring_channel import RingOptions, UringChannel
 from gpufio.native import loops as native_loops
 
@@ -37,24 +39,26 @@ def fake_lib(tmp_path_factory) -> ctypes.CDLL:
     """io/loops.c with its clock and system calls those of the stand-in kernel."""
     lib = tmp_path_factory.mktemp("loops") / "loops-fake.so"
     subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-Dsyscall=gf_fake_syscall",
-                    "-Dclock_gettime=gf_fake_clock_gettime", "-o", str(lib),
+                    "-Dclock_gettime=gf_fake_clock_gettime", *loops.OPTIONS, "-o", str(lib),
                     *map(str, loops.SOURCES), str(FAKE)], check=True, capture_output=True)
     return ctypes.CDLL(str(lib))
 
 
 def fake_loop(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, depth: int,
-              batch_submit: int, lazy: int, spin_ns: int = 0
+              batch_submit: int, lazy: int, spin_ns: int = 0, **passthrough: Any
               ) -> tuple[loops.NativeLoop, np.ndarray, list]:
     """A compiled URING loop of ``depth`` slots on an in-memory ring the stand-in serves
     (``lazy``: as its fake_ring's); (loop, its event log, what keeps the ring's memory
-    alive)."""
+    alive). With ``passthrough`` (``status``: what every CQE carries, and NativeLoop's
+    ``nvme``, ``sqe_flags``, ``cmd_flags``, ``writes``), a passthrough ring's."""
     entries = 1 << (depth - 1).bit_length()
     words = np.zeros(8, np.uint32)  # sq head, sq tail, sq flags, cq head, cq tail
     sq_array = np.zeros(entries, np.uint32)
-    sqes = np.zeros((entries, 8), np.uint64)
+    big = bool(passthrough)
+    sqes = np.zeros((entries, 16 if big else 8), np.uint64)
     sqes[:depth, 3] = 4096                       # each slot's length
     sqes[:depth, 4] = np.arange(depth)           # and user_data: its slot
-    cqes = np.zeros((2 * entries, 2), np.uint64)
+    cqes = np.zeros((2 * entries, 4 if big else 2), np.uint64)
     log = np.zeros(1 << 16, np.uint8)
     at = [words.ctypes.data + 4 * i for i in range(5)]
     lib.fake_ring(*[ctypes.c_void_p(a) for a in (at[0], at[1], sq_array.ctypes.data, at[2],
@@ -62,6 +66,8 @@ def fake_loop(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, depth: int,
                   ctypes.c_uint32(entries - 1), ctypes.c_uint32(2 * entries - 1),
                   ctypes.c_void_p(log.ctypes.data), ctypes.c_int64(len(log)),
                   ctypes.c_int64(int(lazy)))
+    if big:
+        lib.fake_passthrough(ctypes.c_int32(passthrough.pop("status")))
     ring = SimpleNamespace(
         fd=-1, sqpoll=False, sq_entries=entries, cq_entries=2 * entries,
         ring_words={"sq_head": at[0], "sq_tail": at[1], "sq_flags": at[2], "cq_head": at[3],
@@ -70,13 +76,38 @@ def fake_loop(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, depth: int,
         local_heads=lambda: (0, 0))
     stop = np.array([0, 1], np.int64)  # the control words: stop, measuring (the window's)
     bufs = np.zeros(depth * 4096, np.uint8)
-    monkeypatch.setattr(native_loops.build, "library", lambda name, sources: lib)
+    monkeypatch.setattr(native_loops.build, "library", lambda name, *sources: lib)
     loop = loops.NativeLoop(loops.URING, depth=depth, bs=4096, bufs=bufs.ctypes.data,
                             stop=stop.ctypes.data, fds=np.zeros(1, np.int64), seeds=None,
-                            magic=0, halt_on_error=True, batch=64, writes=False, ring=ring,
+                            magic=0, halt_on_error=True, batch=64, ring=ring,
                             word0=(uring.OP_READ, uring.OP_WRITE), batch_submit=batch_submit,
-                            spin_ns=spin_ns)
+                            spin_ns=spin_ns, **{"writes": False, **passthrough})
     return loop, log, [words, sq_array, sqes, cqes, stop, bufs]
+
+
+@needs_cc
+@pytest.mark.parametrize("write,status,fixed", [(False, 0, False), (True, 0, True),
+                                                (False, 0x80, False)],
+                         ids=["read", "write-fixed", "status"])
+def test_compiled_passthrough_loop_builds_the_nvme_entry_and_decodes_its_status(
+        fake_lib, monkeypatch, write, status, fixed):
+    # uring-cmd's compiled loop: each SQE is the one encoder's passthrough entry (the same
+    # bytes as io/nvme/passthru.build's), each CQE's NVMe status decoded as passthru.result
+    flags = uring.SQE_FIXED_FILE if fixed else 0
+    loop, log, keep = fake_loop(
+        fake_lib, monkeypatch, depth=1, batch_submit=1, lazy=0, status=status,
+        nvme=(np.array([3]), np.array([12])), sqe_flags=flags, writes=write,
+        cmd_flags=passthru.URING_CMD_FIXED if fixed else 0)
+    used, k = loop.run(np.zeros(1, np.int32), np.array([8192], np.uint64), None, 1 << 62)
+    assert used == 1 and k == 1 and loop.inflight == 0
+    assert loop.res[0] == passthru.result(np.array([status]), 4096)[0]
+    assert (loop.res[0] == 4096) == (status == 0)
+    sqes, bufs = keep[2], keep[5]
+    want = passthru.build(write=write, fd=0, nsid=3, lba_shift=12, off=np.array([8192]),
+                          length=4096, addr=np.array([bufs.ctypes.data], np.uint64),
+                          user_data=np.zeros(1, np.uint64), sqe_flags=flags,
+                          fixed_buffer=0 if fixed else None)
+    assert sqes[0].tobytes() == want[0].tobytes()
 
 
 def events(lib: ctypes.CDLL, log: np.ndarray) -> str:
@@ -254,3 +285,15 @@ def test_python_channel_times_each_request_around_its_enter_calls(tmp_path, monk
     for i, took in got.items():
         assert took > 0 and (1 + took) % 2 == 1, (i, took, text)
     assert ch.notes()["slat_mean_ns"] == [1]  # each waited from tick 1 to the enter's 2
+
+
+@needs_cc
+@pytest.mark.parametrize("lazy", [0, 1], ids=["completes-at-submit", "completes-on-wait"])
+def test_a_call_whose_time_is_up_hands_back_with_every_slot_busy(fake_lib, monkeypatch, lazy):
+    # the slots its last reap freed take their next I/Os and go in before it returns: none
+    # sits free while the caller records (IOPS x mean latency would fall short of depth)
+    loop, log, _keep = fake_loop(fake_lib, monkeypatch, depth=4, batch_submit=0, lazy=lazy)
+    used, k = loop.run(np.zeros(64, np.int32), np.arange(64, dtype=np.uint64) * 4096, None, 6)
+    assert 4 < used < 64 and loop.inflight == 4 and used == k + 4
+    # its last call submitted and did not reap: the stamp after it, no reap's
+    assert events(fake_lib, log).endswith("CSC"), events(fake_lib, log)
