@@ -171,6 +171,14 @@ def _requests(q: Any, fn: Any, n: int, depth: int, pairs: int, size: int, bs: in
     return n / (time.perf_counter() - t), res, offs, side
 
 
+def _all_read(res: Any, bs: int, what: str) -> None:
+    """End the bench when any of the GPU reads (their results ``res``) did not move
+    ``bs`` bytes."""
+    bad = int((res != bs).sum())
+    if bad:
+        raise SystemExit(f"bench: {bad} of {len(res)} GPU reads failed ({what})")
+
+
 def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = BS,
              pollers: int = 1, backend: str | None = None, drive: str | None = None) -> float:
     """Reads/s of ``bs`` bytes from the model (or the compiled controller: ``backend``,
@@ -178,9 +186,7 @@ def gpu_rate(mode: str, n: int, depth: int, pairs: int, size: int, bs: int = BS,
     the landing slots (the copy to GPU memory is not the mechanism)."""
     with _gpu_pairs(mode, depth, pairs, size, bs, pollers, backend, drive) as (q, fn):
         rate, res, _, _ = _requests(q, fn, n, depth, pairs, size, bs)
-    bad = int((res != bs).sum())
-    if bad:
-        raise SystemExit(f"bench: {bad} of {n} GPU reads failed ({mode} doorbells)")
+    _all_read(res, bs, f"{mode} doorbells")
     return rate
 
 
@@ -258,8 +264,7 @@ def sm_price(mode: str, n: int, depth: int, pairs: int, size: int, bs: int, poll
     with _gpu_pairs(mode, depth, pairs, size, bs, pollers, backend, None) as (q, fn):
         rate, res, _, beside = _requests(q, fn, n, depth, pairs, size, bs,
                                          during=lambda busy: _matmul_rate(lambda _: not busy()))
-    if int((res != bs).sum()):
-        raise SystemExit(f"bench: {int((res != bs).sum())} of {n} GPU reads failed")
+    _all_read(res, bs, f"{mode} doorbells, beside the products")
     sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
     return {"matmul_solo": solo, "matmul_beside": beside, "kept": beside / solo,
             "rate": rate, "agent_warps": pairs, "requester_threads": pairs * depth,

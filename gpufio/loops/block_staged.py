@@ -88,20 +88,22 @@ class StagedLoop:
             raise RuntimeError(f"the channel took {sent} of a segment's {k} requests with "
                                f"{self.channel.inflight} of {self._cap} in flight")
 
-    def _check(self, watch: StallWatch, progress: int, what: str, state: np.ndarray) -> None:
+    def _check(self, watch: StallWatch, progress: int, what: str,
+               states: Callable[[], list[int]]) -> None:
         """The one stall rule over the segments' progress (their I/Os and copies); its
-        words are made only once stuck: this runs every pass."""
+        words (``states()``: each segment's state) are made only once stuck: this runs
+        every pass."""
         if watch.stuck(progress):
-            watch.check(progress, f"{int((state != FREE).sum())} segments of {what} or copies "
-                        "in flight", lambda: f"segment states {state.tolist()}; "
-                        f"{self.channel.state()}")
+            now = states()
+            watch.check(progress, f"{sum(st != FREE for st in now)} segments of {what} or "
+                        "copies in flight",
+                        lambda: f"segment states {now}; {self.channel.state()}")
 
     def run(self) -> None:
         if self.job.writes:
             self._run_writes()
             return
         ctx, seg, cap = self.ctx, self._seg, self._cap
-        state = np.full(self._nseg, FREE, dtype=np.int8)  # for the stall diagnostic
         seg_n = np.zeros(self._nseg, dtype=np.int64)      # reads issued in each segment
         seg_done = np.zeros(self._nseg, dtype=np.int64)   # reads completed in each segment
         table = SlotTable(self._nseg * seg)
@@ -112,6 +114,11 @@ class StagedLoop:
         free, reading, copying = list(range(self._nseg - 1, -1, -1)), [], []
         taken, issuing = 0, True
         watch, progress = StallWatch(), 0  # reads + copies
+
+        def states() -> list[int]:
+            return [READING if s in reading else COPYING if s in copying else FREE
+                    for s in range(self._nseg)]
+
         while True:
             while issuing and free and taken < cap:
                 s = free[-1]
@@ -126,7 +133,7 @@ class StagedLoop:
                 self._push(s, tgt, offs, False)
                 free.pop()
                 reading.append(s)
-                seg_n[s], seg_done[s], state[s] = k, 0, READING
+                seg_n[s], seg_done[s] = k, 0
                 taken += k
             while records:  # the segments freed last time, once new reads are out
                 records.pop()()
@@ -138,15 +145,13 @@ class StagedLoop:
                 reading.remove(s)
                 self._copy(s, int(seg_n[s]), table)
                 copying.append(s)
-                state[s] = COPYING
             for s in [s for s in copying if self.landing.done(s)]:
                 records.append(self._finish(s, int(seg_n[s]), table, slot_res))
                 copying.remove(s)
                 free.append(s)
-                state[s] = FREE
                 taken -= int(seg_n[s])
                 progress += 1
-            self._check(watch, progress, "reads", state)
+            self._check(watch, progress, "reads", states)
 
     def _run_writes(self) -> None:
         """Segments go FREE -> COPYING (pattern generated on the GPU, copied down; the
@@ -198,7 +203,7 @@ class StagedLoop:
                 table.complete(ctx, slice(lo, lo + k), slot_res[lo:lo + k].copy(),
                                time.perf_counter_ns(), write=True)
                 state[s] = FREE
-            self._check(watch, progress, "writes", state)
+            self._check(watch, progress, "writes", state.tolist)
 
     def _wait(self, copying: list[int], slot_res: np.ndarray, seg_done: np.ndarray
               ) -> int | None:
