@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 import pytest
 
-from gpufio.core import pattern, targets
+from gpufio.core import events, pattern, targets
 from gpufio.core.requests import Capability, Channel, ChannelSpec, File
 
 
@@ -346,3 +347,22 @@ def nvme_rig(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip(f"the NVMe rig did not boot: {e}")
     yield guest
     guest.close()
+
+
+@pytest.fixture
+def torn_on_read_back() -> Callable[[str, int, bytes], ContextManager[None]]:
+    """``torn_on_read_back(path, offset, data)``: while it holds, ``data`` is written into
+    ``path`` at ``offset`` whenever a job says it is reading back what it wrote, so the
+    read-back meets a block that changed after its write."""
+    @contextmanager
+    def torn(path: str, offset: int, data: bytes) -> Iterator[None]:
+        def corrupt(kind: str, text: str) -> None:
+            if "reading back" in text:
+                with open(path, "r+b") as f:
+                    f.seek(offset)
+                    f.write(data)
+
+        with events.sink(corrupt):
+            yield
+
+    return torn

@@ -4,7 +4,7 @@ at its offset, fsyncs are counted; plus the combinations each engine refuses (no
 
 import pytest
 
-from gpufio.core import events, pattern
+from gpufio.core import pattern
 from gpufio.core.errors import BadInput
 from gpufio.profile import from_dict
 
@@ -45,16 +45,10 @@ def test_random_writes_verified_by_read_back(engine, pattern_file):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("engine", ENGINES[:4], ids=IDS[:4])
-def test_a_torn_block_is_caught_by_the_read_back(engine, zero_file):
+def test_a_torn_block_is_caught_by_the_read_back(engine, zero_file, torn_on_read_back):
     torn = 7 * 4096
 
-    def corrupt(kind, text):
-        if "reading back" in text:
-            with open(zero_file, "r+b") as f:
-                f.seek(torn + 9)
-                f.write(b"\xff")
-
-    with events.sink(corrupt):
+    with torn_on_read_back(zero_file, torn + 9, b"\xff"):
         (w,) = run(engine, zero_file, quiet=False, rw="write", overwrite=True,
                    verify=True).results
     assert w.verify_failures == 1

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from gpufio.core import events, pattern
+from gpufio.core import pattern
 from gpufio.core.steady import Criterion, SteadyState
 from gpufio.fio.json_out import to_fio
 from gpufio.profile import from_dict
@@ -68,16 +68,11 @@ def test_random_writes_keep_a_pattern_file_valid(engine, pattern_file):
 
 
 @pytest.mark.parametrize("engine", ENGINES[:2], ids=IDS[:2])
-def test_a_torn_block_between_the_phases_is_caught_at_its_offset(engine, zero_file):
+def test_a_torn_block_between_the_phases_is_caught_at_its_offset(engine, zero_file,
+                                                                 torn_on_read_back):
     torn = 5 * 4096
 
-    def corrupt(kind, text):
-        if "reading back" in text:
-            with open(zero_file, "r+b") as f:
-                f.seek(torn + 100)
-                f.write(b"torn")
-
-    with events.sink(corrupt):
+    with torn_on_read_back(zero_file, torn + 100, b"torn"):
         (w,) = run(zero_file, quiet=False, **engine, rw="write", overwrite=True,
                    verify=True).results
     assert w.verify_failures == 1 and not w.ok
