@@ -84,6 +84,17 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def _point(text: str) -> tuple[int, int]:
+    """--price's PAIRS,DEPTH: two positive integers."""
+    try:
+        pairs, depth = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give PAIRS,DEPTH, e.g. 16,64") from None
+    if pairs < 1 or depth < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: pairs and depth are at least 1")
+    return pairs, depth
+
+
 def model_bound(drive: dict, bs: int, inflight: int) -> float | None:
     """The most reads/s of ``bs`` bytes the drive model (rates.drive_model) allows with
     ``inflight`` commands outstanding: the least of its published limits (None: none is)."""
@@ -172,7 +183,7 @@ def _gpu(args: argparse.Namespace, mode: str, n: int, depth: int, pairs: int, bs
 def price_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[str]]:
     """The SM price: a 4096 x 4096 float32 matrix product's rate alone and beside GPU agents
     (direct doorbells) serving --price's pairs x depth on the compiled controller."""
-    pairs, depth = _ints(args.price)
+    pairs, depth = args.price
     pollers = min(pairs, args.pollers)
     bs = _ints(args.sizes)[0]
     p = rates.sm_price("direct", args.n * pairs, depth, pairs, args.size, bs, pollers,
@@ -294,7 +305,7 @@ def main() -> int:
                     "published rates (gpufio/io/nvme/drives.toml): an emulated drive")
     ap.add_argument("--verify", action="store_true", help="compiled: GPU reads copied into "
                     "GPU memory and checked there, beside the pinned H2D copy ceiling")
-    ap.add_argument("--price", metavar="PAIRS,DEPTH", help="compiled: a matrix product's "
+    ap.add_argument("--price", metavar="PAIRS,DEPTH", type=_point, help="compiled: a matrix product's "
                     "rate alone and beside the agents at this point, instead of the sweep")
     args = ap.parse_args()
     # a bench stopped by SIGTERM (timeout(1)) unwinds as from Ctrl-C: the controllers stop
@@ -305,6 +316,11 @@ def main() -> int:
     if args.drive_model and (args.controller != "compiled" or args.drive):
         print("bench: --drive-model emulates a drive on the compiled controller "
               "(--controller compiled, no --drive)", file=sys.stderr)
+        return 2
+    if (args.price or args.verify) and (args.controller != "compiled" or args.drive
+                                        or args.cpu_only):
+        print("bench: --price and --verify measure GPU agents on the compiled controller "
+              "(--controller compiled, no --drive, no --cpu-only)", file=sys.stderr)
         return 2
     if args.controller == "compiled" and not args.drive:
         try:
