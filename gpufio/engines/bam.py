@@ -12,9 +12,11 @@ go through per-slot PRP lists.
 Two submitters write the SQEs of io/nvme/spec.py, ring the doorbells, poll the CQ's phase
 tags and ring the CQ head doorbell, and every result names which (``submitter``):
 - ``gpu``: GPU threads, BaM's mechanism (io/gio/backends/nvme.py's agent warps, the engine's
-  ``queue``, under the block benchmark of loops/block_device.py, as gpu-uring's). Reads land in GPU memory and are verified
-  there; doorbells are rung straight from the GPU (``direct``: BAR0 registered with CUDA as
-  I/O memory) or by one CPU thread per worker (``relay``), named in the result.
+  ``queue``, under the block benchmark of loops/block_device.py, as gpu-uring's; the GNN
+  row fetch drives ``row_pairs`` pairs of a software controller of its own, an agent warp
+  each). Reads land in GPU memory and are verified there; doorbells are rung straight from
+  the GPU (``direct``: BAR0 registered with CUDA as I/O memory) or by one CPU thread per
+  worker (``relay``), named in the result.
 - ``cpu``: a CPU stand-in (``cpu-stand-in``) on the same queue pairs, for hosts without a
   GPU (the NVMe rig): the engine's channel (io/nvme/cpu_channel.py), so the block loop,
   the GNN row gather and any loop written over channels run on it unchanged.
@@ -103,6 +105,16 @@ def server(o: Any, namespaces: Sequence[str] = ()) -> Any:
                              namespaces=tuple(namespaces))
 
 
+def row_pairs(o: Any, namespaces: int) -> int:
+    """The queue pairs a GNN row fetch over ``namespaces`` drives: the option, else one per
+    compiled poller thread (thread t serves the pairs whose CQ id c has (c - 1) % N == t:
+    fewer pairs leave threads idle), at least one per namespace; 1 on the Python model,
+    whose one loop serves every pair in turn (more would add agents, not service)."""
+    if o.row_pairs is not None:
+        return o.row_pairs
+    return max(o.controller_threads, namespaces) if o.controller == "compiled" else 1
+
+
 def _compiled_available() -> bool:
     from gpufio.io.nvme import compiled
 
@@ -180,6 +192,11 @@ class Bam(Engine):
                "O_DIRECT where the file system allows), 'none' (no data moved, PRPs still "
                "checked: the queues' ceiling)",
                choices=("none", "ram", "file")),
+        Option("row_pairs", "int", None, "NVMe queue pairs the GNN row fetch drives (one GPU "
+               "agent warp each, iodepth reads in flight on each). Default: one per compiled "
+               "poller thread (controller_threads), at least one per namespace of a striped "
+               "table; 1 on controller = \"model\", whose one loop serves every pair",
+               minimum=1),
         Option("submitter", "str", None, "who writes the NVMe commands: 'gpu' (GPU threads, "
                "BaM's mechanism) or 'cpu' (a CPU stand-in on the same queues). Default: gpu "
                "on the software controllers, cpu on a real controller and on QEMU's",
@@ -418,10 +435,11 @@ def _block_queue(job: Job, spec: QueueSpec, owner: Any, mem: Any, pair: Any, nsi
 
 def _row_queue(job: Job, spec: QueueSpec) -> DeviceQueue:
     """GPU threads reading a feature table's rows through NVMe queue agents, as gpu-uring's
-    do through io_uring. The files are served by a software controller of the queue's own
-    (controller = "model" or "compiled"), a namespace each (a table striped over n drives:
-    n namespaces, each at its drive model's rates): a real controller's namespace holds no
-    feature file gpufio could lay out and find again."""
+    do through io_uring rings: ``row_pairs`` queue pairs, an agent warp each. The files are
+    served by a software controller of the queue's own (controller = "model" or
+    "compiled"), a namespace each (a table striped over n drives: n namespaces, each at its
+    drive model's rates): a real controller's namespace holds no feature file gpufio could
+    lay out and find again."""
     from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
     from gpufio.io.nvme import model
 
@@ -440,19 +458,20 @@ def _row_queue(job: Job, spec: QueueSpec) -> DeviceQueue:
         raise BadInput(f"job '{job.name}': feature rows of {layout.row_bytes} bytes from "
                        f"byte {layout.header} are not whole {o.model_lba}-byte blocks "
                        "(model_lba)")
-    depth = row_depth(spec.rows)
+    n = row_pairs(o, layout.ntargets)
+    if n > model.MAX_QUEUES:  # the compiled controller's MAX_QUEUES too
+        raise BadInput(f"job '{job.name}': row_pairs {n}: the software controller offers "
+                       f"at most {model.MAX_QUEUES} I/O queue pairs")
+    depth = row_depth(spec.rows, n)
     bells = doorbells(o)
     # the result's engine_mode: who submitted, the doorbells, the controller
     mode = f"gpu, {bells} doorbells, {o.controller} controller{emulated(o)}"
-    facts: dict[str, Any] = {"iodepth": depth, "submitter": "gpu", "doorbells": bells,
-                             "controller": o.controller, "mode": mode}
+    facts: dict[str, Any] = {"iodepth": depth, "queue_pairs": n, "submitter": "gpu",
+                             "doorbells": bells, "controller": o.controller, "mode": mode}
     if o.drive_model:
         facts["drive"] = drives.describe(drives.model(o.drive_model))
-    shift = o.model_lba.bit_length() - 1
     row = slot_bytes(layout.row_bytes)
-    dma = dma_bytes(1, depth, row)
-    # a table striped over n files: a namespace (a drive) each, on the one controller
-    served = model.ServedFile(paths[0], shift, dma, server(o, paths[1:]))
+    served, pairs = _row_controller(o, paths, n, depth, row)
     held: list[Any] = []  # what close releases, last made first
 
     def close() -> None:
@@ -464,11 +483,28 @@ def _row_queue(job: Job, spec: QueueSpec) -> DeviceQueue:
 
     try:
         held.append(RegisteredModel(served.mem))
-        pair = served.host.create_pair(1, depth + 1)
-        held.append(NvmeQueues(held[0], [pair], depth=depth, slot_bytes=row, nsid=1,
-                               lba_shift=shift, mode=bells, namespaces=layout.ntargets))
+        held.append(NvmeQueues(held[0], pairs, depth=depth, slot_bytes=row, nsid=1,
+                               lba_shift=o.model_lba.bit_length() - 1, mode=bells,
+                               namespaces=layout.ntargets))
     except BaseException:
         close()
         raise
-    return DeviceQueue(held[1], o.stall_timeout, threads=depth, facts=facts, mode=mode,
+    return DeviceQueue(held[1], o.stall_timeout, threads=n * depth, facts=facts, mode=mode,
                        close=close)
+
+
+def _row_controller(o: Any, paths: Sequence[str], n: int, depth: int,
+                    row: int) -> tuple[Any, list[Any]]:
+    """(the software controller a row fetch starts, its ``n`` I/O queue pairs): the table's
+    files served a namespace each (a table striped over n files: a drive each), its memory
+    sized for the pairs' ``depth`` commands with landing slots of ``row`` bytes; ``close``
+    on the first stops it."""
+    from gpufio.io.nvme import model
+
+    shift = o.model_lba.bit_length() - 1
+    served = model.ServedFile(paths[0], shift, dma_bytes(n, depth, row), server(o, paths[1:]))
+    try:
+        return served, served.host.create_pairs(n, depth + 1)  # a ring keeps one slot empty
+    except BaseException:
+        served.close()
+        raise

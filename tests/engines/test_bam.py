@@ -272,6 +272,8 @@ def test_doctor_prices_the_relay_and_says_why_the_registration_was_not_probed() 
 @pytest.mark.parametrize("opts, layout, message", [
     ({"submitter": "gpu"}, (1, 512, 0), "from a software controller only"),
     ({"controller": "model", "model_lba": 4096}, (1, 512, 0), "not whole 4096-byte blocks"),
+    ({"controller": "compiled", "row_pairs": 65}, (1, 512, 0),
+     "row_pairs 65: the software controller offers at most 64 I/O queue pairs"),
 ])
 def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None:
     from gpufio.core.rows import Layout, RowRequest, RowTable
@@ -283,6 +285,29 @@ def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None
     with pytest.raises(BadInput, match=message):
         all_engines()["bam"].queue(_bam_job(**opts), [], QueueSpec(
             0, 512, table=table, rows=RowRequest(dim=128, max_rows=10, direct=True)))
+
+
+@pytest.mark.parametrize("opts, namespaces, pairs", [
+    ({"controller": "compiled"}, 1, 1),
+    ({"controller": "compiled", "controller_threads": 4}, 1, 4),
+    ({"controller": "compiled", "controller_threads": 4}, 2, 4),
+    ({"controller": "compiled"}, 2, 2),  # a pair per namespace, one poller serving both
+    ({"controller": "model"}, 2, 1),  # one loop serves every pair
+    ({"controller": "model", "row_pairs": 3}, 1, 3),
+    ({"controller": "compiled", "controller_threads": 4, "row_pairs": 2}, 2, 2),
+])
+def test_the_row_fetch_drives_row_pairs_else_a_pair_per_poller_and_namespace(
+        opts: dict, namespaces: int, pairs: int) -> None:
+    from gpufio.engines.bam import Bam, row_pairs
+
+    assert row_pairs(Bam.settings(_bam_job(**opts)), namespaces) == pairs
+
+
+@pytest.mark.parametrize("value", [0, -2, "two"])
+def test_row_pairs_below_one_is_refused_naming_the_key(value) -> None:
+    with pytest.raises(BadInput, match="key 'row_pairs': (must be greater than 0|expected a "
+                                       "whole number)"):
+        _bam_job(controller="compiled", row_pairs=value)
 
 
 def test_the_cpu_stand_in_s_rows_go_through_the_gather_without_a_gpu_cache() -> None:

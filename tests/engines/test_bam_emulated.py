@@ -73,3 +73,45 @@ def test_a_software_controller_serves_each_target_as_a_modelled_namespace(ctl, t
         assert t.read_bytes() == pattern.fill(0x89, 0, 256 << 10)
     (r,) = both(rw="randread", bs="64k", iodepth=4, verify=True)
     assert r.ok and r.read.ios == 8 and r.verify_failures == 0
+
+
+@pytest.mark.parametrize("ctl", CONTROLLERS[:2], ids=IDS[:2])
+def test_the_row_fetch_controller_serves_every_pair_it_creates(ctl, tmp_path):
+    """The GPU row fetch's software controller (bam._row_controller) over a table striped
+    on two files, with row_pairs = 3: three pairs of depth + 1 entries, each completing
+    reads of both namespaces from the CPU driver byte for byte, into landing slots and PRP
+    list pages for every pair's depth (what NvmeQueues takes) within the memory it was
+    sized for."""
+    import numpy as np
+
+    from gpufio.core import targets
+    from gpufio.engines.bam import Bam, _row_controller, row_pairs
+    from gpufio.io.nvme import spec as nq
+
+    files = [tmp_path / "ssd0.dat", tmp_path / "ssd1.dat"]
+    for k, f in enumerate(files):
+        targets.create_file(str(f), 1 << 20, 20 + k)
+    job = from_dict({"global": {"engine": "bam", **ctl, "row_pairs": 3, "size": "1m"}},
+                    "t.toml", {}).jobs[0]
+    o = Bam.settings(job)
+    n, depth, row = row_pairs(o, len(files)), 64, nq.PAGE
+    served, pairs = _row_controller(o, [str(f) for f in files], n, depth, row)
+    try:
+        assert [p.qid for p in pairs] == [1, 2, 3]
+        assert all(p.entries == depth + 1 for p in pairs)
+        slots, iova = served.mem.alloc(n * depth * (row + nq.PAGE))
+        nsids = np.tile([1, 2], depth // 2)
+        for r, pair in enumerate(pairs):
+            s = r * depth + np.arange(depth)
+            offs = (s * row).astype(np.uint64)
+            e = nq.io_commands(write=False, nsid=nsids, lba_shift=9, off=offs,
+                               length=np.full(depth, row), cid=np.arange(depth),
+                               prp1=(iova + s * row).astype(np.uint64),
+                               prp2=np.zeros(depth, np.uint64))
+            cqes = pair.run(e, 10**10)
+            assert nq.result(cqes["status"], row).tolist() == [row] * depth
+            for k in range(depth):
+                got = slots[s[k] * row:(s[k] + 1) * row].tobytes()
+                assert got == pattern.fill(19 + int(nsids[k]), int(offs[k]), row)
+    finally:
+        served.close()

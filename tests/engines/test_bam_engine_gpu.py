@@ -122,6 +122,38 @@ def test_gnn_rows_through_the_gpu_cache(tmp_path):
         f.close()
 
 
+def test_gnn_rows_over_several_queue_pairs_land_verified_from_every_pair(tmp_path):
+    """row_pairs = 3 on the compiled controller (2 poller threads) over a table striped on
+    two files: every row lands as the table holds it, every pair completed reads, and the
+    facts name the 3 pairs."""
+    import cupy as cp
+    import numpy as np
+
+    from gpufio.core.rows import RowRequest
+    from gpufio.engines.bam import Bam
+    from gpufio.loops.rows import fetcher
+    from gpufio.workloads.gnn import dataset, features
+
+    job = from_dict({"global": {
+        "workload": "gnn", "engine": "bam", "controller": "compiled", "controller_threads": 2,
+        "row_pairs": 3, "device": "gpu", "nodes": 4_000, "feature_dim": 128, "stripes": 2,
+        "batch_size": 16, "iodepth": 8, "directory": str(tmp_path)}}, "g.toml", {}).jobs[0]
+    ds = dataset.prepare(job)
+    assert ds.table.layout.ntargets == 2
+    request = RowRequest(dim=128, max_rows=4_000, direct=True, iodepth=8)
+    f = fetcher(Bam, job, ds.table, cp, request)
+    try:
+        nodes = np.random.default_rng(4).choice(4_000, 1_000, replace=False)
+        got = f.fetch(cp.asarray(nodes))
+        want = features.values(job.randseed, cp.asarray(nodes), 128, cp)
+        assert not bool((got != want).any())
+        assert f.facts["queue_pairs"] == 3 and f.facts["iodepth"] == 8
+        done = f.queue.progress[:, 1]  # completions per pair (NvmeQueues)
+        assert len(done) == 3 and (done > 0).all() and int(done.sum()) == 1_000
+    finally:
+        f.close()
+
+
 def test_doctor_probes_the_io_memory_registration_on_a_gpu():
     from gpufio.io.gio.backends import nvme
 
