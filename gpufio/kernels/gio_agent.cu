@@ -1,7 +1,7 @@
 // The request queue's io_uring agent: one warp per ring turns READY request slots into SQEs
-// and CQEs into results (gio_queue.cuh describes the protocol). Launched by
-// gpufio/io/gio/backends/uring.py.
-#include "gio_queue.cuh"
+// and CQEs into results (gio_queue.cuh describes the protocol, gio_agent_loop.cuh the loop;
+// this file, the ring's side of it). Launched by gpufio/io/gio/backends/uring.py.
+#include "gio_agent_loop.cuh"
 #include "nvme_cmd.cuh"
 
 // Host-built descriptor of one ring (contract.URING_RING): its words in registered host
@@ -16,84 +16,83 @@ struct UringRing {
                          // 32-byte CQEs; 0: plain reads and writes
 };
 
-// ---- 2. The agent: one warp per ring ----------------------------------------------------
+// ---- 2. The agent: one warp per ring, gio_agent_loop.cuh's loop over an io_uring ---------
 
-extern "C" __global__ void gio_agent(const GioQueue* q, const UringRing* rings)
-{
-    const unsigned r = blockIdx.x, lane = threadIdx.x;
-    const UringRing R = rings[r];
-    const unsigned sq_n = (unsigned)(R.entries & 0xffffffffu), cq_n = (unsigned)(R.entries >> 32);
-    const unsigned depth = (unsigned)q->depth;
-    const u64 first = (u64)r * depth, nslots = q->nrings * q->depth;
+struct UringAgent : AgentSlots {
+    const UringRing R;
+    const unsigned sq_n, cq_n;
+    const u64 nslots;
     // NVMe passthrough (R.ns): 128-byte SQEs carrying the NVMe command, 32-byte CQEs
-    const u64* ns_table = (const u64*)R.ns;
-    const bool passthrough = ns_table != nullptr;
-    const u64 sqe_bytes = passthrough ? PT_SQE_BYTES : 64;
-    const u64 cqe_bytes = passthrough ? PT_CQE_BYTES : 16;
-    int* state = q->state + first;
+    const u64* const ns_table;
+    const bool passthrough;
+    const u64 sqe_bytes, cqe_bytes;
     // every lane takes lane 0's reading of the ring words and control words: the agent's
     // batch, tail and exit must be the same in all 32 lanes
-    unsigned tail = warp_word(lane == 0 ? ld_acquire_sys(R.sq_tail) : 0u);
-    unsigned head = warp_word(lane == 0 ? ld_acquire_sys(R.sq_head) : 0u);
-    unsigned cqh = warp_word(lane == 0 ? ld_acquire_sys(R.cq_head) : 0u);
-    const u64 gen = (u64)(unsigned)warp_word(lane == 0 ? ld_flag(&q->control[C_GEN]) : 0);
-    unsigned inflight = 0, idle_ns = AGENT_IDLE_MIN_NS;
-    u64 submitted = 0, completed = 0;
-    agent_started(q);
-    while (agent_running(q)) {
-        unsigned batch = 0;
-        for (unsigned base = 0; base < depth; base += 32) {
-            const unsigned s = base + lane;
-            bool ready;
-            const unsigned m = agent_ready(state, s, depth, &ready);
-            if (!m) continue;
-            unsigned room = sq_n - (tail + batch - head);
-            if (room < (unsigned)__popc(m)) {
-                head = warp_word(lane == 0 ? ld_acquire_sys(R.sq_head) : 0u);
-                room = sq_n - (tail + batch - head);
-            }
-            const unsigned rank = __popc(m & ((1u << lane) - 1u));
-            if (ready && rank < room) {
-                const u64 g = first + s;
-                const u64 lf = q->len_fd[g];
-                u64* sqe = (u64*)(R.sqes + (u64)((tail + batch + rank) & (sq_n - 1)) * sqe_bytes);
-                const u64 write = (lf & GIO_WRITE_BIT) ? 1ull : 0ull;  // WRITE = READ + 1
-                if (passthrough) {
-                    // the NVMe command itself; the file's entry says its namespace and blocks
-                    const unsigned ref = (unsigned)(lf >> 32);
-                    const u64 ns = ns_table[ref];
-                    u64 w[16];
-                    nvme_uring_sqe(w, ref, (unsigned)(R.sqe_head >> 8) & 0xffu, (unsigned)ns,
-                                   (unsigned)(ns >> 32), write != 0, q->off[g],
-                                   (unsigned)(lf & (GIO_WRITE_BIT - 1ull)),
-                                   q->landing + g * q->slot_bytes, g | gen << 32);
+    unsigned tail, head, cqh;
+    const u64 gen;
+
+    __device__ __forceinline__ UringAgent(const GioQueue* queue, const UringRing* rings)
+        : AgentSlots(queue), R(rings[r]), sq_n((unsigned)(R.entries & 0xffffffffu)),
+          cq_n((unsigned)(R.entries >> 32)), nslots(queue->nrings * queue->depth),
+          ns_table((const u64*)R.ns), passthrough(ns_table != nullptr),
+          sqe_bytes(passthrough ? PT_SQE_BYTES : 64), cqe_bytes(passthrough ? PT_CQE_BYTES : 16),
+          tail(warp_acquire_sys(R.sq_tail)), head(warp_acquire_sys(R.sq_head)),
+          cqh(warp_acquire_sys(R.cq_head)), gen((u64)(unsigned)warp_control(queue, C_GEN)) {}
+
+    __device__ __forceinline__ AgentCounts start() { return {0, 0}; }
+
+    // The SQ's free entries past the batch, its head read again only when they look too few.
+    __device__ __forceinline__ unsigned room(unsigned batch, unsigned n)
+    {
+        unsigned left = sq_n - (tail + batch - head);
+        if (left < n) {
+            head = warp_acquire_sys(R.sq_head);
+            left = sq_n - (tail + batch - head);
+        }
+        return min(n, left);
+    }
+
+    __device__ __forceinline__ void build(unsigned, u64 g, unsigned pos)
+    {
+        const u64 lf = q->len_fd[g];
+        u64* sqe = (u64*)(R.sqes + (u64)((tail + pos) & (sq_n - 1)) * sqe_bytes);
+        const u64 write = (lf & GIO_WRITE_BIT) ? 1ull : 0ull;  // WRITE = READ + 1
+        if (passthrough) {
+            // the NVMe command itself; the file's entry says its namespace and blocks
+            const unsigned ref = (unsigned)(lf >> 32);
+            const u64 ns = ns_table[ref];
+            u64 w[16];
+            nvme_uring_sqe(w, ref, (unsigned)(R.sqe_head >> 8) & 0xffu, (unsigned)ns,
+                           (unsigned)(ns >> 32), write != 0, q->off[g],
+                           (unsigned)(lf & (GIO_WRITE_BIT - 1ull)),
+                           q->landing + g * q->slot_bytes, g | gen << 32);
 #pragma unroll
-                    for (int i = 0; i < 16; i += 2) st_sys_v2(sqe + i, w[i], w[i + 1]);
-                } else {
-                    // opcode | flags | ioprio 0 | fd (or file index); off; addr; len |
-                    // rw_flags 0; user_data = slot | generation << 32; buf_index 0 (the
-                    // ring's own slots), personality, splice_fd_in, addr3, pad = 0
-                    st_sys_v2(sqe, (R.sqe_head + write) | ((lf >> 32) << 32), q->off[g]);
-                    st_sys_v2(sqe + 2, q->landing + g * q->slot_bytes, lf & (GIO_WRITE_BIT - 1ull));
-                    st_sys_v2(sqe + 4, g | gen << 32, 0ull);
-                    st_sys_v2(sqe + 6, 0ull, 0ull);
-                }
-                st_relaxed_gpu(&state[s], SUBMITTED);
-            }
-            batch += min((unsigned)__popc(m), room);
+            for (int i = 0; i < 16; i += 2) st_sys_v2(sqe + i, w[i], w[i + 1]);
+        } else {
+            // opcode | flags | ioprio 0 | fd (or file index); off; addr; len |
+            // rw_flags 0; user_data = slot | generation << 32; buf_index 0 (the
+            // ring's own slots), personality, splice_fd_in, addr3, pad = 0
+            st_sys_v2(sqe, (R.sqe_head + write) | ((lf >> 32) << 32), q->off[g]);
+            st_sys_v2(sqe + 2, q->landing + g * q->slot_bytes, lf & (GIO_WRITE_BIT - 1ull));
+            st_sys_v2(sqe + 4, g | gen << 32, 0ull);
+            st_sys_v2(sqe + 6, 0ull, 0ull);
         }
-        if (batch) {
-            __threadfence_system();  // each lane's SQE stores, before the barrier and the tail
-            __syncwarp();
-            if (lane == 0) st_release_sys(R.sq_tail, tail + batch);
-            tail += batch;
-            inflight += batch;
-            submitted += batch;
-        }
-        const unsigned t = warp_word(lane == 0 ? ld_acquire_sys(R.cq_tail) : 0u);
+    }
+
+    __device__ __forceinline__ void publish(unsigned batch)
+    {
+        if (lane == 0) st_release_sys(R.sq_tail, tail + batch);
+        tail += batch;
+    }
+
+    // The CQEs up to the kernel's CQ tail, one lane each; a CQE of an earlier start (a read
+    // abandoned by an abort) is only reaped.
+    __device__ __forceinline__ AgentReaped reap(unsigned)
+    {
+        const unsigned t = warp_acquire_sys(R.cq_tail);
         __syncwarp();
         const unsigned got = t - cqh;
-        unsigned mine = 0;  // completions of this start's reads (stale ones are only reaped)
+        unsigned mine = 0;
         for (unsigned base = 0; base < got; base += 32) {
             const unsigned i = base + lane;
             bool current = false;
@@ -112,23 +111,21 @@ extern "C" __global__ void gio_agent(const GioQueue* q, const UringRing* rings)
             }
             mine += __popc(__ballot_sync(FULL, current));
         }
-        if (got) {
-            __syncwarp();
-            if (lane == 0) st_release_sys(R.cq_head, t);
-            cqh = t;
-            inflight -= mine;
-            completed += mine;
-            idle_ns = AGENT_IDLE_MIN_NS;
-        } else if (!batch) {
-            if (inflight == 0 && warp_word(lane == 0 ? ld_flag(&q->control[C_REQUESTERS]) : 1) == 0) break;
-            // back off while the ring is quiet: every CQ-tail poll is a PCIe read of a line
-            // the kernel writes, which costs the kernel's side of a busy ring
-            __nanosleep(idle_ns);
-            idle_ns = min(idle_ns * 2, AGENT_IDLE_MAX_NS);
-        }
+        return {got, mine};
     }
-    if (lane == 0) {
-        q->ring_stats[2 * r] = submitted;
-        q->ring_stats[2 * r + 1] = completed;
+
+    __device__ __forceinline__ void reaped(unsigned got, u64, u64)
+    {
+        cqh += got;
+        if (lane == 0) st_release_sys(R.cq_head, cqh);
     }
+
+    __device__ __forceinline__ void unreaped(u64) {}
+    __device__ __forceinline__ void end(u64, u64) {}
+};
+
+extern "C" __global__ void gio_agent(const GioQueue* q, const UringRing* rings)
+{
+    UringAgent ring(q, rings);
+    agent_loop(ring);
 }

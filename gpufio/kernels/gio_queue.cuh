@@ -1,7 +1,8 @@
 // GPU-initiated I/O, the backend-neutral side: the request queue's structs and device API
 // (this header), which any kernel includes. A backend's agent (gio_agent.cu: io_uring rings
 // in CUDA-registered host memory; nvme_agent.cu: NVMe queue pairs) takes its own ring
-// descriptors as a second argument; nothing of a backend is in this header.
+// descriptors as a second argument and runs the one agent loop (gio_agent_loop.cuh) over
+// them; nothing of a backend is in this header.
 //
 // Three layers, each usable alone:
 //  1. The request API (gio_try_post / gio_done / gio_result / gio_landing / gio_release, and
@@ -34,8 +35,6 @@ typedef unsigned long long u64;
 
 #define FULL 0xffffffffu
 #define LAND_UNROLL 8
-#define AGENT_IDLE_MIN_NS 64u
-#define AGENT_IDLE_MAX_NS 2048u
 
 enum SlotState { GIO_SLOT_STATES };
 // C_GEN: the queue's start count, carried in each SQE's user_data so that a completion of an
@@ -136,29 +135,6 @@ __device__ __forceinline__ u64 now_ns()
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
-}
-
-// ---- The agents' common steps (gio_agent.cu, nvme_agent.cu) ----------------------------
-
-// An agent warp tells the host it runs (RequestQueue.start waits for all).
-__device__ __forceinline__ void agent_started(const GioQueue* q)
-{
-    if ((threadIdx.x & 31) == 0) atomicAdd(&q->control[C_AGENTS], 1);
-}
-
-// True while the queue runs: lane 0's reading of the abort word, in every lane of the warp.
-__device__ __forceinline__ bool agent_running(const GioQueue* q)
-{
-    return !warp_word((threadIdx.x & 31) == 0 ? (unsigned)(ld_flag(&q->control[C_ABORT]) != 0) : 0u);
-}
-
-// Whether the lane's slot s (of a ring of depth slots at state) is READY, and the warp's mask
-// of the lanes whose slot is.
-__device__ __forceinline__ unsigned agent_ready(const int* state, unsigned s, unsigned depth,
-                                                bool* ready)
-{
-    *ready = s < depth && ld_acquire_gpu(&state[s]) == READY;
-    return __ballot_sync(FULL, *ready);
 }
 
 // ---- 1. The request API ---------------------------------------------------------------
