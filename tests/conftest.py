@@ -87,7 +87,9 @@ class MmapHostStaging:
 
     def __init__(self, gpu_index, segments, per_segment, bs, verify, writes=False):
         self.per_segment, self.bs = per_segment, bs
-        self.host = np.zeros(segments * per_segment * bs, np.uint8)
+        n = segments * per_segment * bs
+        raw = np.zeros(n + 4096, np.uint8)  # page-aligned, as pinned memory is: O_DIRECT
+        self.host = raw[-raw.ctypes.data % 4096:][:n]
         self.host_addr = self.host.ctypes.data
         self._bad: dict[int, set[int]] = {}
         self.copies = []  # (segment, I/Os) of every copy to the GPU
@@ -119,22 +121,15 @@ class MmapHostStaging:
         self.host = None
 
 
-@pytest.fixture
-def host_mmap(monkeypatch):
-    """mmap as it is, but available without a GPU, registered as "test-mmap", its staging
-    in host memory: the stagings made, in order (their copies and logs)."""
+def _host_staged(monkeypatch, base: type, name: str):
+    """``base`` as it is, but available without a GPU, registered as ``name``, its staging
+    in host memory (MmapHostStaging): yields the stagings made, in order."""
     from gpufio import engines
     from gpufio.engines import all_engines, register
-    from gpufio.engines.mmap import Mmap
     from gpufio.loops import block_staged as staged
 
-    class HostMmap(Mmap):
-        name = "test-mmap"
-
-        @classmethod
-        def unavailable(cls):
-            return None
-
+    host = type(f"Host{base.__name__}", (base,), {
+        "name": name, "unavailable": classmethod(lambda cls: None)})
     stagings = []
 
     def staging(*args, **kwargs):
@@ -143,9 +138,27 @@ def host_mmap(monkeypatch):
 
     monkeypatch.setattr(staged, "SegmentedStaging", staging)
     all_engines()
-    register(HostMmap)
+    register(host)
     yield stagings
-    engines._REGISTRY.pop("test-mmap")
+    engines._REGISTRY.pop(name)
+
+
+@pytest.fixture
+def host_mmap(monkeypatch):
+    """mmap as it is, but available without a GPU, registered as "test-mmap", its staging
+    in host memory: the stagings made, in order (their copies and logs)."""
+    from gpufio.engines.mmap import Mmap
+
+    yield from _host_staged(monkeypatch, Mmap, "test-mmap")
+
+
+@pytest.fixture
+def host_cpugpu(monkeypatch):
+    """cpu-gpu (io_uring into the staging's host slots) as it is, but available without a
+    GPU, registered as "test-cpu-gpu", its staging in host memory: the stagings made."""
+    from gpufio.engines.cpugpu import CpuGpu
+
+    yield from _host_staged(monkeypatch, CpuGpu, "test-cpu-gpu")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -81,9 +81,23 @@ class StagedLoop:
     def _push(self, s: int, tgt: np.ndarray, offs: np.ndarray, write: bool) -> None:
         """Hand segment ``s``'s requests (reads into, or writes from, its slots) to the
         channel, which has room for a whole segment whenever the loop sends one."""
-        lo, k = s * self._seg, len(offs)
-        sent = self.channel.submit(tgt, offs, self._len[lo:lo + k], self._addr[lo:lo + k],
-                                   write, self._tags[lo:lo + k])
+        self._push_all([(s, tgt, offs)], write)
+
+    def _push_all(self, segs: list[tuple[int, np.ndarray, np.ndarray]], write: bool) -> None:
+        """``_push`` for several segments (``(s, tgt, offs)`` each) in one channel call: a
+        call costs a channel tens of microseconds, which the segments after the first would
+        otherwise spend issued but not yet handed over."""
+        if len(segs) == 1:
+            s, tgt, offs = segs[0]
+            sl = slice(s * self._seg, s * self._seg + len(offs))
+            tags, tgt, offs = self._tags[sl], tgt, offs
+        else:
+            tags = np.concatenate([self._tags[s * self._seg:s * self._seg + len(o)]
+                                   for s, _, o in segs])
+            tgt = np.concatenate([t for _, t, _ in segs])
+            offs = np.concatenate([o for _, _, o in segs])
+        k = len(offs)
+        sent = self.channel.submit(tgt, offs, self._len[:k], self._addr[tags], write, tags)
         if sent != k:
             raise RuntimeError(f"the channel took {sent} of a segment's {k} requests with "
                                f"{self.channel.inflight} of {self._cap} in flight")
@@ -120,6 +134,7 @@ class StagedLoop:
                     for s in range(self._nseg)]
 
         while True:
+            out: list[tuple[int, np.ndarray, np.ndarray]] = []  # the segments issued now
             while issuing and free and taken < cap:
                 s = free[-1]
                 tgt, offs = ctx.next_batch(min(seg, cap - taken))
@@ -130,14 +145,22 @@ class StagedLoop:
                 # stamped before the channel has them: a synchronous one (a mapping's
                 # gather) moves them inside submit
                 table.issue(slice(s * seg, s * seg + k), tgt, offs, time.perf_counter_ns())
-                self._push(s, tgt, offs, False)
+                out.append((s, tgt, offs))
                 free.pop()
                 reading.append(s)
                 seg_n[s], seg_done[s] = k, 0
                 taken += k
-            while records:  # the segments freed last time, once new reads are out
-                records.pop()()
-            moved = self._wait(copying, slot_res, seg_done)
+            if out:
+                self._push_all(out, False)
+            moved = None
+            if records:  # the segments freed last time, once the new reads are with the
+                # channel (handed over now: the recording overlaps them, not delays them)
+                if self.channel.inflight:
+                    moved = self._reaped(*self.channel.reap(None), slot_res, seg_done) or None
+                while records:
+                    records.pop()()
+            if moved is None:
+                moved = self._wait(copying, slot_res, seg_done)
             if moved is None and not issuing:
                 return
             progress += moved or 0
@@ -212,14 +235,19 @@ class StagedLoop:
         None when nothing is."""
         ch = self.channel
         if ch.inflight:
-            done, res = ch.reap(POLL_NS if copying else WAIT_NS)
-            slot_res[done] = res
-            seg_done += np.bincount(done // self._seg, minlength=self._nseg)
-            return len(done)
+            return self._reaped(*ch.reap(POLL_NS if copying else WAIT_NS), slot_res, seg_done)
         if copying:
             self.landing.wait(copying[0])
             return 0
         return None
+
+    def _reaped(self, done: np.ndarray, res: np.ndarray, slot_res: np.ndarray,
+                seg_done: np.ndarray) -> int:
+        """Completions ``done`` (tags) with ``res`` into ``slot_res`` and ``seg_done``;
+        how many."""
+        slot_res[done] = res
+        seg_done += np.bincount(done // self._seg, minlength=self._nseg)
+        return len(done)
 
     def _copy(self, s: int, k: int, table: SlotTable) -> None:
         lo = s * self._seg

@@ -1,0 +1,47 @@
+"""The staged block loop (loops/block_staged) over cpu-gpu's io_uring channel, its staging
+in host memory (conftest.host_cpugpu): the bytes that land are the bytes at each offset, and
+the segments issued in one pass go to the channel in one call."""
+
+from gpufio.io.uring_channel import UringChannel
+from gpufio.profile import from_dict
+from gpufio.workloads.block import runner
+
+
+def _run(path, **opts):
+    glob = {"engine": "test-cpu-gpu", "targets": [str(path)], "bs": "4k", "direct": True, **opts}
+    (r,) = runner.run_profile(from_dict({"global": glob}, "t.toml", {}), quiet=True).results
+    return r
+
+
+def test_every_read_lands_the_bytes_at_its_offset(host_cpugpu, pattern_file):
+    r = _run(pattern_file, rw="randread", verify=True, iodepth=16, segments=4, io_size="2m")
+    assert r.ok and r.verify_failures == 0 and r.ios == 512 and r.bytes == 512 * 4096
+    assert r.lat.n == r.ios
+    # every segment landed whole: 512 reads in copies of at most 16 / 4 slots
+    copies = [k for s in host_cpugpu for _, k in s.copies]
+    assert sum(copies) == 512 and max(copies) == 4
+
+
+def test_a_corrupted_block_is_caught_and_named(host_cpugpu, pattern_file):
+    with open(pattern_file, "r+b") as f:
+        f.seek(12288)
+        f.write(b"\0" * 4096)
+    r = _run(pattern_file, rw="read", verify=True, iodepth=8, segments=2, io_size="64k")
+    assert r.verify_failures == 1 and r.ios == 16
+    assert r.bad_offsets == [{"target": str(pattern_file), "offset": 12288}]
+
+
+def test_segments_issued_in_one_pass_go_out_in_one_channel_call(host_cpugpu, pattern_file,
+                                                                 monkeypatch):
+    calls = []
+    submit = UringChannel.submit
+
+    def counted(self, tgt, off, *rest):
+        calls.append(len(off))
+        return submit(self, tgt, off, *rest)
+
+    monkeypatch.setattr(UringChannel, "submit", counted)
+    r = _run(pattern_file, rw="read", verify=True, iodepth=8, segments=4, io_size="256k")
+    assert r.ok and r.verify_failures == 0 and r.ios == 64
+    # the first pass issues all four segments of 2 reads: one call of 8, not four of 2
+    assert calls[0] == 8 and sum(calls) == 64
