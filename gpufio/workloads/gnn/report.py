@@ -8,8 +8,8 @@ delivered (a row is one read, except that GPU-cache hits are rows served without
 the cache's hit rate. Where jobs ran on modelled drives (an engine's ``fetch.drive``), a
 second table is the article's: seconds per stage over the timed iterations, the aggregation
 share, the speedup over mmap, and the IOPS each drive served during aggregation beside the
-IOPS its model is rated at; the title says every model's "emulated: <model>, rates from
-<source>".
+IOPS its model is rated at and what bound the aggregation (``_bound``); the title says
+every model's "emulated: <model>, rates from <source>".
 """
 
 from __future__ import annotations
@@ -91,8 +91,28 @@ def article_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "of_rated": f"{100 * busiest / d['iops']:.0f}%" if d and d.get("iops") else "",
             "of_link": (f"{100 * busiest * j['feature_dim'] * 4 / d['link_bw']:.0f}%"
                         if d else ""),
+            "bound": _bound(j, d, busiest) if d else "",
         })
     return out
+
+
+BOUND_SHARE = 0.9  # a drive past this share of one of its model's rates is what bound it
+
+
+def _bound(job: dict[str, Any], d: dict[str, Any], busiest: float) -> str:
+    """What held the aggregation back, from what the busiest drive served against each of
+    its model's rates (IOPS, read bandwidth, link): that rate where it came within
+    BOUND_SHARE of it; else not the drives, with how the GPU side fetched (queue pairs)."""
+    bps = busiest * job["feature_dim"] * 4
+    shares = {"rated IOPS": busiest / d["iops"] if d.get("iops") else 0.0,
+              "read bandwidth": bps / d["read_bw"] if d.get("read_bw") else 0.0,
+              "link": bps / d["link_bw"] if d.get("link_bw") else 0.0}
+    rate, share = max(shares.items(), key=lambda kv: kv[1])
+    if share >= BOUND_SHARE:
+        return f"the drives' {rate} ({100 * share:.0f}%)"
+    pairs = job.get("fetch", {}).get("queue_pairs")
+    how = f": GPU side or controller ({pairs} queue pairs)" if pairs else ""
+    return f"not the drives{how}, at {100 * share:.0f}% of their {rate}"
 
 
 def _stage_cells(s: dict[str, Any]) -> dict[str, Any]:

@@ -56,6 +56,27 @@ def test_the_articles_table_gives_seconds_shares_speedups_and_rated_iops(doc):
     assert gen4["of_link"] == f"{100 * 1.5e6 * 4096 / link:.0f}%"
 
 
+def test_the_bound_names_the_rate_a_drive_came_near_else_not_the_drives(doc):
+    rows = {r["job"]: r for r in report.article_rows(doc)}
+    assert rows["mmap"]["bound"] == ""
+    # 1.5 M 4 KiB rows/s on a Gen4 x4 link: under 90% of it, and no other rate published
+    link = drives.model("dapustor-r5101").link_bw
+    assert rows["bam-gen4-1"]["bound"] == (f"not the drives, at {100 * 1.5e6 * 4096 / link:.0f}"
+                                           "% of their link")
+    fast = report.document([dict(doc["jobs"][1], fetch={
+        **doc["jobs"][1]["fetch"], "queue_pairs": 4}, aggregation={
+        **doc["jobs"][1]["aggregation"], "per_target": [{"target": "/t/0", "rows": 1,
+                                                         "iops": 0.95 * link / 4096}]})],
+        "p", False)
+    assert report.article_rows(fast)[0]["bound"] == "the drives' link (95%)"
+    slow = dict(doc["jobs"][2], fetch={**doc["jobs"][2]["fetch"], "queue_pairs": 4})
+    (row,) = report.article_rows(report.document([slow], "p", False))
+    # micron-9550: 1.3 M of its 3.3 M rated IOPS is the nearest of its rates
+    assert row["bound"] == ("not the drives: GPU side or controller (4 queue pairs), at "
+                            f"{100 * max(1.3e6 / 3.3e6, 1.3e6 * 4096 / 14e9):.0f}% of their "
+                            "rated IOPS")
+
+
 def test_every_table_of_a_modelled_drive_says_emulated_and_its_source(doc):
     text = report.render(doc, "markdown")
     r5101, m9550 = drives.model("dapustor-r5101"), drives.model("micron-9550")
