@@ -490,7 +490,20 @@ def _row_queue(job: Job, spec: QueueSpec) -> DeviceQueue:
         close()
         raise
     return DeviceQueue(held[1], o.stall_timeout, threads=n * depth, facts=facts, mode=mode,
-                       close=close)
+                       final_notes=_pollers_busy(o, served, n), close=close)
+
+
+def _pollers_busy(o: Any, served: Any, pairs: int) -> Callable[[], dict[str, Any]] | None:
+    """The compiled controller's measure of itself for a row fetch's facts, read before it
+    stops: the ns its poller threads spent on work and how many serve one of ``pairs``
+    (thread t the pairs whose CQ id c has (c - 1) % N == t); None on the Python model."""
+    if o.controller != "compiled":
+        return None
+    from gpufio.io.nvme import compiled
+
+    threads = min(max(1, o.controller_threads), pairs)
+    return lambda: {"controller_busy_ns": compiled.busy_ns(served.mem),
+                    "controller_threads": threads}
 
 
 def _row_controller(o: Any, paths: Sequence[str], n: int, depth: int,

@@ -37,12 +37,13 @@ class QueueGather:
                  request: RowRequest) -> None:
         self._dq = engine.queue(job, (), QueueSpec(0, table.layout.row_bytes, table=table,
                                                    rows=request))
+        self.facts = dict(self._dq.facts)
         try:
             self._prepare(table, xp, request.dim, request.cache_bytes)
         except BaseException:
             self.close()
             raise
-        self.facts = {**self._dq.facts, "gpu_price": self.price}
+        self.facts["gpu_price"] = self.price
         self.mode = self._dq.mode
 
     def _prepare(self, table: RowTable, xp: Any, dim: int, cache_bytes: int) -> None:
@@ -103,5 +104,11 @@ class QueueGather:
         return out
 
     def close(self) -> None:
-        """The queue and what it was made on (the files it opened among them)."""
-        self._dq.close()
+        """The queue's final notes (a controller's measure of itself) into ``facts``, read
+        while what they come from is up; then the queue and what it was made on (the files
+        it opened among them)."""
+        try:
+            if self._dq.final_notes is not None:
+                self.facts.update(self._dq.final_notes())
+        finally:
+            self._dq.close()

@@ -349,3 +349,31 @@ def test_a_bam_job_lays_nothing_out_where_a_namespace_belongs(tmp_path: Path) ->
         from gpufio.core import targets as tg
         tg.open_target(str(plain), True, None, generic=True)
     assert plain.read_bytes() == b"x" * 8192
+
+
+@pytest.mark.parametrize("opts, pairs, threads", [
+    ({"controller": "compiled", "controller_threads": 2}, 2, 2),
+    ({"controller": "compiled", "controller_threads": 4, "row_pairs": 2}, 2, 2),  # 2 idle
+    ({"controller": "model"}, 1, None),  # no measure of itself
+])
+def test_a_row_fetch_notes_its_compiled_pollers_busy_ns_and_those_serving_a_pair(
+        tmp_path: Path, opts: dict, pairs: int, threads: int | None) -> None:
+    from gpufio.engines import bam
+    from gpufio.io.nvme import compiled
+
+    if opts["controller"] == "compiled" and not compiled.available():
+        pytest.skip("no C compiler: the compiled controller is not built")
+    table = tmp_path / "features.f32"
+    table.write_bytes(b"\0" * (1 << 16))
+    o = bam.Bam.settings(_bam_job(**opts))
+    served, made = bam._row_controller(o, [str(table)], bam.row_pairs(o, 1), 4, 4096)
+    try:
+        notes = bam._pollers_busy(o, served, len(made))
+        assert len(made) == pairs
+        if threads is None:
+            assert notes is None
+        else:  # creating the pairs was the pollers' work
+            assert notes()["controller_threads"] == threads
+            assert notes()["controller_busy_ns"] > 0
+    finally:
+        served.close()

@@ -152,6 +152,8 @@ def test_gnn_rows_over_several_queue_pairs_land_verified_from_every_pair(tmp_pat
         assert len(done) == 3 and (done > 0).all() and int(done.sum()) == 1_000
     finally:
         f.close()
+    # close read the pollers' busy time before the controller stopped: both threads serve
+    assert f.facts["controller_threads"] == 2 and f.facts["controller_busy_ns"] > 0
 
 
 def test_doctor_probes_the_io_memory_registration_on_a_gpu():

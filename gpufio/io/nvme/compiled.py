@@ -92,6 +92,12 @@ def admitted(mem: Any, namespaces: int) -> list[int]:
     return [mem.reg64(M_ADMITTED + 8 * i) for i in range(namespaces)]
 
 
+def busy_ns(mem: Any) -> int:
+    """The nanoseconds the controller's poller threads spent in passes that did work (fetched,
+    posted or changed state), summed over the threads, so far (its counter in ``mem``)."""
+    return mem.reg64(model.M_BUSY_NS)
+
+
 DRIVER_SOURCES = (Path(__file__).with_name("driver.c"),)
 # the one command encoder it includes, with the layout NVRTC gets
 DRIVER_HEADERS = (KERNELS / "nvme_cmd.cuh",)

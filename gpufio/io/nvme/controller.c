@@ -52,6 +52,7 @@
 #define M_ERROR 0xF08
 #define M_FETCHED 0xF10
 #define M_COMPLETED 0xF18
+#define M_BUSY_NS 0xF20   /* ns the pollers spent in passes that did work, summed over them */
 #define M_ADMITTED 0xF40  /* commands each namespace's drive model admitted, 64 bits each */
 #define MAX_NS 16         /* namespaces a controller serves (M_ADMITTED's room) */
 #define CSTS_RDY 1u
@@ -732,7 +733,7 @@ static void *poll_loop(void *arg) {
     struct ctl *c = w->c;
     int64_t idle = 0;
     while (!reg(c, M_STOP)) {
-        int64_t fetched = 0;
+        int64_t start = now_ns(), fetched = 0;
         int changed = 0;
         if (w->index == 0) fetched += control(c, w, &changed);
         pthread_mutex_lock(&w->lock);
@@ -756,7 +757,9 @@ static void *poll_loop(void *arg) {
             __atomic_add_fetch((uint64_t *)(c->map + M_COMPLETED), w->posted, __ATOMIC_RELEASE);
             w->posted = 0;
         }
-        if (fetched > 0 || changed || landed > 0) {
+        if (fetched > 0 || changed || landed > 0) {  /* a busy pass: its time counts */
+            __atomic_add_fetch((uint64_t *)(c->map + M_BUSY_NS), (uint64_t)(now_ns() - start),
+                               __ATOMIC_RELAXED);
             idle = 0;
         } else if ((w->nfree < RING_ENTRIES && w->ring.fd >= 0) || w->nheld) {
             sched_yield();  /* commands on the file or held: their completions come soon */

@@ -45,6 +45,7 @@ MAX_QUEUES = 64      # I/O queue pairs the model offers (Set Features answers wi
 MQES = 4095          # CAP.MQES: the largest queue is 4096 entries
 # The model's own words, in BAR0's command-set-specific range (0xF00-0xFFF), not NVMe's:
 M_ALIVE, M_STOP, M_ERROR, M_FETCHED, M_COMPLETED = 0xF00, 0xF04, 0xF08, 0xF10, 0xF18
+M_BUSY_NS = 0xF20    # the compiled pollers' ns in passes that did work (this model: 0)
 IDLE_SPINS = 2000    # polls of an idle controller before it starts to back off
 IDLE_MAX_S = 0.0005
 WAIT_S = 10.0        # how long the CPU driver waits for the controller (readiness, admin)

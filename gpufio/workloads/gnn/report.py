@@ -96,13 +96,14 @@ def article_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-BOUND_SHARE = 0.9  # a drive past this share of one of its model's rates is what bound it
+# a drive past this share of one of its model's rates is what bound it (pollers busy past it too)
+BOUND_SHARE = 0.9
 
 
 def _bound(job: dict[str, Any], d: dict[str, Any], busiest: float) -> str:
     """What held the aggregation back, from what the busiest drive served against each of
     its model's rates (IOPS, read bandwidth, link): that rate where it came within
-    BOUND_SHARE of it; else not the drives, with how the GPU side fetched (queue pairs)."""
+    BOUND_SHARE of it; else not the drives (``_not_the_drives``)."""
     bps = busiest * job["feature_dim"] * 4
     shares = {"rated IOPS": busiest / d["iops"] if d.get("iops") else 0.0,
               "read bandwidth": bps / d["read_bw"] if d.get("read_bw") else 0.0,
@@ -110,9 +111,33 @@ def _bound(job: dict[str, Any], d: dict[str, Any], busiest: float) -> str:
     rate, share = max(shares.items(), key=lambda kv: kv[1])
     if share >= BOUND_SHARE:
         return f"the drives' {rate} ({100 * share:.0f}%)"
-    pairs = job.get("fetch", {}).get("queue_pairs")
+    return _not_the_drives(job.get("fetch", {}), _pollers_busy(job), f"{100 * share:.0f}%",
+                           rate)
+
+
+def _not_the_drives(fetch: dict[str, Any], busy: float | None, share: str, rate: str) -> str:
+    """Aggregation the drives did not bind (``share`` of their ``rate``): where the compiled
+    controller measured itself (``busy``), its poller threads where they were busy for
+    BOUND_SHARE of the time, else the GPU side's agents; without that measure (the Python model, older results), how the GPU
+    side fetched (queue pairs)."""
+    if busy is not None and busy >= BOUND_SHARE:
+        return f"the controller's {fetch['controller_threads']} poller threads " \
+               f"({100 * busy:.0f}% busy)"
+    if busy is not None:
+        return f"the GPU side's agents (controller {100 * busy:.0f}% busy), at {share} of " \
+               f"the drives' {rate}"
+    pairs = fetch.get("queue_pairs")
     how = f": GPU side or controller ({pairs} queue pairs)" if pairs else ""
-    return f"not the drives{how}, at {100 * share:.0f}% of their {rate}"
+    return f"not the drives{how}, at {share} of their {rate}"
+
+
+def _pollers_busy(job: dict[str, Any]) -> float | None:
+    """The share of the aggregation (every iteration's, warmup's too: the span of its
+    counter) the compiled controller's poller threads spent on work; None without it."""
+    fetch = job.get("fetch", {})
+    span_ns = job.get("aggregation_all_ms", 0.0) * 1e6 * fetch.get("controller_threads", 0)
+    return fetch["controller_busy_ns"] / span_ns \
+        if "controller_busy_ns" in fetch and span_ns else None
 
 
 def _stage_cells(s: dict[str, Any]) -> dict[str, Any]:

@@ -248,6 +248,8 @@ def _result(job: Job, ds: dataset.Dataset, t: _Tally, fetcher: Any) -> dict[str,
         and g.mmap_advice == "normal",
         "iterations": g.iterations, "warmup": g.warmup, "iterations_done": done,
         "stages": stages,
+        # every iteration's, warmup's too: the span a controller's own counts cover
+        "aggregation_all_ms": float(t.stage_ns[:done, 1].sum()) / 1e6,
         "aggregation": {"rows": rows_timed, "bytes": rows_timed * row_bytes,
                         "iops": rows_timed / agg_s if agg_s else 0.0,
                         "bw_bytes": rows_timed * row_bytes / agg_s if agg_s else 0.0,

@@ -3,6 +3,8 @@ driver (the bench's CPU-driven ceiling) and its configuration."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -28,6 +30,33 @@ def test_the_compiled_driver_completes_every_read_on_every_pair(tmp_path, backen
         slots = p.mem.dma[pairs[-1].cq_iova - model.IOVA_BASE + 17 * 16:]
         landed = np.count_nonzero(slots[:3 * 16 * bs + 4 * 4096] == 0xA5)
         assert landed == (3 * 16 * bs if backend == "ram" else 0)
+
+
+def test_the_pollers_count_the_ns_of_their_busy_passes_within_their_wall_time(tmp_path):
+    """M_BUSY_NS: nothing before any command; after the reads, more than nothing and never
+    more than every poller busy all along (CLOCK_MONOTONIC, the controller's clock)."""
+    backing = tmp_path / "ns.dat"
+    backing.write_bytes(b"\xa5" * (1 << 20))
+    threads = 2
+    with model.ModelProcess(tmp_path, backing, server=compiled.server(threads, "ram")) as p:
+        model._wait("the controller process", lambda: p.mem.reg(model.M_ALIVE) == 1)
+        start = time.monotonic_ns()
+        assert compiled.busy_ns(p.mem) == 0  # not enabled: no pass did work
+        host = p.host()
+        pairs = [host.create_pair(1 + i, 17) for i in range(3)]
+        good, _ = compiled.cpu_reads(p.mem, pairs, 500, 16, 4096, 9, (1 << 20) >> 9, 2)
+        busy = compiled.busy_ns(p.mem)
+        elapsed = time.monotonic_ns() - start
+        assert good == 3 * 500
+        assert 0 < busy <= threads * elapsed
+
+
+def test_the_python_model_leaves_the_busy_word_at_zero(tmp_path):
+    backing = tmp_path / "ns.dat"
+    backing.write_bytes(b"\xa5" * (1 << 16))
+    with model.ModelProcess(tmp_path, backing) as p:
+        p.host().create_pair(1, 9)  # admin commands it served
+        assert p.mem.reg64(model.M_COMPLETED) > 0 and compiled.busy_ns(p.mem) == 0
 
 
 def test_an_unknown_backend_is_named():

@@ -225,8 +225,10 @@ def test_a_feature_file_too_small_for_nodes_is_exit_2(tmp_path, write_profile):
 
 def test_a_whole_run_verifies_rows_and_reports_stages(tmp_path):
     prof = from_dict(_gnn(tmp_path), "g.toml", {})
-    r = run_job(prof.jobs[0])
+    each: list[int] = []  # every iteration's aggregation ns, warmup's too
+    r = run_job(prof.jobs[0], progress=lambda job, done, ns: each.append(int(ns[1])))
     assert r["iterations_done"] == 6 and r["stages"]["timed_iterations"] == 4
+    assert len(each) == 6 and r["aggregation_all_ms"] == pytest.approx(sum(each) / 1e6)
     assert r["verify"] == {"rows_checked": 6 * 64, "mismatches": 0} and r["error"] == 0
     s = r["stages"]
     assert s["total_ms"] == pytest.approx(s["sampling_ms"] + s["aggregation_ms"] + s["training_ms"])

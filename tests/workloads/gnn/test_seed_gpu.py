@@ -32,5 +32,8 @@ def test_bam_on_emulated_drives_lands_every_row_and_says_emulated(tmp_path, driv
     assert r["verify"]["mismatches"] == 0 and r["verify"]["rows_checked"] >= 6 * 128
     assert f"emulated: {model}, rates from https://" in r["engine_mode"]
     assert r["fetch"]["drive"]["model"] == model
+    # the compiled controller's measure of itself, for the report's bound; the model has none
+    assert ("controller_busy_ns" in r["fetch"]) is (controller == "compiled")
+    assert r["fetch"].get("controller_busy_ns", 1) > 0 and r["aggregation_all_ms"] > 0
     per = r["aggregation"]["per_target"]
     assert len(per) == drives and all(p["rows"] > 0 for p in per)

@@ -77,6 +77,27 @@ def test_the_bound_names_the_rate_a_drive_came_near_else_not_the_drives(doc):
                             "rated IOPS")
 
 
+@pytest.mark.parametrize("busy_ns, bound", [
+    # 4 threads over 8 s of aggregation (every iteration's): 30.4 s busy of their 32
+    (30.4e9, "the controller's 4 poller threads (95% busy)"),
+    (9.6e9, "the GPU side's agents (controller 30% busy), at {share}% of the drives' "
+            "rated IOPS"),
+])
+def test_where_the_controller_measured_itself_the_bound_is_its_pollers_or_the_agents(
+        doc, busy_ns, bound):
+    job = dict(doc["jobs"][2], aggregation_all_ms=8000.0, fetch={
+        **doc["jobs"][2]["fetch"], "queue_pairs": 4, "controller_busy_ns": busy_ns,
+        "controller_threads": 4})
+    (row,) = report.article_rows(report.document([job], "p", False))
+    share = f"{100 * max(1.3e6 / 3.3e6, 1.3e6 * 4096 / 14e9):.0f}"
+    assert row["bound"] == bound.format(share=share)
+    # the drives' own rate still comes first
+    near = dict(job, aggregation={**job["aggregation"], "per_target": [
+        {"target": "/t/0", "rows": 1, "iops": 3.2e6}]})
+    (row,) = report.article_rows(report.document([near], "p", False))
+    assert row["bound"] == "the drives' rated IOPS (97%)"
+
+
 def test_every_table_of_a_modelled_drive_says_emulated_and_its_source(doc):
     text = report.render(doc, "markdown")
     r5101, m9550 = drives.model("dapustor-r5101"), drives.model("micron-9550")
