@@ -164,6 +164,8 @@ class StagedLoop:
             if moved is None and not issuing:
                 return
             progress += moved or 0
+            # here, not after the landings: from a landing to the next issue a slot is idle
+            self._check(watch, progress, "reads", states)
             for s in [s for s in reading if seg_done[s] == seg_n[s]] if moved else ():
                 reading.remove(s)
                 self._copy(s, int(seg_n[s]), table)
@@ -174,7 +176,6 @@ class StagedLoop:
                 free.append(s)
                 taken -= int(seg_n[s])
                 progress += 1
-            self._check(watch, progress, "reads", states)
 
     def _run_writes(self) -> None:
         """Segments go FREE -> COPYING (pattern generated on the GPU, copied down; the
