@@ -118,8 +118,8 @@ def _bound(job: dict[str, Any], d: dict[str, Any], busiest: float) -> str:
 def _not_the_drives(fetch: dict[str, Any], busy: float | None, share: str, rate: str) -> str:
     """Aggregation the drives did not bind (``share`` of their ``rate``): where the compiled
     controller measured itself (``busy``), its poller threads where they were busy for
-    BOUND_SHARE of the time, else the GPU side's agents; without that measure (the Python model, older results), how the GPU
-    side fetched (queue pairs)."""
+    BOUND_SHARE of the time, else the GPU side's agents; without that measure (the Python
+    model, older results), how the GPU side fetched (queue pairs)."""
     if busy is not None and busy >= BOUND_SHARE:
         return f"the controller's {fetch['controller_threads']} poller threads " \
                f"({100 * busy:.0f}% busy)"
