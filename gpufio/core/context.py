@@ -270,9 +270,13 @@ class WorkerContext:
                    res: np.ndarray) -> list[int]:
         """Indices of the completed I/Os (``slots``: (n, bs) bytes in host memory) that
         brought all their bytes, but not the pattern's."""
-        return [i for i in np.flatnonzero(np.asarray(res) == self.bs).tolist()
-                if len(pattern.bad_ios_host(slots[i], offs[i:i + 1],
-                                            self._seeds[int(tgt[i])], self.bs))]
+        full = np.flatnonzero(np.asarray(res) == self.bs)
+        if not len(full):
+            return []
+        rows = slots if len(full) == len(slots) else slots[full]
+        bad = pattern.bad_ios_host(np.ascontiguousarray(rows), np.asarray(offs)[full],
+                                   self.seeds(np.asarray(tgt)[full]), self.bs)
+        return full[bad].tolist()
 
     def seeds(self, tgt: np.ndarray) -> np.ndarray:
         """The pattern seed of each I/O's target: what a check on the GPU compares against,

@@ -110,3 +110,29 @@ def test_no_compiler_or_gpufio_native_0_means_numpy(monkeypatch):
         assert native.fill_function() is None
     finally:
         forget()
+
+
+def test_a_worker_names_the_bad_ios_of_a_batch_over_two_targets():
+    """WorkerContext.mismatches checks a batch at once: each I/O against its own target's
+    seed and offset, short ones left out (they already failed), indices into the batch."""
+    from gpufio.core.context import WorkerContext
+    from gpufio.core.offsets import Distribution, OffsetStream
+    from gpufio.core.shared import JobShared
+
+    shared = JobShared(1)
+    stream = OffsetStream(random=False, bs=4096, regions=[(0, 16), (0, 16)],
+                          dist=Distribution("random"), file_service="roundrobin", seed=(1,),
+                          budget=None)
+    ctx = WorkerContext(bs=4096, stream=stream, control=shared.control, ntargets=2,
+                        block=shared.blocks[0], seeds=[5, 9], verify=True,
+                        continue_on_error=False)
+    tgt = np.array([0, 1, 0, 1, 1])
+    offs = np.array([0, 4096, 8192, 40960, 12288], dtype=np.uint64)
+    slots = np.empty((5, 4096), np.uint8)
+    pattern.fill_ios(slots, offs, np.array([[5, 9][t] for t in tgt], dtype=np.uint64))
+    slots[3, 100] ^= 1  # a flipped bit in I/O 3
+    slots[2] = 0  # I/O 2 came back short: not checked again
+    res = np.array([4096, 4096, 2048, 4096, 4096])
+    assert ctx.mismatches(slots, tgt, offs, res) == [3]
+    # the same bytes read as if from the other target are all wrong
+    assert ctx.mismatches(slots, 1 - tgt, offs, res) == [0, 1, 3, 4]
