@@ -99,7 +99,7 @@ class StagedLoop:
         k = len(offs)
         sent = self.channel.submit(tgt, offs, self._len[:k], self._addr[tags], write, tags)
         if sent != k:
-            raise RuntimeError(f"the channel took {sent} of a segment's {k} requests with "
+            raise RuntimeError(f"the channel took {sent} of a pass's {k} requests with "
                                f"{self.channel.inflight} of {self._cap} in flight")
 
     def _check(self, watch: StallWatch, progress: int, what: str,
@@ -128,6 +128,9 @@ class StagedLoop:
         free, reading, copying = list(range(self._nseg - 1, -1, -1)), [], []
         taken, issuing = 0, True
         watch, progress = StallWatch(), 0  # reads + copies
+        # each segment to the channel as it is issued where a synchronous channel moves it
+        # inside submit, or a rate cap may hold the next batch back: else one call a pass
+        alone = self._sync or ctx.pacer is not None
 
         def states() -> list[int]:
             return [READING if s in reading else COPYING if s in copying else FREE
@@ -146,6 +149,9 @@ class StagedLoop:
                 # gather) moves them inside submit
                 table.issue(slice(s * seg, s * seg + k), tgt, offs, time.perf_counter_ns())
                 out.append((s, tgt, offs))
+                if alone:
+                    self._push_all(out, False)
+                    out = []
                 free.pop()
                 reading.append(s)
                 seg_n[s], seg_done[s] = k, 0

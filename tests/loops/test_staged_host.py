@@ -45,3 +45,43 @@ def test_segments_issued_in_one_pass_go_out_in_one_channel_call(host_cpugpu, pat
     assert r.ok and r.verify_failures == 0 and r.ios == 64
     # the first pass issues all four segments of 2 reads: one call of 8, not four of 2
     assert calls[0] == 8 and sum(calls) == 64
+
+
+def test_a_rate_capped_pass_hands_each_segment_over_as_it_is_issued(host_cpugpu, pattern_file,
+                                                                    monkeypatch):
+    """Under a rate cap the next batch may wait for its due time: the segments issued
+    before it must not wait with it."""
+    calls = []
+    submit = UringChannel.submit
+
+    def counted(self, tgt, off, *rest):
+        calls.append(len(off))
+        return submit(self, tgt, off, *rest)
+
+    monkeypatch.setattr(UringChannel, "submit", counted)
+    r = _run(pattern_file, rw="read", verify=True, iodepth=8, segments=4, io_size="64k",
+             rate_iops=20_000)
+    assert r.ok and r.verify_failures == 0 and r.ios == 16
+    assert max(calls) <= 2 and sum(calls) == 16
+
+
+def test_mmap_keeps_its_one_gather_a_segment(host_mmap, pattern_file, monkeypatch):
+    """A synchronous channel gets each segment alone, its slots one run of rows: mmap's
+    one-gather path (engines/mmap._rows) takes every call, none falls back to a copy per
+    request."""
+    from gpufio.engines.mmap import MmapChannel
+
+    shapes = []
+    rows = MmapChannel._rows
+
+    def watched(self, *args):
+        got = rows(self, *args)
+        shapes.append(got is not None)
+        return got
+
+    monkeypatch.setattr(MmapChannel, "_rows", watched)
+    glob = {"engine": "test-mmap", "targets": [str(pattern_file)], "bs": "4k", "rw": "randread",
+            "iodepth": 16, "segments": 4, "io_size": "2m", "verify": True}
+    (r,) = runner.run_profile(from_dict({"global": glob}, "t.toml", {}), quiet=True).results
+    assert r.ok and r.verify_failures == 0 and r.ios == 512
+    assert shapes and all(shapes)
