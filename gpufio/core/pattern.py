@@ -202,6 +202,9 @@ def read_seed(first_block: bytes) -> int | None:
     return seed
 
 
+CHECK_BYTES = 16 << 20  # the expected bytes bad_ios_host makes at a time
+
+
 def bad_ios_host(buf: np.ndarray, offsets: np.ndarray, seeds: np.ndarray | int,
                  io_len: int) -> np.ndarray:
     """Indices of the I/Os in ``buf`` whose bytes differ from the pattern at their offset
@@ -211,9 +214,19 @@ def bad_ios_host(buf: np.ndarray, offsets: np.ndarray, seeds: np.ndarray | int,
     I/O's target seed, or one seed for all.
     """
     n = len(offsets)
+    offs = np.asarray(offsets, dtype=np.uint64)
+    if (offs % np.uint64(8)).any() or io_len % 8:
+        raise ValueError("pattern ranges must be 8-byte aligned")
     words = buf.view("<u8").reshape(n, io_len // 8)
-    # the batch's expected bytes in one fill (compiled where built), then one comparison:
-    # a pattern computed I/O by I/O cost the Python loops more than their reads
-    want = np.empty((n, io_len), np.uint8)
-    fill_ios(want, np.asarray(offsets), seeds)
-    return np.flatnonzero((words != want.view("<u8")).any(axis=1)).astype(np.int64)
+    per_io = np.broadcast_to(np.asarray(seeds, dtype=np.uint64), (n,))
+    # the expected bytes of many I/Os in one fill (compiled where built), then one
+    # comparison: a pattern computed I/O by I/O cost the Python loops more than their
+    # reads; in pieces of CHECK_BYTES, so a batch of large I/Os needs no copy of itself
+    step = max(1, CHECK_BYTES // io_len)
+    want = np.empty((min(step, n), io_len), np.uint8)
+    bad = []
+    for lo in range(0, n, step):
+        k = min(step, n - lo)
+        fill_ios(want[:k], offs[lo:lo + k], per_io[lo:lo + k])
+        bad.append(lo + np.flatnonzero((words[lo:lo + k] != want[:k].view("<u8")).any(axis=1)))
+    return np.concatenate(bad).astype(np.int64) if bad else np.zeros(0, np.int64)

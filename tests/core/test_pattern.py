@@ -136,3 +136,16 @@ def test_a_worker_names_the_bad_ios_of_a_batch_over_two_targets():
     assert ctx.mismatches(slots, tgt, offs, res) == [3]
     # the same bytes read as if from the other target are all wrong
     assert ctx.mismatches(slots, 1 - tgt, offs, res) == [0, 1, 3, 4]
+
+
+def test_bad_ios_host_checks_a_batch_larger_than_its_piece(monkeypatch):
+    """The check works in pieces of CHECK_BYTES; a bad I/O in a later piece is named by its
+    index in the batch, and an offset off the 8-byte grid is refused."""
+    monkeypatch.setattr(pattern, "CHECK_BYTES", 3 * 4096)
+    offsets = np.arange(7, dtype=np.uint64) * 4096
+    buf = np.empty((7, 4096), np.uint8)
+    pattern.fill_ios(buf, offsets, 11)
+    buf[5, 9] ^= 0x80
+    assert pattern.bad_ios_host(buf, offsets, 11, 4096).tolist() == [5]
+    with pytest.raises(ValueError, match="8-byte aligned"):
+        pattern.bad_ios_host(buf[:1], np.array([4]), 11, 4096)
