@@ -112,7 +112,10 @@ def row_pairs(o: Any, namespaces: int) -> int:
     whose one loop serves every pair in turn (more would add agents, not service)."""
     if o.row_pairs is not None:
         return o.row_pairs
-    return max(o.controller_threads, namespaces) if o.controller == "compiled" else 1
+    from gpufio.io.nvme.model import MAX_QUEUES  # a default never asks past the controller's
+
+    return min(max(o.controller_threads, namespaces), MAX_QUEUES) \
+        if o.controller == "compiled" else 1
 
 
 def _compiled_available() -> bool:
@@ -495,14 +498,15 @@ def _row_queue(job: Job, spec: QueueSpec) -> DeviceQueue:
 
 def _pollers_busy(o: Any, served: Any, pairs: int) -> Callable[[], dict[str, Any]] | None:
     """The compiled controller's measure of itself for a row fetch's facts, read before it
-    stops: the ns its poller threads spent on work and how many serve one of ``pairs``
-    (thread t the pairs whose CQ id c has (c - 1) % N == t); None on the Python model."""
+    stops: the ns its poller threads spent on work since now (not on the admin commands
+    that made the pairs) and how many serve one of ``pairs`` (thread t the pairs whose CQ
+    id c has (c - 1) % N == t); None on the Python model."""
     if o.controller != "compiled":
         return None
     from gpufio.io.nvme import compiled
 
-    threads = min(max(1, o.controller_threads), pairs)
-    return lambda: {"controller_busy_ns": compiled.busy_ns(served.mem),
+    threads, before = min(o.controller_threads, pairs), compiled.busy_ns(served.mem)
+    return lambda: {"controller_busy_ns": compiled.busy_ns(served.mem) - before,
                     "controller_threads": threads}
 
 

@@ -295,6 +295,7 @@ def test_bam_row_fetch_refusals(opts: dict, layout: tuple, message: str) -> None
     ({"controller": "model"}, 2, 1),  # one loop serves every pair
     ({"controller": "model", "row_pairs": 3}, 1, 3),
     ({"controller": "compiled", "controller_threads": 4, "row_pairs": 2}, 2, 2),
+    ({"controller": "compiled", "controller_threads": 100}, 1, 64),  # the controller's most
 ])
 def test_the_row_fetch_drives_row_pairs_else_a_pair_per_poller_and_namespace(
         opts: dict, namespaces: int, pairs: int) -> None:
@@ -372,8 +373,15 @@ def test_a_row_fetch_notes_its_compiled_pollers_busy_ns_and_those_serving_a_pair
         assert len(made) == pairs
         if threads is None:
             assert notes is None
-        else:  # creating the pairs was the pollers' work
-            assert notes()["controller_threads"] == threads
-            assert notes()["controller_busy_ns"] > 0
+            return
+        assert notes()["controller_threads"] == threads
+        slots, iova = served.mem.alloc(8 * nq.PAGE)
+        e = nq.io_commands(write=False, nsid=np.ones(8, np.uint32), lba_shift=9,
+                           off=np.arange(8, dtype=np.uint64) * nq.PAGE,
+                           length=np.full(8, nq.PAGE), cid=np.arange(8),
+                           prp1=(iova + np.arange(8) * nq.PAGE).astype(np.uint64),
+                           prp2=np.zeros(8, np.uint64))
+        assert nq.result(made[0].run(e, 10**10)["status"], nq.PAGE).tolist() == [nq.PAGE] * 8
+        assert notes()["controller_busy_ns"] > 0  # the reads were the pollers' work
     finally:
         served.close()
