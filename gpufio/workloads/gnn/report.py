@@ -118,14 +118,15 @@ def _bound(job: dict[str, Any], d: dict[str, Any], busiest: float) -> str:
 def _not_the_drives(fetch: dict[str, Any], busy: float | None, share: str, rate: str) -> str:
     """Aggregation the drives did not bind (``share`` of their ``rate``): where the compiled
     controller measured itself (``busy``), its poller threads where they were busy for
-    BOUND_SHARE of the time, else the GPU side's agents; without that measure (the Python
+    BOUND_SHARE of the time, else the GPU side (by elimination); without that measure (the Python
     model, older results), how the GPU side fetched (queue pairs)."""
     if busy is not None and busy >= BOUND_SHARE:
         return f"the controller's {fetch['controller_threads']} poller threads " \
                f"({100 * busy:.0f}% busy)"
     if busy is not None:
-        return f"the GPU side's agents (controller {100 * busy:.0f}% busy), at {share} of " \
-               f"the drives' {rate}"
+        # by elimination: the agents, or too few reads in flight for the drives' latency
+        return f"neither the drives nor the pollers ({100 * busy:.0f}% busy): the GPU side, " \
+               f"at {share} of the drives' {rate}"
     pairs = fetch.get("queue_pairs")
     how = f": GPU side or controller ({pairs} queue pairs)" if pairs else ""
     return f"not the drives{how}, at {share} of their {rate}"

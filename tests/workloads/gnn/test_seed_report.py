@@ -80,8 +80,8 @@ def test_the_bound_names_the_rate_a_drive_came_near_else_not_the_drives(doc):
 @pytest.mark.parametrize("busy_ns, bound", [
     # 4 threads over 8 s of aggregation (every iteration's): 30.4 s busy of their 32
     (30.4e9, "the controller's 4 poller threads (95% busy)"),
-    (9.6e9, "the GPU side's agents (controller 30% busy), at {share}% of the drives' "
-            "rated IOPS"),
+    (9.6e9, "neither the drives nor the pollers (30% busy): the GPU side, at {share}% of "
+            "the drives' rated IOPS"),
 ])
 def test_where_the_controller_measured_itself_the_bound_is_its_pollers_or_the_agents(
         doc, busy_ns, bound):
