@@ -2,9 +2,25 @@
 in host memory (conftest.host_cpugpu): the bytes that land are the bytes at each offset, and
 the segments issued in one pass go to the channel in one call."""
 
+import pytest
+
 from gpufio.io.uring_channel import UringChannel
 from gpufio.profile import from_dict
 from gpufio.workloads.block import runner
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The number of requests of each call to the io_uring channel's submit, in order."""
+    made = []
+    submit = UringChannel.submit
+
+    def counted(self, tgt, off, *rest):
+        made.append(len(off))
+        return submit(self, tgt, off, *rest)
+
+    monkeypatch.setattr(UringChannel, "submit", counted)
+    return made
 
 
 def _run(path, **opts):
@@ -32,15 +48,7 @@ def test_a_corrupted_block_is_caught_and_named(host_cpugpu, pattern_file):
 
 
 def test_segments_issued_in_one_pass_go_out_in_one_channel_call(host_cpugpu, pattern_file,
-                                                                 monkeypatch):
-    calls = []
-    submit = UringChannel.submit
-
-    def counted(self, tgt, off, *rest):
-        calls.append(len(off))
-        return submit(self, tgt, off, *rest)
-
-    monkeypatch.setattr(UringChannel, "submit", counted)
+                                                                 calls):
     r = _run(pattern_file, rw="read", verify=True, iodepth=8, segments=4, io_size="256k")
     assert r.ok and r.verify_failures == 0 and r.ios == 64
     # the first pass issues all four segments of 2 reads: one call of 8, not four of 2
@@ -48,17 +56,9 @@ def test_segments_issued_in_one_pass_go_out_in_one_channel_call(host_cpugpu, pat
 
 
 def test_a_rate_capped_pass_hands_each_segment_over_as_it_is_issued(host_cpugpu, pattern_file,
-                                                                    monkeypatch):
+                                                                    calls):
     """Under a rate cap the next batch may wait for its due time: the segments issued
     before it must not wait with it."""
-    calls = []
-    submit = UringChannel.submit
-
-    def counted(self, tgt, off, *rest):
-        calls.append(len(off))
-        return submit(self, tgt, off, *rest)
-
-    monkeypatch.setattr(UringChannel, "submit", counted)
     r = _run(pattern_file, rw="read", verify=True, iodepth=8, segments=4, io_size="64k",
              rate_iops=20_000)
     assert r.ok and r.verify_failures == 0 and r.ios == 16
