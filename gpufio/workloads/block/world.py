@@ -12,6 +12,7 @@ runs as one process.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import re
 import socket
@@ -240,9 +241,16 @@ def detect() -> World | None:
     size = int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
                or os.environ.get("SLURM_NTASKS") or 1)
     try:
-        # MPI_Init waits for every rank: a rank whose peers never come must still end
+        # MPI_Init waits for every rank: a rank whose peers never come must still end, on a
+        # stop signal, or (its launcher gone without one) once TIMEOUT_S pass: MPI_Init spins
+        # in C, where no Python handler runs, so faulthandler's own thread dumps where it
+        # stood and exits
         with stop_signals_end_the_process():
-            from mpi4py import MPI
+            faulthandler.dump_traceback_later(TIMEOUT_S, exit=True)
+            try:
+                from mpi4py import MPI
+            finally:
+                faulthandler.cancel_dump_traceback_later()
     except ImportError:
         if size > 1:
             raise BadInput(f"gpufio runs as {size} ranks under an MPI launcher, but mpi4py is "

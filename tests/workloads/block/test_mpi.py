@@ -162,6 +162,17 @@ def mpirun(tmp_path, n, text, *args, timeout_s="5"):
                             start_new_session=True)
 
 
+def finish(p, timeout_s):
+    """``p.communicate`` within ``timeout_s``; past it, the launcher and its ranks (its
+    session) are killed before the failure, so that no rank outlives the test."""
+    try:
+        return p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+
+
 def none_left(tmp_path, within_s=10.0):
     """True once no process of the run is left (the launcher's kills take a moment)."""
     deadline = time.monotonic() + within_s
@@ -186,7 +197,7 @@ def gpufio_processes(tmp_path):
 @needs_mpi
 def test_mpirun_merges_every_rank(tmp_path):
     p = mpirun(tmp_path, 3, PROFILE.format(runtime="1s", d=tmp_path), "-f", "json")
-    out, err = p.communicate(timeout=120)
+    out, err = finish(p, 120)
     assert p.returncode == 0, err
     doc = json.loads(out)
     job = doc["jobs"][0]
@@ -215,7 +226,7 @@ def test_a_rank_that_fails_ends_the_run_naming_it(tmp_path):
     text = PROFILE.format(runtime="1s", d=tmp_path).replace("t{rank}.dat", "d{rank}/t.dat")
     t0 = time.monotonic()
     p = mpirun(tmp_path, 3, text)
-    _, err = p.communicate(timeout=60)
+    _, err = finish(p, 60)
     assert p.returncode == 1 and time.monotonic() - t0 < 30
     assert "gpufio: error: rank 2 (" in err and f"{tmp_path}/d2 does not exist" in err
     assert none_left(tmp_path)
@@ -239,7 +250,7 @@ def test_a_worker_that_hangs_or_dies_ends_the_run_naming_its_rank(tmp_path, sig)
     p = mpirun(tmp_path, 3, PROFILE.format(runtime="4s", d=tmp_path))
     t0 = time.monotonic()
     _signal_after_start(tmp_path, p, lambda procs: procs[-1], sig)  # the last-forked worker
-    out, err = p.communicate(timeout=60)
+    out, err = finish(p, 60)
     err += out  # a table on stdout carries the job's problem lines
     assert p.returncode == 1 and time.monotonic() - t0 < 30, err
     # a hung worker stalls its rank: rank 0 names it after 5 s, or, when it is rank 0's own,
@@ -257,7 +268,7 @@ def test_a_rank_killed_outright_is_ended_by_the_launcher(tmp_path):
     p = mpirun(tmp_path, 3, PROFILE.format(runtime="4s", d=tmp_path))
     t0 = time.monotonic()
     _signal_after_start(tmp_path, p, lambda procs: procs[1], signal.SIGKILL)
-    out, err = p.communicate(timeout=60)
+    out, err = finish(p, 60)
     assert p.returncode != 0 and time.monotonic() - t0 < 30
     assert "BAD TERMINATION" in out + err
     assert none_left(tmp_path)
@@ -270,7 +281,7 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_keeps_the_merged_results(t
     p = mpirun(tmp_path, 3, PROFILE.format(runtime="60s", d=tmp_path), "-f", "json")
     t0 = time.monotonic()
     _signal_after_start(tmp_path, p, lambda procs: p.pid, signal.SIGTERM)
-    out, err = p.communicate(timeout=60)
+    out, err = finish(p, 60)
     assert p.returncode != 0 and time.monotonic() - t0 < 30, err
     doc = json.loads(out)
     (job,) = doc["jobs"]
@@ -285,7 +296,7 @@ def test_workloads_that_run_as_one_process_refuse_mpirun(tmp_path):
     text = (f'[global]\nworkload = "checkpoint"\ndevice = "cpu"\nstate_size = "1m"\n'
             f'engine = "psync"\ntargets = ["{tmp_path}"]\n')
     p = mpirun(tmp_path, 2, text)
-    _, err = p.communicate(timeout=60)
+    _, err = finish(p, 60)
     assert p.returncode == 2 and "runs as one process" in err
 
 
@@ -293,7 +304,7 @@ def test_workloads_that_run_as_one_process_refuse_mpirun(tmp_path):
 def test_repeat_over_ranks_keeps_each_jobs_median_merged_run(tmp_path):
     p = mpirun(tmp_path, 2, PROFILE.format(runtime="300ms", d=tmp_path), "-f", "json",
                "--repeat", "3")
-    out, err = p.communicate(timeout=120)
+    out, err = finish(p, 120)
     assert p.returncode == 0, err
     job = json.loads(out)["jobs"][0]
     assert job["repeat"]["n"] == 3 and len(job["repeat"]["runs"]) == 3
@@ -345,7 +356,7 @@ def test_a_rank_waiting_in_mpi_init_ends_on_sigterm(tmp_path):
         assert _sigterm_caught(pid) is False, "rank 1 kept its handler into MPI_Init"
         t0 = time.monotonic()
         os.kill(pid, signal.SIGTERM)
-        p.communicate(timeout=60)
+        finish(p, 60)
         assert p.returncode != 0 and time.monotonic() - t0 < 30
         rank0 = int((tmp_path / "rank0").read_text())
         gone = time.monotonic() + 10  # the launcher ends the held rank too; reaping takes a moment
@@ -357,3 +368,20 @@ def test_a_rank_waiting_in_mpi_init_ends_on_sigterm(tmp_path):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
+
+
+def test_a_rank_whose_mpi_init_never_returns_ends_with_where_it_stood(tmp_path):
+    """A launcher gone without a signal leaves MPI_Init spinning in C, where no Python
+    handler runs: the rank still ends once GPUFIO_MPI_TIMEOUT_S pass, saying where it was.
+    (An mpi4py whose MPI module never finishes loading stands in for it.)"""
+    fake = tmp_path / "mpi4py"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "MPI.py").write_text("import time\ntime.sleep(600)\n")
+    env = dict(os.environ, PMI_RANK="0", PMI_SIZE="2", GPUFIO_MPI_TIMEOUT_S="1",
+               PYTHONPATH=f"{tmp_path}:{REPO}")
+    p = subprocess.run([sys.executable, "-c",
+                        "from gpufio.workloads.block import world; world.detect()"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "Timeout" in p.stderr and "mpi4py/MPI.py" in p.stderr and "detect" in p.stderr
