@@ -87,15 +87,10 @@ class StagedLoop:
         """``_push`` for several segments (``(s, tgt, offs)`` each) in one channel call: a
         call costs a channel tens of microseconds, which the segments after the first would
         otherwise spend issued but not yet handed over."""
-        if len(segs) == 1:
-            s, tgt, offs = segs[0]
-            sl = slice(s * self._seg, s * self._seg + len(offs))
-            tags, tgt, offs = self._tags[sl], tgt, offs
-        else:
-            tags = np.concatenate([self._tags[s * self._seg:s * self._seg + len(o)]
-                                   for s, _, o in segs])
-            tgt = np.concatenate([t for _, t, _ in segs])
-            offs = np.concatenate([o for _, _, o in segs])
+        parts = ([self._tags[s * self._seg:s * self._seg + len(o)] for s, _, o in segs],
+                 [t for _, t, _ in segs], [o for _, _, o in segs])
+        # one segment's arrays as they are: a copy only where there are several to join
+        tags, tgt, offs = (a[0] if len(a) == 1 else np.concatenate(a) for a in parts)
         k = len(offs)
         sent = self.channel.submit(tgt, offs, self._len[:k], self._addr[tags], write, tags)
         if sent != k:
