@@ -105,6 +105,11 @@ def server(o: Any, namespaces: Sequence[str] = ()) -> Any:
                              namespaces=tuple(namespaces))
 
 
+def lba_shift(o: Any) -> int:
+    """log2 of the software controller's block size (``model_lba``, a power of two)."""
+    return o.model_lba.bit_length() - 1
+
+
 def row_pairs(o: Any, namespaces: int) -> int:
     """The queue pairs a GNN row fetch over ``namespaces`` drives: the option, else one per
     compiled poller thread (thread t serves the pairs whose CQ id c has (c - 1) % N == t:
@@ -357,7 +362,7 @@ class Bam(Engine):
             raise BadInput(f"engine 'bam' with submitter = \"gpu\" needs a GPU: {why}")
         gpu.use(job.gpu_of(spec.worker))  # before any registration: this worker's GPU
         if o.controller in SOFTWARE:
-            shift = o.model_lba.bit_length() - 1
+            shift = lba_shift(o)
             model, pair = Model.acquire(files[0].path, shift, job.numjobs, spec.depth, job.bs,
                                         server(o))
             try:
@@ -396,8 +401,8 @@ def _emulated(job: Job, path: str, largest: int, depth: int,
 
     o = Bam.settings(job)
     dma = dma_bytes(job.numjobs, depth, largest)
-    shift = o.model_lba.bit_length() - 1
-    return lambda: EmulatedSession(o.controller, path, shift, dma, server(o, namespaces))
+    return lambda: EmulatedSession(o.controller, path, lba_shift(o), dma,
+                                   server(o, namespaces))
 
 
 def _block_queue(job: Job, spec: QueueSpec, owner: Any, mem: Any, pair: Any, nsid: int,
@@ -487,7 +492,7 @@ def _row_queue(job: Job, spec: QueueSpec) -> DeviceQueue:
     try:
         held.append(RegisteredModel(served.mem))
         held.append(NvmeQueues(held[0], pairs, depth=depth, slot_bytes=row, nsid=1,
-                               lba_shift=o.model_lba.bit_length() - 1, mode=bells,
+                               lba_shift=lba_shift(o), mode=bells,
                                namespaces=layout.ntargets))
     except BaseException:
         close()
@@ -518,8 +523,8 @@ def _row_controller(o: Any, paths: Sequence[str], n: int, depth: int,
     on the first stops it."""
     from gpufio.io.nvme import model
 
-    shift = o.model_lba.bit_length() - 1
-    served = model.ServedFile(paths[0], shift, dma_bytes(n, depth, row), server(o, paths[1:]))
+    served = model.ServedFile(paths[0], lba_shift(o), dma_bytes(n, depth, row),
+                              server(o, paths[1:]))
     try:
         return served, served.host.create_pairs(n, depth + 1)  # a ring keeps one slot empty
     except BaseException:
