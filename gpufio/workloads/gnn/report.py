@@ -75,6 +75,7 @@ def article_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         per = j["aggregation"].get("per_target", [])
         sp = j.get("speedup_vs_mmap")
         busiest = max((p["iops"] for p in per), default=0.0)
+        shares = _shares(j, d, busiest) if d else {}
         out.append({
             "job": j["jobname"], "batch": j["batch_size"],
             "drives": f"{len(j['targets'])} x {d['model']}" if d else str(len(j["targets"])),
@@ -88,10 +89,9 @@ def article_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             # how near each drive came to what its model allows: the busiest drive's share
             # of its rated IOPS and of its link (where aggregation did not move with the
             # drives or the link, neither bound it)
-            "of_rated": f"{100 * busiest / d['iops']:.0f}%" if d and d.get("iops") else "",
-            "of_link": (f"{100 * busiest * j['feature_dim'] * 4 / d['link_bw']:.0f}%"
-                        if d else ""),
-            "bound": _bound(j, d, busiest) if d else "",
+            **{col: "" if shares.get(rate) is None else f"{100 * shares[rate]:.0f}%"
+               for col, rate in (("of_rated", "rated IOPS"), ("of_link", "link"))},
+            "bound": _bound(j, shares) if d else "",
         })
     return out
 
@@ -100,15 +100,20 @@ def article_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 BOUND_SHARE = 0.9
 
 
-def _bound(job: dict[str, Any], d: dict[str, Any], busiest: float) -> str:
-    """What held the aggregation back, from what the busiest drive served against each of
-    its model's rates (IOPS, read bandwidth, link): that rate where it came within
-    BOUND_SHARE of it; else not the drives (``_not_the_drives``)."""
+def _shares(job: dict[str, Any], d: dict[str, Any], busiest: float) -> dict[str, float | None]:
+    """The busiest drive's share of each of its model's rates (IOPS, read bandwidth, link)
+    while aggregating; None where the model publishes none."""
     bps = busiest * job["feature_dim"] * 4
-    shares = {"rated IOPS": busiest / d["iops"] if d.get("iops") else 0.0,
-              "read bandwidth": bps / d["read_bw"] if d.get("read_bw") else 0.0,
-              "link": bps / d["link_bw"] if d.get("link_bw") else 0.0}
-    rate, share = max(shares.items(), key=lambda kv: kv[1])
+    return {"rated IOPS": busiest / d["iops"] if d.get("iops") else None,
+            "read bandwidth": bps / d["read_bw"] if d.get("read_bw") else None,
+            "link": bps / d["link_bw"] if d.get("link_bw") else None}
+
+
+def _bound(job: dict[str, Any], shares: dict[str, float | None]) -> str:
+    """What held the aggregation back, from the busiest drive's ``shares`` of its model's
+    rates: that rate where it came within BOUND_SHARE of it; else not the drives
+    (``_not_the_drives``)."""
+    rate, share = max(((r, v or 0.0) for r, v in shares.items()), key=lambda kv: kv[1])
     if share >= BOUND_SHARE:
         return f"the drives' {rate} ({100 * share:.0f}%)"
     return _not_the_drives(job.get("fetch", {}), _pollers_busy(job), f"{100 * share:.0f}%",
