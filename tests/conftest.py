@@ -81,9 +81,10 @@ def pread_engine():
     engines._REGISTRY.pop("test-pread")
 
 
-class MmapHostStaging:
-    """io/staging.SegmentedStaging's host half: its copies are done at once, and the check
-    a copy queues on the GPU runs on the CPU (core/pattern) instead."""
+class HostStaging:
+    """io/staging.SegmentedStaging's host half, for the staged engines (mmap, cpu-gpu) run
+    without a GPU: its copies are done at once, and the check a copy queues on the GPU runs
+    on the CPU (core/pattern) instead."""
 
     def __init__(self, gpu_index, segments, per_segment, bs, verify, writes=False):
         self.per_segment, self.bs = per_segment, bs
@@ -123,7 +124,7 @@ class MmapHostStaging:
 
 def _host_staged(monkeypatch, base: type, name: str):
     """``base`` as it is, but available without a GPU, registered as ``name``, its staging
-    in host memory (MmapHostStaging): yields the stagings made, in order."""
+    in host memory (HostStaging): yields the stagings made, in order."""
     from gpufio import engines
     from gpufio.engines import all_engines, register
     from gpufio.loops import block_staged as staged
@@ -133,7 +134,7 @@ def _host_staged(monkeypatch, base: type, name: str):
     stagings = []
 
     def staging(*args, **kwargs):
-        stagings.append(MmapHostStaging(*args, **kwargs))
+        stagings.append(HostStaging(*args, **kwargs))
         return stagings[-1]
 
     monkeypatch.setattr(staged, "SegmentedStaging", staging)
