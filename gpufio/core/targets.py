@@ -15,6 +15,7 @@ import mmap
 import os
 import re
 import stat
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -37,6 +38,9 @@ SHM_DIR = "/dev/shm"
 _DEVICE_NAME = re.compile(r"(nvme\d+n\d+(p\d+)?|nvme\d+c\d+n\d+|[shvx]+d[a-z]+\d*|loop\d+|"
                           r"zram\d+|ram\d+|md\d+|dm-\d+|nbd\d+|pmem\d+|mmcblk\d+(p\d+)?|"
                           r"rbd\d+|sr\d+)")
+# a job's thread workers share its targets: two closing one must not close its fd twice
+# (the second close may hit a descriptor another worker has just opened)
+_CLOSING = threading.Lock()
 _PARTIAL = re.compile(r"\.partial-(\d+)$")
 # the names of the files gpufio's own layouts leave in a scratch directory, half-written
 # ones included; every other file it lays out is known by its pattern header, and each
@@ -180,10 +184,11 @@ class Target:
             os.close(fd)
 
     def close(self) -> None:
-        """Close the descriptor; safe to call twice."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Close the descriptor; safe to call twice, from several threads at once."""
+        with _CLOSING:
+            fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def create_file(path: str, nbytes: int, seed: int,

@@ -1,6 +1,7 @@
 import errno
 import os
 import subprocess
+import threading
 
 import numpy as np
 import pytest
@@ -283,3 +284,29 @@ def test_zram_is_labelled_ram_backed_when_present():
         pytest.skip("no /dev/zram0 here")
     facts = devinfo.path_facts("/dev/zram0")
     assert facts["kind"] == "block" and facts["ram_backed"] and facts["ram_backing"] == "zram"
+
+
+def test_two_workers_closing_one_target_close_its_descriptor_once(pattern_file, monkeypatch):
+    """A job's thread workers share its targets (bam's GPU workers close them before taking
+    the controller): the second close, arriving while the first is inside os.close, must not
+    close the descriptor again; the number may already be another worker's."""
+    t = targets.open_target(str(pattern_file), direct=False)
+    fd, closed = t.fd, []
+    inside, second_done = threading.Event(), threading.Event()
+    real_close = os.close
+
+    def slow_close(n):
+        closed.append(n)
+        if len(closed) == 1:  # the other worker's close runs while this one is inside
+            inside.set()
+            second_done.wait(10)
+        real_close(n)
+
+    monkeypatch.setattr(targets.os, "close", slow_close)
+    first = threading.Thread(target=t.close)
+    first.start()
+    assert inside.wait(10)
+    t.close()
+    second_done.set()
+    first.join()
+    assert closed == [fd] and t.fd == -1
