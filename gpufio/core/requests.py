@@ -123,7 +123,9 @@ class DeviceQueue:
     GPU memory, else left in the queue's host slots), ``nop`` (no data: NOPs), ``facts``
     and ``mode`` (how it moved the requests, for the result), ``begin()`` when the
     measurement starts and ``notes()`` the path's measurements while it stops,
-    ``final_notes()`` once the kernels stopped, ``sync()`` to make the written bytes
+    ``final_notes()`` once the kernels stopped, ``drive_reads()`` the commands each of
+    its drives has taken so far (a modelled drive's own count; None: the path has none),
+    ``sync()`` to make the written bytes
     durable from the GPU (an NVMe Flush from a GPU thread, for an engine that
     ``flushes_itself``), ``close()`` to release the queue and whatever it was made on (a
     controller, its registration)."""
@@ -138,6 +140,7 @@ class DeviceQueue:
     begin: Callable[[], None] | None = None
     notes: Callable[[], dict[str, Any]] | None = None
     final_notes: Callable[[], dict[str, Any]] | None = None
+    drive_reads: Callable[[], list[int]] | None = None
     sync: Callable[[], None] = _nothing
     close: Callable[[], None] = _nothing
 

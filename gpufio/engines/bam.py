@@ -498,7 +498,8 @@ def _row_queue(job: Job, spec: QueueSpec) -> DeviceQueue:
         close()
         raise
     return DeviceQueue(held[1], o.stall_timeout, threads=n * depth, facts=facts, mode=mode,
-                       final_notes=_pollers_busy(o, served, n), close=close)
+                       final_notes=_pollers_busy(o, served, n),
+                       drive_reads=_drive_reads(o, served, layout.ntargets), close=close)
 
 
 def _pollers_busy(o: Any, served: Any, pairs: int) -> Callable[[], dict[str, Any]] | None:
@@ -513,6 +514,17 @@ def _pollers_busy(o: Any, served: Any, pairs: int) -> Callable[[], dict[str, Any
     threads, before = min(o.controller_threads, pairs), compiled.busy_ns(served.mem)
     return lambda: {"controller_busy_ns": compiled.busy_ns(served.mem) - before,
                     "controller_threads": threads}
+
+
+def _drive_reads(o: Any, served: Any, drives: int) -> Callable[[], list[int]] | None:
+    """The commands each of the ``drives`` drive models of the compiled controller admitted
+    so far (a GPU cache's hits never reach one); None without drive models or on the
+    Python model, which counts none."""
+    if o.controller != "compiled" or not o.drive_model:
+        return None
+    from gpufio.io.nvme import compiled
+
+    return lambda: compiled.admitted(served.mem, drives)
 
 
 def _row_controller(o: Any, paths: Sequence[str], n: int, depth: int,

@@ -72,6 +72,11 @@ class QueueGather:
         s = self._stats.get()
         return {"hits": int(s[3]), "reads": int(s[4]), "coalesced": int(s[5])}
 
+    def drive_reads(self) -> list[int] | None:
+        """The reads each drive behind the queue has taken since the start, counted where
+        they reached it (a cache's hits never do); None where the path counts none."""
+        return None if self._dq.drive_reads is None else self._dq.drive_reads()
+
     def fetch(self, nodes: Any) -> Any:
         """The rows of ``nodes``, in order (RowFetchError naming the first that failed)."""
         xp, q = self.xp, self.queue

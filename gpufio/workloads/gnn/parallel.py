@@ -124,8 +124,9 @@ def combine(job: Job, gpus: list[int], results: list[dict[str, Any]]) -> dict[st
     agg = [r["aggregation"] for r in results]
     out["aggregation"] = {k: float(sum(a[k] for a in agg)) if k in ("iops", "bw_bytes")
                           else int(sum(a[k] for a in agg)) for k in agg[0] if k != "per_target"}
-    out["aggregation"]["per_target"] = [  # each drive's rows from every trainer
+    out["aggregation"]["per_target"] = [  # each drive's rows (and reads) from every trainer
         {"target": ts[0]["target"], "rows": sum(t["rows"] for t in ts),
+         **({"reads": sum(t["reads"] for t in ts)} if all("reads" in t for t in ts) else {}),
          "iops": float(sum(t["iops"] for t in ts))}
         for ts in zip(*(a["per_target"] for a in agg))]
     stages = [r["stages"] for r in results if r["stages"]]

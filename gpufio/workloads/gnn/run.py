@@ -65,6 +65,9 @@ class _Tally:
     losses: list[float] = field(default_factory=list)
     failure: str | None = None
     cache_at_warmup: dict[str, int] = field(default_factory=dict)
+    # each drive's reads as its own model counted them, when the timed iterations began
+    reads_at_warmup: list[int] | None = None
+    reads_timed: list[int] | None = None  # and their reads since, read before the fetcher closed
     trace: Any = None  # the gnn_iolog being written (core/iolog.Writer)
     trace_counts: list[int] = field(default_factory=list)  # its reads, per iteration
     # the timed iterations' rows asked of each target (striped tables: each drive's share)
@@ -97,7 +100,12 @@ def run_job(job: Job, stop: Any = None, progress: Any = None,
             except RowFetchError as e:  # the run ends; what was measured so far is reported
                 tally.failure = f"iteration {tally.done}: {e}"
     finally:
-        fetcher.close()
+        try:  # the counts live with the controller, which closing the fetcher stops
+            if tally.reads_at_warmup is not None:
+                tally.reads_timed = [b - a for a, b in zip(tally.reads_at_warmup,
+                                                           _drive_reads(fetcher))]
+        finally:
+            fetcher.close()
         if tally.trace is not None:
             tally.trace.close()
     result = _result(job, ds, tally, fetcher)
@@ -172,6 +180,8 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
             break
         if it == g.warmup and _cache_of(fetcher) is not None:
             tally.cache_at_warmup = fetcher.counters()
+        if it == g.warmup:
+            tally.reads_at_warmup = _drive_reads(fetcher)
         t0 = time.perf_counter_ns()
         seeds = _seeds(xp, rng, g.batch_size, ds)
         mb = sample(xp, indptr, indices, seeds, list(g.fanout), rng)
@@ -209,6 +219,28 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
 
 def _host(xp: Any, a: Any) -> np.ndarray:
     return a if xp is np else xp.asnumpy(a)
+
+
+def _drive_reads(fetcher: Any) -> list[int] | None:
+    """Each drive's reads so far as the drive counted them, where the fetch path has such
+    counts (rows_device.QueueGather over modelled drives); else None."""
+    counts = getattr(fetcher, "drive_reads", None)
+    return None if counts is None else counts()
+
+
+def _per_target(paths: list[str], t: "_Tally", agg_s: float) -> list[dict[str, Any]]:
+    """Each target's rows asked over the timed iterations and, where its drive counted
+    them, the reads that reached it (a GPU cache's hits do not); its IOPS from the reads
+    where counted, else from the rows (a read each)."""
+    out = []
+    for i, (p, r) in enumerate(zip(paths, t.target_rows)):
+        entry: dict[str, Any] = {"target": p, "rows": int(r)}
+        if t.reads_timed is not None:
+            entry["reads"] = int(t.reads_timed[i])
+        n = entry.get("reads", entry["rows"])
+        entry["iops"] = n / agg_s if agg_s else 0.0
+        out.append(entry)
+    return out
 
 
 def _cache_of(fetcher: Any) -> Any:
@@ -253,10 +285,7 @@ def _result(job: Job, ds: dataset.Dataset, t: _Tally, fetcher: Any) -> dict[str,
         "aggregation": {"rows": rows_timed, "bytes": rows_timed * row_bytes,
                         "iops": rows_timed / agg_s if agg_s else 0.0,
                         "bw_bytes": rows_timed * row_bytes / agg_s if agg_s else 0.0,
-                        # rows asked of each target: a read each, except GPU-cache hits
-                        "per_target": [{"target": p, "rows": int(r),
-                                        "iops": int(r) / agg_s if agg_s else 0.0}
-                                       for p, r in zip(ds.paths, t.target_rows)]},
+                        "per_target": _per_target(ds.paths, t, agg_s)},
         "verify": {"rows_checked": t.checked, "mismatches": t.mismatches,
                    **({} if moves_data(job) else
                       {"skipped": f"engine '{job.engine}' moves no data: the rows hold none"})},

@@ -84,6 +84,71 @@ def test_the_result_counts_the_rows_asked_of_each_drive(tmp_path):
     assert sum(p["iops"] for p in a["per_target"]) == pytest.approx(a["iops"])
 
 
+class _CountingDrives:
+    """A fetcher whose drives count their own reads (as bam's compiled controller's drive
+    models do): here the odd-numbered nodes only, as if a cache served the even ones; the
+    counts vanish with the controller, at close."""
+
+    def __init__(self, inner, layout):
+        self._inner, self._layout = inner, layout
+        self._reads = np.zeros(layout.ntargets, np.int64)
+        self.calls_after_close = 0
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def fetch(self, nodes):
+        self._reads += features.target_counts(self._layout, nodes[nodes % 2 == 1])
+        return self._inner.fetch(nodes)
+
+    def drive_reads(self):
+        if self._reads is None:
+            self.calls_after_close += 1
+            raise RuntimeError("the controller has stopped")
+        return self._reads.tolist()
+
+    def close(self):
+        self._reads = None
+        self._inner.close()
+
+
+def test_each_drive_s_iops_are_its_own_reads_over_the_timed_iterations(tmp_path,
+                                                                       monkeypatch):
+    """Where the drives count the reads that reached them, each target's entry carries them
+    (the timed iterations' only, read before the fetcher closed) and its IOPS come from
+    them, not from the rows asked."""
+    from gpufio.workloads.gnn import run as gnn_run
+
+    drives = [tmp_path / "ssd0", tmp_path / "ssd1"]
+    for d in drives:
+        d.mkdir()
+    made, timed = [], np.zeros(2, np.int64)
+    real_fetcher, sample = gnn_run._fetcher, gnn_run.sample
+
+    def counting(job, ds, xp):
+        made.append(_CountingDrives(real_fetcher(job, ds, xp), ds.layout))
+        return made[-1]
+
+    def sampled(*args):  # each iteration's mini-batch, to count the timed ones' reads
+        mb = sample(*args)
+        sampled.batches.append(np.asarray(mb.input_nodes))
+        return mb
+
+    sampled.batches = []
+    monkeypatch.setattr(gnn_run, "_fetcher", counting)
+    monkeypatch.setattr(gnn_run, "sample", sampled)
+    job = _job(tmp_path, drives, "mmap")
+    r = run_job(job)
+    assert r["error"] == 0 and made[0].calls_after_close == 0
+    for nodes in sampled.batches[job.workload_settings.warmup:]:
+        timed += features.target_counts(made[0]._layout, nodes[nodes % 2 == 1])
+    per, agg = r["aggregation"]["per_target"], r["aggregation"]
+    assert [p["reads"] for p in per] == timed.tolist() and 0 < timed.sum() < agg["rows"]
+    assert sum(p["rows"] for p in per) == agg["rows"]
+    agg_s = r["stages"]["aggregation_ms"] * r["stages"]["timed_iterations"] / 1e3
+    assert [p["iops"] for p in per] == pytest.approx([p["reads"] / agg_s for p in per])
+
+
 @pytest.mark.parametrize("controller", ["model", "compiled"])
 def test_bam_serves_a_striped_table_as_a_modelled_namespace_per_drive(tmp_path, controller):
     """engine 'bam' (the CPU stand-in) on a software controller with a drive model: the
