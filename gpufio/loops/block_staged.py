@@ -118,8 +118,12 @@ class StagedLoop:
         table = SlotTable(self._nseg * seg)
         slot_res = np.zeros(self._nseg * seg, dtype=np.int32)
         records: list[Callable[[], None]] = []  # finished segments' recordings
+        # segments landed, not yet checked: (segment, reads, when seen landed); checked
+        # once the next reads are out, or before their segment is issued again
+        landed: list[tuple[int, int, int]] = []
         # the segments by state as Python lists, and the reads between issue and landing:
-        # between a landing and the next issue every microsecond is a slot left idle
+        # between a landing and the next issue every microsecond is a slot left idle; a
+        # landed segment goes to the bottom of the free stack, so it is rarely the next
         free, reading, copying = list(range(self._nseg - 1, -1, -1)), [], []
         taken, issuing = 0, True
         watch, progress = StallWatch(), 0  # reads + copies
@@ -135,6 +139,8 @@ class StagedLoop:
             out: list[tuple[int, np.ndarray, np.ndarray]] = []  # the segments issued now
             while issuing and free and taken < cap:
                 s = free[-1]
+                if landed and any(s == seen[0] for seen in landed):  # its slots are about to be reused
+                    records.append(self._settle(landed, s, table, slot_res))
                 tgt, offs = ctx.next_batch(min(seg, cap - taken))
                 k = len(offs)
                 if not k:
@@ -153,6 +159,8 @@ class StagedLoop:
                 taken += k
             if out:
                 self._push_all(out, False)
+            while landed:
+                records.append(self._settle(landed, landed[-1][0], table, slot_res))
             moved = None
             if records:  # the segments freed last time, once the new reads are with the
                 # channel (handed over now: the recording overlaps them, not delays them)
@@ -171,10 +179,12 @@ class StagedLoop:
                 reading.remove(s)
                 self._copy(s, int(seg_n[s]), table)
                 copying.append(s)
-            for s in [s for s in copying if self.landing.done(s)]:
-                records.append(self._finish(s, int(seg_n[s]), table, slot_res))
+            done = [s for s in copying if self.landing.done(s)]
+            now = time.perf_counter_ns()  # their end: checking and recording come after
+            for s in done:
+                landed.append((s, int(seg_n[s]), now))
                 copying.remove(s)
-                free.append(s)
+                free.insert(0, s)
                 taken -= int(seg_n[s])
                 progress += 1
 
@@ -258,14 +268,17 @@ class StagedLoop:
         else:
             self.landing.copy(s, k)
 
-    def _finish(self, s: int, k: int, table: SlotTable, slot_res: np.ndarray
-                ) -> Callable[[], None]:
-        """Segment ``s``'s reads are in GPU memory: checked now, their recording returned
+    def _settle(self, landed: list[tuple[int, int, int]], s: int, table: SlotTable,
+                slot_res: np.ndarray) -> Callable[[], None]:
+        """Landed segment ``s`` (taken out of ``landed``): its reads are in GPU memory at the
+        time stamped when it was seen landed; checked now, their recording returned
         (core/slots.SlotTable.reaped), for after the loop has taken the next reads."""
+        i = next(i for i, seen in enumerate(landed) if seen[0] == s)
+        _, k, now = landed.pop(i)
         lo = s * self._seg
         res = slot_res[lo:lo + k].copy()
         bad = (lambda tgt, offs: self.landing.mismatches(s, res)) if self.ctx.verifying else None
-        return table.reaped(self.ctx, slice(lo, lo + k), res, time.perf_counter_ns(), bad)
+        return table.reaped(self.ctx, slice(lo, lo + k), res, now, bad)
 
     def close(self) -> None:
         """What is in flight lands (the channel waits for it) before the slots go."""

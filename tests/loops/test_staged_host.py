@@ -85,3 +85,18 @@ def test_mmap_keeps_its_one_gather_a_segment(host_mmap, pattern_file, monkeypatc
     (r,) = runner.run_profile(from_dict({"global": glob}, "t.toml", {}), quiet=True).results
     assert r.ok and r.verify_failures == 0 and r.ios == 512
     assert shapes and all(shapes)
+
+
+@pytest.mark.parametrize("iodepth,segments", [(1, 1), (3, 2), (4, 3), (7, 3), (16, 16)])
+def test_a_landed_segment_is_checked_as_it_landed_though_checked_later(
+        host_cpugpu, pattern_file, iodepth, segments):
+    """A landed segment is checked and recorded after the next reads go out (or before its
+    slots are reused): whatever the shapes, the one bad block is found at its offset and
+    every read is recorded once."""
+    with open(pattern_file, "r+b") as f:
+        f.seek(40960)
+        f.write(b"\0" * 4096)
+    r = _run(pattern_file, rw="read", verify=True, iodepth=iodepth, segments=segments,
+             io_size="512k")
+    assert r.ios == 128 and r.lat.n == 128 and r.verify_failures == 1
+    assert r.bad_offsets == [{"target": str(pattern_file), "offset": 40960}]
