@@ -10,6 +10,7 @@ of its offset, generated in its slot in GPU memory before the request goes out.
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from gpufio.engines.base import Engine
 
 PAGE = 4096
+# slots per request that may be in flight: a reaped slot waits at the back of the free queue
+# while its I/O is checked and recorded after the next ones go out
+SPARE = 2
 
 
 class GpuSlotLoop:
@@ -41,7 +45,8 @@ class GpuSlotLoop:
         self.job, self.targets, self.ctx = job, targets, ctx
         index = job.gpu_of(ctx.worker)
         cp = gpu.use(index)
-        nbytes = job.iodepth * job.bs
+        self._slots = SPARE * job.iodepth
+        nbytes = self._slots * job.bs
         try:
             self._alloc = cp.empty(nbytes + PAGE, dtype=cp.uint8)
         except cp.cuda.memory.OutOfMemoryError:
@@ -49,7 +54,7 @@ class GpuSlotLoop:
         # page-aligned slots: registered cuFile streams and GPUDirect want aligned buffers
         skip = -self._alloc.data.ptr % PAGE
         self.dev = self._alloc[skip:skip + nbytes]
-        self._rows = self.dev.reshape(job.iodepth, job.bs)
+        self._rows = self.dev.reshape(self._slots, job.bs)
         self._words = self.dev.view(cp.uint64)
         self._cp = cp
         if ctx.verifying or job.writes:
@@ -58,8 +63,8 @@ class GpuSlotLoop:
         self.channel = engine.channel(job, targets, ChannelSpec(
             depth=job.iodepth, memory=GPU, largest=job.bs, writes=job.writes,
             region=(base, nbytes)))
-        self._addr = np.uint64(base) + np.arange(job.iodepth, dtype=np.uint64) * np.uint64(job.bs)
-        self._len = np.full(job.iodepth, job.bs, dtype=np.int64)
+        self._addr = np.uint64(base) + np.arange(self._slots, dtype=np.uint64) * np.uint64(job.bs)
+        self._len = np.full(self._slots, job.bs, dtype=np.int64)
 
     def _fill(self, slots: np.ndarray, tgt: np.ndarray, offs: np.ndarray) -> None:
         """The pattern of each write's offset into its slot of GPU memory, finished before
@@ -71,13 +76,17 @@ class GpuSlotLoop:
         cp.cuda.Stream.null.synchronize()
 
     def run(self) -> None:
-        ctx, depth, job, ch = self.ctx, self.job.iodepth, self.job, self.channel
-        table = SlotTable(depth)
-        slot_writes = np.zeros(depth, dtype=bool)
-        free = list(range(depth))
+        ctx, job, ch = self.ctx, self.job, self.channel
+        table = SlotTable(self._slots)
+        slot_writes = np.zeros(self._slots, dtype=bool)
+        # taken from the front, given back at the back: the channel keeps iodepth in flight,
+        # so a reaped slot is not taken again before its I/O is checked and recorded
+        free = collections.deque(range(self._slots))
         fds = [t.fd for t in self.targets]
         issuing, syncing = True, False
-        record: Callable[[], None] | None = None  # the last reap's, once its slots are taken
+        # the last reap's (slots, results, when reaped), checked and recorded once the next
+        # I/Os are out: from a completion to the next issue a slot is idle
+        reaped: tuple[np.ndarray, np.ndarray, int] | None = None
         watch, completed = StallWatch().start(), 0
         while True:
             if syncing and not ch.inflight:
@@ -88,9 +97,11 @@ class GpuSlotLoop:
                 tgt, offs = ctx.next_batch(min(room, ctx.until_sync) if job.writes else room)
                 k = len(offs)
                 issuing = bool(k)
-                kinds = np.array(ctx.write_flags(k), dtype=bool)
-                slots = np.array([free.pop() for _ in range(k)], dtype=np.int64)
-                if kinds.any():
+                # one flag for the batch unless the job mixes reads and writes
+                kinds = ctx.last_writes()
+                slots = np.array([free.popleft() for _ in range(k)], dtype=np.int64)
+                nwrites = int(np.count_nonzero(kinds)) if job.mixed else k * bool(kinds)
+                if nwrites:
                     self._fill(slots, tgt, offs)
                 table.issue(slots, tgt, offs, time.perf_counter_ns())
                 slot_writes[slots] = kinds
@@ -98,28 +109,27 @@ class GpuSlotLoop:
                 if sent != k:
                     raise RuntimeError(f"the channel took {sent} of {k} requests with room "
                                        f"for {room}")
-                nwrites = int(kinds.sum())
                 syncing = bool(nwrites) and ctx.sync_due(nwrites)
-            if record is not None:
-                record()
-                record = None
+            if reaped is not None:
+                self._finish(*reaped, table, slot_writes)()
+                reaped = None
             if not ch.inflight:
                 if syncing:
                     continue
                 return
             done, res = ch.reap(STALL_LIMIT_NS)
+            now = time.perf_counter_ns()  # their end: just after the call that reaped them
             completed += len(done)
             watch.check(completed, f"{ch.inflight} I/Os in flight", ch.state)
             if not len(done):
                 continue
-            record = self._finish(done, res, table, slot_writes)
+            reaped = (done, res, now)
             free.extend(done.tolist())
 
-    def _finish(self, slots: np.ndarray, res64: np.ndarray, table: SlotTable,
+    def _finish(self, slots: np.ndarray, res64: np.ndarray, now: int, table: SlotTable,
                 slot_writes: np.ndarray) -> Callable[[], None]:
-        """The reaped ``slots``, checked now; their recording returned
-        (core/slots.SlotTable.reaped), for after the loop has taken their next I/Os."""
-        now = time.perf_counter_ns()
+        """The ``slots`` reaped at ``now``, checked; their recording returned
+        (core/slots.SlotTable.reaped)."""
         res = res64.astype(np.int32)
         bad: Any = None
         if self.ctx.verifying:
