@@ -172,6 +172,10 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display"),
     repeat: int = typer.Option(1, "--repeat", "-r", min=1,
                                help="run N times; report each job's median run and the spread"),
+    section: list[str] = typer.Option([], "--section", metavar="JOB",
+                                      help="run only this job (repeatable; a swept job's name "
+                                      "runs all its sweep points), as fio's --section; gpufio "
+                                      "show merges such runs' results"),
     yes: bool = YES,
 ) -> None:
     """Run a job profile, or a job of fio's options (gpufio run --name=x --rw=randread
@@ -185,7 +189,8 @@ def run(
         # the default workload's formats first: the others load only for a format it lacks
         if fmt not in all_workloads()[DEFAULT_WORKLOAD].formats and fmt not in _all_formats():
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(_all_formats())}")
-        prof = _profile(profile_path, ctx.args, profile.parse_set(set_))
+        prof = profile.select(_profile(profile_path, ctx.args, profile.parse_set(set_)),
+                              section)
         for note in prof.notes:
             typer.echo(f"gpufio: note: {note}", err=True)
         workload = api.workload_of(prof)
@@ -203,8 +208,9 @@ def run(
 
 @app.command()
 def show(
-    file: Path = typer.Argument(..., metavar="RESULT.json",
-                                help="a result gpufio wrote (gpufio run -f json)"),
+    files: list[Path] = typer.Argument(..., metavar="RESULT.json...",
+                                       help="a result gpufio wrote (gpufio run -f json); "
+                                       "several: the runs of one profile's sections as one"),
     fmt: str = typer.Option("table", "--format", "--output-format", "-f",
                             help="table, json, fio-json, csv, markdown (those the result's "
                             "workload offers); fio's normal and json+ are table and fio-json"),
@@ -216,8 +222,10 @@ def show(
 
     with _exit_codes():
         fmt = _format(fmt)
-        doc = results.saved(str(file))
-        workload = api.workload_of_result(doc)
+        docs = [results.saved(str(f)) for f in files]
+        workload = api.workload_of_result(docs[0])
+        doc = docs[0] if len(docs) == 1 else results.merged(docs, [str(f) for f in files],
+                                                             workload)
         if fmt not in workload.formats:
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(workload.formats)} "
                            f"for workload '{workload.name}'")

@@ -304,6 +304,26 @@ def from_dict(data: dict[str, Any], path: str, overrides: dict[str, Any]) -> Pro
                    groups=tuple(groups), notes=notes)
 
 
+def select(prof: Profile, sections: list[str]) -> Profile:
+    """Only the jobs ``sections`` name, as fio's --section runs only the sections named:
+    a job's name, or its name before a sweep's ``[...]`` (all its sweep points); in the
+    profile's order, each keeping its groups. BadInput for a name that matches no job."""
+    if not sections:
+        return prof
+
+    def named(job: Job) -> bool:
+        return job.name in sections or job.name.split("[", 1)[0] in sections
+
+    for s in sections:
+        if not any(j.name == s or j.name.split("[", 1)[0] == s for j in prof.jobs):
+            names = ", ".join(dict.fromkeys(j.name.split("[", 1)[0] for j in prof.jobs))
+            raise BadInput(f"--section {s!r}: {prof.path} has no job of that name "
+                           f"(its jobs: {names})")
+    keep = [i for i, j in enumerate(prof.jobs) if named(j)]
+    return replace(prof, jobs=[prof.jobs[i] for i in keep],
+                   groups=tuple(prof.groups[i] for i in keep) if prof.groups else ())
+
+
 def _group(before: list[tuple[int, int]], concurrent: bool, stonewall: bool,
            new_group: bool) -> tuple[int, int]:
     """The next job's (run group, reporting group): a job of its own unless concurrent; with

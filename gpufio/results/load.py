@@ -286,3 +286,20 @@ def emulated_labels(jobs: Iterable[dict[str, Any]]) -> list[str]:
     through (their fetch facts' ``drive``), once each, in order."""
     return list(dict.fromkeys(d["label"] for j in jobs
                               if (d := j.get("fetch", {}).get("drive"))))
+
+
+def merged(docs: list[dict[str, Any]], paths: list[str], workload: Any) -> dict[str, Any]:
+    """Saved results ``docs`` (read from ``paths``) of one workload and machine, the runs of
+    a profile's sections, as one document (the workload's ``merge``); BadInput naming the
+    file that does not belong."""
+    if workload.merge is None:
+        raise BadInput(f"{paths[1]}: {workload.name} results are shown one at a time")
+    for doc, path in zip(docs[1:], paths[1:]):
+        if doc.get("workload") != docs[0].get("workload"):
+            raise BadInput(f"{path}: a {doc.get('workload', 'block')} result, not "
+                           f"{workload.name} like {paths[0]}")
+        if doc.get("host") != docs[0].get("host"):
+            raise BadInput(f"{path}: ran on another machine than {paths[0]} "
+                           f"({doc.get('host')} against {docs[0].get('host')}); one table "
+                           "holds one machine's runs")
+    return workload.merge(docs)

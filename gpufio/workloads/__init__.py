@@ -81,6 +81,9 @@ class Workload:
     job_keys: frozenset[str] | None = frozenset()
     # the keys of a job's I/O run, where this workload declares them (the default one)
     run_keys: RunKeys | None = None
+    # (documents of one profile's sections run apart, gpufio run --section) -> one document
+    # as one run of them all would have written it; None: shown one at a time
+    merge: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None
 
 
 _REGISTRY: dict[str, Workload] = {}

@@ -507,3 +507,65 @@ def test_fio_json_names_a_target_that_is_not_storage(tmp_path):
                            "--size=1m", "--io_size=64k", "--ioengine=psync", "--direct=1"],
                           tmp_path)
     assert "gpufio not storage" not in to_fio(direct)["jobs"][0]  # a disk's file, direct
+
+
+def _two_jobs(tmp_path, target):
+    prof = tmp_path / "two.toml"
+    prof.write_text(f'[global]\ntargets = ["{target}"]\nbs = "4k"\nio_size = "64k"\n'
+                    'rw = "randread"\n[[job]]\nname = "a"\nengine = "psync"\n'
+                    '[[job]]\nname = "b"\nengine = "uring"\niodepth = 4\n'
+                    '[sweep]\nbs = ["4k", "8k"]\n')
+    return prof
+
+
+def test_section_runs_only_the_named_jobs_as_fio_does(tmp_path, pattern_file):
+    """fio's --section: a job's name runs all its sweep points, a swept name one of them."""
+    prof = _two_jobs(tmp_path, pattern_file)
+    doc, _ = _run_json([str(prof), "--section", "b"], tmp_path)
+    assert [j["jobname"] for j in doc["jobs"]] == ["b[bs=4k]", "b[bs=8k]"]
+    assert all(j["read"]["io_bytes"] == 64 << 10 for j in doc["jobs"])
+    doc, _ = _run_json([str(prof), "--section", "a[bs=8k]", "--section", "b[bs=4k]"],
+                       tmp_path, "two.json")
+    assert [j["jobname"] for j in doc["jobs"]] == ["a[bs=8k]", "b[bs=4k]"]
+    _one_line_error(cli.invoke(app, ["run", str(prof), "-q", "--section", "c"]),
+                    "--section 'c'", str(prof), "its jobs: a, b")
+
+
+def test_show_merges_a_profile_s_sections_run_apart(tmp_path):
+    """A GNN profile run one section at a time (a machine whose calls are short) shows as
+    one run of it: each job compared with the mmap baseline that ran in another call."""
+    prof = tmp_path / "g.toml"
+    prof.write_text(f'[global]\nworkload = "gnn"\ndevice = "cpu"\nnodes = 3000\n'
+                    f'feature_dim = 32\nhidden = 8\nbatch_size = 32\nfanout = [3, 2]\n'
+                    f'iterations = 4\nwarmup = 1\ndirectory = "{tmp_path}"\n'
+                    '[[job]]\nname = "base"\nengine = "mmap"\n'
+                    '[[job]]\nname = "io"\nengine = "cpu-gpu"\n')
+    first, a = _run_json([str(prof), "--section", "base"], tmp_path, "a.json")
+    second, b = _run_json([str(prof), "--section", "io"], tmp_path, "b.json")
+    assert "speedup_vs_mmap" not in second["jobs"][0]  # no baseline in its own run
+    shown = cli.invoke(app, ["show", str(a), str(b), "-f", "json"])
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.stdout)
+    assert [j["jobname"] for j in doc["jobs"]] == ["base", "io"]
+    assert doc["host"] == first["host"] and doc["interrupted"] is False
+    io, base = doc["jobs"][1], doc["jobs"][0]
+    want = base["stages"]["aggregation_ms"] / io["stages"]["aggregation_ms"]
+    assert io["speedup_vs_mmap"]["aggregation"] == pytest.approx(want)
+
+
+def test_show_refuses_to_merge_what_is_not_one_profile_s_runs(tmp_path, pattern_file):
+    prof = _two_jobs(tmp_path, pattern_file)
+    _, block = _run_json([str(prof), "--section", "a"], tmp_path, "block.json")
+    _one_line_error(cli.invoke(app, ["show", str(block), str(block)]),
+                    "block results are shown one at a time")
+    g = json.loads(block.read_text())
+    g.update(workload="gnn", jobs=[])
+    gnn = tmp_path / "gnn.json"
+    gnn.write_text(json.dumps(g))
+    other = dict(g, host={**g["host"], "hostname": "elsewhere"})
+    far = tmp_path / "far.json"
+    far.write_text(json.dumps(other))
+    _one_line_error(cli.invoke(app, ["show", str(gnn), str(far)]),
+                    str(far), "ran on another machine")
+    _one_line_error(cli.invoke(app, ["show", str(gnn), str(block)]),
+                    str(block), "a block result, not gnn")

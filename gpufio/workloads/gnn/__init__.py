@@ -12,4 +12,5 @@ register(Workload(
     options=GNN_OPTIONS, settings=GnnSettings, check=check, formats=report.FORMATS,
     run=driver.run_workload,
     render=report.render, problems=report.problems, targets=driver.targets,
+    merge=report.merge,
     scratch=r"gnn-features-.*\.f32|gnn-graph-.*\.npz", defaults=GNN_DEFAULTS))

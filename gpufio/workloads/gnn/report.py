@@ -60,6 +60,19 @@ def document(results: list[dict[str, Any]], path: str, interrupted: bool) -> dic
             "host": host, "interrupted": interrupted, "jobs": results}
 
 
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Documents of one profile's sections run apart (one machine's) as one: their jobs in
+    order, each compared again with the mmap baseline and the one-target run of its group
+    wherever those ran; the first document's host."""
+    jobs = [dict(j) for d in docs for j in d["jobs"]]
+    for j in jobs:  # computed again from the jobs that are here now
+        j.pop("speedup_vs_mmap", None)
+        j.pop("aggregation_vs_one_target", None)
+    out = document(jobs, docs[0]["profile"], any(d["interrupted"] for d in docs))
+    out["host"], out["gpufio version"] = docs[0]["host"], docs[0]["gpufio version"]
+    return out
+
+
 def _drive(job: dict[str, Any]) -> dict[str, Any] | None:
     """The drive model a job's rows were read through (its fetch facts), or None."""
     return job.get("fetch", {}).get("drive")
