@@ -22,7 +22,7 @@ from gpufio.core.slots import SlotTable
 from gpufio.io import gpu
 from gpufio.io import verify as gpuverify
 from gpufio.io.watchdog import STALL_LIMIT_NS
-from gpufio.loops.steps import StallWatch
+from gpufio.loops.steps import DrawnAhead, StallWatch
 
 if TYPE_CHECKING:
     from gpufio.core.context import WorkerContext
@@ -77,7 +77,9 @@ class GpuSlotLoop:
 
     def run(self) -> None:
         ctx, job, ch = self.ctx, self.job, self.channel
-        table = SlotTable(self._slots)
+        # a slot's target and offset stored only where read back: several targets (the
+        # record's), verify (the check's); each store is time from a completion to an issue
+        table = SlotTable(self._slots, targets=len(self.targets) > 1, offsets=ctx.verifying)
         slot_writes = np.zeros(self._slots, dtype=bool)
         # taken from the front, given back at the back: the channel keeps iodepth in flight,
         # so a reaped slot is not taken again before its I/O is checked and recorded
@@ -88,18 +90,21 @@ class GpuSlotLoop:
         # I/Os are out: from a completion to the next issue a slot is idle
         reaped: tuple[np.ndarray, np.ndarray, int] | None = None
         watch, completed = StallWatch().start(), 0
+        ahead = DrawnAhead(ctx, job.iodepth) if not job.writes and ctx.pacer is None else None
         while True:
             if syncing and not ch.inflight:
                 ctx.sync(fds)
                 syncing = False
             room = min(len(free), ch.room())
             if issuing and room and not syncing:
-                tgt, offs = ctx.next_batch(min(room, ctx.until_sync) if job.writes else room)
+                tgt, offs = ahead.take(room) if ahead is not None else \
+                    ctx.next_batch(min(room, ctx.until_sync) if job.writes else room)
                 k = len(offs)
                 issuing = bool(k)
                 # one flag for the batch unless the job mixes reads and writes
-                kinds = ctx.last_writes()
-                slots = np.array([free.popleft() for _ in range(k)], dtype=np.int64)
+                kinds = False if ahead is not None else ctx.last_writes()
+                slots = np.array([free.popleft()] if k == 1 else
+                                 [free.popleft() for _ in range(k)], dtype=np.int64)
                 nwrites = int(np.count_nonzero(kinds)) if job.mixed else k * bool(kinds)
                 if nwrites:
                     self._fill(slots, tgt, offs)
@@ -113,6 +118,8 @@ class GpuSlotLoop:
             if reaped is not None:
                 self._finish(*reaped, table, slot_writes)()
                 reaped = None
+            if ahead is not None and issuing:  # while the I/Os just issued are in flight
+                ahead.fill()
             if not ch.inflight:
                 if syncing:
                     continue
@@ -120,9 +127,10 @@ class GpuSlotLoop:
             done, res = ch.reap(STALL_LIMIT_NS)
             now = time.perf_counter_ns()  # their end: just after the call that reaped them
             completed += len(done)
-            watch.check(completed, f"{ch.inflight} I/Os in flight", ch.state)
-            if not len(done):
+            if not len(done):  # only a pass that brought nothing can be stuck: its words
+                watch.check(completed, f"{ch.inflight} I/Os in flight", ch.state, now)
                 continue
+            watch.stuck(completed, now)  # the progress noted, as cheaply as it goes
             reaped = (done, res, now)
             free.extend(done.tolist())
 

@@ -1,4 +1,5 @@
-"""What every loop shares: the one stall rule, and moving one batch through a channel.
+"""What every loop shares: the one stall rule, moving one batch through a channel, and a
+worker's next reads drawn while the last ones are in flight.
 
 The stall rule (``StallWatch``): a loop with I/Os in flight whose completion count has not
 moved for the stall limit (io/watchdog.STALL_LIMIT_NS unless the path sets its own) ends in
@@ -10,12 +11,15 @@ rows' gather and the tensors' mover) all end a stall through it.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from gpufio.core.requests import Channel, RequestFailed, drain
 from gpufio.io.watchdog import STALL_LIMIT_NS, Stalled, Watchdog
+
+if TYPE_CHECKING:
+    from gpufio.core.context import WorkerContext
 
 
 class StallWatch:
@@ -82,3 +86,35 @@ def move_all(ch: Channel, tgt: np.ndarray, off: np.ndarray, length: np.ndarray,
         done += len(idx)
         watch.stuck(done)
     return first
+
+
+class DrawnAhead:
+    """A read-only, uncapped worker's next ``n`` (target, offset) pairs, drawn (``fill``)
+    while its last reads are in flight, so that from a completion to the next issue only
+    ``take`` runs, not the context's offset generator. Under a rate cap or with writes a
+    batch depends on its moment (due times, syncs): loops draw those as they issue."""
+
+    def __init__(self, ctx: "WorkerContext", n: int) -> None:
+        self._ctx, self._n = ctx, n
+        self._tgt, self._offs = ctx.next_batch(0)  # empty arrays of the context's types
+
+    def fill(self) -> None:
+        """Top the pairs drawn up to at least ``n`` (while the context has more), so that a
+        ``take`` of up to ``n`` finds them all."""
+        if len(self._offs) < self._n:
+            tgt, offs = self._ctx.next_batch(self._n)
+            if len(offs):
+                self._tgt = np.concatenate((self._tgt, tgt))
+                self._offs = np.concatenate((self._offs, offs))
+
+    def take(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``k`` of the pairs drawn (drawing them now if too few are); empty once the
+        worker should issue nothing more, whatever was drawn."""
+        if self._ctx.done:
+            return self._tgt[:0], self._offs[:0]
+        if len(self._offs) < k:
+            self.fill()
+        tgt, offs = self._tgt[:k], self._offs[:k]
+        self._tgt, self._offs = self._tgt[k:], self._offs[k:]
+        return tgt, offs
+

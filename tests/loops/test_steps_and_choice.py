@@ -1,15 +1,17 @@
 """The loops band's shared pieces: the one stall rule (loops/steps.StallWatch) every loop
-ends a stall through, and the choice of loop from the engine's primitive and the memory."""
+ends a stall through, reads drawn ahead (loops/steps.DrawnAhead), and the choice of loop
+from the engine's primitive and the memory."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gpufio.core.requests import CHANNEL, GPU, HOST, QUEUE, Capability
 from gpufio.engines.base import Engine
 from gpufio.io.watchdog import Stalled
 from gpufio.loops.block import loop_class
-from gpufio.loops.steps import StallWatch
+from gpufio.loops.steps import DrawnAhead, StallWatch
 from gpufio.profile import from_dict
 
 
@@ -62,3 +64,40 @@ def test_the_block_loop_follows_the_primitive_and_the_memory(job):
     assert gpu_threads.primitive(job) == QUEUE
     assert loop_class(gpu_threads, job) is DeviceBlockLoop
     assert _engine(None).primitive(job) is None and loop_class(_engine(None), job) is None
+
+
+class _Context:
+    """A worker context's next_batch over offsets 0, 1, 2 ... up to ``total``, and done."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.pos, self.done, self.asked = total, 0, False, []
+
+    def next_batch(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        self.asked.append(n)
+        k = 0 if self.done else min(n, self.total - self.pos)
+        offs = np.arange(self.pos, self.pos + k, dtype=np.uint64)
+        self.pos += k
+        return np.zeros(k, np.int32), offs
+
+
+def test_reads_drawn_ahead_come_out_in_order_and_all_of_them():
+    ctx = _Context(10)
+    ahead = DrawnAhead(ctx, 4)
+    got = []
+    for k in (1, 2, 3, 4):
+        batch = ahead.take(k)[1].tolist()
+        assert len(batch) == k  # a take of up to iodepth is never short while pairs remain
+        got += batch
+        ahead.fill()  # what a loop does while its reads are in flight
+    assert got == list(range(10))  # none lost, none twice, in the context's order
+    assert ahead.take(4)[1].tolist() == []
+
+
+def test_reads_drawn_ahead_are_not_issued_once_the_worker_is_done():
+    ctx = _Context(100)
+    ahead = DrawnAhead(ctx, 8)
+    assert ahead.take(2)[1].tolist() == [0, 1]
+    ctx.done = True  # the runtime is over: the 6 drawn are never handed out
+    tgt, offs = ahead.take(8)
+    assert len(offs) == 0 and tgt.dtype == np.int32 and offs.dtype == np.uint64
+
