@@ -19,6 +19,7 @@ from typing import Any
 from gpufio import __version__
 from gpufio.engines.base import label
 from gpufio.facts.host import host_facts
+from gpufio.io.gpu import gpu_facts
 from gpufio.results.load import emulated_labels, stage_seconds
 from gpufio.workloads.documents import problem_lines, render_document
 from gpufio.workloads.gnn import memlimit, timing
@@ -34,8 +35,11 @@ def _same_path(job: dict[str, Any]) -> tuple:
     return job["engine"], "cache" in job, job["batch_size"], job["device"], tuple(job["fanout"])
 
 
-def document(results: list[dict[str, Any]], path: str, interrupted: bool) -> dict[str, Any]:
-    """The result file; each job gets speedup_vs_mmap when its group has an mmap run."""
+def document(results: list[dict[str, Any]], path: str, interrupted: bool,
+             host: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The result file; each job gets speedup_vs_mmap when its group has an mmap run.
+    ``host``: the machine's facts (None: this one's, with its GPUs' names where a job ran
+    on one: an H100's seconds are not an H200's)."""
     baselines: dict[tuple, dict[str, Any]] = {}
     for r in results:  # the first run of the loaders' baseline in each group
         if r.get("baseline") and r["stages"]:
@@ -53,7 +57,10 @@ def document(results: list[dict[str, Any]], path: str, interrupted: bool) -> dic
         if one is not None and len(r["targets"]) > 1 and r["stages"]:
             r["aggregation_vs_one_target"] = (r["stages"]["aggregation_ms"]
                                               / one["stages"]["aggregation_ms"])
-    host = host_facts()
+    if host is None:
+        host = host_facts()
+        if any(r.get("device") == "gpu" for r in results):
+            host["gpus"] = [g["name"] for g in gpu_facts()]
     return {"gpufio version": __version__, "profile": path, "workload": "gnn",
             "workload_title": "GNN", "own_tables": "stage table",
             "stages": list(timing.STAGES),
@@ -68,8 +75,9 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     for j in jobs:  # computed again from the jobs that are here now
         j.pop("speedup_vs_mmap", None)
         j.pop("aggregation_vs_one_target", None)
-    out = document(jobs, docs[0]["profile"], any(d["interrupted"] for d in docs))
-    out["host"], out["gpufio version"] = docs[0]["host"], docs[0]["gpufio version"]
+    out = document(jobs, docs[0]["profile"], any(d["interrupted"] for d in docs),
+                   docs[0]["host"])
+    out["gpufio version"] = docs[0]["gpufio version"]
     return out
 
 

@@ -146,3 +146,30 @@ def test_plot_refuses_a_gnn_result_without_stages_in_one_line(doc, tmp_path):
     res = cli.invoke(app, ["plot", str(path), "-o", str(tmp_path / "x.png")])
     assert res.exit_code == 2 and "lacks 'jobname' or 'stages'" in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+def test_a_gpu_run_s_result_names_its_gpus_and_a_merge_keeps_the_runs_machine(monkeypatch,
+                                                                             tmp_path):
+    """An H100's seconds are not an H200's: a result of jobs on a GPU names the GPUs; show
+    merges sections of one machine (GPUs included), never probing the machine it runs on."""
+    monkeypatch.setattr(report, "gpu_facts", lambda: [{"name": "NVIDIA H100 80GB HBM3"}])
+    jobs = [_job("mmap", "mmap", (5.0, 2000.0, 15.0), 1, per=(20_000.0,), baseline=True),
+            _job("bam-gen4-1", "bam", (5.0, 60.0, 15.0), 1, "dapustor-r5101", (1.5e6,))]
+    first = report.document([jobs[0]], "seed.toml", False)
+    second = report.document([jobs[1]], "seed.toml", False)
+    assert first["host"]["gpus"] == ["NVIDIA H100 80GB HBM3"]
+    assert "speedup_vs_mmap" not in second["jobs"][0]
+
+    def probed():
+        raise AssertionError("show probed this machine's GPUs")
+
+    monkeypatch.setattr(report, "gpu_facts", probed)
+    merged = report.merge([json.loads(json.dumps(d)) for d in (first, second)])
+    assert merged["host"] == first["host"] and len(merged["jobs"]) == 2
+    assert merged["jobs"][1]["speedup_vs_mmap"]["aggregation"] == pytest.approx(2000.0 / 60.0)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps({**second, "host": {**second["host"], "gpus": ["NVIDIA H200"]}}))
+    res = cli.invoke(app, ["show", str(a), str(b)])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1
+    assert f"{b}: ran on another machine" in res.stderr
