@@ -67,7 +67,9 @@ class _Tally:
     cache_at_warmup: dict[str, int] = field(default_factory=dict)
     # each drive's reads as its own model counted them, when the timed iterations began
     reads_at_warmup: list[int] | None = None
-    reads_timed: list[int] | None = None  # and their reads since, read before the fetcher closed
+    # and their reads since, as of the last timed iteration that completed (a failed one's
+    # reads have no rows or time in the result)
+    reads_timed: list[int] | None = None
     trace: Any = None  # the gnn_iolog being written (core/iolog.Writer)
     trace_counts: list[int] = field(default_factory=list)  # its reads, per iteration
     # the timed iterations' rows asked of each target (striped tables: each drive's share)
@@ -100,12 +102,7 @@ def run_job(job: Job, stop: Any = None, progress: Any = None,
             except RowFetchError as e:  # the run ends; what was measured so far is reported
                 tally.failure = f"iteration {tally.done}: {e}"
     finally:
-        try:  # the counts live with the controller, which closing the fetcher stops
-            if tally.reads_at_warmup is not None:
-                tally.reads_timed = [b - a for a, b in zip(tally.reads_at_warmup,
-                                                           _drive_reads(fetcher))]
-        finally:
-            fetcher.close()
+        fetcher.close()
         if tally.trace is not None:
             tally.trace.close()
     result = _result(job, ds, tally, fetcher)
@@ -204,6 +201,9 @@ def _iterate(job: Job, ds: dataset.Dataset, xp: Any, fetcher: Any, tally: _Tally
         if it >= g.warmup:  # outside the stages: the ids come back from the GPU for it
             tally.rows_timed += len(mb.input_nodes)
             tally.target_rows += features.target_counts(ds.layout, _host(xp, mb.input_nodes))
+            if tally.reads_at_warmup is not None:  # the drives' counts, with the rows'
+                tally.reads_timed = [b - a for a, b in zip(tally.reads_at_warmup,
+                                                           _drive_reads(fetcher))]
         if g.verify_rows and moves_data(job):
             k = min(g.verify_rows, len(mb.input_nodes))
             want = (features.values(job.randseed, mb.input_nodes[:k], g.feature_dim, xp)

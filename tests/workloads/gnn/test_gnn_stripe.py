@@ -6,7 +6,7 @@ CPU path (device = "cpu"), as profiles/gnn-cpu-check.toml runs."""
 import numpy as np
 import pytest
 
-from gpufio.core.rows import Layout
+from gpufio.core.rows import Layout, RowFetchError
 from gpufio.profile import from_dict
 from gpufio.workloads.gnn import dataset, features
 from gpufio.workloads.gnn.run import _fetcher, run_job
@@ -172,3 +172,45 @@ def test_bam_serves_a_striped_table_as_a_modelled_namespace_per_drive(tmp_path, 
     r = run_job(job)
     assert r["error"] == 0 and "emulated: micron-9550" in r["engine_mode"]
     assert all(p["rows"] > 0 for p in r["aggregation"]["per_target"])
+
+
+class _FailingDrives(_CountingDrives):
+    """_CountingDrives whose 5th fetch (iteration 4, a timed one) reads half its rows and
+    fails, as a row that cannot be read does."""
+
+    fetches = 0
+
+    def fetch(self, nodes):
+        self.fetches += 1
+        self.asked = [*getattr(self, "asked", []), np.asarray(nodes)]
+        if self.fetches == 5:
+            self._reads += features.target_counts(self._layout, nodes[:len(nodes) // 2])
+            raise RowFetchError("feature row of node 7: EIO")
+        return super().fetch(nodes)
+
+
+def test_a_failed_iteration_s_reads_stay_out_of_each_drive_s_count(tmp_path, monkeypatch):
+    """The result's rows and time are the completed timed iterations': so are the reads
+    each drive counted (none of the failed iteration's half-fetch)."""
+    from gpufio.workloads.gnn import run as gnn_run
+
+    drives = [tmp_path / "ssd0", tmp_path / "ssd1"]
+    for d in drives:
+        d.mkdir()
+    made, real = [], gnn_run._fetcher
+
+    def failing(job, ds, xp):
+        made.append(_FailingDrives(real(job, ds, xp), ds.layout))
+        return made[-1]
+
+    monkeypatch.setattr(gnn_run, "_fetcher", failing)
+    r = run_job(_job(tmp_path, drives, "mmap"))
+    assert r["error"] == 1 and r["failure"].startswith("iteration 4: ")
+    assert r["iterations_done"] == 4 and made[0].calls_after_close == 0
+    per = r["aggregation"]["per_target"]
+    # iterations 2 and 3 timed and done (fetches 3 and 4): their odd-numbered rows, as
+    # _CountingDrives counts them; nothing of the 5th fetch's half
+    want = sum(features.target_counts(made[0]._layout, n[n % 2 == 1])
+               for n in made[0].asked[2:4])
+    assert [p["reads"] for p in per] == want.tolist()
+    assert sum(p["rows"] for p in per) == r["aggregation"]["rows"]
