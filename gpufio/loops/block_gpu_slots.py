@@ -95,12 +95,13 @@ class GpuSlotLoop:
             if syncing and not ch.inflight:
                 ctx.sync(fds)
                 syncing = False
-            room = min(len(free), ch.room())
+            room, k = min(len(free), ch.room()), 0
             if issuing and room and not syncing:
                 tgt, offs = ahead.take(room) if ahead is not None else \
                     ctx.next_batch(min(room, ctx.until_sync) if job.writes else room)
                 k = len(offs)
                 issuing = bool(k)
+            if k:  # a stopped worker's empty batch: its write flags are the last batch's
                 # one flag for the batch unless the job mixes reads and writes
                 kinds = False if ahead is not None else ctx.last_writes()
                 slots = np.array([free.popleft()] if k == 1 else
