@@ -320,8 +320,12 @@ def select(prof: Profile, sections: list[str]) -> Profile:
             raise BadInput(f"--section {s!r}: {prof.path} has no job of that name "
                            f"(its jobs: {names})")
     keep = [i for i, j in enumerate(prof.jobs) if named(j)]
-    return replace(prof, jobs=[prof.jobs[i] for i in keep],
-                   groups=tuple(prof.groups[i] for i in keep) if prof.groups else ())
+    groups = ()
+    if prof.groups:  # numbered from 0 among the groups that run, as fio numbers them
+        runs = {g: n for n, g in enumerate(dict.fromkeys(prof.groups[i][0] for i in keep))}
+        reports = {g: n for n, g in enumerate(dict.fromkeys(prof.groups[i][1] for i in keep))}
+        groups = tuple((runs[prof.groups[i][0]], reports[prof.groups[i][1]]) for i in keep)
+    return replace(prof, jobs=[prof.jobs[i] for i in keep], groups=groups)
 
 
 def _group(before: list[tuple[int, int]], concurrent: bool, stonewall: bool,

@@ -294,7 +294,18 @@ def merged(docs: list[dict[str, Any]], paths: list[str], workload: Any) -> dict[
     file that does not belong."""
     if workload.merge is None:
         raise BadInput(f"{paths[1]}: {workload.name} results are shown one at a time")
+    seen: dict[str, str] = {}
+    for doc, path in zip(docs, paths):
+        for job in doc["jobs"]:
+            name = job.get("jobname", "")
+            if name in seen:
+                raise BadInput(f"{path}: job '{name}' is in {seen[name]} too; each section "
+                               "once")
+            seen[name] = path
     for doc, path in zip(docs[1:], paths[1:]):
+        if doc.get("profile") != docs[0].get("profile"):
+            raise BadInput(f"{path}: a run of {doc.get('profile')}, not of "
+                           f"{docs[0].get('profile')} like {paths[0]}")
         if doc.get("workload") != docs[0].get("workload"):
             raise BadInput(f"{path}: a {doc.get('workload', 'block')} result, not "
                            f"{workload.name} like {paths[0]}")

@@ -569,3 +569,25 @@ def test_show_refuses_to_merge_what_is_not_one_profile_s_runs(tmp_path, pattern_
                     str(far), "ran on another machine")
     _one_line_error(cli.invoke(app, ["show", str(gnn), str(block)]),
                     str(block), "a block result, not gnn")
+    named = dict(g, jobs=[{"jobname": "j"}])
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    one.write_text(json.dumps(named))
+    two.write_text(json.dumps(named))
+    _one_line_error(cli.invoke(app, ["show", str(one), str(two)]),
+                    str(two), "job 'j' is in", "each section once")
+    two.write_text(json.dumps(dict(g, profile="other.toml")))
+    _one_line_error(cli.invoke(app, ["show", str(one), str(two)]),
+                    str(two), "a run of other.toml, not of")
+
+
+def test_a_section_s_groups_are_numbered_from_0_as_fio_numbers_them(tmp_path, pattern_file):
+    job = tmp_path / "g.fio"
+    job.write_text(f"[global]\nfilename={pattern_file}\nbs=4k\nio_size=16k\nrw=randread\n"
+                   "ioengine=psync\n[a]\n[b]\nstonewall\n[c]\n[d]\nstonewall\n")
+    for sections, want in ((["c"], [0]), (["a", "d"], [0, 1]), (["b", "c"], [0, 0])):
+        args = [x for s in sections for x in ("--section", s)]
+        res = cli.invoke(app, ["run", str(job), *args, "-q", "-f", "fio-json"])
+        assert res.exit_code == 0, res.output
+        got = json.loads(res.stdout[res.stdout.index("{"):])["jobs"]
+        assert [j["jobname"] for j in got] == sections
+        assert [j["groupid"] for j in got] == want
