@@ -310,16 +310,13 @@ def select(prof: Profile, sections: list[str]) -> Profile:
     profile's order, each keeping its groups. BadInput for a name that matches no job."""
     if not sections:
         return prof
-
-    def named(job: Job) -> bool:
-        return job.name in sections or job.name.split("[", 1)[0] in sections
-
+    bases = [j.name.split("[", 1)[0] for j in prof.jobs]
     for s in sections:
-        if not any(j.name == s or j.name.split("[", 1)[0] == s for j in prof.jobs):
-            names = ", ".join(dict.fromkeys(j.name.split("[", 1)[0] for j in prof.jobs))
+        if s not in bases and not any(j.name == s for j in prof.jobs):
             raise BadInput(f"--section {s!r}: {prof.path} has no job of that name "
-                           f"(its jobs: {names})")
-    keep = [i for i, j in enumerate(prof.jobs) if named(j)]
+                           f"(its jobs: {', '.join(dict.fromkeys(bases))})")
+    keep = [i for i, (j, b) in enumerate(zip(prof.jobs, bases))
+            if j.name in sections or b in sections]
     groups = ()
     if prof.groups:  # numbered from 0 among the groups that run, as fio numbers them
         runs = {g: n for n, g in enumerate(dict.fromkeys(prof.groups[i][0] for i in keep))}

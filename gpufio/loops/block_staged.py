@@ -139,7 +139,8 @@ class StagedLoop:
             out: list[tuple[int, np.ndarray, np.ndarray]] = []  # the segments issued now
             while issuing and free and taken < cap:
                 s = free[-1]
-                if landed and any(s == seen[0] for seen in landed):  # its slots are about to be reused
+                # a landed segment's slots about to be reused: checked and recorded first
+                if landed and any(s == seen[0] for seen in landed):
                     records.append(self._settle(landed, s, table, slot_res))
                 tgt, offs = ctx.next_batch(min(seg, cap - taken))
                 k = len(offs)

@@ -117,4 +117,3 @@ class DrawnAhead:
         tgt, offs = self._tgt[:k], self._offs[:k]
         self._tgt, self._offs = self._tgt[k:], self._offs[k:]
         return tgt, offs
-
