@@ -289,9 +289,9 @@ def emulated_labels(jobs: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def merged(docs: list[dict[str, Any]], paths: list[str], workload: Any) -> dict[str, Any]:
-    """Saved results ``docs`` (read from ``paths``) of one workload and machine, the runs of
-    a profile's sections, as one document (the workload's ``merge``); BadInput naming the
-    file that does not belong."""
+    """Saved results ``docs`` (read from ``paths``) of one workload and kind of machine, the
+    runs of a profile's sections, as one document (the workload's ``merge``, its hostname
+    every machine's); BadInput naming the file that does not belong."""
     if workload.merge is None:
         raise BadInput(f"{paths[1]}: {workload.name} results are shown one at a time")
     seen: dict[str, str] = {}
@@ -309,8 +309,23 @@ def merged(docs: list[dict[str, Any]], paths: list[str], workload: Any) -> dict[
         if doc.get("workload") != docs[0].get("workload"):
             raise BadInput(f"{path}: a {doc.get('workload', 'block')} result, not "
                            f"{workload.name} like {paths[0]}")
-        if doc.get("host") != docs[0].get("host"):
+        kind, first = machine_kind(doc.get("host")), machine_kind(docs[0].get("host"))
+        if kind != first:
             raise BadInput(f"{path}: ran on another machine than {paths[0]} "
-                           f"({doc.get('host')} against {docs[0].get('host')}); one table "
-                           "holds one machine's runs")
-    return workload.merge(docs)
+                           f"({kind} against {first}); one table holds one kind of "
+                           "machine's runs")
+    out = workload.merge(docs)
+    names = list(dict.fromkeys(str((d.get("host") or {}).get("hostname")) for d in docs))
+    if len(names) > 1:  # lent machines of one kind: the table says each ran apart
+        out["host"] = {**out["host"], "hostname": ", ".join(names)}
+    return out
+
+
+def machine_kind(host: dict[str, Any] | None) -> dict[str, Any]:
+    """What makes two machines' seconds comparable: CPU, its count, memory to the GiB, kernel,
+    GPUs and gpufio's version; not the hostname, as lent machines of one kind differ in it."""
+    h = host or {}
+    mem = h.get("memory_bytes")
+    return {"cpu": h.get("cpu"), "cpus": h.get("cpus"),
+            "memory_gib": round(mem / 2**30) if mem else None, "kernel": h.get("kernel"),
+            "gpus": h.get("gpus"), "gpufio_version": h.get("gpufio_version")}

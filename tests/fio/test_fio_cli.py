@@ -562,7 +562,7 @@ def test_show_refuses_to_merge_what_is_not_one_profile_s_runs(tmp_path, pattern_
     g.update(workload="gnn", jobs=[])
     gnn = tmp_path / "gnn.json"
     gnn.write_text(json.dumps(g))
-    other = dict(g, host={**g["host"], "hostname": "elsewhere"})
+    other = dict(g, host={**g["host"], "cpu": "another CPU"})
     far = tmp_path / "far.json"
     far.write_text(json.dumps(other))
     _one_line_error(cli.invoke(app, ["show", str(gnn), str(far)]),

@@ -173,3 +173,27 @@ def test_a_gpu_run_s_result_names_its_gpus_and_a_merge_keeps_the_runs_machine(mo
     res = cli.invoke(app, ["show", str(a), str(b)])
     assert res.exit_code == 2 and res.stderr.count("\n") == 1
     assert f"{b}: ran on another machine" in res.stderr
+
+
+def test_show_merges_sections_from_two_lent_machines_of_one_kind(monkeypatch, tmp_path):
+    """Sections run on two machines alike but for their hostnames (a lent GPU machine is a
+    new one after each idle spell) show as one table that names both hosts; another memory
+    size is another kind of machine."""
+    monkeypatch.setattr(report, "gpu_facts", lambda: [{"name": "NVIDIA H200"}])
+    jobs = [_job("mmap", "mmap", (5.0, 2000.0, 15.0), 1, per=(20_000.0,), baseline=True),
+            _job("bam-gen4-1", "bam", (5.0, 60.0, 15.0), 1, "dapustor-r5101", (1.5e6,))]
+    first = report.document([jobs[0]], "seed.toml", False)
+    second = report.document([jobs[1]], "seed.toml", False)
+    second["host"] = {**first["host"], "hostname": "lent-2"}
+    a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "m.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps(second))
+    res = cli.invoke(app, ["show", str(a), str(b), "-f", "json", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["host"]["hostname"] == f"{first['host']['hostname']}, lent-2"
+    assert doc["jobs"][1]["speedup_vs_mmap"]["aggregation"] == pytest.approx(2000.0 / 60.0)
+    big = {**second["host"], "memory_bytes": 2 * first["host"]["memory_bytes"]}
+    b.write_text(json.dumps({**second, "host": big}))
+    res = cli.invoke(app, ["show", str(a), str(b)])
+    assert res.exit_code == 2 and f"{b}: ran on another machine" in res.stderr
