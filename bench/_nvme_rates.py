@@ -114,10 +114,11 @@ def cpu_rate(n: int, depth: int, size: int, pollers: int = 1,
 
 @contextmanager
 def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: int,
-               backend: str | None, drive: str | None) -> Iterator[tuple[Any, Any]]:
-    """(the queues of ``pairs`` pairs driven by GPU agent warps with ``mode`` doorbells, the
-    requester kernel) on a new controller serving a ``size``-byte namespace of pattern seed
-    1; everything goes on the way out."""
+               backend: str | None, drive: str | None, pack: int = 1
+               ) -> Iterator[tuple[Any, Any]]:
+    """(the queues of ``pairs`` pairs driven by GPU agent warps with ``mode`` doorbells,
+    ``pack`` to a block, the requester kernel) on a new controller serving a ``size``-byte
+    namespace of pattern seed 1; everything goes on the way out."""
     from gpufio.io import kernels
     from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
 
@@ -130,6 +131,7 @@ def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: i
         made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
         q = NvmeQueues(reg, made, depth=depth, slot_bytes=-(-bs // nq.PAGE) * nq.PAGE,
                        nsid=1, lba_shift=9, mode=mode)
+        q.warps_per_block = pack
         yield q, kernels.function(kernels.Kernel.NVME_REQUESTS)
     finally:
         if q is not None:
@@ -140,18 +142,24 @@ def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: i
         shutil.rmtree(where, ignore_errors=True)
 
 
+def _requester_block(threads: int, pack: int) -> int:
+    """Threads to a requester block: ``pack`` warps, or all ``threads`` where fewer."""
+    return min(32 * pack, threads)
+
+
 def _requests(q: Any, fn: Any, n: int, depth: int, pairs: int, size: int, bs: int,
-              rows: Any = None, during: Callable[[Callable[[], bool]], Any] | None = None
-              ) -> tuple[float, Any, np.ndarray, Any]:
+              rows: Any = None, during: Callable[[Callable[[], bool]], Any] | None = None,
+              pack: int = 1) -> tuple[float, Any, np.ndarray, Any]:
     """Run ``n`` random ``bs``-byte reads through the started agents, ``pairs`` x ``depth``
-    requester threads: (reads/s, each read's result, the offsets, what ``during`` returned).
+    requester threads (``pack`` warps to a block): (reads/s, each read's result, the
+    offsets, what ``during`` returned).
     ``rows``: a CuPy (n, bs) uint8 array each read's bytes are copied into (GPU memory),
     else they stay in the landing slots. ``during(busy)`` runs on this thread while the
     reads do; ``busy()`` says whether they still do."""
     import cupy as cp
 
     threads = pairs * depth
-    tpb = min(32, threads)
+    tpb = _requester_block(threads, pack)
     threads -= threads % tpb
     offs = _offsets(n, size, bs)
     # every array (and the kernels that fill them) before the agents spin: a module loaded
@@ -253,19 +261,59 @@ def _matmul_rate(stop: Callable[[float], bool], side: int = 4096) -> float:
     return done / (time.perf_counter() - t)
 
 
+# blocks that only sleep until told: what holding SMs alone costs a kernel beside them
+_HOLD = r"""
+extern "C" __global__ void hold(const volatile int* stop)
+{
+    while (!*stop) __nanosleep(20000);
+}
+"""
+
+
+def _held_rate(shapes: list[tuple[int, int]], seconds: float) -> float:
+    """Matrix products/s (for ``seconds``) beside idle resident blocks: per (blocks, threads)
+    of ``shapes`` a kernel of that many sleeping blocks, the shape of the agents' and the
+    requesters' launches, so their price splits into holding SMs and the work they do."""
+    import cupy as cp
+
+    hold = cp.RawKernel(_HOLD, "hold")
+    stop = cp.zeros(1, cp.int32)
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in shapes]
+    cp.cuda.Device().synchronize()
+    for (blocks, threads), stream in zip(shapes, streams):
+        hold((blocks,), (threads,), (stop,), stream=stream)
+    try:
+        return _matmul_rate(lambda elapsed: elapsed >= seconds)
+    finally:
+        told = cp.cuda.Stream(non_blocking=True)
+        with told:
+            stop.fill(1)
+        told.synchronize()
+        for stream in streams:
+            stream.synchronize()
+
+
 def sm_price(mode: str, n: int, depth: int, pairs: int, size: int, bs: int, pollers: int,
-             backend: str, seconds: float = 2.0) -> dict[str, Any]:
-    """What the GPU side costs a compute kernel: matrix products/s alone (``seconds``), then
-    while the agents serve ``n`` reads (``pairs`` agent warps, ``pairs`` x ``depth`` requester
-    threads), the reads/s they made meanwhile, and the GPU's SM count."""
+             backend: str, seconds: float = 2.0, pack: int = 1) -> dict[str, Any]:
+    """What the GPU side costs a compute kernel: matrix products/s alone (``seconds``), beside
+    idle blocks shaped as the agents' and requesters' launches, then while the agents serve
+    ``n`` reads (``pairs`` agent warps, ``pairs`` x ``depth`` requester threads, ``pack``
+    warps to a block of either), the reads/s they made meanwhile, and the GPU's SM count."""
     import cupy as cp
 
     solo = _matmul_rate(lambda elapsed: elapsed >= seconds)
-    with _gpu_pairs(mode, depth, pairs, size, bs, pollers, backend, None) as (q, fn):
+    with _gpu_pairs(mode, depth, pairs, size, bs, pollers, backend, None, pack) as (q, fn):
+        (agent_blocks,), (agent_threads,) = q.agent_grid()
+        tpb = _requester_block(pairs * depth, pack)
+        shapes = [(agent_blocks, agent_threads), (pairs * depth // tpb, tpb)]
+        held = _held_rate(shapes, seconds)
         rate, res, _, beside = _requests(q, fn, n, depth, pairs, size, bs,
-                                         during=lambda busy: _matmul_rate(lambda _: not busy()))
+                                         during=lambda busy: _matmul_rate(lambda _: not busy()),
+                                         pack=pack)
     _all_read(res, bs, f"{mode} doorbells, beside the products")
     sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
     return {"matmul_solo": solo, "matmul_beside": beside, "kept": beside / solo,
+            "matmul_beside_idle_blocks": held, "kept_idle_blocks": held / solo,
             "rate": rate, "agent_warps": pairs, "requester_threads": pairs * depth,
+            "pack": pack, "agent_blocks": agent_blocks, "requester_blocks": shapes[1][0],
             "sms": sms}

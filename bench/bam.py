@@ -187,7 +187,7 @@ def price_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[s
     pollers = min(pairs, args.pollers)
     bs = _ints(args.sizes)[0]
     p = rates.sm_price("direct", args.n * pairs, depth, pairs, args.size, bs, pollers,
-                       args.backend)
+                       args.backend, pack=args.pack)
     missed = []
     if p["rate"] < PRICE_RATE:
         missed.append(f"SM price: the agents made {p['rate'] / 1e6:.2f} M reads/s beside the "
@@ -195,8 +195,10 @@ def price_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[s
     if p["kept"] < PRICE_GOAL:
         missed.append(f"SM price: the product kept {p['kept']:.2f} of its solo rate")
     row = [f"{bs} B", f"{pairs} x {depth}", pollers, f"{p['matmul_solo']:.1f}",
+           f"{p['matmul_beside_idle_blocks']:.1f}", f"{p['kept_idle_blocks']:.2f}",
            f"{p['matmul_beside']:.1f}", f"{p['kept']:.2f}", round(p["rate"]),
-           f"{p['agent_warps']} warps / {p['sms']} SMs"]
+           f"{p['agent_warps']} warps in {p['agent_blocks']} + {p['requester_blocks']} "
+           f"requester blocks / {p['sms']} SMs"]
     return [row], [p], missed
 
 
@@ -307,6 +309,8 @@ def main() -> int:
                     "GPU memory and checked there, beside the pinned H2D copy ceiling")
     ap.add_argument("--price", metavar="PAIRS,DEPTH", type=_point, help="compiled: a matrix product's "
                     "rate alone and beside the agents at this point, instead of the sweep")
+    ap.add_argument("--pack", type=int, default=1, help="--price: agent warps (and requester "
+                    "warps) to a block; each block holds a share of an SM")
     args = ap.parse_args()
     # a bench stopped by SIGTERM (timeout(1)) unwinds as from Ctrl-C: the controllers stop
     # and their files in /dev/shm go
@@ -316,6 +320,9 @@ def main() -> int:
     if args.drive_model and (args.controller != "compiled" or args.drive):
         print("bench: --drive-model emulates a drive on the compiled controller "
               "(--controller compiled, no --drive)", file=sys.stderr)
+        return 2
+    if not 1 <= args.pack <= 32:
+        print(f"bench: --pack {args.pack}: 1 to 32 warps to a block", file=sys.stderr)
         return 2
     if (args.price or args.verify) and (args.controller != "compiled" or args.drive
                                         or args.cpu_only):
@@ -337,7 +344,8 @@ def main() -> int:
         if args.price:
             rows, raw, missed = price_rows(args)
             head = ["size", "pairs x depth", "pollers", "products/s alone",
-                    "products/s beside", "kept", "reads/s beside", "agents"]
+                    "beside idle blocks", "kept", "beside the agents", "kept",
+                    "reads/s beside", "blocks"]
             title = (f"the SM price of the GPU side ({args.backend} backend, not a drive): "
                      "4096^2 float32 products beside the agents, direct doorbells")
             return _report(args, rows, raw, missed, head, title)

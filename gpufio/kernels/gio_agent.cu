@@ -126,6 +126,7 @@ struct UringAgent : AgentSlots {
 
 extern "C" __global__ void gio_agent(const GioQueue* q, const UringRing* rings)
 {
+    if (agent_ring() >= q->nrings) return;
     UringAgent ring(q, rings);
     agent_loop(ring);
 }

@@ -24,6 +24,13 @@
 #define AGENT_IDLE_MIN_NS 64u
 #define AGENT_IDLE_MAX_NS 2048u
 
+// The ring this warp serves: agent warps are packed several to a block (RequestQueue's
+// warps_per_block), as every block holds an SM's share a whole-SM kernel cannot then use.
+__device__ __forceinline__ unsigned agent_ring()
+{
+    return blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+}
+
 // The request slots an agent warp serves: ring r's depth slots, from queue slot first.
 struct AgentSlots {
     const GioQueue* q;
@@ -32,7 +39,7 @@ struct AgentSlots {
     int* state;
 
     __device__ __forceinline__ explicit AgentSlots(const GioQueue* queue)
-        : q(queue), r(blockIdx.x), lane(threadIdx.x), depth((unsigned)queue->depth),
+        : q(queue), r(agent_ring()), lane(threadIdx.x & 31u), depth((unsigned)queue->depth),
           first((u64)r * depth), state(queue->state + first) {}
 };
 
@@ -51,7 +58,8 @@ __device__ __forceinline__ int warp_control(const GioQueue* q, int word)
     return (int)warp_word((threadIdx.x & 31) == 0 ? (unsigned)ld_flag(&q->control[word]) : 0u);
 }
 
-// The agent warp's whole life over ring (launched one warp of 32 threads per ring).
+// The agent warp's whole life over ring (a warp per ring; a block's warps past the last
+// ring return before they construct one).
 template <class Ring>
 __device__ __forceinline__ void agent_loop(Ring& ring)
 {

@@ -121,6 +121,7 @@ struct NvmeAgent : AgentSlots {
 
 extern "C" __global__ void nvme_agent(const GioQueue* q, const NvmeRing* rings)
 {
+    if (agent_ring() >= q->nrings) return;
     NvmeAgent ring(q, rings);
     agent_loop(ring);
 }

@@ -3,8 +3,8 @@
 Kernels that include kernels/gio_queue.cuh post requests into a ``GioQueue``: ``nrings`` x
 ``depth`` request slots whose states, results, offsets and files live in GPU memory, the
 bytes in landing slots of pinned host memory the GPU reaches, and a few control words a
-host may set while kernels run. Agent warps, one per ring, take the posted requests to the
-transport and hand the completions back. ``RequestQueue`` owns everything of that which does
+host may set while kernels run. Agent warps, one per ring and ``warps_per_block`` to a block,
+take the posted requests to the transport and hand the completions back. ``RequestQueue`` owns everything of that which does
 not depend on the transport: the arrays and the descriptor, the agents' start, the control
 words, the wait with its watchdog, the abort and the stall diagnostic's slot counts. A
 backend (io/gio/backends/) subclasses it with its agents and their rings: io_uring SQPOLL
@@ -73,6 +73,9 @@ class RequestQueue:
     depth: int
     file_refs: np.ndarray
     landing: int
+    # agent warps to a block: each block holds a share of an SM that a kernel needing the
+    # whole SM (a matrix product's tile) cannot then use; bench.bam --price --pack measures it
+    warps_per_block: int = 1
 
     def __init__(self, nrings: int, depth: int) -> None:
         import cupy as cp
@@ -113,9 +116,15 @@ class RequestQueue:
         """Device address of one of the queue's arrays."""
         return self._dev[name].data.ptr
 
+    def agent_grid(self) -> tuple[tuple[int], tuple[int]]:
+        """The agents' launch shape: (blocks,), (threads,) for a warp per ring,
+        ``warps_per_block`` to a block (the last block's spare warps return at once)."""
+        w = max(1, min(self.warps_per_block, self.nrings, 32))
+        return (-(-self.nrings // w),), (32 * w,)
+
     # what a backend defines
     def _launch(self) -> None:
-        """Launch the agent warps, one per ring, on ``agent_stream``."""
+        """Launch the agent warps (``agent_grid``) on ``agent_stream``."""
         raise NotImplementedError
 
     def completed(self) -> int:

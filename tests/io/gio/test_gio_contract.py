@@ -82,3 +82,17 @@ def test_the_gpu_price_counts_agent_warps_requester_blocks_and_sms():
     assert p == {"agent_warps": 8, "requester_threads": 1024, "requester_warps": 32,
                  "blocks": 8 + 1024 // TPB, "sms": 132, "sms_occupied": 8 + 1024 // TPB}
     assert gpu_price(rings=16, requesters=1 << 16, sms=132)["sms_occupied"] == 132
+
+
+@pytest.mark.parametrize("nrings,per_block,want", [
+    (8, 1, ((8,), (32,))), (5, 2, ((3,), (64,))), (3, 8, ((1,), (96,))),
+    (64, 32, ((2,), (1024,))), (70, 99, ((3,), (1024,)))])
+def test_agent_warps_are_packed_to_blocks_of_at_most_a_thousand_threads(nrings, per_block,
+                                                                       want):
+    """A warp per ring, warps_per_block to a block (never more than the rings or 32):
+    the kernel's agent_ring() counts warps across blocks in this order."""
+    from gpufio.io.gio.queue import RequestQueue
+
+    q = object.__new__(RequestQueue)
+    q.nrings, q.warps_per_block = nrings, per_block
+    assert q.agent_grid() == want

@@ -148,6 +148,27 @@ def test_reads_land_verified_in_gpu_memory(controller, mode, shift, entries, dep
 
 
 @pytest.mark.gpu
+def test_agent_warps_packed_to_a_block_serve_every_pair(controller):
+    """Five pairs' agents two warps to a block: three blocks, the last one's spare warp gone
+    at once; every pair serves its requesters, every read lands its offset's bytes."""
+    _, host, reg = controller(9)
+    q = queues(host, reg, pairs=5, entries=9, depth=4, slot=4096, shift=9, mode="direct")
+    q.warps_per_block = 2
+    assert q.agent_grid() == ((3,), (64,))
+    try:
+        rng = np.random.default_rng(7)
+        n = 400
+        offs = rng.integers(0, (SIZE - 4096) >> 9, n).astype(np.uint64) << np.uint64(9)
+        res, rows = run(q, offs, [4096] * n, [READ] * n)
+        assert list(res) == [4096] * n
+        assert verify.bad_ios_device(rows.ravel(), offs, np.full(n, SEED), 4096).size == 0
+        per_pair = [int(c) for c in q.progress[:, 1]]
+        assert sum(per_pair) == n and min(per_pair) > 0
+    finally:
+        q.close()
+
+
+@pytest.mark.gpu
 def test_writes_and_flush_reach_the_backing_file(controller):
     import cupy as cp
 

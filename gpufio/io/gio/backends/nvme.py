@@ -135,7 +135,7 @@ class NvmeQueues(RequestQueue):
                      slot_bytes)
 
     def _launch(self) -> None:
-        self._agent((self.nrings,), (32,), (self.descriptor, self._dev["rings"]),
+        self._agent(*self.agent_grid(), (self.descriptor, self._dev["rings"]),
                     stream=self.agent_stream)
 
     def _before_start(self) -> None:

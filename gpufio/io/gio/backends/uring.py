@@ -104,7 +104,7 @@ class UringQueue(RequestQueue):
                            "RLIMIT_MEMLOCK without CAP_IPC_LOCK): set registered = false") from None
 
     def _launch(self) -> None:
-        self._agent((self.nrings,), (32,), (self.descriptor, self._dev["rings"]),
+        self._agent(*self.agent_grid(), (self.descriptor, self._dev["rings"]),
                     stream=self.agent_stream)
 
     def _before_start(self) -> None:
