@@ -142,9 +142,10 @@ def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: i
         shutil.rmtree(where, ignore_errors=True)
 
 
-def _requester_block(threads: int, pack: int) -> int:
-    """Threads to a requester block: ``pack`` warps, or all ``threads`` where fewer."""
-    return min(32 * pack, threads)
+def _requester_block(fn: Any, threads: int, pack: int) -> int:
+    """Threads to a block of the requester kernel ``fn``: ``pack`` warps, or all ``threads``
+    where fewer, or as many warps as the kernel may have in a block."""
+    return min(32 * pack, threads, fn.max_threads_per_block // 32 * 32)
 
 
 def _requests(q: Any, fn: Any, n: int, depth: int, pairs: int, size: int, bs: int,
@@ -159,7 +160,7 @@ def _requests(q: Any, fn: Any, n: int, depth: int, pairs: int, size: int, bs: in
     import cupy as cp
 
     threads = pairs * depth
-    tpb = _requester_block(threads, pack)
+    tpb = _requester_block(fn, threads, pack)
     threads -= threads % tpb
     offs = _offsets(n, size, bs)
     # every array (and the kernels that fill them) before the agents spin: a module loaded
@@ -304,7 +305,7 @@ def sm_price(mode: str, n: int, depth: int, pairs: int, size: int, bs: int, poll
     solo = _matmul_rate(lambda elapsed: elapsed >= seconds)
     with _gpu_pairs(mode, depth, pairs, size, bs, pollers, backend, None, pack) as (q, fn):
         (agent_blocks,), (agent_threads,) = q.agent_grid()
-        tpb = _requester_block(pairs * depth, pack)
+        tpb = _requester_block(fn, pairs * depth, pack)
         shapes = [(agent_blocks, agent_threads), (pairs * depth // tpb, tpb)]
         held = _held_rate(shapes, seconds)
         rate, res, _, beside = _requests(q, fn, n, depth, pairs, size, bs,

@@ -118,8 +118,10 @@ class RequestQueue:
 
     def agent_grid(self) -> tuple[tuple[int], tuple[int]]:
         """The agents' launch shape: (blocks,), (threads,) for a warp per ring,
-        ``warps_per_block`` to a block (the last block's spare warps return at once)."""
-        w = max(1, min(self.warps_per_block, self.nrings, 32))
+        ``warps_per_block`` to a block, as many as the agents' kernel may have (the last
+        block's spare warps return at once)."""
+        most = getattr(getattr(self, "_agent", None), "max_threads_per_block", 1024) // 32
+        w = max(1, min(self.warps_per_block, self.nrings, most))
         return (-(-self.nrings // w),), (32 * w,)
 
     # what a backend defines

@@ -96,3 +96,6 @@ def test_agent_warps_are_packed_to_blocks_of_at_most_a_thousand_threads(nrings, 
     q = object.__new__(RequestQueue)
     q.nrings, q.warps_per_block = nrings, per_block
     assert q.agent_grid() == want
+    # a kernel whose registers allow fewer threads to a block gets smaller blocks
+    q._agent = type("Fn", (), {"max_threads_per_block": 256})()
+    assert q.agent_grid()[1][0] == min(want[1][0], 256)
