@@ -280,15 +280,15 @@ def _held_rate(shapes: list[tuple[int, int]], seconds: float) -> float:
     hold = cp.RawKernel(_HOLD, "hold")
     stop = cp.zeros(1, cp.int32)
     streams = [cp.cuda.Stream(non_blocking=True) for _ in shapes]
+    told = cp.cuda.Stream(non_blocking=True)
     cp.cuda.Device().synchronize()
-    for (blocks, threads), stream in zip(shapes, streams):
-        hold((blocks,), (threads,), (stop,), stream=stream)
     try:
+        for (blocks, threads), stream in zip(shapes, streams):
+            hold((blocks,), (threads,), (stop,), stream=stream)
         return _matmul_rate(lambda elapsed: elapsed >= seconds)
     finally:
-        told = cp.cuda.Stream(non_blocking=True)
-        with told:
-            stop.fill(1)
+        # a copy, not a fill: a kernel not yet loaded could wait for the spinning blocks
+        stop.set(np.ones(1, np.int32), stream=told)
         told.synchronize()
         for stream in streams:
             stream.synchronize()

@@ -197,8 +197,8 @@ def price_rows(args: argparse.Namespace) -> tuple[list[list], list[dict], list[s
     row = [f"{bs} B", f"{pairs} x {depth}", pollers, f"{p['matmul_solo']:.1f}",
            f"{p['matmul_beside_idle_blocks']:.1f}", f"{p['kept_idle_blocks']:.2f}",
            f"{p['matmul_beside']:.1f}", f"{p['kept']:.2f}", round(p["rate"]),
-           f"{p['agent_warps']} warps in {p['agent_blocks']} + {p['requester_blocks']} "
-           f"requester blocks / {p['sms']} SMs"]
+           f"{p['agent_warps']} agent warps in {p['agent_blocks']} blocks + "
+           f"{p['requester_blocks']} requester blocks / {p['sms']} SMs"]
     return [row], [p], missed
 
 
@@ -321,8 +321,9 @@ def main() -> int:
         print("bench: --drive-model emulates a drive on the compiled controller "
               "(--controller compiled, no --drive)", file=sys.stderr)
         return 2
-    if not 1 <= args.pack <= 32:
-        print(f"bench: --pack {args.pack}: 1 to 32 warps to a block", file=sys.stderr)
+    if not 1 <= args.pack <= 32 or (args.pack != 1 and not args.price):
+        print(f"bench: --pack {args.pack}: 1 to 32 warps to a block, with --price",
+              file=sys.stderr)
         return 2
     if (args.price or args.verify) and (args.controller != "compiled" or args.drive
                                         or args.cpu_only):
@@ -344,7 +345,7 @@ def main() -> int:
         if args.price:
             rows, raw, missed = price_rows(args)
             head = ["size", "pairs x depth", "pollers", "products/s alone",
-                    "beside idle blocks", "kept", "beside the agents", "kept",
+                    "beside idle blocks", "kept (idle)", "beside the agents", "kept",
                     "reads/s beside", "blocks"]
             title = (f"the SM price of the GPU side ({args.backend} backend, not a drive): "
                      "4096^2 float32 products beside the agents, direct doorbells")

@@ -310,22 +310,32 @@ def merged(docs: list[dict[str, Any]], paths: list[str], workload: Any) -> dict[
             raise BadInput(f"{path}: a {doc.get('workload', 'block')} result, not "
                            f"{workload.name} like {paths[0]}")
         kind, first = machine_kind(doc.get("host")), machine_kind(docs[0].get("host"))
-        if kind != first:
+        if not same_kind(kind, first):
             raise BadInput(f"{path}: ran on another machine than {paths[0]} "
                            f"({kind} against {first}); one table holds one kind of "
                            "machine's runs")
     out = workload.merge(docs)
-    names = list(dict.fromkeys(str((d.get("host") or {}).get("hostname")) for d in docs))
-    if len(names) > 1:  # lent machines of one kind: the table says each ran apart
-        out["host"] = {**out["host"], "hostname": ", ".join(names)}
+    names = list(dict.fromkeys(n for d in docs if (n := (d.get("host") or {}).get("hostname"))))
+    if len(names) > 1:  # lent machines of one kind: the document names each
+        out["host"] = {**(out.get("host") or {}), "hostname": ", ".join(names)}
+        out["sections_ran_on"] = names
     return out
 
 
 def machine_kind(host: dict[str, Any] | None) -> dict[str, Any]:
-    """What makes two machines' seconds comparable: CPU, its count, memory to the GiB, kernel,
-    GPUs and gpufio's version; not the hostname, as lent machines of one kind differ in it."""
+    """What makes two machines' seconds comparable: CPU, its count, memory, kernel, GPUs and
+    gpufio's version; not the hostname, as lent machines of one kind differ in it."""
     h = host or {}
-    mem = h.get("memory_bytes")
-    return {"cpu": h.get("cpu"), "cpus": h.get("cpus"),
-            "memory_gib": round(mem / 2**30) if mem else None, "kernel": h.get("kernel"),
-            "gpus": h.get("gpus"), "gpufio_version": h.get("gpufio_version")}
+    return {k: h.get(k) for k in ("cpu", "cpus", "memory_bytes", "kernel", "gpus",
+                                  "gpufio_version")}
+
+
+def same_kind(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Machine kinds (``machine_kind``) alike: memory within 2% (what a kernel reserves
+    varies), GPUs compared where both runs name them (a section of CPU jobs names none)."""
+    ma, mb = a["memory_bytes"], b["memory_bytes"]
+    if (ma is None) != (mb is None) or (ma and abs(ma - mb) > 0.02 * max(ma, mb)):
+        return False
+    if a["gpus"] is not None and b["gpus"] is not None and a["gpus"] != b["gpus"]:
+        return False
+    return all(a[k] == b[k] for k in ("cpu", "cpus", "kernel", "gpufio_version"))

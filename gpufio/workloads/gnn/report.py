@@ -221,6 +221,8 @@ def render(doc: dict[str, Any], fmt: str, console: Any = None) -> str:
     emulated = emulated_labels(doc["jobs"])
     if emulated:  # beside every number of a modelled drive, as compat beside cuFile's
         title += " · " + "; ".join(emulated)
+    if doc.get("sections_ran_on"):  # shown as one run: say the sections ran apart
+        title += " · sections ran on " + ", ".join(doc["sections_ran_on"])
     stages = render_document(doc, fmt, console, title=title, rows=rows(doc),
                              left=("job", "engine", "iters", "verify"), problems=problems(doc))
     if not emulated or fmt == "json":

@@ -193,6 +193,12 @@ def test_show_merges_sections_from_two_lent_machines_of_one_kind(monkeypatch, tm
     doc = json.loads(out.read_text())
     assert doc["host"]["hostname"] == f"{first['host']['hostname']}, lent-2"
     assert doc["jobs"][1]["speedup_vs_mmap"]["aggregation"] == pytest.approx(2000.0 / 60.0)
+    shown = cli.invoke(app, ["show", str(a), str(b), "-f", "markdown"])
+    assert shown.exit_code == 0 and "lent-2" in shown.output
+    # a kernel's reservations move memory a little: still one kind of machine
+    near = {**second["host"], "memory_bytes": first["host"]["memory_bytes"] - (64 << 20)}
+    b.write_text(json.dumps({**second, "host": near}))
+    assert cli.invoke(app, ["show", str(a), str(b)]).exit_code == 0
     big = {**second["host"], "memory_bytes": 2 * first["host"]["memory_bytes"]}
     b.write_text(json.dumps({**second, "host": big}))
     res = cli.invoke(app, ["show", str(a), str(b)])
