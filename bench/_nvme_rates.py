@@ -114,10 +114,10 @@ def cpu_rate(n: int, depth: int, size: int, pollers: int = 1,
 
 @contextmanager
 def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: int,
-               backend: str | None, drive: str | None, pack: int = 1
+               backend: str | None, drive: str | None, pack: int | None = None
                ) -> Iterator[tuple[Any, Any]]:
     """(the queues of ``pairs`` pairs driven by GPU agent warps with ``mode`` doorbells,
-    ``pack`` to a block, the requester kernel) on a new controller serving a ``size``-byte
+    ``pack`` to a block (None: the queue's default), the requester kernel) on a new controller serving a ``size``-byte
     namespace of pattern seed 1; everything goes on the way out."""
     from gpufio.io import kernels
     from gpufio.io.gio.backends.nvme import NvmeQueues, RegisteredModel
@@ -131,7 +131,8 @@ def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: i
         made = [host.create_pair(1 + i, depth + 1) for i in range(pairs)]
         q = NvmeQueues(reg, made, depth=depth, slot_bytes=-(-bs // nq.PAGE) * nq.PAGE,
                        nsid=1, lba_shift=9, mode=mode)
-        q.warps_per_block = pack
+        if pack is not None:
+            q.warps_per_block = pack
         yield q, kernels.function(kernels.Kernel.NVME_REQUESTS)
     finally:
         if q is not None:
@@ -142,15 +143,15 @@ def _gpu_pairs(mode: str, depth: int, pairs: int, size: int, bs: int, pollers: i
         shutil.rmtree(where, ignore_errors=True)
 
 
-def _requester_block(fn: Any, threads: int, pack: int) -> int:
-    """Threads to a block of the requester kernel ``fn``: ``pack`` warps, or all ``threads``
-    where fewer, or as many warps as the kernel may have in a block."""
-    return min(32 * pack, threads, fn.max_threads_per_block // 32 * 32)
+def _requester_block(fn: Any, threads: int, pack: int | None) -> int:
+    """Threads to a block of the requester kernel ``fn``: ``pack`` warps (None: one), or all
+    ``threads`` where fewer, or as many warps as the kernel may have in a block."""
+    return min(32 * (pack or 1), threads, fn.max_threads_per_block // 32 * 32)
 
 
 def _requests(q: Any, fn: Any, n: int, depth: int, pairs: int, size: int, bs: int,
               rows: Any = None, during: Callable[[Callable[[], bool]], Any] | None = None,
-              pack: int = 1) -> tuple[float, Any, np.ndarray, Any]:
+              pack: int | None = None) -> tuple[float, Any, np.ndarray, Any]:
     """Run ``n`` random ``bs``-byte reads through the started agents, ``pairs`` x ``depth``
     requester threads (``pack`` warps to a block): (reads/s, each read's result, the
     offsets, what ``during`` returned).
@@ -295,7 +296,7 @@ def _held_rate(shapes: list[tuple[int, int]], seconds: float) -> float:
 
 
 def sm_price(mode: str, n: int, depth: int, pairs: int, size: int, bs: int, pollers: int,
-             backend: str, seconds: float = 2.0, pack: int = 1) -> dict[str, Any]:
+             backend: str, seconds: float = 2.0, pack: int | None = None) -> dict[str, Any]:
     """What the GPU side costs a compute kernel: matrix products/s alone (``seconds``), beside
     idle blocks shaped as the agents' and requesters' launches, then while the agents serve
     ``n`` reads (``pairs`` agent warps, ``pairs`` x ``depth`` requester threads, ``pack``

@@ -309,8 +309,9 @@ def main() -> int:
                     "GPU memory and checked there, beside the pinned H2D copy ceiling")
     ap.add_argument("--price", metavar="PAIRS,DEPTH", type=_point, help="compiled: a matrix product's "
                     "rate alone and beside the agents at this point, instead of the sweep")
-    ap.add_argument("--pack", type=int, default=1, help="--price: agent warps (and requester "
-                    "warps) to a block; each block holds a share of an SM")
+    ap.add_argument("--pack", type=int, help="--price: agent warps and requester warps to a "
+                    "block (else the queue's agents, as few blocks as fit, and requesters a "
+                    "warp to a block); each block holds a share of an SM")
     args = ap.parse_args()
     # a bench stopped by SIGTERM (timeout(1)) unwinds as from Ctrl-C: the controllers stop
     # and their files in /dev/shm go
@@ -321,7 +322,7 @@ def main() -> int:
         print("bench: --drive-model emulates a drive on the compiled controller "
               "(--controller compiled, no --drive)", file=sys.stderr)
         return 2
-    if not 1 <= args.pack <= 32 or (args.pack != 1 and not args.price):
+    if args.pack is not None and (not 1 <= args.pack <= 32 or not args.price):
         print(f"bench: --pack {args.pack}: 1 to 32 warps to a block, with --price",
               file=sys.stderr)
         return 2

@@ -73,9 +73,10 @@ class RequestQueue:
     depth: int
     file_refs: np.ndarray
     landing: int
-    # agent warps to a block: each block holds a share of an SM that a kernel needing the
-    # whole SM (a matrix product's tile) cannot then use; bench.bam --price --pack measures it
-    warps_per_block: int = 1
+    # agent warps to a block, as many as fit: each block holds a share of an SM that a
+    # kernel needing the whole SM (a matrix product's tile) cannot then use, so the agents
+    # hold as few SMs as they can; bench.bam --price --pack measures what that saves
+    warps_per_block: int = 32
 
     def __init__(self, nrings: int, depth: int) -> None:
         import cupy as cp
