@@ -116,7 +116,11 @@ class GpuSlotLoop:
                     raise RuntimeError(f"the channel took {sent} of {k} requests with room "
                                        f"for {room}")
                 syncing = bool(nwrites) and ctx.sync_due(nwrites)
-            if reaped is not None:
+            if reaped is not None:  # the last reap's bookkeeping, now the next I/Os are out
+                done = reaped[0]
+                completed += len(done)
+                watch.stuck(completed, reaped[2])  # the progress noted, as cheaply as it goes
+                free.extend(done.tolist())
                 self._finish(*reaped, table, slot_writes)()
                 reaped = None
             if ahead is not None and issuing:  # while the I/Os just issued are in flight
@@ -127,13 +131,12 @@ class GpuSlotLoop:
                 return
             done, res = ch.reap(STALL_LIMIT_NS)
             now = time.perf_counter_ns()  # their end: just after the call that reaped them
-            completed += len(done)
             if not len(done):  # only a pass that brought nothing can be stuck: its words
                 watch.check(completed, f"{ch.inflight} I/Os in flight", ch.state, now)
                 continue
-            watch.stuck(completed, now)  # the progress noted, as cheaply as it goes
+            # the reaped slots rejoin the free ones after the next issue: twice iodepth
+            # slots leave room for a whole depth of new I/Os without them
             reaped = (done, res, now)
-            free.extend(done.tolist())
 
     def _finish(self, slots: np.ndarray, res64: np.ndarray, now: int, table: SlotTable,
                 slot_writes: np.ndarray) -> Callable[[], None]:
