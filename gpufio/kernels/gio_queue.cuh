@@ -100,35 +100,28 @@ __device__ __forceinline__ uint4 ld_sys_v4(const uint4* p)
     return v;
 }
 
-// The copy loop of `lanes` threads (a warp: 32, a thread alone: 1): lane-strided 16-byte
-// words of src, LAND_UNROLL loads per lane in flight before any is used (a load from landed
-// host memory is a PCIe round trip), each loaded word handed to use(i, v). system: src is
-// host memory another agent (the kernel) wrote, read at system scope; otherwise GPU memory
-// another SM may have written, read through L2.
-template <typename Use>
-__device__ __forceinline__ void lanes_load16(const uint4* src, u64 n16, unsigned lane,
-                                             unsigned lanes, bool system, Use use)
-{
-    for (u64 base = 0; base < n16; base += (u64)lanes * LAND_UNROLL) {
-        uint4 v[LAND_UNROLL];
-#pragma unroll
-        for (int u = 0; u < LAND_UNROLL; ++u) {
-            const u64 i = base + (u64)lanes * u + lane;
-            if (i < n16) v[u] = system ? ld_sys_v4(src + i) : __ldcg(src + i);
-        }
-#pragma unroll
-        for (int u = 0; u < LAND_UNROLL; ++u) {
-            const u64 i = base + (u64)lanes * u + lane;
-            if (i < n16) use(i, v[u]);
-        }
-    }
-}
-
+// The warp's copy loop: lane-strided 16-byte words of src, LAND_UNROLL loads per lane in
+// flight before any is used (a load from landed host memory is a PCIe round trip), each
+// loaded word handed to use(i, v). system: src is host memory another agent (the kernel)
+// wrote, read at system scope; otherwise GPU memory another SM may have written, read
+// through L2.
 template <typename Use>
 __device__ __forceinline__ void warp_load16(const uint4* src, u64 n16, unsigned lane, bool system,
                                             Use use)
 {
-    lanes_load16(src, n16, lane, 32, system, use);
+    for (u64 base = 0; base < n16; base += 32 * LAND_UNROLL) {
+        uint4 v[LAND_UNROLL];
+#pragma unroll
+        for (int u = 0; u < LAND_UNROLL; ++u) {
+            const u64 i = base + 32 * u + lane;
+            if (i < n16) v[u] = system ? ld_sys_v4(src + i) : __ldcg(src + i);
+        }
+#pragma unroll
+        for (int u = 0; u < LAND_UNROLL; ++u) {
+            const u64 i = base + 32 * u + lane;
+            if (i < n16) use(i, v[u]);
+        }
+    }
 }
 
 __device__ __forceinline__ int ld_flag(const int* p) { return *(volatile const int*)p; }

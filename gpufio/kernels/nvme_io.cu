@@ -32,9 +32,10 @@ extern "C" __global__ void nvme_requests(const GioQueue* q, u64 n, const u64* of
         const int r = gio_result(q, t);
         res[i] = r;
         if (k == NVME_READ && copy && r == (int)l) {
-            // several loads in flight, not one PCIe round trip per 16 bytes
-            lanes_load16(gio_landing(q, t), l / 16, 0, 1, true,
-                         [&](u64 w, const uint4& v) { row[w] = v; });
+            const uint4* src = gio_landing(q, t);
+            // one load at a time: four or eight in flight a thread measured 2.6x slower
+            // (docs/PERFORMANCE.md, the verified ram rate)
+            for (unsigned w = 0; w < l / 16; ++w) row[w] = ld_sys_v4(src + w);
         }
         gio_release(q, t);
     }
