@@ -34,7 +34,7 @@ extern "C" __global__ void nvme_requests(const GioQueue* q, u64 n, const u64* of
         if (k == NVME_READ && copy && r == (int)l) {
             const uint4* src = gio_landing(q, t);
             // one load at a time: four or eight in flight a thread measured 2.6x slower
-            // (docs/PERFORMANCE.md, the verified ram rate)
+            // (docs/PERFORMANCE.md: "Verified in GPU memory")
             for (unsigned w = 0; w < l / 16; ++w) row[w] = ld_sys_v4(src + w);
         }
         gio_release(q, t);
