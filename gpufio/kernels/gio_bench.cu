@@ -17,7 +17,8 @@ struct GioBench {
     u64 nthreads;
     const u64* pat_seed;     // per target
     u64 magic, block_bytes, header_words;
-    u64* live;               // completed (any phase), measured ios, measured bytes
+    u64* live;               // completed (any phase), measured ios, measured bytes, then
+                             // idle ns and idle spells (an I/O's end to its thread's next start)
     u64* hist;               // PLAT_NR buckets
     u64* lat;                // sum, min, max of measured latencies (ns)
     double* lat_sq;          // sum of squares
@@ -129,7 +130,7 @@ extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
     const u64 s = (gtid % q->nrings) * q->depth + (gtid / q->nrings) % q->depth;
     const bool writes = b->flags & B_WRITE;
     bool active = mine, have = false, pending = false;
-    u64 off = 0, t0 = 0;
+    u64 off = 0, t0 = 0, ended = 0, idle = 0, spells = 0;
     int tgt = 0;
     while (__any_sync(FULL, active || have)) {
         if (__any_sync(FULL, gio_aborted(q))) break;
@@ -147,13 +148,21 @@ extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
                     pending = true;
                 }
             }
+            // a start stamped just before the call that submits it (a write's: before its
+            // slot is filled), the idle spell since this thread's last I/O ended noted
+            const u64 t = pending ? now_ns() : 0;
             if (pending && writes) {
                 claimed = gio_try_claim(q, s);
-                if (claimed) t0 = now_ns();  // a write's latency includes filling its slot
             } else if (pending && gio_try_post(q, s, b->fds[tgt], off, (unsigned)b->bs)) {
                 pending = false;
                 have = true;
-                t0 = now_ns();
+            }
+            if (claimed || (have && t)) {
+                t0 = t;
+                if (ended) {
+                    idle += t - ended;
+                    ++spells;
+                }
             }
         }
         if (writes) {
@@ -199,10 +208,15 @@ extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
             }
         }
         if (done) {
-            record(b, q, tgt, off, my_res, my_bad, now_ns() - t0);
+            ended = now_ns();
+            record(b, q, tgt, off, my_res, my_bad, ended - t0);
             gio_release(q, s);
             have = false;
         }
+    }
+    if (spells) {  // what Little's law misses: time a thread held no I/O between two
+        atomicAdd(&b->live[3], idle);
+        atomicAdd(&b->live[4], spells);
     }
     atomicSub(&q->control[C_REQUESTERS], 1);
 }

@@ -78,7 +78,7 @@ class DeviceBench:
              "fds": cp.asarray(self.queue.file_refs),
              "starts": cp.asarray(starts), "nblocks": cp.asarray(nblocks),
              "pat_seed": cp.asarray(seeds),
-             "live": cp.zeros(3, cp.uint64), "hist": cp.zeros(PLAT_NR, cp.uint64),
+             "live": cp.zeros(5, cp.uint64), "hist": cp.zeros(PLAT_NR, cp.uint64),
              "lat": cp.asarray(np.array([0, U64_MAX, 0], np.uint64)),
              "lat_sq": cp.zeros(1, cp.float64), "tstats": cp.zeros(4 * nt, cp.uint64),
              "errs": cp.zeros(nt * ERRNO_SLOTS, cp.uint64),
@@ -184,6 +184,10 @@ class DeviceBench:
             errors={(int(t), int(e)): int(errs[t, e]) for t, e in zip(*np.nonzero(errs))},
             bad_offsets=[(int(bad[1 + 2 * i]), int(bad[2 + 2 * i])) for i in range(nbad)],
             direction=self.direction)
+        # the mean time a requester thread held no I/O between two of its own: where a
+        # Little's-law product falls short of the threads, the time outside every latency
+        if live[4]:
+            self.ctx.note("idle_between_ios_us", [round(int(live[3]) / int(live[4]) / 1e3, 3)])
 
     def close(self) -> None:
         """Drop the arrays; if a kernel never stopped, the queue keeps them (keep_alive)."""

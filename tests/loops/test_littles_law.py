@@ -113,3 +113,9 @@ def test_gpu_uring_keeps_rings_times_depth(slow_device, depth):
     # each of the rings keeps iodepth reads in flight; GPU threads stamp submit and reap
     product, r = in_flight(slow_device, iodepth=depth, engine="gpu-uring", rings=2)
     assert_depth(product, 2 * depth, r)
+    # every requester thread is either inside an I/O's stamps or idle between two of its
+    # own: latency plus the idle spell, times the IOPS, is the threads
+    (idle_us,) = r.engine_facts["idle_between_ios_us"]
+    whole = r.read.ios / (r.runtime_ns / 1e9) * (r.lat.mean + idle_us * 1e3) / 1e9
+    threads = r.engine_facts["requester_threads"]
+    assert idle_us >= 0 and abs(whole - threads) <= TOLERANCE * threads, (whole, threads)
