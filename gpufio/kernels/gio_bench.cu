@@ -52,6 +52,15 @@ __device__ __forceinline__ void pick(const GioBench* b, u64 g, int* tgt, u64* of
     *off = b->starts[t] + blk * b->bs;
 }
 
+// The next I/O number's target and offset; false once the budget is spent.
+__device__ __forceinline__ bool draw(const GioBench* b, int* tgt, u64* off)
+{
+    const u64 g = atomicAdd(b->claim, 1ull);
+    if (g >= b->budget) return false;
+    pick(b, g, tgt, off);
+    return true;
+}
+
 __device__ void record(const GioBench* b, const GioQueue* q, int tgt, u64 off, int res, bool bad, u64 lat)
 {
     u64* ts = b->tstats + 4 * tgt;
@@ -129,9 +138,9 @@ extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
     // thread k uses ring k % nrings, and there slot (k / nrings) % depth
     const u64 s = (gtid % q->nrings) * q->depth + (gtid / q->nrings) % q->depth;
     const bool writes = b->flags & B_WRITE;
-    bool active = mine, have = false, pending = false;
-    u64 off = 0, t0 = 0, ended = 0, idle = 0, spells = 0;
-    int tgt = 0;
+    bool active = mine, have = false, pending = false, ahead = false;
+    u64 off = 0, t0 = 0, ended = 0, idle = 0, spells = 0, next_off = 0;
+    int tgt = 0, next_tgt = 0;
     while (__any_sync(FULL, active || have)) {
         if (__any_sync(FULL, gio_aborted(q))) break;
         bool claimed = false;  // a write's slot, taken: the warp fills it below
@@ -140,12 +149,14 @@ extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
             if (stop) {
                 active = pending = false;
             } else if (!pending) {
-                const u64 g = atomicAdd(b->claim, 1ull);
-                if (g >= b->budget) {
-                    active = false;
-                } else {
-                    pick(b, g, &tgt, &off);
+                if (ahead) {
+                    tgt = next_tgt;
+                    off = next_off;
+                    ahead = false;
                     pending = true;
+                } else {
+                    pending = draw(b, &tgt, &off);
+                    active = pending;
                 }
             }
             // a start stamped just before the call that submits it (a write's: before its
@@ -183,6 +194,11 @@ extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
                     have = true;
                 }
             }
+        }
+        // the next I/O drawn while this one is in flight, not between its end and the post
+        if (have && active && !ahead) {
+            ahead = draw(b, &next_tgt, &next_off);
+            active = ahead;
         }
         const bool done = have && gio_done(q, s);
         unsigned m = __ballot_sync(FULL, done);
