@@ -195,14 +195,15 @@ extern "C" __global__ void gio_bench(const GioQueue* q, const GioBench* b)
                 }
             }
         }
-        // the next I/O drawn while this one is in flight, not between its end and the post
-        if (have && active && !ahead) {
-            ahead = draw(b, &next_tgt, &next_off);
-            active = ahead;
-        }
         const bool done = have && gio_done(q, s);
         unsigned m = __ballot_sync(FULL, done);
         if (!m) {
+            // the next I/O drawn while this one is in flight (a pass that waits anyway),
+            // not between its end and the post; none once the job is stopping
+            if (have && active && !ahead && !ld_flag(&q->control[C_STOP])) {
+                ahead = draw(b, &next_tgt, &next_off);
+                active = ahead;
+            }
             __nanosleep(100);
             continue;
         }
