@@ -302,6 +302,7 @@ def merged(docs: list[dict[str, Any]], paths: list[str], workload: Any) -> dict[
                 raise BadInput(f"{path}: job '{name}' is in {seen[name]} too; each section "
                                "once")
             seen[name] = path
+    first = machine_kind(docs[0].get("host"))
     for doc, path in zip(docs[1:], paths[1:]):
         if doc.get("profile") != docs[0].get("profile"):
             raise BadInput(f"{path}: a run of {doc.get('profile')}, not of "
@@ -309,7 +310,7 @@ def merged(docs: list[dict[str, Any]], paths: list[str], workload: Any) -> dict[
         if doc.get("workload") != docs[0].get("workload"):
             raise BadInput(f"{path}: a {doc.get('workload', 'block')} result, not "
                            f"{workload.name} like {paths[0]}")
-        kind, first = machine_kind(doc.get("host")), machine_kind(docs[0].get("host"))
+        kind = machine_kind(doc.get("host"))
         if not same_kind(kind, first):
             raise BadInput(f"{path}: ran on another machine than {paths[0]} "
                            f"({kind} against {first}); one table holds one kind of "

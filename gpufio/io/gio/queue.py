@@ -5,8 +5,9 @@ Kernels that include kernels/gio_queue.cuh post requests into a ``GioQueue``: ``
 bytes in landing slots of pinned host memory the GPU reaches, and a few control words a
 host may set while kernels run. Agent warps, one per ring and ``warps_per_block`` to a
 block, take the posted requests to the transport and hand the completions back.
-``RequestQueue`` owns everything of that which does not depend on the transport: the arrays and the descriptor, the agents' start, the control
-words, the wait with its watchdog, the abort and the stall diagnostic's slot counts. A
+``RequestQueue`` owns everything of that which does not depend on the transport: the arrays
+and the descriptor, the agents' start, the control words, the wait with its watchdog, the
+abort and the stall diagnostic's slot counts. A
 backend (io/gio/backends/) subclasses it with its agents and their rings: io_uring SQPOLL
 rings (backends/uring.UringQueue) or NVMe queue pairs (backends/nvme.NvmeQueues). The block
 benchmark (loops/block_device.py) and the row gather (loops/rows_device.py) run on either.
